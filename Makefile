@@ -1,0 +1,37 @@
+# zerodoc developer entry points. `make demo` and `make test` work on a fresh clone:
+# they create .venv and install everything they need (torch pinned, CPU build by default).
+PYTHON     ?= python3
+VENV       ?= .venv
+# A GPU user overrides this, e.g. `make test TORCH_SPEC="torch==2.13.0 --index-url ..."`.
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS     ?= tui,dev
+ARGS       ?=
+PY         := $(VENV)/bin/python
+SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test venv prometheus bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Prometheus server + promtool (Debian package) for the exporter/rules/dashboard tests.
+prometheus:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || \
+	  ( $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q prometheus )
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/zerodoc demo $(ARGS)
+
+test: $(VENV)/.installed prometheus
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(ARGS)
+
+bench: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(PY) bench/overhead.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) zerodoc-runs .pytest_cache

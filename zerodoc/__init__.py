@@ -1,0 +1,37 @@
+"""zerodoc: monitoring and diagnostics for sharded (FSDP / DeepSpeed ZeRO) PyTorch training.
+
+Training jobs meet one function, :func:`attach`. Importing ``zerodoc`` is cheap: torch and the
+exporter are imported when ``attach`` is called, Textual and Grafana tooling never.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+__all__ = ["attach", "__version__"]
+
+
+def attach(model, optimizer=None, **options):
+    """Instrument a sharded model (and its optimizer) and start exporting.
+
+    Args:
+        model: the model after ``fully_shard`` was applied (per block + root). A model with no
+            sharded units is still monitored (step time, memory), with a warning.
+        optimizer: its ``step()`` marks step boundaries (a step post-hook). Without one, call
+            ``monitor.step()`` at the end of each step.
+        run_dir: where this rank's run log goes (default: ``$ZERODOC_RUN_DIR`` or
+            ``./zerodoc-runs/<run id>/``, one folder per run).
+        port: Prometheus base port; each rank serves ``/metrics`` on ``port + LOCAL_RANK``.
+            ``None``: ``$ZERODOC_PORT`` or 9730; ``0``: any free port; ``False``: no HTTP server.
+        host: address to bind (default ``127.0.0.1``).
+        Other keywords: see :class:`zerodoc.config.AttachConfig`.
+
+    Returns:
+        A :class:`zerodoc.shim.monitor.Monitor`; also a context manager (``close()`` on exit).
+
+    Never raises into the training job for zerodoc's own failures: a hook point that is
+    missing, a port in use or an unwritable run directory is warned about once and counted.
+    Bad arguments (an unknown option, a wrong type) do raise, at attach time.
+    """
+    from .shim.monitor import attach as _attach
+
+    return _attach(model, optimizer, **options)

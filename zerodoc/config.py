@@ -1,0 +1,82 @@
+"""Configuration of `zerodoc.attach()`: one keyword-only dataclass, validated on creation."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+DEFAULT_PORT = 9730
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+
+
+@dataclass(kw_only=True)
+class AttachConfig:
+    run_dir: str | None = None
+    """Run log directory. Default: $ZERODOC_RUN_DIR, else ./zerodoc-runs/<run id>/."""
+    port: int | bool | None = None
+    """Prometheus base port (rank serves base + LOCAL_RANK). None: $ZERODOC_PORT or 9730;
+    0: any free port; False: no HTTP server."""
+    host: str = "127.0.0.1"
+    """Address the /metrics server binds to."""
+    enabled: bool = True
+    """False (or $ZERODOC_DISABLE=1) makes attach() a no-op monitor."""
+    completion_callbacks: bool = True
+    """Use the Work's future callback for exact completion times of async collectives
+    (gloo). Off: hidden time of early-finishing collectives becomes an upper bound."""
+    inject_latency_s: float = 0.0
+    """Simulated slow link: every all-gather completes this much later. Tests and demo only
+    (also $ZERODOC_INJECT_LATENCY_S)."""
+    memory_every: int = 50
+    """Walk parameters / gradients / optimizer state for memory bytes every N steps."""
+    run_log: bool = True
+    """Write the per-rank JSON-lines run log."""
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not isinstance(self.port, (bool, int)):
+            raise TypeError(f"zerodoc: port must be an int, None or False, not {self.port!r}")
+        if isinstance(self.port, int) and not isinstance(self.port, bool) \
+                and not 0 <= self.port <= 65535:
+            raise ValueError(f"zerodoc: port {self.port} is not in 0..65535")
+        if self.inject_latency_s < 0:
+            raise ValueError("zerodoc: inject_latency_s must be >= 0")
+        if self.memory_every < 1:
+            raise ValueError("zerodoc: memory_every must be >= 1")
+
+    @classmethod
+    def from_options(cls, **options) -> "AttachConfig":
+        """Options from attach(), completed from the environment."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"zerodoc.attach(): unknown option(s) {', '.join(unknown)}; "
+                            f"known: {', '.join(sorted(known))}")
+        if options.get("run_dir") is None and os.environ.get("ZERODOC_RUN_DIR"):
+            options["run_dir"] = os.environ["ZERODOC_RUN_DIR"]
+        if options.get("port") is None:
+            raw = os.environ.get("ZERODOC_PORT", "")
+            if raw.lower() in ("off", "false", "none"):
+                options["port"] = False
+            elif raw:
+                try:
+                    options["port"] = int(raw)
+                except ValueError:
+                    raise ValueError(f"ZERODOC_PORT={raw!r} is not a port number") from None
+            else:
+                options["port"] = DEFAULT_PORT
+        if "inject_latency_s" not in options:
+            options["inject_latency_s"] = _env_float("ZERODOC_INJECT_LATENCY_S", 0.0)
+        if os.environ.get("ZERODOC_DISABLE", "") not in ("", "0"):
+            options["enabled"] = False
+        return cls(**options)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,114 @@
+"""Start N local ranks of the demo worker (gloo) and stop them cleanly.
+
+Used by `zerodoc demo`, the tests and the benchmarks. Every rank is a child process with the
+torchrun-style environment; `stop()` terminates whatever is still running, so no process or
+port outlives the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def _die_with_parent() -> None:
+    """Child side: get SIGTERM if the launcher dies (Linux), so no rank is orphaned."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    def __init__(self, nprocs: int, spec: dict, *, env: dict | None = None,
+                 module: str = "zerodoc.demo.worker", capture: bool = True,
+                 log_dir: str | None = None):
+        self.nprocs = nprocs
+        self.spec = spec
+        self.module = module
+        self.extra_env = dict(env or {})
+        self.capture = capture and log_dir is None
+        self.log_dir = log_dir  # each rank's stdout+stderr to <log_dir>/rank-N.out
+        self.procs: list[subprocess.Popen] = []
+        self.master_port = free_port()
+
+    def start(self) -> "Job":
+        base = dict(os.environ)
+        base.update({
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.master_port),
+            "WORLD_SIZE": str(self.nprocs), "LOCAL_WORLD_SIZE": str(self.nprocs),
+            "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "1"),
+            "PYTHONUNBUFFERED": "1",
+        })
+        base.update(self.extra_env)
+        arg = json.dumps(self.spec)
+        for r in range(self.nprocs):
+            env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
+            out = subprocess.PIPE if self.capture else None
+            err = out
+            if self.log_dir is not None:
+                os.makedirs(self.log_dir, exist_ok=True)
+                out = open(os.path.join(self.log_dir, f"rank-{r}.out"), "w")
+                err = subprocess.STDOUT
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", self.module, arg], env=env, stdout=out, stderr=err,
+                text=True, start_new_session=True, preexec_fn=_die_with_parent))
+            if self.log_dir is not None:
+                out.close()  # the child holds its own copy
+        return self
+
+    def running(self) -> bool:
+        return any(p.poll() is None for p in self.procs)
+
+    def wait(self, timeout: float) -> list[int]:
+        """Wait for all ranks; on timeout stop them and raise TimeoutError."""
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            left = deadline - time.monotonic()
+            try:
+                p.wait(timeout=max(0.1, left))
+            except subprocess.TimeoutExpired:
+                self.stop()
+                raise TimeoutError(f"demo ranks still running after {timeout:.0f} s") from None
+        return [p.returncode for p in self.procs]
+
+    def outputs(self) -> list[tuple[str, str]]:
+        res = []
+        for p in self.procs:
+            if self.capture and p.poll() is not None:
+                out, err = p.communicate()
+                res.append((out or "", err or ""))
+            else:
+                res.append(("", ""))
+        return res
+
+    def stop(self, grace: float = 3.0) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def __enter__(self) -> "Job":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,139 @@
+"""Run the demo job and print a live per-step summary (the text front end)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from ..errors import UserError
+from ..model import RankWindow
+from ..runlog import RunFollower, StepRecord, window_from_steps
+from .launch import Job
+
+
+def _validate(args) -> None:
+    if not 1 <= args.ranks <= 64:
+        raise UserError(f"--ranks must be between 1 and 64, not {args.ranks}")
+    if args.steps < 0:
+        raise UserError("--steps must be >= 0 (0 runs until Ctrl-C)")
+    if args.slow_link_ms < 0:
+        raise UserError("--slow-link-ms must be >= 0")
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise UserError(f"--port {args.port} is not a port number")
+    for name in ("blocks", "hidden", "seq", "batch"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name} must be >= 1")
+    if args.hidden % 4:
+        raise UserError("--hidden must be a multiple of 4 (the attention heads)")
+
+
+def spec_from_args(args) -> dict:
+    run_dir = args.run_dir or os.path.join("zerodoc-runs",
+                                           time.strftime("demo-%Y%m%d-%H%M%S"))
+    attach = {"run_dir": run_dir, "inject_latency_s": args.slow_link_ms / 1000.0}
+    if args.no_metrics:
+        attach["port"] = False
+    elif args.port is not None:
+        attach["port"] = args.port
+    return {
+        "model": {"blocks": args.blocks, "hidden": args.hidden, "seq": args.seq,
+                  "batch": args.batch, "wrap": args.wrap, "reshard_after_forward": args.reshard,
+                  "prefetch": args.prefetch},
+        "steps": args.steps if args.steps > 0 else 10**9,
+        "attach": attach,
+    }
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:7.1f} ms"
+
+
+def _mib(b: int | None) -> str:
+    return f"{b / 2**20:.1f} MiB" if b else "-"
+
+
+def format_step(step: int, windows: dict[int, RankWindow]) -> str:
+    """Two lines per step: the step breakdown (slowest rank) and the top exposed units."""
+    slow = max(windows.values(), key=lambda w: w.step_seconds)
+    comp, exp = slow.compute_seconds, slow.exposed_seconds
+    frac = exp / slow.step_seconds if slow.step_seconds else 0.0
+    ratio = exp / comp if comp else 0.0
+    mem = slow.memory
+    line1 = (f"step {step:5d} | step {_ms(slow.step_seconds)} (rank {slow.facts.rank}) | "
+             f"compute {_ms(comp)} | exposed comm {_ms(exp)} ({frac:4.0%}) | "
+             f"comm/compute {ratio:4.2f} | params {_mib(mem.get('sharded_parameters'))} "
+             f"optim {_mib(mem.get('optimizer_state'))} rss {_mib(mem.get('process_resident'))}")
+    ag = {}
+    for w in windows.values():
+        for (unit, phase, coll), t in w.comm.items():
+            if coll == "all_gather":
+                ag[(unit, phase)] = max(ag.get((unit, phase), 0.0), t.exposed_seconds)
+    top = sorted(ag.items(), key=lambda kv: -kv[1])[:3]
+    line2 = "           top exposed all-gathers: " + ", ".join(
+        f"{u} {p[:3]} {s * 1e3:.1f} ms" for (u, p), s in top)
+    return line1 + "\n" + line2
+
+
+def run_demo(args) -> int:
+    _validate(args)
+    spec = spec_from_args(args)
+    run_dir = spec["attach"]["run_dir"]
+    if not args.headless and sys.stdout.isatty():
+        try:
+            from ..tui.app import run_live_demo  # noqa: F401  (arrives with the TUI)
+        except ImportError:
+            pass
+        else:
+            return run_live_demo(args, spec)
+    return run_text(args, spec, run_dir)
+
+
+def run_text(args, spec: dict, run_dir: str, out=sys.stdout) -> int:
+    job = Job(args.ranks, spec, log_dir=os.path.join(run_dir, "logs")).start()
+    follower = RunFollower(run_dir)
+    print(f"zerodoc demo: {args.ranks} ranks, wrap={args.wrap}, "
+          f"reshard_after_forward={args.reshard}, prefetch={args.prefetch}, "
+          f"slow link +{args.slow_link_ms:g} ms; run log {run_dir}", file=out, flush=True)
+    shown_endpoints = False
+    pending: dict[int, dict[int, StepRecord]] = {}
+    code = 0
+    try:
+        while True:
+            running = job.running()
+            for rank, rec in follower.poll():
+                pending.setdefault(rec.step, {})[rank] = rec
+            if not shown_endpoints and len(follower.logs) == args.ranks:
+                eps = [f"{r}: {log.facts.metrics_endpoint or 'off'}"
+                       for r, log in sorted(follower.logs.items())]
+                print("metrics (rank: host:port): " + ", ".join(eps), file=out, flush=True)
+                shown_endpoints = True
+            for step in sorted(pending):
+                if len(pending[step]) == args.ranks or not running:
+                    recs = pending.pop(step)
+                    windows = {r: window_from_steps(follower.logs[r].facts, [s])
+                               for r, s in recs.items()}
+                    print(format_step(step, windows), file=out, flush=True)
+            if not running:
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        print("\nzerodoc demo: interrupted, stopping ranks", file=out, flush=True)
+        code = 130
+    finally:
+        job.stop()
+    codes = [p.returncode for p in job.procs]
+    if code == 0 and any(codes):
+        bad = [r for r, c in enumerate(codes) if c]
+        print(f"zerodoc demo: rank(s) {bad} failed; see {run_dir}/logs/rank-N.out",
+              file=sys.stderr)
+        for r in bad[:1]:
+            try:
+                with open(os.path.join(run_dir, "logs", f"rank-{r}.out")) as f:
+                    tail = f.read()[-2000:]
+                print(tail, file=sys.stderr)
+            except OSError:
+                pass
+        return 1
+    print(f"zerodoc demo: done. Run log: {run_dir}", file=out, flush=True)
+    return code

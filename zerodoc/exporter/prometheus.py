@@ -1,0 +1,192 @@
+"""Prometheus exposition of one rank: a custom collector over the monitor's totals.
+
+`collect()` builds fresh metric families from the latest cumulative totals at scrape time
+(nothing is registered at import, the registry is injected). Metric names, types, help and
+labels come from `zerodoc.catalog`. Each rank serves its own port (base + LOCAL_RANK); a port
+in use falls back to the next free one (stepping by the local world size so ranks don't
+collide), then to any free port, and only then to none, with a warning, never an exception.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import warnings
+
+os.environ.setdefault("PROMETHEUS_DISABLE_CREATED_SERIES", "True")
+
+from prometheus_client import CollectorRegistry  # noqa: E402
+from prometheus_client.core import (  # noqa: E402
+    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily,
+)
+from prometheus_client.exposition import start_http_server  # noqa: E402
+
+from ..catalog import BY_NAME, RANK_LABELS, STEP_BUCKETS  # noqa: E402
+from ..model import busbw  # noqa: E402
+
+PORT_TRIES = 8
+
+
+def _family(name: str, extra_labels: tuple[str, ...] = ()):
+    m = BY_NAME[name]
+    labels = list(RANK_LABELS) + list(extra_labels or m.labels)
+    if m.type == "counter":
+        # CounterMetricFamily appends _total itself.
+        return CounterMetricFamily(name.removesuffix("_total"), m.help, labels=labels)
+    if m.type == "gauge":
+        return GaugeMetricFamily(name, m.help, labels=labels, unit="")
+    raise ValueError(name)
+
+
+class ZerodocCollector:
+    """Yields zerodoc's families for one rank from `monitor.totals` at scrape time."""
+
+    def __init__(self, monitor):
+        self.m = monitor
+
+    def describe(self):
+        return []  # no collect() at registration time
+
+    def collect(self):
+        m = self.m
+        facts, tot = m.facts, m.totals
+        rl = [str(facts.rank), str(facts.local_rank), facts.node]
+
+        h = HistogramMetricFamily("zerodoc_step_duration_seconds",
+                                  BY_NAME["zerodoc_step_duration_seconds"].help, labels=RANK_LABELS)
+        cum, buckets = 0, []
+        counts = list(m.hist_counts)
+        for le, n in zip(STEP_BUCKETS, counts):
+            cum += n
+            buckets.append((repr(float(le)), cum))
+        buckets.append(("+Inf", tot.steps))
+        h.add_metric(rl, buckets, tot.step_seconds)
+        yield h
+
+        for name, value in (
+            ("zerodoc_last_step", tot.last_step),
+            ("zerodoc_last_step_seconds", tot.last_step_seconds),
+            ("zerodoc_last_step_timestamp_seconds", tot.updated_unix),
+            ("zerodoc_world_size", facts.world_size),
+        ):
+            g = _family(name)
+            g.add_metric(rl, value)
+            yield g
+        for name, value in (
+            ("zerodoc_optimizer_seconds_total", tot.optimizer_seconds),
+            ("zerodoc_other_seconds_total", tot.other_seconds),
+            ("zerodoc_framework_seconds_total", tot.framework_seconds),
+            ("zerodoc_self_seconds_total", tot.self_seconds),
+        ):
+            c = _family(name)
+            c.add_metric(rl, value)
+            yield c
+
+        comp = _family("zerodoc_compute_seconds_total")
+        for (unit, phase), s in list(tot.compute.items()):
+            comp.add_metric(rl + [unit, phase], s)
+        yield comp
+
+        calls = _family("zerodoc_collective_calls_total")
+        nbytes = _family("zerodoc_collective_bytes_total")
+        secs = _family("zerodoc_collective_seconds_total")
+        exposed = _family("zerodoc_collective_exposed_seconds_total")
+        for (unit, phase, coll), t in list(tot.comm.items()):
+            lv = rl + [unit, phase, coll]
+            calls.add_metric(lv, t.count)
+            nbytes.add_metric(lv, t.bytes)
+            secs.add_metric(lv, t.seconds)
+            exposed.add_metric(lv, t.exposed_seconds)
+        yield from (calls, nbytes, secs, exposed)
+
+        bw = _family("zerodoc_collective_busbw_bytes_per_second")
+        sizes = {u.name: u.group_size for u in facts.units}
+        from ..shim.recorder import COLLECTIVES, PHASES
+        for (u, p, c), a in list(m.last_comm.items()):
+            unit = m.unit_names[u]
+            if a[2] > 0:
+                bw.add_metric(rl + [unit, PHASES[p], COLLECTIVES[c]],
+                              busbw(a[1] / a[2], COLLECTIVES[c], sizes.get(unit, 1)))
+        yield bw
+
+        mem = _family("zerodoc_memory_bytes")
+        for pop, b in list(tot.memory.items()):
+            if pop not in ("capacity", "headroom"):
+                mem.add_metric(rl + [pop], b)
+        yield mem
+        if "capacity" in tot.memory:
+            g = _family("zerodoc_device_memory_capacity_bytes")
+            g.add_metric(rl, tot.memory["capacity"])
+            yield g
+            g = _family("zerodoc_memory_headroom_bytes")
+            g.add_metric(rl, tot.memory["headroom"])
+            yield g
+
+        info = InfoMetricFamily("zerodoc_run", BY_NAME["zerodoc_run"].help,
+                                labels=list(RANK_LABELS))
+        info.add_metric(rl, {
+            "framework": facts.framework, "framework_version": facts.framework_version,
+            "torch_version": facts.torch_version, "device_type": facts.device_type,
+            "backend": facts.backend, "zero_stage": str(facts.zero_stage or ""),
+            "param_dtype": facts.param_dtype, "reduce_dtype": facts.reduce_dtype,
+            "mesh_shape": "x".join(str(x) for x in facts.mesh_shape), "run_id": facts.run_id,
+        })
+        yield info
+
+        params = _family("zerodoc_unit_parameters")
+        pbytes = _family("zerodoc_unit_parameter_bytes")
+        reshard = _family("zerodoc_unit_reshard_after_forward")
+        for u in facts.units:
+            params.add_metric(rl + [u.name], u.params)
+            pbytes.add_metric(rl + [u.name], u.gather_bytes)
+            if u.reshard_after_forward is not None:
+                reshard.add_metric(rl + [u.name], 1 if u.reshard_after_forward else 0)
+        yield from (params, pbytes, reshard)
+
+        errs = _family("zerodoc_errors_total")
+        for hook, n in list(m.registry.errors.items()):
+            errs.add_metric(rl + [hook], n)
+        yield errs
+        avail = _family("zerodoc_hook_available")
+        for hook, status in list(m.registry.status.items()):
+            avail.add_metric(rl + [hook], 1 if status == "ok" else 0)
+        yield avail
+
+
+def _candidate_ports(base: int, local_rank: int, local_world: int):
+    if base == 0:
+        yield 0
+        return
+    step = max(1, local_world)
+    for k in range(PORT_TRIES):
+        p = base + local_rank + k * step
+        if p <= 65535:
+            yield p
+    yield 0
+
+
+def serve(monitor, base_port: int | bool | None, host: str):
+    """Start the /metrics server for `monitor`. Returns (server or None, "host:port" or None)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ZerodocCollector(monitor))
+    base = int(base_port or 0)
+    wanted = base + monitor.local_rank if base else 0
+    last_err = None
+    for port in _candidate_ports(base, monitor.local_rank, monitor.local_world_size):
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as e:
+            last_err = e
+            if e.errno not in (errno.EADDRINUSE, errno.EACCES):
+                break
+            continue
+        actual = server.server_address[1]
+        if base and actual != wanted:
+            warnings.warn(f"zerodoc: port {wanted} is in use; rank {monitor.rank} serves "
+                          f"/metrics on {host}:{actual} instead", stacklevel=4)
+        return server, f"{host}:{actual}"
+    warnings.warn(f"zerodoc: cannot serve /metrics on {host} ({last_err}); "
+                  "continuing without the HTTP exporter (the run log is still written)",
+                  stacklevel=4)
+    monitor.registry.error("exporter", last_err or OSError("no port"))
+    return None, None

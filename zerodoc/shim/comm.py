@@ -1,0 +1,133 @@
+"""Host-clock timing of collectives (the CPU / gloo backend).
+
+Semantics on the host:
+- a synchronous collective blocks the calling (compute) thread: all of it is exposed;
+- an asynchronous one returns a `dist.Work`; we hand FSDP a `TimedWork` whose `wait()`
+  measures how long the compute thread blocked (exposed). Completion time comes from the
+  Work's future callback (gloo runs it on its own thread as the collective finishes), so
+  hidden = min(completion, wait entered) - issue is measured, not derived. Without
+  callbacks the completion of a collective that finished before `wait()` is unknown and
+  its hidden time is an upper bound (up to the moment `wait()` was entered).
+
+A CUDA backend (events on FSDP's streams, read back lazily) slots in beside this one: the
+`Instrumented*` comm objects call `timer.sync_call(...)` / `timer.async_issue(...)` and
+nothing else knows how time is taken.
+
+Delays for tests and the demo (a simulated slow link) are injected by `slowlink.py`, a
+layer beneath this one that the measurement knows nothing about.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any
+
+import torch.distributed as dist
+
+from .recorder import B_WAIT, Recorder
+
+
+class HostTimer:
+    def __init__(self, rec: Recorder, registry, callbacks: bool = True):
+        self.rec = rec
+        self.registry = registry
+        self.callbacks = callbacks
+
+    def sync_call(self, fn, args: tuple, kwargs: dict, unit: int, coll: int,
+                  nbytes: int) -> Any:
+        rec = self.rec
+        phase = rec.phase
+        t0 = perf_counter()
+        rec.push(B_WAIT)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            t1 = perf_counter()
+            rec.remove(B_WAIT)
+            rec.add_comm(unit, phase, coll, nbytes, t1 - t0, t1 - t0, 0.0)
+
+    def async_issue(self, work, unit: int, coll: int, nbytes: int, t_issue: float):
+        if work is None:
+            return None
+        try:
+            return TimedWork(work, self, unit, self.rec.phase, coll, nbytes, t_issue)
+        except Exception as e:  # never break the job: hand back the original Work
+            self.registry.error("comm.timed_work", e)
+            return work
+
+
+class TimedWork(dist.Work):
+    """A `dist.Work` that measures exposure when the compute thread waits on it."""
+
+    def __init__(self, inner, timer: HostTimer, unit: int, phase: int, coll: int,
+                 nbytes: int, t_issue: float):
+        super().__init__()
+        self._inner = inner
+        self._timer = timer
+        self._unit = unit
+        self._phase = phase
+        self._coll = coll
+        self._nbytes = nbytes
+        self._t_issue = t_issue
+        self._t_done: float | None = None
+        self._recorded = False
+        if timer.callbacks:
+            inner.get_future().add_done_callback(self._on_done)
+
+    def _on_done(self, _fut) -> None:  # runs on the backend's thread
+        self._t_done = perf_counter()
+
+    def wait(self, timeout=None) -> bool:
+        if self._recorded:
+            return self._inner.wait() if timeout is None else self._inner.wait(timeout)
+        rec = self._timer.rec
+        t_wait = perf_counter()
+        t_cb = self._t_done
+        if self._timer.callbacks:
+            done_before = t_cb is not None and t_cb <= t_wait
+        else:
+            done_before = self._inner.is_completed()
+        rec.push(B_WAIT)
+        try:
+            ok = self._inner.wait() if timeout is None else self._inner.wait(timeout)
+        finally:
+            t_ret = perf_counter()
+            rec.remove(B_WAIT)
+            self._recorded = True
+            if done_before:
+                # Completed while the compute ran: fully hidden. Without a callback the
+                # completion time is unknown and bounded by the moment the wait began.
+                t_done = t_cb if t_cb is not None else t_wait
+                exposed, hidden = 0.0, t_done - self._t_issue
+            else:
+                # The compute thread blocked until the collective completed.
+                t_done = t_ret
+                exposed, hidden = t_ret - t_wait, t_wait - self._t_issue
+            rec.add_comm(self._unit, self._phase, self._coll, self._nbytes,
+                         t_done - self._t_issue, exposed, hidden)
+        return ok
+
+    # Everything else delegates to the real Work.
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def is_success(self) -> bool:
+        return self._inner.is_success()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def get_future(self):
+        return self._inner.get_future()
+
+    def source_rank(self) -> int:
+        return self._inner.source_rank()
+
+    def result(self):
+        return self._inner.result()
+
+    def synchronize(self):
+        return self._inner.synchronize()
+
+    def abort(self):
+        return self._inner.abort()

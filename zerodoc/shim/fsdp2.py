@@ -1,0 +1,302 @@
+"""FSDP2 (`fully_shard`) instrumentation: units, collectives, per-unit compute.
+
+A *unit* is each module `fully_shard` was applied to, named by its module path ("(root)" for
+the model itself). Per unit we install:
+- an all-gather and a reduce-scatter comm object that delegate to the one FSDP already had
+  and time the call (public `set_custom_all_gather` / `set_custom_reduce_scatter`, or the
+  param group's private `_all_gather_comm` / `_reduce_scatter_comm` where the public call
+  refuses, e.g. several param groups);
+- forward hooks on both sides of FSDP's own (prepend / append) that switch the recorder's
+  clock between "framework" and the unit's compute;
+- instance wrappers of the param group's `pre_backward` / `post_backward` doing the same in
+  backward (there is no public per-unit backward hook).
+Everything is undone by `uninstall()`. Hook points: see `hookpoints.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any
+
+import torch
+
+from . import hookpoints as hp
+from .comm import HostTimer
+from .slowlink import SlowLink
+from .recorder import (
+    ALL_GATHER, BACKWARD, B_FRAMEWORK, REDUCE_SCATTER, Recorder, unit_bucket,
+)
+from ..model import UnitFacts
+
+ROOT_NAME = "(root)"
+
+
+def _dtype_name(dt) -> str:
+    return str(dt).replace("torch.", "") if dt is not None else ""
+
+
+@dataclass
+class Unit:
+    index: int
+    name: str
+    module: Any
+    groups: list[Any]
+    is_root: bool
+    facts: UnitFacts | None = None
+
+
+@dataclass
+class FSDP2Info:
+    units: list[Unit]
+    mesh_shape: tuple[int, ...] = ()
+    mesh_dim_names: tuple[str, ...] | None = None
+    param_dtype: str = ""
+    reduce_dtype: str = ""
+    zero_stage: int | None = None
+    handles: list[Any] = field(default_factory=list)  # things to undo
+
+
+def discover(model, registry: hp.HookRegistry) -> list[Unit] | None:
+    """The FSDP2 units of `model`, outermost first; None if `model` is not FSDP2."""
+    cls = hp.fsdp2_module_class()
+    if cls is None:
+        return None
+    units: list[Unit] = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, cls):
+            continue
+        try:
+            groups = hp.fsdp2_param_groups(mod)
+            registry.ok("FSDPState._fsdp_param_groups")
+        except Exception as e:  # private: fail soft
+            registry.missing("FSDPState._fsdp_param_groups", repr(e))
+            groups = []
+        is_root = not any(p.name == "" or name.startswith(p.name + ".") for p in units)
+        units.append(Unit(len(units), name, mod, groups, is_root))
+    if not units:
+        return None
+    for u in units:
+        if u.name == "":
+            u.name = ROOT_NAME
+    return units
+
+
+def unit_facts(u: Unit) -> UnitFacts:
+    params = param_bytes = gather_bytes = sharded_bytes = 0
+    reshard = None
+    group_size = 1
+    pdt = rdt = ""
+    for g in u.groups:
+        mp = getattr(g, "mp_policy", None)
+        for fp in getattr(g, "fsdp_params", ()):
+            numel = fp._orig_size.numel()
+            # dtype attrs on FSDPParam are set lazily (first forward): read the policy.
+            orig = fp.sharded_param.dtype
+            gdt = getattr(mp, "param_dtype", None) or orig
+            params += numel
+            param_bytes += numel * orig.itemsize
+            # FSDP pads dim 0 to a multiple of the shard group size: the all-gather moves
+            # padded bytes.
+            padded = fp.padded_sharded_param_size.numel()
+            ws = g.mesh_info.shard_mesh_size if hasattr(g.mesh_info, "shard_mesh_size") else 1
+            gather_bytes += padded * ws * gdt.itemsize
+            sharded_bytes += fp.sharded_param.to_local().numel() * orig.itemsize
+            pdt = _dtype_name(gdt)
+            rdt = _dtype_name(getattr(mp, "reduce_dtype", None) or gdt)
+        mi = g.mesh_info
+        group_size = getattr(mi, "shard_mesh_size", 1)
+        reshard = getattr(g, "post_forward_mesh_info", None) is not None
+    return UnitFacts(name=u.name, params=params, param_bytes=param_bytes,
+                     gather_bytes=gather_bytes, sharded_bytes=sharded_bytes,
+                     reshard_after_forward=reshard, group_size=group_size,
+                     param_dtype=pdt, reduce_dtype=rdt)
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def _make_comm_classes():
+    AllGatherBase, ReduceScatterBase = hp.fsdp2_comm_bases()
+    ag_bases = (AllGatherBase,) if AllGatherBase is not None else ()
+    rs_bases = (ReduceScatterBase,) if ReduceScatterBase is not None else ()
+
+    class InstrumentedAllGather(*ag_bases):
+        """Times each all-gather of one unit; delegates everything to FSDP's comm."""
+
+        def __init__(self, inner, timer: HostTimer, unit: int):
+            self.inner, self.timer, self.unit = inner, timer, unit
+
+        def allocate(self, size, *, dtype, device):
+            return self.inner.allocate(size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            nbytes = _nbytes(output_tensor)
+            if not async_op:
+                return self.timer.sync_call(self.inner, (output_tensor, input_tensor, group),
+                                            {"async_op": False}, self.unit, ALL_GATHER,
+                                            nbytes)
+            t0 = perf_counter()
+            work = self.inner(output_tensor, input_tensor, group, async_op=True)
+            return self.timer.async_issue(work, self.unit, ALL_GATHER, nbytes, t0)
+
+    class InstrumentedReduceScatter(*rs_bases):
+        def __init__(self, inner, timer: HostTimer, unit: int):
+            self.inner, self.timer, self.unit = inner, timer, unit
+
+        def allocate(self, size, *, dtype, device):
+            return self.inner.allocate(size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            nbytes = _nbytes(input_tensor)
+            if not async_op:
+                return self.timer.sync_call(self.inner, (output_tensor, input_tensor, group, op),
+                                            {"async_op": False}, self.unit, REDUCE_SCATTER,
+                                            nbytes)
+            t0 = perf_counter()
+            work = self.inner(output_tensor, input_tensor, group, op, async_op=True)
+            return self.timer.async_issue(work, self.unit, REDUCE_SCATTER, nbytes, t0)
+
+    return InstrumentedAllGather, InstrumentedReduceScatter
+
+
+def _install_comm(u: Unit, comm, public_setter: str, private_attr: str, hook: str,
+                  registry: hp.HookRegistry, undo: list) -> None:
+    """Install `comm` on every param group of `u`; prefer the public setter."""
+    if not u.groups:
+        return
+    olds = [(g, getattr(g, private_attr)) for g in u.groups]
+    setter = getattr(u.module, public_setter, None)
+    try:
+        if setter is None or len(u.groups) > 1:
+            raise ValueError("public setter unavailable")
+        setter(comm)
+        registry.ok(f"FSDPModule.{public_setter}")
+    except Exception:
+        for g in u.groups:
+            setattr(g, private_attr, comm)
+        registry.ok(f"FSDPParamGroup.{private_attr}")
+    undo.append(lambda olds=olds: [setattr(g, private_attr, old) for g, old in olds])
+
+
+def instrument(units: list[Unit], rec: Recorder, timer: HostTimer,
+               registry: hp.HookRegistry, on_root_forward, slow_link_s: float = 0.0) -> list:
+    """Install all per-unit instrumentation; returns undo callables."""
+    undo: list = []
+    AG, RS = _make_comm_classes()
+    for u in units:
+        # --- collectives ---------------------------------------------------------
+        try:
+            if u.groups:
+                inner_ag = u.groups[0]._all_gather_comm
+                if slow_link_s > 0:
+                    inner_ag = SlowLink(inner_ag, slow_link_s)
+                inner_rs = u.groups[0]._reduce_scatter_comm
+                _install_comm(u, AG(inner_ag, timer, u.index), "set_custom_all_gather",
+                              "_all_gather_comm", "all_gather", registry, undo)
+                _install_comm(u, RS(inner_rs, timer, u.index), "set_custom_reduce_scatter",
+                              "_reduce_scatter_comm", "reduce_scatter", registry, undo)
+        except Exception as e:
+            registry.missing("FSDPParamGroup._all_gather_comm", repr(e))
+
+        # --- forward compute -----------------------------------------------------
+        idx = u.index
+
+        def outer_pre(mod, args, _root=u.is_root):
+            if _root:
+                on_root_forward()
+            rec.push(B_FRAMEWORK)
+
+        def inner_pre(mod, args, _idx=idx):
+            rec.remove(B_FRAMEWORK)
+            rec.push(unit_bucket(_idx, rec.phase))
+
+        def inner_post(mod, args, out, _idx=idx):
+            rec.remove(unit_bucket(_idx, rec.phase))
+            rec.push(B_FRAMEWORK)
+
+        def outer_post(mod, args, out):
+            rec.remove(B_FRAMEWORK)
+
+        try:
+            hs = [
+                u.module.register_forward_pre_hook(outer_pre, prepend=True),
+                u.module.register_forward_pre_hook(inner_pre),
+                u.module.register_forward_hook(inner_post, prepend=True),
+                u.module.register_forward_hook(outer_post),
+            ]
+            undo.extend(h.remove for h in hs)
+            registry.ok("nn.Module forward hooks (prepend)")
+        except Exception as e:
+            registry.missing("nn.Module forward hooks (prepend)", repr(e))
+
+        # --- backward compute ----------------------------------------------------
+        for g in u.groups:
+            try:
+                _wrap_backward(g, idx, rec, registry, undo)
+            except Exception as e:
+                registry.missing("FSDPParamGroup.pre_backward/post_backward", repr(e))
+    return undo
+
+
+def _wrap_backward(g, idx: int, rec: Recorder, registry: hp.HookRegistry, undo: list) -> None:
+    orig_pre = g.pre_backward
+    orig_post = g.post_backward
+    bwd_bucket = unit_bucket(idx, BACKWARD)
+
+    def pre_backward(*args, **kwargs):
+        rec.phase = BACKWARD
+        rec.push(B_FRAMEWORK)
+        try:
+            return orig_pre(*args, **kwargs)
+        finally:
+            rec.remove(B_FRAMEWORK)
+            if not rec.has(bwd_bucket):
+                rec.push(bwd_bucket)
+
+    def post_backward(*args, **kwargs):
+        rec.remove(bwd_bucket)
+        rec.push(B_FRAMEWORK)
+        try:
+            return orig_post(*args, **kwargs)
+        finally:
+            rec.remove(B_FRAMEWORK)
+
+    g.pre_backward = pre_backward
+    g.post_backward = post_backward
+    registry.ok("FSDPParamGroup.pre_backward/post_backward")
+
+    def restore():
+        for name in ("pre_backward", "post_backward"):
+            g.__dict__.pop(name, None)
+    undo.append(restore)
+
+
+def describe(units: list[Unit], registry: hp.HookRegistry) -> FSDP2Info:
+    """Static facts of an FSDP2 model."""
+    info = FSDP2Info(units=units)
+    reshards = []
+    for u in units:
+        try:
+            u.facts = unit_facts(u)
+        except Exception as e:  # private attributes: fail soft, keep the unit's name
+            registry.missing("FSDPParam attributes (unit facts)", repr(e))
+            u.facts = UnitFacts(name=u.name, params=0, param_bytes=0, gather_bytes=0,
+                                sharded_bytes=0, reshard_after_forward=None, group_size=1)
+        if u.facts.reshard_after_forward is not None:
+            reshards.append(u.facts.reshard_after_forward)
+        if u.groups and not info.mesh_shape:
+            mesh = u.groups[0].mesh_info.mesh
+            info.mesh_shape = tuple(int(x) for x in mesh.shape)
+            names = getattr(mesh, "mesh_dim_names", None)
+            info.mesh_dim_names = tuple(names) if names else None
+            info.param_dtype = u.facts.param_dtype
+            info.reduce_dtype = u.facts.reduce_dtype
+    if reshards:
+        info.zero_stage = 3 if any(reshards) else 2
+    return info
+
+
+def torch_version() -> str:
+    return torch.__version__.split("+")[0]

@@ -1,0 +1,353 @@
+"""The in-job monitor behind `zerodoc.attach()` (the facade in `zerodoc/__init__.py` carries
+the full docstring).
+
+Lifecycle: discover the sharded units, install instrumentation, hook the optimizer's step
+(step boundaries), then at each step end: drain the recorder, fold the step into the
+cumulative totals the exporter serves, append one run-log line. Every zerodoc failure after
+attach is caught, counted (`zerodoc_errors_total{hook}`) and the job carries on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import socket
+import time
+import warnings
+from time import perf_counter
+
+import torch
+import torch.distributed as dist
+
+from .. import __version__
+from ..catalog import STEP_BUCKETS
+from ..config import AttachConfig
+from ..model import CommTotals, RankFacts, RankWindow, UnitFacts
+from ..runlog import DEFAULT_ROOT, RunLogWriter
+from . import fsdp2, memory
+from . import hookpoints as hp
+from .comm import HostTimer
+from .recorder import (
+    B_FRAMEWORK, B_OPTIMIZER, B_OTHER, B_WAIT, COLLECTIVES, FORWARD, OPTIMIZER, PHASES,
+    Recorder, unit_bucket,
+)
+
+
+def attach(model, optimizer=None, **options):
+    cfg = AttachConfig.from_options(**options)  # bad options raise here, at attach time
+    if not cfg.enabled:
+        return NullMonitor("disabled")
+    try:
+        return Monitor(model, optimizer, cfg)
+    except Exception as e:  # zerodoc must never take the job down
+        warnings.warn(f"zerodoc: attach failed ({e!r}); training continues unmonitored",
+                      stacklevel=2)
+        return NullMonitor(repr(e))
+
+
+def _rank_info() -> tuple[int, int, int, int]:
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return rank, local_rank, world, local_world
+
+
+def _launcher_start() -> str:
+    """Start time of the launcher (parent) process: the same for every rank it started."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        start = btime + ticks / os.sysconf("SC_CLK_TCK")
+        return time.strftime("%Y%m%d-%H%M%S", time.localtime(start)) + f"-{ppid}"
+    except (OSError, ValueError, IndexError, StopIteration):
+        return f"ppid{ppid}"
+
+
+def run_id() -> str:
+    for var in ("ZERODOC_RUN_ID", "TORCHELASTIC_RUN_ID"):
+        v = os.environ.get(var, "")
+        if v and v != "none":
+            return v
+    if "RANK" in os.environ:  # launched: siblings share the launcher
+        return _launcher_start()
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+class NullMonitor:
+    """What attach() returns when disabled or when it could not attach: does nothing."""
+
+    endpoint = None
+    run_dir = None
+
+    def __init__(self, reason: str = ""):
+        self.reason = reason
+
+    def step(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Monitor:
+    def __init__(self, model, optimizer, cfg: AttachConfig):
+        self.cfg = cfg
+        self.registry = hp.HookRegistry()
+        self.model, self.optimizer = model, optimizer
+        self.rank, self.local_rank, self.world_size, self.local_world_size = _rank_info()
+        self.node = socket.gethostname()
+        self.step_index = 0
+        self._closed = False
+        self._t_attach = perf_counter()
+        self._step_start: float | None = None
+        self._pending_self_s = 0.0
+        self._mem_static: dict[str, int] = {}
+        self._undo: list = []
+
+        units = fsdp2.discover(model, self.registry)
+        if units is None:
+            warnings.warn("zerodoc: no FSDP2 (fully_shard) units found in the model; "
+                          "only step time and memory are measured", stacklevel=3)
+            units = []
+        self.units = units
+        self.rec = Recorder(len(units))
+        self.timer = HostTimer(self.rec, self.registry, cfg.completion_callbacks)
+        info = fsdp2.describe(units, self.registry)
+        if units:
+            self._undo += fsdp2.instrument(units, self.rec, self.timer, self.registry,
+                                           self._on_root_forward, cfg.inject_latency_s)
+        self._install_optimizer_hooks()
+
+        self.unit_names = [u.name for u in units]
+        self.device_type = self._device_type()
+        self.capacity = self._capacity()
+        self.endpoint: str | None = None
+        self._server = None
+
+        self.run_dir = cfg.run_dir or os.path.join(DEFAULT_ROOT, run_id())
+        self._writer = None
+        if cfg.run_log:
+            try:
+                self._writer = RunLogWriter(self.run_dir, self.rank)
+            except OSError as e:
+                warnings.warn(f"zerodoc: cannot write the run log in {self.run_dir} ({e}); "
+                              "continuing without it", stacklevel=3)
+        if cfg.port is not False:
+            from ..exporter.prometheus import serve
+            self._server, self.endpoint = serve(self, cfg.port, cfg.host)
+
+        self.facts = RankFacts(
+            rank=self.rank, local_rank=self.local_rank, world_size=self.world_size,
+            local_world_size=self.local_world_size, node=self.node,
+            run_id=os.path.basename(os.path.normpath(self.run_dir)),
+            framework="fsdp2" if units else "none",
+            framework_version=fsdp2.torch_version(), torch_version=fsdp2.torch_version(),
+            device_type=self.device_type,
+            backend=dist.get_backend() if dist.is_available() and dist.is_initialized()
+            else "none",
+            zero_stage=info.zero_stage, mesh_shape=info.mesh_shape,
+            mesh_dim_names=info.mesh_dim_names, param_dtype=info.param_dtype,
+            reduce_dtype=info.reduce_dtype,
+            units=tuple(u.facts for u in units if u.facts is not None),
+            device_capacity_bytes=self.capacity, started_unix=time.time(), pid=os.getpid(),
+            metrics_endpoint=self.endpoint, hooks=dict(self.registry.status),
+            config={**cfg.as_dict(), "zerodoc_version": __version__},
+        )
+        self.totals = RankWindow(facts=self.facts)
+        self.last_comm: dict = {}
+        self.hist_counts = [0] * len(STEP_BUCKETS)
+        if self._writer is not None:
+            self._writer.write_header(self.facts)
+
+    # --- set-up helpers -------------------------------------------------------------
+    def _device_type(self) -> str:
+        try:
+            p = next(self.model.parameters())
+            p = p.to_local() if hasattr(p, "to_local") else p
+            return p.device.type
+        except (StopIteration, AttributeError):
+            return "cpu"
+
+    def _capacity(self) -> int | None:
+        if self.device_type == "cuda":
+            try:
+                return torch.cuda.mem_get_info()[1]
+            except Exception:
+                return None
+        host = memory.host_memory_bytes()
+        return host // max(1, self.local_world_size) if host else None
+
+    def _install_optimizer_hooks(self) -> None:
+        opt = self.optimizer
+        if opt is None:
+            return
+        try:
+            h1 = opt.register_step_pre_hook(self._opt_pre)
+            h2 = opt.register_step_post_hook(self._opt_post)
+            self._undo += [h1.remove, h2.remove]
+            self.registry.ok("Optimizer.register_step_pre_hook/post_hook")
+        except Exception as e:
+            self.registry.missing("Optimizer.register_step_pre_hook/post_hook", repr(e))
+            self.optimizer = None
+
+    # --- hooks ------------------------------------------------------------------------
+    def _on_root_forward(self) -> None:
+        self.rec.phase = FORWARD
+        if self._step_start is None:  # first step starts at the first forward
+            now = perf_counter()
+            self._step_start = now
+            self.rec.reset(now)
+
+    def _opt_pre(self, opt, args, kwargs) -> None:
+        try:
+            self.rec.phase = OPTIMIZER
+            self.rec.push(B_OPTIMIZER)
+            if self._memory_due(self.step_index + 1):
+                self._mem_static["gradients"] = memory.gradient_bytes(self.model)
+        except Exception as e:
+            self.registry.error("optimizer.pre_hook", e)
+
+    def _opt_post(self, opt, args, kwargs) -> None:
+        try:
+            self.rec.remove(B_OPTIMIZER)
+            self._end_step()
+        except Exception as e:
+            self.registry.error("optimizer.post_hook", e)
+
+    def _memory_due(self, step: int) -> bool:
+        return step <= 2 or step % self.cfg.memory_every == 0
+
+    # --- public API ---------------------------------------------------------------------
+    def step(self) -> None:
+        """End a step by hand (only when no optimizer was given to attach())."""
+        if self.optimizer is not None or self._closed:
+            return
+        try:
+            if self._memory_due(self.step_index + 1):
+                self._mem_static["gradients"] = memory.gradient_bytes(self.model)
+            self._end_step()
+        except Exception as e:
+            self.registry.error("monitor.step", e)
+
+    def close(self) -> None:
+        """Undo all instrumentation, close the run log, stop the /metrics server."""
+        if self._closed:
+            return
+        self._closed = True
+        for undo in reversed(self._undo):
+            try:
+                undo()
+            except Exception as e:
+                self.registry.error("close", e)
+        if self._writer is not None:
+            try:
+                self._writer.close(self.step_index)
+            except OSError as e:
+                self.registry.error("runlog", e)
+        if self._server is not None:
+            try:
+                self._server.shutdown()
+                self._server.server_close()
+            except Exception as e:
+                self.registry.error("exporter", e)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- step end ------------------------------------------------------------------
+    def _end_step(self) -> None:
+        now = perf_counter()
+        acc, comm = self.rec.drain(now)
+        start = self._step_start if self._step_start is not None else self._t_attach
+        step_s = now - start
+        self._step_start = now
+        self.step_index += 1
+        names = self.unit_names
+        tot = self.totals
+
+        compute_rows = []
+        for u in range(len(names)):
+            for p in (0, 1):
+                s = acc[unit_bucket(u, p)]
+                if s > 0.0:
+                    compute_rows.append([u, PHASES[p], s])
+                    key = (names[u], PHASES[p])
+                    tot.compute[key] = tot.compute.get(key, 0.0) + s
+        comm_rows = []
+        for (u, p, c), a in comm.items():
+            comm_rows.append([u, PHASES[p], COLLECTIVES[c], *a])
+            key = (names[u], PHASES[p], COLLECTIVES[c])
+            t = tot.comm.get(key)
+            if t is None:
+                tot.comm[key] = CommTotals(*a)
+            else:
+                t.add(CommTotals(*a))
+        self.last_comm = comm
+
+        mem = self._memory()
+        self_s = self._pending_self_s
+        tot.steps += 1
+        tot.last_step = self.step_index
+        tot.first_step = tot.first_step or self.step_index
+        tot.step_seconds += step_s
+        tot.last_step_seconds = step_s
+        tot.max_step_seconds = max(tot.max_step_seconds, step_s)
+        tot.optimizer_seconds += acc[B_OPTIMIZER]
+        tot.framework_seconds += acc[B_FRAMEWORK]
+        tot.other_seconds += acc[B_OTHER]
+        tot.self_seconds += self_s
+        tot.memory = mem
+        tot.errors = dict(self.registry.errors)
+        tot.updated_unix = time.time()
+        i = bisect.bisect_left(STEP_BUCKETS, step_s)
+        if i < len(self.hist_counts):
+            self.hist_counts[i] += 1
+
+        if self._writer is not None:
+            rec = {
+                "type": "step", "step": self.step_index, "end_unix": tot.updated_unix,
+                "step_s": step_s, "optimizer_s": acc[B_OPTIMIZER],
+                "framework_s": acc[B_FRAMEWORK], "other_s": acc[B_OTHER],
+                "wait_s": acc[B_WAIT], "self_s": self_s,
+                "compute": compute_rows, "comm": comm_rows, "mem": mem,
+            }
+            if self.registry.errors:
+                rec["errors"] = dict(self.registry.errors)
+            try:
+                self._writer.write(rec)
+            except (OSError, ValueError) as e:
+                self.registry.error("runlog", e)
+        self._pending_self_s = perf_counter() - now
+
+    def _memory(self) -> dict[str, int]:
+        st = self._mem_static
+        if self._memory_due(self.step_index) or "sharded_parameters" not in st:
+            st["sharded_parameters"] = memory.parameter_bytes(self.model)
+            if self.optimizer is not None:
+                st["optimizer_state"] = memory.optimizer_state_bytes(self.optimizer)
+        mem = dict(st)
+        mem["process_resident"] = memory.process_resident_bytes()
+        peak = memory.process_peak_resident_bytes()
+        mem["process_peak_resident"] = peak
+        if self.capacity:
+            mem["capacity"] = self.capacity
+            mem["headroom"] = self.capacity - peak
+        return mem
+
+
+__all__ = ["attach", "Monitor", "NullMonitor", "UnitFacts"]

@@ -1,0 +1,92 @@
+"""Per-step accumulators and the host clock: the shim's hot path.
+
+The training thread's time is partitioned into buckets. Hooks push and remove buckets on a
+small stack; every switch charges the time since the last switch to the bucket on top. So
+each sharded unit gets its *own* compute time (children units excluded), collective waits
+are kept apart (exposed time), and whatever is left (data, loss) lands in "other".
+
+Collectives are recorded by `add_comm()` into a dict keyed (unit, phase, collective).
+Nothing here blocks, synchronises a device, or allocates per call beyond a dict entry
+created on first use.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+FORWARD, BACKWARD, OPTIMIZER = 0, 1, 2
+PHASES = ("forward", "backward", "optimizer")
+ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST = 0, 1, 2, 3
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
+
+B_OTHER, B_FRAMEWORK, B_WAIT, B_OPTIMIZER = 0, 1, 2, 3
+_FIRST_UNIT_BUCKET = 4
+
+
+def unit_bucket(unit: int, phase: int) -> int:
+    return _FIRST_UNIT_BUCKET + unit * 3 + phase
+
+
+class Recorder:
+    """Accumulates one step's numbers for one rank."""
+
+    def __init__(self, n_units: int):
+        self.n_units = n_units
+        self.acc = [0.0] * (_FIRST_UNIT_BUCKET + 3 * n_units)
+        self.stack = [B_OTHER]
+        self.last = perf_counter()
+        self.phase = FORWARD
+        # (unit, phase, collective) -> [count, bytes, seconds, exposed, hidden]
+        self.comm: dict[tuple[int, int, int], list] = {}
+
+    # --- the clock ------------------------------------------------------------------
+    def push(self, bucket: int) -> None:
+        now = perf_counter()
+        self.acc[self.stack[-1]] += now - self.last
+        self.last = now
+        self.stack.append(bucket)
+
+    def remove(self, bucket: int) -> None:
+        """Leave `bucket` (normally the top; searched from the top if not)."""
+        now = perf_counter()
+        stack = self.stack
+        self.acc[stack[-1]] += now - self.last
+        self.last = now
+        if stack[-1] == bucket and len(stack) > 1:
+            stack.pop()
+            return
+        for i in range(len(stack) - 1, 0, -1):
+            if stack[i] == bucket:
+                del stack[i]
+                return
+
+    def has(self, bucket: int) -> bool:
+        return bucket in self.stack
+
+    # --- collectives ---------------------------------------------------------------
+    def add_comm(self, unit: int, phase: int, coll: int, nbytes: int, seconds: float,
+                 exposed: float, hidden: float) -> None:
+        key = (unit, phase, coll)
+        a = self.comm.get(key)
+        if a is None:
+            self.comm[key] = [1, nbytes, seconds, exposed, hidden]
+        else:
+            a[0] += 1
+            a[1] += nbytes
+            a[2] += seconds
+            a[3] += exposed
+            a[4] += hidden
+
+    # --- step boundary -------------------------------------------------------------
+    def drain(self, now: float) -> tuple[list[float], dict[tuple[int, int, int], list]]:
+        """Charge up to `now`, hand over this step's accumulators and start fresh ones."""
+        self.acc[self.stack[-1]] += now - self.last
+        self.last = now
+        acc, comm = self.acc, self.comm
+        self.acc = [0.0] * len(acc)
+        self.comm = {}
+        self.stack = [B_OTHER]
+        return acc, comm
+
+    def reset(self, now: float) -> None:
+        self.drain(now)

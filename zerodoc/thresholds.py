@@ -1,0 +1,82 @@
+"""Diagnosis thresholds: the one place both the rules engine and the Prometheus alerting
+rules (rules/*.yml, generated from this module) take their numbers from.
+
+All ratios are plain fractions (0.15 = 15 %). Override per run with
+`Thresholds(**overrides)` or `zerodoc report --threshold name=value`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from .errors import UserError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Thresholds:
+    exposed_fraction_warn: float = 0.10
+    """Exposed all-gather time / step time above which a run is losing time to waits."""
+    exposed_fraction_crit: float = 0.25
+    """... and above which it is badly exposed."""
+    unit_exposed_ratio_warn: float = 0.50
+    """A unit's exposed / total all-gather time: prefetch is not keeping up for that unit."""
+    comm_compute_ratio_warn: float = 0.50
+    """Exposed communication / compute: the step is communication-bound."""
+    comm_compute_ratio_crit: float = 1.00
+    headroom_fraction_warn: float = 0.10
+    """Device memory headroom / capacity below which OOM is a risk."""
+    headroom_fraction_crit: float = 0.05
+    fragmentation_ratio_warn: float = 0.30
+    """(reserved - allocated) / reserved on the GPU allocator."""
+    straggler_ratio_warn: float = 1.25
+    """A rank's compute time / the median rank's compute time."""
+    slow_link_busbw_fraction: float = 0.25
+    """Achieved bus bandwidth / the link's expected bandwidth, for large collectives."""
+    slow_link_min_bytes: int = 1 << 20
+    """Collectives smaller than this are latency-bound; the slow-link rule ignores them."""
+    wrap_coarse_param_fraction: float = 0.50
+    """One unit holding at least this share of all parameters (with >= 2 ranks)."""
+    wrap_fine_median_bytes: int = 1 << 20
+    """Median all-gather below this size ..."""
+    wrap_fine_min_units: int = 16
+    """... across at least this many units: wrapping is too fine."""
+    overstaging_headroom_fraction: float = 0.20
+    """ZeRO-2 must leave this share of device memory free to call ZeRO-3 over-staging."""
+    offload_optimizer_fraction: float = 0.30
+    """Optimizer step time / step time above which a CPU-offload run is crawling."""
+    stale_after_seconds: float = 60.0
+    """A rank with no new step for this long is stale (exporter-down alerts use it too)."""
+    alert_for: str = "5m"
+    """How long an alert condition must hold before it fires."""
+
+    @classmethod
+    def with_overrides(cls, pairs: list[str] | None) -> "Thresholds":
+        """Parse ["name=value", ...] (CLI) into a Thresholds."""
+        t = cls()
+        known = {f.name: f for f in fields(cls)}
+        for pair in pairs or ():
+            name, sep, raw = pair.partition("=")
+            name = name.strip().replace("-", "_")
+            if not sep or name not in known:
+                raise UserError(f"unknown threshold {pair!r}; known: {', '.join(sorted(known))}")
+            cur = getattr(t, name)
+            try:
+                val = type(cur)(raw) if not isinstance(cur, str) else raw
+            except ValueError:
+                raise UserError(f"threshold {name} needs a {type(cur).__name__}, got {raw!r}") \
+                    from None
+            t = replace(t, **{name: val})
+        return t
+
+
+DEFAULT = Thresholds()
+
+# Expected bus bandwidth per link class (bytes/s), used by the slow-link rule. "gloo-cpu" is
+# the loopback baseline of a CPU/gloo run on one host (measured by the demo on 2 cores).
+LINK_BUSBW = {
+    "nvlink": 150e9,
+    "pcie": 20e9,
+    "infiniband": 20e9,
+    "ethernet": 5e9,
+    "gloo-cpu": 1e9,
+}
