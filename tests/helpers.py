@@ -42,3 +42,62 @@ def per_step(log: RankLog, unit: str, phase: str, coll: str, field: str,
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
+
+
+class LiveDemo:
+    """A demo job left running (port 0: each rank picks a free port) for scrape tests.
+
+        with LiveDemo(tmp, steps=400) as demo:
+            demo.endpoints  # ["127.0.0.1:PORT", ...] read from the run log headers
+    """
+
+    def __init__(self, tmp: Path, *, nprocs: int = 2, steps: int = 10**6,
+                 model: dict | None = None, attach: dict | None = None, name: str = "live"):
+        self.run_dir = Path(tmp) / name
+        spec = {"model": {**SMALL_MODEL, **(model or {})}, "steps": steps,
+                "attach": {"run_dir": str(self.run_dir), "port": 0, **(attach or {})}}
+        self.nprocs = nprocs
+        self.job = Job(nprocs, spec, log_dir=str(self.run_dir / "logs"))
+        self.endpoints: list[str] = []
+
+    def __enter__(self) -> "LiveDemo":
+        import time
+
+        self.job.start()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            eps = {}
+            for r in range(self.nprocs):
+                p = self.run_dir / f"rank-{r:05d}.jsonl"
+                if p.exists() and p.stat().st_size:
+                    try:
+                        eps[r] = read_rank_log(p).facts.metrics_endpoint
+                    except Exception:
+                        pass
+            if len(eps) == self.nprocs and all(eps.values()):
+                self.endpoints = [eps[r] for r in range(self.nprocs)]
+                return self
+            if not self.job.running():
+                break
+            time.sleep(0.3)
+        self.job.stop()
+        logs = "".join((self.run_dir / "logs" / f"rank-{r}.out").read_text()[-1500:]
+                       for r in range(self.nprocs)
+                       if (self.run_dir / "logs" / f"rank-{r}.out").exists())
+        raise RuntimeError(f"demo did not come up: {logs}")
+
+    def wait_steps(self, n: int, timeout: float = 120.0) -> None:
+        """Block until every rank has logged at least `n` steps."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = [len(read_rank_log(self.run_dir / f"rank-{r:05d}.jsonl").steps)
+                    for r in range(self.nprocs)]
+            if min(done) >= n:
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"demo did not reach {n} steps")
+
+    def __exit__(self, *exc) -> None:
+        self.job.stop()

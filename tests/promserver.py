@@ -1,0 +1,114 @@
+"""A real Prometheus server for tests: 127.0.0.1, a free port, a throwaway data directory.
+
+    with PromServer(targets=["127.0.0.1:9730"], rule_files=[...], tmp=tmp_path) as prom:
+        prom.wait_for("up", min_results=1)
+        prom.query('rate(zerodoc_collective_seconds_total[30s])')
+
+Needs the Debian `prometheus` binary (`make test` installs it). Without it the tests that use
+this are skipped locally, but fail in CI (CI=true): a missing server must not turn CI green.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from zerodoc.demo.launch import free_port
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is not installed (make test installs it with apt-get)")
+        pytest.skip(f"{name} not installed; run `make prometheus`")
+    return path
+
+
+class PromServer:
+    def __init__(self, tmp: Path, targets: list[str] | None = None,
+                 rule_files: list[str] | None = None, scrape_interval: str = "1s",
+                 extra_scrape_configs: list[dict] | None = None, file_sd: list[str] | None = None):
+        self.binary = require_binary("prometheus")
+        self.tmp = Path(tmp)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        scrape = []
+        if targets:
+            scrape.append({"job_name": "zerodoc", "scrape_interval": scrape_interval,
+                           "static_configs": [{"targets": targets}]})
+        if file_sd:
+            scrape.append({"job_name": "zerodoc-sd", "scrape_interval": scrape_interval,
+                           "file_sd_configs": [{"files": file_sd, "refresh_interval": "1s"}]})
+        scrape += extra_scrape_configs or []
+        cfg = {"global": {"scrape_interval": scrape_interval,
+                          "evaluation_interval": scrape_interval},
+               "scrape_configs": scrape}
+        if rule_files:
+            cfg["rule_files"] = [str(Path(r).resolve()) for r in rule_files]
+        self.config = self.tmp / "prometheus.yml"
+        self.config.write_text(json.dumps(cfg, indent=1))  # JSON is valid YAML
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "PromServer":
+        data = self.tmp / "data"
+        data.mkdir(exist_ok=True)
+        self.log = open(self.tmp / "prometheus.log", "w")
+        self.proc = subprocess.Popen(
+            [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={data}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.__exit__()
+        raise RuntimeError(f"prometheus did not start: {(self.tmp / 'prometheus.log').read_text()[-2000:]}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "log", None):
+            self.log.close()
+
+    def api(self, path: str, **params) -> dict:
+        url = f"{self.url}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=10) as r:
+            body = json.load(r)
+        if body.get("status") != "success":
+            raise RuntimeError(f"prometheus {path}: {body}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict]:
+        return self.api("query", query=expr)["result"]
+
+    def wait_for(self, expr: str, min_results: int = 1, timeout: float = 30.0) -> list[dict]:
+        """Poll a query until it returns at least `min_results` series (first results take
+        ~6 s after start with a 1 s scrape interval)."""
+        deadline = time.monotonic() + timeout
+        res: list[dict] = []
+        while time.monotonic() < deadline:
+            res = self.query(expr)
+            if len(res) >= min_results:
+                return res
+            time.sleep(0.5)
+        raise AssertionError(f"{expr!r}: {len(res)} result(s) after {timeout:.0f} s")
