@@ -22,6 +22,8 @@ def run(spec: dict) -> int:
     from zerodoc.demo.model import DemoConfig, batch, build, loss_fn
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    for dotted in spec.get("break_hooks", ()):  # tests: simulate a missing hook point
+        _break(dotted)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     cfg = DemoConfig(**spec.get("model", {}))
@@ -40,12 +42,42 @@ def run(spec: dict) -> int:
             losses.append(loss.item())
     finally:
         monitor.close()
+    if spec.get("check_restore"):
+        _check_restored(model)
     if spec.get("losses_file"):
         with open(f"{spec['losses_file']}.{rank}", "w") as f:
             json.dump(losses, f)
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _break(dotted: str) -> None:
+    import importlib
+
+    mod, _, name = dotted.rpartition(".")
+
+    def missing(*a, **k):
+        raise AttributeError(f"simulated missing hook point ({dotted})")
+    setattr(importlib.import_module(mod), name, missing)
+
+
+def _check_restored(model) -> None:
+    """After close(): FSDP's own comms and methods are back (raises if not)."""
+    from zerodoc.shim import hookpoints as hp
+
+    for mod in model.modules():
+        if not hasattr(mod, "_get_fsdp_state"):
+            continue
+        for g in hp.fsdp2_param_groups(mod):
+            for attr in ("_all_gather_comm", "_reduce_scatter_comm"):
+                name = type(getattr(g, attr)).__name__
+                if name.startswith("Instrumented"):
+                    raise AssertionError(f"{attr} still instrumented: {name}")
+            if "pre_backward" in g.__dict__ or "post_backward" in g.__dict__:
+                raise AssertionError("backward wrappers still installed")
+        if mod._forward_pre_hooks and len(mod._forward_pre_hooks) > 1:
+            raise AssertionError(f"forward pre hooks left: {len(mod._forward_pre_hooks)}")
 
 
 def main() -> None:
@@ -58,6 +90,10 @@ def main() -> None:
     except Exception as e:  # one line, not a traceback, then a clean exit code
         print(f"zerodoc demo worker rank {os.environ.get('RANK')}: {type(e).__name__}: {e}",
               file=sys.stderr, flush=True)
+        if os.environ.get("ZERODOC_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -216,8 +216,12 @@ def instrument(units: list[Unit], rec: Recorder, timer: HostTimer,
             rec.remove(unit_bucket(_idx, rec.phase))
             rec.push(B_FRAMEWORK)
 
-        def outer_post(mod, args, out):
+        def outer_post(mod, args, out, _root=u.is_root):
             rec.remove(B_FRAMEWORK)
+            if _root:
+                # After the root's forward, collectives belong to backward (public hooks
+                # only: holds even if the private backward wrappers are unavailable).
+                rec.phase = BACKWARD
 
         try:
             hs = [

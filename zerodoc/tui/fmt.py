@@ -1,0 +1,144 @@
+"""Base units to what a person reads. The only place the TUI converts units.
+
+Table cells carry bare numbers (the column header names the unit) so that a column reads
+and sorts as numbers; headline text carries the unit with the number.
+"""
+
+from __future__ import annotations
+
+import math
+
+MS_PER_S = 1e3
+MIB = 1 << 20
+GIB = 1 << 30
+GB = 1e9  # bandwidth is decimal, as in nccl-tests
+
+
+def num(v: float | None) -> str:
+    """A bare number with 2-3 significant digits after the point, '-' for None/NaN."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    a = abs(v)
+    if a == 0:
+        return "0"
+    if a < 10:
+        return f"{v:.2f}"
+    if a < 1000:
+        return f"{v:.1f}"
+    return f"{v:.0f}"
+
+
+def ms_num(seconds: float | None) -> str:
+    """Seconds as a bare number of milliseconds (table cells)."""
+    return "-" if seconds is None else num(seconds * MS_PER_S)
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds with a unit: 45 µs, 12.3 ms, 1.23 s, 4m 05s."""
+    if seconds is None:
+        return "-"
+    a = abs(seconds)
+    if a == 0:
+        return "0 ms"
+    if a < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if a < 1:
+        return f"{num(seconds * 1e3)} ms"
+    if a < 120:
+        return f"{seconds:.2f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    if m < 120:
+        return f"{m}m {s:02d}s"
+    return f"{m // 60}h {m % 60:02d}m"
+
+
+def size(n: float | None) -> str:
+    """Bytes with a binary unit: 512 B, 3.0 MiB, 11.8 GiB."""
+    if n is None:
+        return "-"
+    a = abs(n)
+    for unit, scale in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", 1 << 10)):
+        if a >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def mib_num(n: float | None) -> str:
+    return "-" if n is None else num(n / MIB)
+
+
+def rate(bytes_per_second: float | None) -> str:
+    """Bandwidth with a decimal unit: 12.3 GB/s, 850 MB/s."""
+    if bytes_per_second is None:
+        return "-"
+    a = abs(bytes_per_second)
+    if a >= GB:
+        return f"{num(bytes_per_second / GB)} GB/s"
+    return f"{num(bytes_per_second / 1e6)} MB/s"
+
+
+def gbps_num(bytes_per_second: float | None) -> str:
+    return "-" if bytes_per_second is None else num(bytes_per_second / GB)
+
+
+def pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.1f}%"
+
+
+def pct_num(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.1f}"
+
+
+def count(n: float | None) -> str:
+    """Parameter-style counts: 789.8K, 1.2M, 7.0B."""
+    if n is None:
+        return "-"
+    a = abs(n)
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if a >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return f"{int(n)}"
+
+
+def ago(seconds: float) -> str:
+    if seconds < 1:
+        return "just now"
+    return f"{duration(round(seconds))} ago" if seconds >= 120 else f"{seconds:.0f} s ago"
+
+
+def value(key: str, v: object) -> str:
+    """A finding's evidence or threshold value, converted by its key's base-unit suffix."""
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, (list, tuple, set, frozenset)):
+        items = list(v)
+        shown = ", ".join(value(key, x) for x in items[:8])
+        return shown + (f", … ({len(items)} in all)" if len(items) > 8 else "")
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {value(key, x)}" for k, x in list(v.items())[:8])
+    if not isinstance(v, (int, float)):
+        return str(v)
+    k = key.lower()
+    if k.endswith(("_bytes_per_second", "_bps", "busbw", "algbw")):
+        return rate(v)
+    if k.endswith(("_seconds", "_s")):
+        return duration(v)
+    if k.endswith("_bytes"):
+        return size(v)
+    if k.endswith(("_fraction", "_share", "_pct_of_step")):
+        return pct(v)
+    if k.endswith(("_params", "params")):
+        return count(v)
+    if isinstance(v, float):
+        return num(v)
+    return str(v)
+
+
+def label(key: str) -> str:
+    """An evidence key as words, its base-unit suffix dropped: exposed_seconds -> exposed."""
+    k = key
+    for suffix in ("_bytes_per_second", "_seconds", "_bytes", "_s"):
+        if k.endswith(suffix) and len(k) > len(suffix):
+            k = k[: -len(suffix)]
+            break
+    return k.replace("_", " ")

@@ -1,0 +1,128 @@
+"""A deterministic synthetic run log, for the render benchmark, snapshot tests and docs.
+
+Written with `RunLogWriter`, so it is a valid schema-1 run directory that every reader
+accepts. The numbers follow a shape an operator would recognise: the last layers' all-gathers
+are the most exposed, one rank (the straggler) computes slower, memory has some headroom.
+Plain Python, no Textual.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from ..model import RankFacts, UnitFacts
+from ..runlog import RunLogWriter
+
+GIB = 1 << 30
+
+
+def unit_names(units: int) -> list[str]:
+    """`(root)` then `layers.0 .. layers.N-2` (the root holds embeddings and the head)."""
+    return ["(root)"] + [f"layers.{i}" for i in range(units - 1)]
+
+
+def rank_facts(rank: int, world: int, units: int, *, run_id: str = "synthetic",
+               started_unix: float = 1_700_000_000.0) -> RankFacts:
+    names = unit_names(units)
+    ufacts = []
+    for i, name in enumerate(names):
+        params = 262_144_000 if i == 0 else 201_334_784  # ~7B-class layer sizes
+        ufacts.append(UnitFacts(
+            name=name, params=params, param_bytes=params * 4, gather_bytes=params * 2,
+            sharded_bytes=params * 2 // world, reshard_after_forward=i != len(names) - 1,
+            group_size=world, param_dtype="bfloat16", reduce_dtype="float32"))
+    return RankFacts(
+        rank=rank, local_rank=rank % 8, world_size=world, local_world_size=min(world, 8),
+        node=f"node{rank // 8:02d}", run_id=run_id, framework="fsdp2",
+        framework_version="2.13.0", torch_version="2.13.0", device_type="cuda",
+        backend="nccl", zero_stage=3, mesh_shape=(world,), mesh_dim_names=("dp",),
+        param_dtype="bfloat16", reduce_dtype="float32", units=tuple(ufacts),
+        device_capacity_bytes=80 * GIB, started_unix=started_unix, pid=10_000 + rank)
+
+
+def step_record(step: int, rank: int, world: int, units: int, end_unix: float,
+                straggler: int | None = None) -> tuple[dict, float]:
+    """One step line (run log schema 1) and its step seconds. Deterministic in its inputs."""
+    slow = 1.3 if rank == straggler else 1.0
+    wobble = 1.0 + 0.05 * math.sin(step * 0.7 + rank)  # visible in the sparklines
+    compute, comm = [], []
+    total_compute = total_exposed = 0.0
+    for u in range(units):
+        fwd = 0.004 * slow * wobble
+        bwd = 2 * fwd
+        compute += [[u, "forward", fwd], [u, "backward", bwd]]
+        gather_bytes = (262_144_000 if u == 0 else 201_334_784) * 2
+        ag_s = 0.006 * wobble
+        # later layers hide less of their all-gather (prefetch falls behind)
+        exposed = ag_s * min(1.0, 0.1 + 0.8 * u / max(1, units - 1)) / slow
+        comm.append([u, "forward", "all_gather", 1, gather_bytes, ag_s, exposed, ag_s - exposed])
+        if u != units - 1:
+            comm.append([u, "backward", "all_gather", 1, gather_bytes, ag_s, exposed / 2,
+                         ag_s - exposed / 2])
+            total_exposed += exposed / 2
+        comm.append([u, "backward", "reduce_scatter", 1, gather_bytes * 2, 0.008, 0.001, 0.007])
+        total_compute += fwd + bwd
+        total_exposed += exposed + 0.001
+    optimizer = 0.05
+    step_s = total_compute + total_exposed + optimizer + 0.02
+    reserved = int((52 + 4 * (rank == straggler)) * GIB)
+    rec = {
+        "type": "step", "step": step, "end_unix": end_unix, "step_s": step_s,
+        "optimizer_s": optimizer, "framework_s": 0.01, "other_s": 0.01, "self_s": 0.001,
+        "compute": compute, "comm": comm,
+        "mem": {"sharded_parameters": 7 * GIB // world * 2, "gradients": 7 * GIB // world * 2,
+                "optimizer_state": 7 * GIB // world * 12, "device_allocated": reserved - GIB,
+                "device_reserved": reserved, "capacity": 80 * GIB,
+                "headroom": 80 * GIB - reserved},
+        "errors": {},
+    }
+    return rec, step_s
+
+
+def write_run(run_dir: str | os.PathLike, *, ranks: int = 64, units: int = 128,
+              steps: int = 20, straggler: int | None = 3, started_unix: float = 1_700_000_000.0,
+              end: bool = True, stop_rank_after: dict[int, int] | None = None) -> Path:
+    """Write a synthetic run dir; returns its path.
+
+    `end`: write each rank's clean "end" line. `stop_rank_after`: {rank: steps} makes those
+    ranks stop early without an end line (a hung or crashed rank).
+    """
+    run_dir = Path(run_dir)
+    stop = stop_rank_after or {}
+    for r in range(ranks):
+        w = RunLogWriter(run_dir, r)
+        w.write_header(rank_facts(r, ranks, units, run_id=run_dir.name, started_unix=started_unix))
+        t = started_unix
+        last = stop.get(r, steps)
+        for s in range(1, last + 1):
+            rec, step_s = step_record(s, r, ranks, units, t, straggler)
+            t += step_s
+            rec["end_unix"] = t
+            w.write(rec)
+        if end and r not in stop:
+            w.close(last)
+        else:
+            _close_without_end(w)
+    return run_dir
+
+
+def append_steps(run_dir: str | os.PathLike, *, ranks: int, units: int, first_step: int,
+                 count: int = 1, end_unix: float | None = None,
+                 straggler: int | None = 3) -> None:
+    """Append `count` step lines to each rank's log (a live run advancing)."""
+    import time
+
+    t = end_unix if end_unix is not None else time.time()
+    for r in range(ranks):
+        w = RunLogWriter(run_dir, r)
+        for s in range(first_step, first_step + count):
+            rec, _ = step_record(s, r, ranks, units, t, straggler)
+            w.write(rec)
+        _close_without_end(w)
+
+
+def _close_without_end(w: RunLogWriter) -> None:
+    # RunLogWriter.close() always records a clean end; a hung rank must not have one.
+    w._f.close()
