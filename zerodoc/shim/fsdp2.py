@@ -28,6 +28,7 @@ from .recorder import (
     ALL_GATHER, BACKWARD, B_FRAMEWORK, REDUCE_SCATTER, Recorder, unit_bucket,
 )
 from ..model import UnitFacts
+from .adapters import Adapter, AdapterFacts
 
 ROOT_NAME = "(root)"
 
@@ -304,3 +305,30 @@ def describe(units: list[Unit], registry: hp.HookRegistry) -> FSDP2Info:
 
 def torch_version() -> str:
     return torch.__version__.split("+")[0]
+
+
+class FSDP2Adapter(Adapter):
+    """`fully_shard` (FSDP2): units are the modules fully_shard was applied to."""
+
+    framework = "fsdp2"
+
+    @classmethod
+    def detect(cls, model, optimizer) -> bool:
+        fsdp_cls = hp.fsdp2_module_class()
+        return fsdp_cls is not None and any(isinstance(m, fsdp_cls) for m in model.modules())
+
+    def discover(self) -> None:
+        self.units = discover(self.model, self.registry) or []
+        self.unit_names = [u.name for u in self.units]
+
+    def facts(self) -> AdapterFacts:
+        info = describe(self.units, self.registry)
+        return AdapterFacts(
+            framework=self.framework, framework_version=torch_version(),
+            units=[u.facts for u in self.units if u.facts is not None],
+            zero_stage=info.zero_stage, mesh_shape=info.mesh_shape,
+            mesh_dim_names=info.mesh_dim_names, param_dtype=info.param_dtype,
+            reduce_dtype=info.reduce_dtype)
+
+    def instrument(self, rec, timer, on_root_forward, slow_link_s: float) -> list:
+        return instrument(self.units, rec, timer, self.registry, on_root_forward, slow_link_s)

@@ -24,7 +24,7 @@ from ..catalog import STEP_BUCKETS
 from ..config import AttachConfig
 from ..model import CommTotals, RankFacts, RankWindow, UnitFacts
 from ..runlog import DEFAULT_ROOT, RunLogWriter
-from . import fsdp2, memory
+from . import adapters, fsdp2, memory
 from . import hookpoints as hp
 from .comm import HostTimer
 from .recorder import (
@@ -116,21 +116,20 @@ class Monitor:
         self._mem_static: dict[str, int] = {}
         self._undo: list = []
 
-        units = fsdp2.discover(model, self.registry)
-        if units is None:
-            warnings.warn("zerodoc: no FSDP2 (fully_shard) units found in the model; "
-                          "only step time and memory are measured", stacklevel=3)
-            units = []
-        self.units = units
-        self.rec = Recorder(len(units))
+        self.adapter = adapters.detect(model, optimizer, self.registry)
+        self.adapter.discover()
+        if not self.adapter.unit_names:
+            warnings.warn("zerodoc: no sharded units found (FSDP2 fully_shard, FSDP1, ZeRO, "
+                          "DeepSpeed); only step time and memory are measured", stacklevel=3)
+        self.rec = Recorder(len(self.adapter.unit_names))
         self.timer = HostTimer(self.rec, self.registry, cfg.completion_callbacks)
-        info = fsdp2.describe(units, self.registry)
-        if units:
-            self._undo += fsdp2.instrument(units, self.rec, self.timer, self.registry,
-                                           self._on_root_forward, cfg.inject_latency_s)
+        info = self.adapter.facts()
+        self._undo += self.adapter.instrument(self.rec, self.timer, self._on_root_forward,
+                                              cfg.inject_latency_s)
+        self.optimizer = self.adapter.step_optimizer()
         self._install_optimizer_hooks()
 
-        self.unit_names = [u.name for u in units]
+        self.unit_names = list(self.adapter.unit_names)
         self.device_type = self._device_type()
         self.capacity = self._capacity()
         self.endpoint: str | None = None
@@ -152,18 +151,18 @@ class Monitor:
             rank=self.rank, local_rank=self.local_rank, world_size=self.world_size,
             local_world_size=self.local_world_size, node=self.node,
             run_id=os.path.basename(os.path.normpath(self.run_dir)),
-            framework="fsdp2" if units else "none",
-            framework_version=fsdp2.torch_version(), torch_version=fsdp2.torch_version(),
+            framework=info.framework, framework_version=info.framework_version,
+            torch_version=fsdp2.torch_version(),
             device_type=self.device_type,
             backend=dist.get_backend() if dist.is_available() and dist.is_initialized()
             else "none",
             zero_stage=info.zero_stage, mesh_shape=info.mesh_shape,
             mesh_dim_names=info.mesh_dim_names, param_dtype=info.param_dtype,
             reduce_dtype=info.reduce_dtype,
-            units=tuple(u.facts for u in units if u.facts is not None),
+            units=tuple(info.units),
             device_capacity_bytes=self.capacity, started_unix=time.time(), pid=os.getpid(),
             metrics_endpoint=self.endpoint, hooks=dict(self.registry.status),
-            config={**cfg.as_dict(), "zerodoc_version": __version__},
+            config={**cfg.as_dict(), "zerodoc_version": __version__, **info.extra},
         )
         self.totals = RankWindow(facts=self.facts)
         self.last_comm: dict = {}
@@ -174,7 +173,7 @@ class Monitor:
     # --- set-up helpers -------------------------------------------------------------
     def _device_type(self) -> str:
         try:
-            p = next(self.model.parameters())
+            p = next(self.adapter.memory_module().parameters())
             p = p.to_local() if hasattr(p, "to_local") else p
             return p.device.type
         except (StopIteration, AttributeError):
@@ -215,7 +214,7 @@ class Monitor:
             self.rec.phase = OPTIMIZER
             self.rec.push(B_OPTIMIZER)
             if self._memory_due(self.step_index + 1):
-                self._mem_static["gradients"] = memory.gradient_bytes(self.model)
+                self._mem_static["gradients"] = memory.gradient_bytes(self.adapter.memory_module())
         except Exception as e:
             self.registry.error("optimizer.pre_hook", e)
 
@@ -236,7 +235,7 @@ class Monitor:
             return
         try:
             if self._memory_due(self.step_index + 1):
-                self._mem_static["gradients"] = memory.gradient_bytes(self.model)
+                self._mem_static["gradients"] = memory.gradient_bytes(self.adapter.memory_module())
             self._end_step()
         except Exception as e:
             self.registry.error("monitor.step", e)
@@ -337,7 +336,7 @@ class Monitor:
     def _memory(self) -> dict[str, int]:
         st = self._mem_static
         if self._memory_due(self.step_index) or "sharded_parameters" not in st:
-            st["sharded_parameters"] = memory.parameter_bytes(self.model)
+            st["sharded_parameters"] = memory.parameter_bytes(self.adapter.memory_module())
             if self.optimizer is not None:
                 st["optimizer_state"] = memory.optimizer_state_bytes(self.optimizer)
         mem = dict(st)
