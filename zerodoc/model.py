@@ -74,6 +74,11 @@ class UnitFacts:
     group_size: int  # ranks in the all-gather / reduce-scatter group
     param_dtype: str = ""
     reduce_dtype: str = ""
+    replicate_size: int = 1  # HSDP: ranks in the replicate (all-reduce) group
+
+    def collective_group_size(self, collective: str) -> int:
+        """Ranks taking part in one collective of this unit (for busbw)."""
+        return self.replicate_size if collective == "all_reduce" else self.group_size
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..demo.model import WRAPS
+from . import frameworks
+from .model import WRAPS
 
 
 def add_parser(sub) -> None:
@@ -15,6 +16,11 @@ def add_parser(sub) -> None:
         "a live summary is printed per step. Flags reproduce real (mis)configurations.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--ranks", type=int, default=2, help="local ranks (processes)")
+    p.add_argument("--framework", choices=frameworks.names(), default="fsdp2",
+                   help="sharding stack to run the demo model under")
+    p.add_argument("--hsdp-replicas", type=int, default=1,
+                   help="FSDP2 only: replicate groups of a 2-D (HSDP) mesh; ranks must be a "
+                        "multiple (e.g. --ranks 4 --hsdp-replicas 2)")
     p.add_argument("--steps", type=int, default=100, help="training steps; 0 runs until Ctrl-C")
     p.add_argument("--wrap", choices=WRAPS, default="block",
                    help="sharding granularity: per block (right), per linear (too fine), "

@@ -24,6 +24,11 @@ def _validate(args) -> None:
     for name in ("blocks", "hidden", "seq", "batch"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name} must be >= 1")
+    if args.hsdp_replicas < 1 or args.ranks % args.hsdp_replicas:
+        raise UserError(f"--ranks {args.ranks} must be a multiple of --hsdp-replicas "
+                        f"{args.hsdp_replicas}")
+    if args.hsdp_replicas > 1 and args.framework != "fsdp2":
+        raise UserError("--hsdp-replicas needs --framework fsdp2")
     if args.hidden % 4:
         raise UserError("--hidden must be a multiple of 4 (the attention heads)")
 
@@ -41,6 +46,8 @@ def spec_from_args(args) -> dict:
                   "batch": args.batch, "wrap": args.wrap, "reshard_after_forward": args.reshard,
                   "prefetch": args.prefetch},
         "steps": args.steps if args.steps > 0 else 10**9,
+        "framework": args.framework,
+        "hsdp_replicas": args.hsdp_replicas,
         "attach": attach,
     }
 
@@ -92,7 +99,7 @@ def run_demo(args) -> int:
 def run_text(args, spec: dict, run_dir: str, out=sys.stdout) -> int:
     job = Job(args.ranks, spec, log_dir=os.path.join(run_dir, "logs")).start()
     follower = RunFollower(run_dir)
-    print(f"zerodoc demo: {args.ranks} ranks, wrap={args.wrap}, "
+    print(f"zerodoc demo: {args.framework}, {args.ranks} ranks, wrap={args.wrap}, "
           f"reshard_after_forward={args.reshard}, prefetch={args.prefetch}, "
           f"slow link +{args.slow_link_ms:g} ms; run log {run_dir}", file=out, flush=True)
     shown_endpoints = False

@@ -19,7 +19,8 @@ def run(spec: dict) -> int:
     import torch.distributed as dist
 
     import zerodoc
-    from zerodoc.demo.model import DemoConfig, batch, build, loss_fn
+    from zerodoc.demo import frameworks
+    from zerodoc.demo.model import DemoConfig, batch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     for dotted in spec.get("break_hooks", ()):  # tests: simulate a missing hook point
@@ -27,23 +28,18 @@ def run(spec: dict) -> int:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     cfg = DemoConfig(**spec.get("model", {}))
-    model = build(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.get("lr", 1e-3))
-    monitor = zerodoc.attach(model, opt, **spec.get("attach", {}))
+    built = frameworks.build(spec.get("framework", "fsdp2"), cfg, spec)
+    monitor = zerodoc.attach(built.target, built.optimizer, **spec.get("attach", {}))
     steps = int(spec.get("steps", 20))
     losses = []
     try:
         for step in range(steps):
             x, y = batch(cfg, step, rank)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
+            losses.append(built.train_step(x, y))
     finally:
         monitor.close()
     if spec.get("check_restore"):
-        _check_restored(model)
+        _check_restored(built.model)
     if spec.get("losses_file"):
         with open(f"{spec['losses_file']}.{rank}", "w") as f:
             json.dump(losses, f)

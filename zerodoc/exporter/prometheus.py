@@ -100,13 +100,15 @@ class ZerodocCollector:
         yield from (calls, nbytes, secs, exposed)
 
         bw = _family("zerodoc_collective_busbw_bytes_per_second")
-        sizes = {u.name: u.group_size for u in facts.units}
+        units = {u.name: u for u in facts.units}
         from ..shim.recorder import COLLECTIVES, PHASES
         for (u, p, c), a in list(m.last_comm.items()):
             unit = m.unit_names[u]
             if a[2] > 0:
                 bw.add_metric(rl + [unit, PHASES[p], COLLECTIVES[c]],
-                              busbw(a[1] / a[2], COLLECTIVES[c], sizes.get(unit, 1)))
+                              busbw(a[1] / a[2], COLLECTIVES[c],
+                                    units[unit].collective_group_size(COLLECTIVES[c])
+                                    if unit in units else 1))
         yield bw
 
         mem = _family("zerodoc_memory_bytes")

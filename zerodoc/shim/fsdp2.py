@@ -25,7 +25,7 @@ from . import hookpoints as hp
 from .comm import HostTimer
 from .slowlink import SlowLink
 from .recorder import (
-    ALL_GATHER, BACKWARD, B_FRAMEWORK, REDUCE_SCATTER, Recorder, unit_bucket,
+    ALL_GATHER, ALL_REDUCE, BACKWARD, B_FRAMEWORK, REDUCE_SCATTER, Recorder, unit_bucket,
 )
 from ..model import UnitFacts
 from .adapters import Adapter, AdapterFacts
@@ -86,7 +86,7 @@ def discover(model, registry: hp.HookRegistry) -> list[Unit] | None:
 def unit_facts(u: Unit) -> UnitFacts:
     params = param_bytes = gather_bytes = sharded_bytes = 0
     reshard = None
-    group_size = 1
+    group_size = replicate = 1
     pdt = rdt = ""
     for g in u.groups:
         mp = getattr(g, "mp_policy", None)
@@ -107,11 +107,12 @@ def unit_facts(u: Unit) -> UnitFacts:
             rdt = _dtype_name(getattr(mp, "reduce_dtype", None) or gdt)
         mi = g.mesh_info
         group_size = getattr(mi, "shard_mesh_size", 1)
+        replicate = getattr(mi, "replicate_mesh_size", 1)
         reshard = getattr(g, "post_forward_mesh_info", None) is not None
     return UnitFacts(name=u.name, params=params, param_bytes=param_bytes,
                      gather_bytes=gather_bytes, sharded_bytes=sharded_bytes,
                      reshard_after_forward=reshard, group_size=group_size,
-                     param_dtype=pdt, reduce_dtype=rdt)
+                     param_dtype=pdt, reduce_dtype=rdt, replicate_size=replicate)
 
 
 def _nbytes(t) -> int:
@@ -181,10 +182,50 @@ def _install_comm(u: Unit, comm, public_setter: str, private_attr: str, hook: st
     undo.append(lambda olds=olds: [setattr(g, private_attr, old) for g, old in olds])
 
 
+class _DistProxy:
+    """Stands in for `torch.distributed` inside FSDP2's collectives module only, so the
+    HSDP all-reduce (called as `dist.all_reduce`, no comm object) is timed and attributed to
+    the unit whose post_backward is running. Everything else passes through."""
+
+    def __init__(self, real, timer: HostTimer, current: list):
+        self._real, self._timer, self._current = real, timer, current
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def all_reduce(self, tensor, *args, **kwargs):
+        unit = self._current[0]
+        if unit is None or kwargs.get("async_op") or len(args) > 2:
+            return self._real.all_reduce(tensor, *args, **kwargs)
+        return self._timer.sync_call(self._real.all_reduce, (tensor, *args), kwargs, unit,
+                                     ALL_REDUCE, tensor.numel() * tensor.element_size())
+
+
+def _install_hsdp_all_reduce(timer: HostTimer, registry: hp.HookRegistry,
+                             current: list, undo: list) -> None:
+    mod = hp.fsdp2_collectives_module()
+    if mod is None or not hasattr(mod, "dist"):
+        registry.missing("_fsdp_collectives.dist (HSDP all-reduce)", "module not found")
+        return
+    real = mod.dist
+    if isinstance(real, _DistProxy):  # another monitor's proxy: leave it
+        return
+    mod.dist = _DistProxy(real, timer, current)
+    registry.ok("_fsdp_collectives.dist (HSDP all-reduce)")
+
+    def restore():
+        if isinstance(mod.dist, _DistProxy):
+            mod.dist = real
+    undo.append(restore)
+
+
 def instrument(units: list[Unit], rec: Recorder, timer: HostTimer,
                registry: hp.HookRegistry, on_root_forward, slow_link_s: float = 0.0) -> list:
     """Install all per-unit instrumentation; returns undo callables."""
     undo: list = []
+    reducing = [None]  # index of the unit whose post_backward runs (HSDP all-reduce)
+    if any(getattr(g, "_is_hsdp", False) for u in units for g in u.groups):
+        _install_hsdp_all_reduce(timer, registry, reducing, undo)
     AG, RS = _make_comm_classes()
     for u in units:
         # --- collectives ---------------------------------------------------------
@@ -239,13 +280,14 @@ def instrument(units: list[Unit], rec: Recorder, timer: HostTimer,
         # --- backward compute ----------------------------------------------------
         for g in u.groups:
             try:
-                _wrap_backward(g, idx, rec, registry, undo)
+                _wrap_backward(g, idx, rec, registry, undo, reducing)
             except Exception as e:
                 registry.missing("FSDPParamGroup.pre_backward/post_backward", repr(e))
     return undo
 
 
-def _wrap_backward(g, idx: int, rec: Recorder, registry: hp.HookRegistry, undo: list) -> None:
+def _wrap_backward(g, idx: int, rec: Recorder, registry: hp.HookRegistry, undo: list,
+                   reducing: list) -> None:
     orig_pre = g.pre_backward
     orig_post = g.post_backward
     bwd_bucket = unit_bucket(idx, BACKWARD)
@@ -263,9 +305,11 @@ def _wrap_backward(g, idx: int, rec: Recorder, registry: hp.HookRegistry, undo: 
     def post_backward(*args, **kwargs):
         rec.remove(bwd_bucket)
         rec.push(B_FRAMEWORK)
+        reducing[0] = idx
         try:
             return orig_post(*args, **kwargs)
         finally:
+            reducing[0] = None
             rec.remove(B_FRAMEWORK)
 
     g.pre_backward = pre_backward

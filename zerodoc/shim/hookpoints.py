@@ -21,13 +21,15 @@ and zerodoc exports what still works.
 | `FSDPParamGroup.fsdp_params`        | no      | per-unit parameter facts                  | 2.13    |
 | `FSDPParamGroup.mesh_info` / `post_forward_mesh_info` | no | group size, reshard_after_forward | 2.13 |
 | `FSDPParam._orig_size`, `.param_dtype`, `.orig_dtype`, `.padded_sharded_param_size` | no | unit bytes | 2.13 |
+| `_fsdp_collectives.dist` (module global) | no | HSDP all-reduce per unit: a proxy for  | 2.13    |
+|   in `torch.distributed.fsdp._fully_shard` |    |   `torch.distributed` in that module only |       |
+| `FSDPParamGroup._is_hsdp`           | no      | whether a unit replicates (HSDP)          | 2.13    |
 | `dist.Work` subclassing + `Work.get_future()` | yes | exposed time of async all-gathers     | 2.13    |
 | `Optimizer.register_step_pre_hook/post_hook` | yes | step boundaries, optimizer time     | 2.13    |
 | `nn.Module.register_forward_pre_hook(prepend=)` / `register_forward_hook(prepend=)` | yes | forward compute per unit | 2.13 |
 
-Not instrumented yet (later issues): the HSDP all-reduce in
-`torch.distributed.fsdp._fully_shard._fsdp_collectives.foreach_reduce` (calls `dist.all_reduce`
-directly, no comm object), FSDP1, ZeRO-1, DeepSpeed.
+The HSDP all-reduce in `_fsdp_collectives.foreach_reduce` is called as `dist.all_reduce`
+(no comm object to replace), hence the module-scoped proxy.
 """
 
 from __future__ import annotations
@@ -103,3 +105,15 @@ def fsdp2_set_unshard_async(model: Any, enabled: bool) -> bool:
         return False
     fn(enabled)
     return True
+
+
+def fsdp2_collectives_module():
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+        return _fsdp_collectives
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import _fsdp_collectives  # 2.4 - 2.5
+            return _fsdp_collectives
+        except ImportError:
+            return None
