@@ -87,6 +87,15 @@ CATALOG: tuple[Metric, ...] = (
            "of host memory per local rank."),
     Metric("zerodoc_memory_headroom_bytes", "gauge", "bytes",
            "Capacity minus peak reserved (GPU) or peak resident (CPU) memory."),
+    # --- GPU (CUDA allocator, NVML); absent on CPU runs ----------------------------------
+    Metric("zerodoc_gpu_alloc_retries_total", "counter", "",
+           "CUDA caching-allocator retries (cudaMalloc failed, cache flushed, retried)."),
+    Metric("zerodoc_gpu_ooms_total", "counter", "",
+           "CUDA out-of-memory errors raised by the caching allocator."),
+    Metric("zerodoc_gpu_utilization_ratio", "gauge", "ratio",
+           "GPU utilisation reported by NVML (0-1)."),
+    Metric("zerodoc_gpu_pcie_bytes_per_second", "gauge", "bytes_per_second",
+           "PCIe throughput reported by NVML.", ("direction",)),
     # --- static facts -------------------------------------------------------------------
     Metric("zerodoc_run", "info", "",
            "Static facts of the run: framework, versions, device, dtypes, mesh.",
@@ -100,6 +109,18 @@ CATALOG: tuple[Metric, ...] = (
     Metric("zerodoc_unit_reshard_after_forward", "gauge", "",
            "1 if the unit frees its gathered parameters after forward (ZeRO-3-like), "
            "0 if it keeps them for backward (ZeRO-2-like).", ("unit",)),
+    Metric("zerodoc_local_world_size", "gauge", "", "Number of ranks on this rank's node."),
+    Metric("zerodoc_unit_index", "gauge", "",
+           "Position of the unit in the model's module order (0: outermost).", ("unit",)),
+    Metric("zerodoc_unit_group_size", "gauge", "",
+           "Ranks in the unit's all-gather / reduce-scatter group.", ("unit",)),
+    Metric("zerodoc_unit_sharded_bytes", "gauge", "bytes",
+           "This rank's shard of the unit's parameters, in their stored dtype.", ("unit",)),
+    Metric("zerodoc_unit_stored_parameter_bytes", "gauge", "bytes",
+           "Unsharded parameter bytes of a unit in its stored (original) dtype.", ("unit",)),
+    Metric("zerodoc_unit_dtype", "info", "",
+           "A unit's all-gather (parameter) dtype and gradient reduce dtype.",
+           ("unit", "param_dtype", "reduce_dtype")),
     # --- zerodoc's own health -----------------------------------------------------------
     Metric("zerodoc_self_seconds_total", "counter", "seconds",
            "Time zerodoc itself spent at step boundaries (bookkeeping, run log, memory "

@@ -39,6 +39,12 @@ class AttachConfig:
     """Walk parameters / gradients / optimizer state for memory bytes every N steps."""
     run_log: bool = True
     """Write the per-rank JSON-lines run log."""
+    memory_history: bool = False
+    """GPU: record allocator history (bounded) so an OOM dumps a memory snapshot into the
+    run directory. Off by default: recording history costs time."""
+    nvml: bool = True
+    """GPU: sample NVML (utilisation, memory, PCIe/NVLink counters, topology) on a
+    background thread when nvidia-ml-py is installed."""
 
     def __post_init__(self) -> None:
         if self.port is not None and not isinstance(self.port, (bool, int)):

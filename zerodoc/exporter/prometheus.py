@@ -26,6 +26,15 @@ from ..model import busbw  # noqa: E402
 
 PORT_TRIES = 8
 
+# Keys of the memory dict that are not byte populations, and where they go.
+GPU_SERIES = {
+    "alloc_retries": "zerodoc_gpu_alloc_retries_total",
+    "ooms": "zerodoc_gpu_ooms_total",
+    "gpu_utilization_ratio": "zerodoc_gpu_utilization_ratio",
+}
+NOT_POPULATIONS = {"capacity", "headroom", "ooms_observed", "pcie_tx_bytes_per_second",
+                   "pcie_rx_bytes_per_second", *GPU_SERIES}
+
 
 def _family(name: str, extra_labels: tuple[str, ...] = ()):
     m = BY_NAME[name]
@@ -113,9 +122,21 @@ class ZerodocCollector:
 
         mem = _family("zerodoc_memory_bytes")
         for pop, b in list(tot.memory.items()):
-            if pop not in ("capacity", "headroom"):
+            if pop not in NOT_POPULATIONS:
                 mem.add_metric(rl + [pop], b)
         yield mem
+        for key, name in GPU_SERIES.items():
+            if key in tot.memory:
+                g = _family(name)
+                g.add_metric(rl, tot.memory[key])
+                yield g
+        pcie = [(d, tot.memory[f"pcie_{d}_bytes_per_second"]) for d in ("tx", "rx")
+                if f"pcie_{d}_bytes_per_second" in tot.memory]
+        if pcie:
+            g = _family("zerodoc_gpu_pcie_bytes_per_second")
+            for d, v in pcie:
+                g.add_metric(rl + [d], v)
+            yield g
         if "capacity" in tot.memory:
             g = _family("zerodoc_device_memory_capacity_bytes")
             g.add_metric(rl, tot.memory["capacity"])
@@ -138,12 +159,27 @@ class ZerodocCollector:
         params = _family("zerodoc_unit_parameters")
         pbytes = _family("zerodoc_unit_parameter_bytes")
         reshard = _family("zerodoc_unit_reshard_after_forward")
-        for u in facts.units:
-            params.add_metric(rl + [u.name], u.params)
-            pbytes.add_metric(rl + [u.name], u.gather_bytes)
+        index = _family("zerodoc_unit_index")
+        group = _family("zerodoc_unit_group_size")
+        sharded = _family("zerodoc_unit_sharded_bytes")
+        stored = _family("zerodoc_unit_stored_parameter_bytes")
+        dtype = InfoMetricFamily("zerodoc_unit_dtype", BY_NAME["zerodoc_unit_dtype"].help,
+                                 labels=list(RANK_LABELS) + ["unit"])
+        for i, u in enumerate(facts.units):
+            lv = rl + [u.name]
+            params.add_metric(lv, u.params)
+            pbytes.add_metric(lv, u.gather_bytes)
             if u.reshard_after_forward is not None:
-                reshard.add_metric(rl + [u.name], 1 if u.reshard_after_forward else 0)
-        yield from (params, pbytes, reshard)
+                reshard.add_metric(lv, 1 if u.reshard_after_forward else 0)
+            index.add_metric(lv, i)
+            group.add_metric(lv, u.group_size)
+            sharded.add_metric(lv, u.sharded_bytes)
+            stored.add_metric(lv, u.param_bytes)
+            dtype.add_metric(lv, {"param_dtype": u.param_dtype, "reduce_dtype": u.reduce_dtype})
+        yield from (params, pbytes, reshard, index, group, sharded, stored, dtype)
+        g = _family("zerodoc_local_world_size")
+        g.add_metric(rl, facts.local_world_size)
+        yield g
 
         errs = _family("zerodoc_errors_total")
         for hook, n in list(m.registry.errors.items()):

@@ -69,6 +69,9 @@ class Adapter:
 
 # Checked in order; the first whose detect() is true wins. The base Adapter is last.
 ADAPTERS: list[str] = [
+    "zerodoc.shim.fsdp1:FSDP1Adapter",
+    "zerodoc.shim.zero1:Zero1Adapter",
+    "zerodoc.shim.zero1:DDPAdapter",
     "zerodoc.shim.fsdp2:FSDP2Adapter",
 ]
 

@@ -33,6 +33,22 @@ class HostTimer:
         self.registry = registry
         self.callbacks = callbacks
 
+    def call(self, fn, args: tuple, kwargs: dict, unit: int, coll: int, nbytes: int,
+             async_op: bool) -> Any:
+        """Run one collective `fn(*args, **kwargs)` (async_op already in kwargs) and time it."""
+        if not async_op:
+            return self.sync_call(fn, args, kwargs, unit, coll, nbytes)
+        t0 = perf_counter()
+        work = fn(*args, **kwargs)
+        return self.async_issue(work, unit, coll, nbytes, t0)
+
+    def wait_point(self, unit: int) -> None:
+        """The compute thread is about to need `unit`'s parameters (used by CudaTimer)."""
+
+    def collect(self) -> int:
+        """Step end: host timings are recorded as they happen; nothing to read back."""
+        return 0
+
     def sync_call(self, fn, args: tuple, kwargs: dict, unit: int, coll: int,
                   nbytes: int) -> Any:
         rec = self.rec

@@ -16,7 +16,6 @@ Everything is undone by `uninstall()`. Hook points: see `hookpoints.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from time import perf_counter
 from typing import Any
 
 import torch
@@ -134,14 +133,9 @@ def _make_comm_classes():
             return self.inner.allocate(size, dtype=dtype, device=device)
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
-            nbytes = _nbytes(output_tensor)
-            if not async_op:
-                return self.timer.sync_call(self.inner, (output_tensor, input_tensor, group),
-                                            {"async_op": False}, self.unit, ALL_GATHER,
-                                            nbytes)
-            t0 = perf_counter()
-            work = self.inner(output_tensor, input_tensor, group, async_op=True)
-            return self.timer.async_issue(work, self.unit, ALL_GATHER, nbytes, t0)
+            return self.timer.call(self.inner, (output_tensor, input_tensor, group),
+                                   {"async_op": async_op}, self.unit, ALL_GATHER,
+                                   _nbytes(output_tensor), async_op)
 
     class InstrumentedReduceScatter(*rs_bases):
         def __init__(self, inner, timer: HostTimer, unit: int):
@@ -151,14 +145,9 @@ def _make_comm_classes():
             return self.inner.allocate(size, dtype=dtype, device=device)
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            nbytes = _nbytes(input_tensor)
-            if not async_op:
-                return self.timer.sync_call(self.inner, (output_tensor, input_tensor, group, op),
-                                            {"async_op": False}, self.unit, REDUCE_SCATTER,
-                                            nbytes)
-            t0 = perf_counter()
-            work = self.inner(output_tensor, input_tensor, group, op, async_op=True)
-            return self.timer.async_issue(work, self.unit, REDUCE_SCATTER, nbytes, t0)
+            return self.timer.call(self.inner, (output_tensor, input_tensor, group, op),
+                                   {"async_op": async_op}, self.unit, REDUCE_SCATTER,
+                                   _nbytes(input_tensor), async_op)
 
     return InstrumentedAllGather, InstrumentedReduceScatter
 
@@ -245,9 +234,10 @@ def instrument(units: list[Unit], rec: Recorder, timer: HostTimer,
         # --- forward compute -----------------------------------------------------
         idx = u.index
 
-        def outer_pre(mod, args, _root=u.is_root):
+        def outer_pre(mod, args, _root=u.is_root, _idx=idx):
             if _root:
                 on_root_forward()
+            timer.wait_point(_idx)
             rec.push(B_FRAMEWORK)
 
         def inner_pre(mod, args, _idx=idx):
@@ -280,20 +270,22 @@ def instrument(units: list[Unit], rec: Recorder, timer: HostTimer,
         # --- backward compute ----------------------------------------------------
         for g in u.groups:
             try:
-                _wrap_backward(g, idx, rec, registry, undo, reducing)
+                _wrap_backward(g, idx, rec, timer, registry, undo, reducing)
             except Exception as e:
                 registry.missing("FSDPParamGroup.pre_backward/post_backward", repr(e))
     return undo
 
 
-def _wrap_backward(g, idx: int, rec: Recorder, registry: hp.HookRegistry, undo: list,
-                   reducing: list) -> None:
+def _wrap_backward(g, idx: int, rec: Recorder, timer, registry: hp.HookRegistry,
+                   undo: list, reducing: list) -> None:
     orig_pre = g.pre_backward
     orig_post = g.post_backward
     bwd_bucket = unit_bucket(idx, BACKWARD)
 
     def pre_backward(*args, **kwargs):
         rec.phase = BACKWARD
+        if not rec.has(bwd_bucket):
+            timer.wait_point(idx)
         rec.push(B_FRAMEWORK)
         try:
             return orig_pre(*args, **kwargs)

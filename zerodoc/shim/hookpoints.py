@@ -30,6 +30,36 @@ and zerodoc exports what still works.
 
 The HSDP all-reduce in `_fsdp_collectives.foreach_reduce` is called as `dist.all_reduce`
 (no comm object to replace), hence the module-scoped proxy.
+
+FSDP1 (`FullyShardedDataParallel`, `zerodoc/shim/fsdp1.py`):
+
+| hook point                          | public? | what for                                  | checked |
+|-------------------------------------|---------|-------------------------------------------|---------|
+| `torch.distributed.fsdp.FullyShardedDataParallel` | yes | find the units (isinstance)      | 2.13    |
+| `FSDP.module`                       | yes     | the wrapped module (inner forward hooks)  | 2.13    |
+| `FSDP.sharding_strategy`, `.backward_prefetch`, `.forward_prefetch`, `.limit_all_gathers`, `.cpu_offload`, `.process_group` | semi (undocumented state attributes) | facts, ZeRO stage | 2.13 |
+| `FSDP._handle` (`FlatParamHandle`)  | no      | the unit's flat parameter                 | 2.13    |
+| `FSDP._inter_node_pg`, `._use_orig_params` | no | HSDP replicate group size; facts     | 2.13    |
+| `FlatParamHandle.flat_param._unpadded_unsharded_size` / `._sharded_size`, `.world_size`, `.process_group`, `.uses_sharded_strategy`, `._orig_param_dtype`, `._fwd_bwd_param_dtype`, `._reduce_dtype` | no | unit bytes, dtypes | 2.13 |
+| `FlatParamHandle._all_gather_flat_param` | no | per-unit all-gather (instance-wrapped; on CPU it calls `dist.all_gather`, list form, blocking) | 2.13 |
+| `fsdp._runtime_utils._pre_backward_hook` | no | backward start of a unit (module global; bound into a partial at every forward) | 2.13 |
+| `fsdp._runtime_utils._post_backward_hook` | no | backward end of a unit (same; re-registered every forward) | 2.13 |
+| `fsdp._runtime_utils._reduce_grad` / `_reduce_grad_no_shard` | no | which unit's gradient is reduced (module globals) | 2.13 |
+| `fsdp._runtime_utils.dist` (module reference) | no | a proxy timing `reduce_scatter_single` (`reduce_scatter_tensor` before) and `all_reduce` (NO_SHARD; HSDP inter-group) while a known unit is reduced | 2.13 |
+
+ZeRO-1 / DDP (`zerodoc/shim/zero1.py`):
+
+| hook point                          | public? | what for                                  | checked |
+|-------------------------------------|---------|-------------------------------------------|---------|
+| `torch.nn.parallel.DistributedDataParallel` (`.module`, `.process_group`) | yes | detect, facts | 2.13 |
+| `DistributedDataParallel.register_comm_hook` | yes | time each gradient bucket's all-reduce (issue -> future done) | 2.13 |
+| `DistributedDataParallel._comm_hooks` | no    | do not stack on a user's comm hook        | 2.13    |
+| `GradBucket.buffer()`               | yes     | bucket bytes                              | 2.13    |
+| `Variable._execution_engine.queue_callback` | no (FSDP/DDP use it) | end of backward compute; end of DDP's wait for its buckets (exposed all-reduce) | 2.13 |
+| `torch.distributed.optim.ZeroRedundancyOptimizer` (`.optim`) | yes | detect ZeRO-1; the local optimizer | 2.13 |
+| `ZeroRedundancyOptimizer._broadcast_params_from_rank` | no | the post-step parameter broadcasts (instance-wrapped) | 2.13 |
+| `zero_redundancy_optimizer.dist` (module reference) | no | a proxy timing `broadcast` while a known optimizer broadcasts | 2.13 |
+| `ZeroRedundancyOptimizer._overlap_with_ddp` | no | not instrumented (broadcasts run in DDP's hook then) | 2.13 |
 """
 
 from __future__ import annotations
@@ -117,3 +147,59 @@ def fsdp2_collectives_module():
             return _fsdp_collectives
         except ImportError:
             return None
+
+
+# --- FSDP1 / DDP / ZeRO-1 (tables above) ----------------------------------------------------
+
+
+def fsdp1_class() -> type | None:
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        return FullyShardedDataParallel
+    except ImportError:
+        return None
+
+
+def fsdp1_runtime() -> Any:
+    """The module holding FSDP1's backward hooks and gradient reduction (private)."""
+    from torch.distributed.fsdp import _runtime_utils
+    return _runtime_utils
+
+
+def ddp_class() -> type | None:
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel
+    except ImportError:
+        return None
+
+
+def zero_optimizer_class() -> type | None:
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer
+    except ImportError:
+        return None
+
+
+def zero_optimizer_module() -> Any:
+    from torch.distributed.optim import zero_redundancy_optimizer
+    return zero_redundancy_optimizer
+
+
+def queue_autograd_callback(fn) -> None:
+    """Run `fn` when the running backward finishes (valid only inside a backward)."""
+    from torch.autograd import Variable
+    Variable._execution_engine.queue_callback(fn)
+
+
+def swap_attr(obj: Any, name: str, new: Any):
+    """Set `obj.name = new`; return an undo that restores the old value only while `new` is
+    still in place (if another tool wrapped it since, ours stays and must pass through)."""
+    old = getattr(obj, name)
+    setattr(obj, name, new)
+
+    def undo() -> None:
+        if getattr(obj, name, None) is new:
+            setattr(obj, name, old)
+    return undo

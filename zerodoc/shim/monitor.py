@@ -122,7 +122,14 @@ class Monitor:
             warnings.warn("zerodoc: no sharded units found (FSDP2 fully_shard, FSDP1, ZeRO, "
                           "DeepSpeed); only step time and memory are measured", stacklevel=3)
         self.rec = Recorder(len(self.adapter.unit_names))
-        self.timer = HostTimer(self.rec, self.registry, cfg.completion_callbacks)
+        self.device_type = self._device_type()
+        self.oom = self.nvml = None
+        if self.device_type == "cuda":
+            from . import cuda
+
+            self.timer = cuda.CudaTimer(self.rec, self.registry)
+        else:
+            self.timer = HostTimer(self.rec, self.registry, cfg.completion_callbacks)
         info = self.adapter.facts()
         self._undo += self.adapter.instrument(self.rec, self.timer, self._on_root_forward,
                                               cfg.inject_latency_s)
@@ -130,7 +137,6 @@ class Monitor:
         self._install_optimizer_hooks()
 
         self.unit_names = list(self.adapter.unit_names)
-        self.device_type = self._device_type()
         self.capacity = self._capacity()
         self.endpoint: str | None = None
         self._server = None
@@ -169,6 +175,17 @@ class Monitor:
         self.hist_counts = [0] * len(STEP_BUCKETS)
         if self._writer is not None:
             self._writer.write_header(self.facts)
+        if self.device_type == "cuda":
+            self._start_gpu_observers()
+        if self.endpoint:
+            # Prometheus file_sd target for this rank; removed again by a clean close(), so a
+            # rank that dies leaves its target behind and its `up` goes to 0 (alertable).
+            try:
+                from ..targets import write_rank_target
+
+                write_rank_target(self.run_dir, self.facts)
+            except (OSError, ValueError) as e:
+                self.registry.error("file_sd", e)
 
     # --- set-up helpers -------------------------------------------------------------
     def _device_type(self) -> str:
@@ -181,10 +198,9 @@ class Monitor:
 
     def _capacity(self) -> int | None:
         if self.device_type == "cuda":
-            try:
-                return torch.cuda.mem_get_info()[1]
-            except Exception:
-                return None
+            from . import cuda
+
+            return cuda.capacity_bytes()
         host = memory.host_memory_bytes()
         return host // max(1, self.local_world_size) if host else None
 
@@ -200,6 +216,19 @@ class Monitor:
         except Exception as e:
             self.registry.missing("Optimizer.register_step_pre_hook/post_hook", repr(e))
             self.optimizer = None
+
+    def _start_gpu_observers(self) -> None:
+        from . import cuda
+
+        try:
+            self.oom = cuda.OOMObserver(self.run_dir, self.rank, self.registry,
+                                        self.cfg.memory_history)
+        except Exception as e:
+            self.registry.error("oom_observer", e)
+        if self.cfg.nvml:
+            from .nvml import NvmlSampler
+
+            self.nvml = NvmlSampler.start(self.registry)
 
     # --- hooks ------------------------------------------------------------------------
     def _on_root_forward(self) -> None:
@@ -250,12 +279,20 @@ class Monitor:
                 undo()
             except Exception as e:
                 self.registry.error("close", e)
+        if self.nvml is not None:
+            self.nvml.stop()
         if self._writer is not None:
             try:
                 self._writer.close(self.step_index)
             except OSError as e:
                 self.registry.error("runlog", e)
         if self._server is not None:
+            try:
+                from ..targets import remove_rank_target
+
+                remove_rank_target(self.run_dir, self.rank)
+            except OSError as e:
+                self.registry.error("file_sd", e)
             try:
                 self._server.shutdown()
                 self._server.server_close()
@@ -271,6 +308,7 @@ class Monitor:
     # --- step end ------------------------------------------------------------------
     def _end_step(self) -> None:
         now = perf_counter()
+        self.timer.collect()  # CUDA: read back finished events (never blocks)
         acc, comm = self.rec.drain(now)
         start = self._step_start if self._step_start is not None else self._t_attach
         step_s = now - start
@@ -343,6 +381,20 @@ class Monitor:
         mem["process_resident"] = memory.process_resident_bytes()
         peak = memory.process_peak_resident_bytes()
         mem["process_peak_resident"] = peak
+        if self.device_type == "cuda":
+            from . import cuda
+
+            dev = cuda.allocator_stats()
+            mem.update(dev)
+            # Activations and transient buffers by difference (what the tensor walk misses).
+            known = sum(st.get(k, 0) for k in ("sharded_parameters", "gradients",
+                                                "optimizer_state"))
+            mem["activations_and_buffers"] = max(0, dev["peak_allocated"] - known)
+            if self.oom is not None:
+                mem["ooms_observed"] = self.oom.count
+            if self.nvml is not None:
+                mem.update(self.nvml.latest())
+            peak = dev["peak_reserved"]
         if self.capacity:
             mem["capacity"] = self.capacity
             mem["headroom"] = self.capacity - peak
