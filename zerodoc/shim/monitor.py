@@ -184,7 +184,7 @@ class Monitor:
                 from ..targets import write_rank_target
 
                 write_rank_target(self.run_dir, self.facts)
-            except (OSError, ValueError) as e:
+            except Exception as e:  # never into the job
                 self.registry.error("file_sd", e)
 
     # --- set-up helpers -------------------------------------------------------------
@@ -291,7 +291,7 @@ class Monitor:
                 from ..targets import remove_rank_target
 
                 remove_rank_target(self.run_dir, self.rank)
-            except OSError as e:
+            except Exception as e:
                 self.registry.error("file_sd", e)
             try:
                 self._server.shutdown()
