@@ -11,7 +11,8 @@ Line types (schema 1):
 - ``{"type": "header", "schema": 1, ...RankFacts}`` — static facts; ``units`` is a list of
   `UnitFacts` objects, and step lines refer to units by their index in it.
 - ``{"type": "step", "step": N, "end_unix": t, "step_s", "optimizer_s", "framework_s",
-  "other_s", "self_s", "compute": [[unit, phase, seconds]...], "comm": [[unit, phase,
+  "other_s", "wait_s", "self_s", "compute_s" (sum of compute rows), "exposed_s" (sum of
+  exposed comm), "compute": [[unit, phase, seconds]...], "comm": [[unit, phase,
   collective, count, bytes, seconds, exposed_s, hidden_s]...], "mem": {population: bytes},
   "errors": {hook: count}}`` — one per completed step, written and flushed at the step's end,
   so a crashed job leaves every completed step on disk.

@@ -361,6 +361,8 @@ class Monitor:
                 "step_s": step_s, "optimizer_s": acc[B_OPTIMIZER],
                 "framework_s": acc[B_FRAMEWORK], "other_s": acc[B_OTHER],
                 "wait_s": acc[B_WAIT], "self_s": self_s,
+                "compute_s": sum(r[2] for r in compute_rows),
+                "exposed_s": sum(a[3] for a in comm.values()),
                 "compute": compute_rows, "comm": comm_rows, "mem": mem,
             }
             if self.registry.errors:

@@ -1,0 +1,73 @@
+"""`zerodoc demo` as a user runs it: the README command, flags, Ctrl-C, bad flags."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def zerodoc(*args, timeout=240, **kw):
+    return subprocess.run([sys.executable, "-m", "zerodoc", *args], capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+def test_headless_demo_prints_a_summary_per_step(tmp_path):
+    out = zerodoc("demo", "--headless", "--steps", "4", "--port", "0",
+                  "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    steps = [l for l in lines if l.startswith("step ")]
+    assert [int(l.split()[1]) for l in steps] == [1, 2, 3, 4]
+    assert all("comm/compute" in l and "exposed comm" in l for l in steps)
+    assert sum("top exposed all-gathers" in l for l in lines) == 4
+    assert "metrics (rank: host:port): 0: 127.0.0.1:" in out.stdout
+    assert "Traceback" not in out.stderr and "terminate called" not in out.stderr
+    assert sorted(p.name for p in (tmp_path / "run").glob("rank-*.jsonl")) == \
+        ["rank-00000.jsonl", "rank-00001.jsonl"]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--ranks", "0"], "--ranks"),
+    (["--steps", "-1"], "--steps"),
+    (["--ranks", "3", "--hsdp-replicas", "2"], "multiple"),
+    (["--wrap", "nonsense"], "invalid choice"),
+    (["--framework", "horovod"], "invalid choice"),
+])
+def test_bad_flags_give_one_line_errors(args, msg):
+    out = zerodoc("demo", "--headless", *args, timeout=60)
+    assert out.returncode == 2
+    assert msg in out.stderr and "Traceback" not in out.stderr
+
+
+def test_ctrl_c_stops_cleanly_leaving_no_process(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "zerodoc", "demo", "--headless",
+                             "--steps", "0", "--port", "0", "--run-dir", str(tmp_path / "r")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # wait for the first steps
+            logs = list((tmp_path / "r").glob("rank-*.jsonl"))
+            if len(logs) == 2 and all(p.read_text().count('"type":"step"') >= 2 for p in logs):
+                break
+            time.sleep(0.3)
+        else:
+            pytest.fail("demo did not start stepping")
+        pids = [int(l.split('"pid":')[1].split(",")[0])
+                for p in logs for l in p.read_text().splitlines()[:1]]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert "interrupted" in out
+    assert "Traceback" not in err and "terminate called" not in err
+    time.sleep(0.5)
+    for pid in pids:  # no rank left behind
+        assert not os.path.exists(f"/proc/{pid}") or \
+            open(f"/proc/{pid}/stat").read().split()[2] == "Z", pid
