@@ -30,7 +30,7 @@ def overhead(args, tmp: Path) -> dict:
     spec = {"model": {"blocks": args.blocks, "hidden": args.hidden, "seq": args.seq,
                       "batch": args.batch},
             "attach": {"run_dir": str(tmp / "run"), "port": 0},
-            "warmup": 5, "pairs": args.pairs, "out": str(out)}
+            "warmup": 5, "pairs": args.pairs, "out": str(out), "device": args.device}
     job = Job(args.ranks, spec, module="bench.overhead_worker",
               env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}).start()
     codes = job.wait(3600)
@@ -81,15 +81,20 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--pairs", type=int, default=120, help="A/B step pairs measured")
     p.add_argument("--no-scrape", action="store_true")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: 1 rank (NCCL) on one GPU; use e.g. --blocks 20 --hidden 2048 "
+                        "--seq 1024 --batch 4 for a >= 1B-parameter bf16 step")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.device == "cuda":
+        args.ranks = 1
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         res = overhead(args, tmp)
         a, b = res["times"]["A"], res["times"]["B"]
         ratio = statistics.median(a) / statistics.median(b)
         pair = statistics.median(x / y for x, y in zip(a, b))
-        print(f"FSDP2 CPU/gloo, {args.ranks} ranks, {args.blocks + 1} units, {len(a)} A/B pairs")
+        print(f"FSDP2 {'CUDA/nccl' if args.device == 'cuda' else 'CPU/gloo'}, {args.ranks} ranks, {args.blocks + 1} units, {len(a)} A/B pairs")
         print(f"  median step: instrumented {statistics.median(a) * 1e3:.1f} ms, "
               f"plain {statistics.median(b) * 1e3:.1f} ms")
         print(f"  step-time ratio (median A / median B): {ratio:.4f}")
