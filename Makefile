@@ -35,3 +35,10 @@ bench: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) zerodoc-runs .pytest_cache
+
+# Regenerate the generated operations files: Prometheus rules (rules/, the PrometheusRule in
+# exporters/kubernetes/) from zerodoc/thresholds.py, and the Grafana dashboards (dashboards/).
+.PHONY: dashboards
+dashboards: $(VENV)/.installed
+	$(PY) -m zerodoc.alerts
+	$(PY) -m zerodoc.grafana.build

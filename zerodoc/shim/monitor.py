@@ -290,7 +290,7 @@ class Monitor:
             try:
                 from ..targets import remove_rank_target
 
-                remove_rank_target(self.run_dir, self.rank)
+                remove_rank_target(self.run_dir, self.facts)
             except Exception as e:
                 self.registry.error("file_sd", e)
             try:

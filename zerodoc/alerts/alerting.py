@@ -1,0 +1,165 @@
+"""Alerting rules: the engine rules PromQL can express, plus zerodoc's own health.
+
+Engine-mirroring alerts (label `zerodoc_rule: ZD0xx`, runbook docs/rules.md#zd0xx) read the
+job-level recording rules, which compute the engine's own numbers, with the engine's
+thresholds and comparisons (`>=` where the engine grades with `>=`). WARNING maps to
+severity `warning`, ERROR to `critical`; the engine's INFO notes have no alert.
+
+Not expressible in PromQL from the exported series, so engine-only: ZD001 / ZD002 / ZD003 /
+ZD008 / ZD009 (static configuration and planner checks, shown on the dashboards where a
+series exists) and ZD011 (CPU offload is a configuration fact, not a series).
+"""
+
+from __future__ import annotations
+
+from ..thresholds import DEFAULT, LINK_BUSBW, Thresholds
+
+OPS_DOC = "docs/operations.md"
+WHO = "rank {{ $labels.rank }} ({{ $labels.instance }}, node {{ $labels.node }})"
+RUN = "run {{ $labels.run_id }} (job {{ $labels.job }})"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:g}%"
+
+
+def _gbps(x: float) -> str:
+    return f"{x / 1e9:g} GB/s"
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s % 3600 == 0:
+        return f"{s // 3600}h"
+    if s % 60 == 0:
+        return f"{s // 60}m"
+    return f"{s}s"
+
+
+def _cap(s: str) -> str:
+    return s[0].upper() + s[1:]
+
+
+def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: str | None = None,
+                   link: str = "infiniband", runbook_base: str = "",
+                   extra_labels: dict[str, str] | None = None) -> list[dict]:
+    w, for_ = window, alert_for or t.alert_for
+    link_bw = LINK_BUSBW[link]
+    rules: list[dict] = []
+
+    def alert(name, expr, severity, code, summary, description, for_=for_, doc=None):
+        labels = {"severity": severity, **(extra_labels or {})}
+        if code:
+            labels["zerodoc_rule"] = code
+        rules.append({
+            "alert": name, "expr": expr, "for": for_, "labels": labels,
+            "annotations": {"summary": summary, "description": description,
+                            "runbook_url": runbook_base + (doc or f"docs/rules.md#{code.lower()}")},
+        })
+
+    # ZD004 exposed all-gather
+    for sev, thr in (("warning", t.exposed_fraction_warn), ("critical", t.exposed_fraction_crit)):
+        alert("ZerodocExposedAllGather", f"job:zerodoc_all_gather_avoidable:fraction >= {thr:g}",
+              sev, "ZD004",
+              "All-gathers of {{ $labels.run_id }} expose {{ $value | humanizePercentage }} "
+              "of the step: prefetch is not keeping up",
+              f"Over the last {w}, {RUN} waited on all-gathers for {{{{ $value | "
+              f"humanizePercentage }}}} of its median step time beyond what the {link} link "
+              f"explains (link-attributable: the rank that waited least; warning at "
+              f"{_pct(t.exposed_fraction_warn)}, critical at {_pct(t.exposed_fraction_crit)}). "
+              "The per-layer dashboard shows which units.")
+    # ZD006 comm-bound
+    for sev, thr in (("warning", t.comm_compute_ratio_warn),
+                     ("critical", t.comm_compute_ratio_crit)):
+        alert("ZerodocCommBound", f"job:zerodoc_comm_avoidable_compute:ratio >= {thr:g}", sev,
+              "ZD006",
+              "{{ $labels.run_id }} is communication-bound (exposed comm / compute "
+              "{{ $value | printf \"%.2f\" }})",
+              f"Over the last {w}, {RUN} waited {{{{ $value | printf \"%.2f\" }}}} s on exposed "
+              f"collectives (beyond what the {link} link explains) per second of compute "
+              f"(warning at {t.comm_compute_ratio_warn:g}, critical at "
+              f"{t.comm_compute_ratio_crit:g}).")
+    # ZD007 low headroom
+    for sev, thr in (("warning", t.headroom_fraction_warn), ("critical", t.headroom_fraction_crit)):
+        alert("ZerodocLowMemoryHeadroom", f"rank:zerodoc_memory_headroom:fraction < {thr:g}",
+              sev, "ZD007",
+              "Rank {{ $labels.rank }} has {{ $value | humanizePercentage }} memory headroom",
+              f"{_cap(WHO)} has {{{{ $value | humanizePercentage }}}} of its memory capacity "
+              f"left above its peak (warning below {_pct(t.headroom_fraction_warn)}, critical "
+              f"below {_pct(t.headroom_fraction_crit)}); an allocation spike can OOM it.")
+    # ZD012 fragmentation (WARNING when the allocator holds a large share or has retried)
+    alert("ZerodocAllocatorFragmentation",
+          f"rank:zerodoc_device_memory_fragmentation:ratio >= {t.fragmentation_ratio_warn:g}\n"
+          "and (\n"
+          f"  rank:zerodoc_device_memory_reserved:fraction >= {t.fragmentation_min_reserved_fraction:g}\n"
+          "  or sum without (population) (zerodoc_memory_bytes{population=\"alloc_retries\"}) > 0\n)",
+          "warning", "ZD012",
+          "Rank {{ $labels.rank }}: {{ $value | humanizePercentage }} of reserved GPU memory "
+          "is not allocated",
+          f"On {WHO}, {{{{ $value | humanizePercentage }}}} of the memory the caching allocator "
+          f"reserved is not allocated to tensors (warning at {_pct(t.fragmentation_ratio_warn)} "
+          f"when it holds {_pct(t.fragmentation_min_reserved_fraction)} of the device or has "
+          "retried an allocation): fragmentation can OOM with memory \"free\".")
+    # ZD010 straggler
+    alert("ZerodocStraggler",
+          f"rank:zerodoc_compute_skew:ratio >= {t.straggler_ratio_warn:g}\n"
+          f"and on (job, run_id)\njob:zerodoc_straggler_peer_wait:fraction >= "
+          f"{t.exposed_fraction_warn:g}",
+          "warning", "ZD010",
+          "Rank {{ $labels.rank }} computes {{ $value | printf \"%.2f\" }}x slower than the "
+          "other ranks",
+          f"Over the last {w}, {WHO} needed {{{{ $value | printf \"%.2f\" }}}} times the "
+          f"median compute time per step of the other ranks (warning at "
+          f"{t.straggler_ratio_warn:g}x when the others wait at least "
+          f"{_pct(t.exposed_fraction_warn)} of the step for it).")
+    # ZD005 slow link
+    slow = t.slow_link_busbw_fraction * link_bw
+    alert("ZerodocSlowLink",
+          "collective_job:zerodoc_collective_busbw_large:bytes_per_second"
+          f"{{collective=~\"all_gather|reduce_scatter|all_reduce\"}} < {slow:g}",
+          "warning", "ZD005",
+          "{{ $labels.collective }} bus bandwidth of {{ $labels.run_id }} is "
+          "{{ $value | humanize }}B/s, far below the link's",
+          f"Over the last {w}, {RUN} moved its {{{{ $labels.collective }}}} calls of at least "
+          f"{t.slow_link_min_bytes} bytes at {{{{ $value | humanize }}}}B/s bus bandwidth "
+          f"(link-attributable), below {_pct(t.slow_link_busbw_fraction)} of the "
+          f"{_gbps(link_bw)} expected for link class {link}.")
+    # zerodoc's own health
+    alert("ZerodocInternalErrors",
+          f"increase(zerodoc_errors_total[{w}]) > 0\nor\n"
+          f"(zerodoc_errors_total unless zerodoc_errors_total offset {w})",
+          "warning", None,
+          "zerodoc caught errors in {{ $labels.hook }} on rank {{ $labels.rank }}",
+          f"zerodoc caught {{{{ $value | humanize }}}} error(s) in {{{{ $labels.hook }}}} on "
+          f"{WHO} within the last {w}. Training carried on; the measurements of that hook "
+          "may be incomplete.",
+          for_="0m", doc=f"{OPS_DOC}#zerodoc-errors")
+    alert("ZerodocHookMissing", "zerodoc_hook_available == 0", "info", None,
+          "zerodoc hook point {{ $labels.hook }} is missing on rank {{ $labels.rank }}",
+          f"On {WHO} the torch hook point {{{{ $labels.hook }}}} was not found "
+          "(zerodoc_hook_available = {{ $value }}); the numbers that depend on it are missing "
+          "or degraded.",
+          for_="0m", doc=f"{OPS_DOC}#hook-missing")
+    stale = _duration(t.stale_after_seconds)
+    alert("ZerodocExporterDown",
+          'up{run_id!=""} == 0\nand on (job, run_id)\nmax by (job, run_id) (up{run_id!=""}) == 1',
+          "warning", None,
+          "zerodoc exporter of rank {{ $labels.rank }} is down while the job runs",
+          "Prometheus cannot scrape rank {{ $labels.rank }} ({{ $labels.instance }}, node "
+          "{{ $labels.node }}) of run {{ $labels.run_id }} (up = {{ $value }}) while other "
+          f"ranks of the run answer, for {stale}. The rank crashed, hung, or its port is "
+          "blocked.",
+          for_=stale, doc=f"{OPS_DOC}#exporter-down")
+    alert("ZerodocRankStalled",
+          f"time() - zerodoc_last_step_timestamp_seconds > {t.stale_after_seconds:g}\n"
+          "and zerodoc_last_step > 0",
+          "critical", None,
+          "Rank {{ $labels.rank }} completed no step for {{ $value | humanizeDuration }}",
+          f"{_cap(WHO)} still serves metrics but finished its last step "
+          f"{{{{ $value | humanizeDuration }}}} ago (critical after {t.stale_after_seconds:g} s): "
+          "a hang, a deadlocked collective, or a very long pause.",
+          for_="0m", doc=f"{OPS_DOC}#rank-stalled")
+    return rules
+
+
+OPS_ANCHORS = ("zerodoc-errors", "hook-missing", "exporter-down", "rank-stalled")

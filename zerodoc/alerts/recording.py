@@ -1,0 +1,197 @@
+"""Recording rules: the derived series dashboards and alerts query.
+
+Two levels:
+
+- per rank (`rank:`, `unit_rank:`, `collective_rank:`): what one rank saw over the window —
+  its exposed all-gather fraction per unit, comm/compute, headroom, bus bandwidth, step time
+  quantiles. The dashboards plot these.
+- per job (`unit_job:`, `collective_job:`, `job:`): the rules engine's numbers
+  (`zerodoc.diagnosis.context`). Per unit, phase and collective the *link-attributable* time
+  (the smallest per-step time over the ranks, so a straggler's waiting peers are not blamed
+  on the link) and the *avoidable* exposed time (with synchronous all-gathers, only what
+  the link's expected bandwidth does not explain). The alerts that mirror engine rules fire
+  on these, so alert and engine agree on the same data.
+
+One rule group, in order: later rules read earlier ones within the same evaluation.
+"""
+
+from __future__ import annotations
+
+from ..thresholds import DEFAULT, LINK_BUSBW, Thresholds
+
+AG = 'collective="all_gather"'
+COLL = "unit, phase, collective"
+KEY = "job, run_id, unit, phase, collective"
+JOB = "job, run_id"
+
+# GPU caching-allocator populations of zerodoc_memory_bytes, as the shim exports them
+# (torch.cuda.memory_stats); absent on CPU runs.
+ALLOCATED, RESERVED = "allocated", "reserved"
+PEAK_ALLOCATED, PEAK_RESERVED = "peak_allocated", "peak_reserved"
+ALLOC_RETRIES = "alloc_retries"
+
+
+def _rec(name: str, expr: str) -> dict:
+    return {"record": name, "expr": expr}
+
+
+def _pop(p: str) -> str:
+    return f'sum without (population) (zerodoc_memory_bytes{{population="{p}"}})'
+
+
+def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infiniband") -> list[dict]:
+    w = window
+    steps = f"rate(zerodoc_step_duration_seconds_count[{w}])"
+    step_sum = f"rate(zerodoc_step_duration_seconds_sum[{w}])"
+    exposed = "zerodoc_collective_exposed_seconds_total"
+    per_step = f"/ ignoring ({COLL}) group_left ()\n{steps}"
+    busbw = f"avg_over_time(zerodoc_collective_busbw_bytes_per_second[{w}])"
+    nbytes = f"rate(zerodoc_collective_bytes_total[{w}])"
+    n = "zerodoc_world_size"
+    rules = [
+        # ---- per rank: step time --------------------------------------------------------
+        _rec("rank:zerodoc_steps:rate", steps),
+        _rec("rank:zerodoc_step_seconds:mean", f"{step_sum}\n/\n{steps}"),
+    ]
+    for q in (0.5, 0.9, 0.99):
+        rules.append(_rec(f"rank:zerodoc_step_seconds:p{round(q * 100)}",
+                          f"histogram_quantile({q}, rate(zerodoc_step_duration_seconds_bucket[{w}]))"))
+    for q in (0.5, 0.9, 0.99):
+        rules.append(_rec(f"job:zerodoc_step_seconds:p{round(q * 100)}",
+                          f"histogram_quantile({q},\n  sum by ({JOB}, le) "
+                          f"(rate(zerodoc_step_duration_seconds_bucket[{w}]))\n)"))
+    rules += [
+        # ---- per rank: exposure, compute, skew ------------------------------------------
+        _rec("unit_rank:zerodoc_all_gather_exposed:fraction",
+             f"sum without (phase, collective) (rate({exposed}{{{AG}}}[{w}]))\n"
+             f"/ ignoring (unit) group_left ()\n{step_sum}"),
+        _rec("unit_rank:zerodoc_all_gather_exposed:ratio",
+             f"sum without (phase, collective) (rate({exposed}{{{AG}}}[{w}]))\n/\n"
+             f"sum without (phase, collective) (rate(zerodoc_collective_seconds_total{{{AG}}}[{w}]))"),
+        _rec("rank:zerodoc_all_gather_exposed:fraction",
+             f"sum without ({COLL}) (rate({exposed}{{{AG}}}[{w}]))\n/\n{step_sum}"),
+        _rec("rank:zerodoc_comm_exposed:fraction",
+             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n{step_sum}"),
+        _rec("rank:zerodoc_comm_compute:ratio",
+             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n"
+             f"sum without (unit, phase) (rate(zerodoc_compute_seconds_total[{w}]))"),
+        _rec("rank:zerodoc_compute_seconds:per_step",
+             f"sum without (unit, phase) (rate(zerodoc_compute_seconds_total[{w}]))\n/\n{steps}"),
+        # The engine's straggler ratio: a rank's compute per step over the median of the
+        # *other* ranks. For the slowest rank that is the median of all but the slowest;
+        # every other rank's ratio is below it, so "some rank above the threshold" agrees.
+        _rec("rank:zerodoc_compute_skew:ratio",
+             "rank:zerodoc_compute_seconds:per_step\n/ on (job, run_id) group_left ()\n"
+             "quantile by (job, run_id) (0.5,\n"
+             "  rank:zerodoc_compute_seconds:per_step\n"
+             "  unless\n"
+             "  (rank:zerodoc_compute_seconds:per_step == on (job, run_id) group_left ()\n"
+             "     max by (job, run_id) (rank:zerodoc_compute_seconds:per_step))\n)"),
+        # The straggler's cost: the other ranks' exposed time beyond its own, per step (the
+        # median over them), as a share of the median step.
+        _rec("rank:zerodoc_comm_exposed_seconds:per_step",
+             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n{steps}"),
+        _rec("job:zerodoc_slowest_rank_exposed_seconds:per_step",
+             f"max by ({JOB}) (\n  rank:zerodoc_comm_exposed_seconds:per_step\n  and\n"
+             f"  (rank:zerodoc_compute_seconds:per_step == on ({JOB}) group_left ()\n"
+             f"     max by ({JOB}) (rank:zerodoc_compute_seconds:per_step))\n)"),
+        # ---- per rank: bandwidth and bytes ----------------------------------------------
+        _rec("unit_rank:zerodoc_collective_bytes:per_call",
+             f"sum without (phase) ({nbytes})\n/\n"
+             f"sum without (phase) (rate(zerodoc_collective_calls_total[{w}]))"),
+        _rec("unit_collective_rank:zerodoc_collective_busbw:bytes_per_second",
+             f"sum without (phase) ({busbw} * {nbytes})\n/\n"
+             f"sum without (phase) ({nbytes} and {busbw})"),
+        _rec("collective_rank:zerodoc_collective_busbw:bytes_per_second",
+             f"sum without (unit, phase) ({busbw} * {nbytes})\n/\n"
+             f"sum without (unit, phase) ({nbytes} and {busbw})"),
+        _rec("collective_rank:zerodoc_collective_algbw:bytes_per_second",
+             f"sum without (unit, phase) ({nbytes})\n/\n"
+             f"sum without (unit, phase) (rate(zerodoc_collective_seconds_total[{w}]))"),
+        # ---- per rank: memory -------------------------------------------------------------
+        _rec("rank:zerodoc_memory_headroom:fraction",
+             "zerodoc_memory_headroom_bytes\n/\nzerodoc_device_memory_capacity_bytes"),
+        # peak populations when the GPU path reports them, else the current ones (as ZD012)
+        _rec("rank:zerodoc_device_memory_reserved:bytes",
+             f"{_pop(PEAK_RESERVED)} > 0\nor\n{_pop(RESERVED)}"),
+        _rec("rank:zerodoc_device_memory_allocated:bytes",
+             f"({_pop(PEAK_ALLOCATED)} and {_pop(PEAK_RESERVED)} > 0)\nor\n{_pop(ALLOCATED)}"),
+        _rec("rank:zerodoc_device_memory_fragmentation:ratio",
+             "(rank:zerodoc_device_memory_reserved:bytes - rank:zerodoc_device_memory_allocated:bytes)\n"
+             "/\n(rank:zerodoc_device_memory_reserved:bytes > 0)"),
+        _rec("rank:zerodoc_device_memory_reserved:fraction",
+             "rank:zerodoc_device_memory_reserved:bytes\n/\nzerodoc_device_memory_capacity_bytes"),
+        # ---- per rank, per (unit, phase, collective), per step ---------------------------
+        _rec("unit_rank:zerodoc_collective_seconds:per_step",
+             f"rate(zerodoc_collective_seconds_total[{w}])\n{per_step}"),
+        _rec("unit_rank:zerodoc_collective_exposed_seconds:per_step",
+             f"rate({exposed}[{w}])\n{per_step}"),
+        _rec("unit_rank:zerodoc_collective_bytes:per_step", f"{nbytes}\n{per_step}"),
+        _rec("unit_rank:zerodoc_collective_calls:per_step",
+             f"rate(zerodoc_collective_calls_total[{w}])\n{per_step}"),
+        # bus bytes = bytes x the nccl-tests busbw factor (group = world size; see docs)
+        _rec("unit_rank:zerodoc_collective_bus_bytes:per_step",
+             "(\n"
+             f"  unit_rank:zerodoc_collective_bytes:per_step{{collective=~\"all_gather|reduce_scatter\"}}\n"
+             f"    * ignoring ({COLL}) group_left () (({n} - 1) / {n})\n"
+             "  or\n"
+             f"  unit_rank:zerodoc_collective_bytes:per_step{{collective=\"all_reduce\"}}\n"
+             f"    * ignoring ({COLL}) group_left () (2 * ({n} - 1) / {n})\n"
+             "  or\n"
+             f"  unit_rank:zerodoc_collective_bytes:per_step{{collective=\"broadcast\"}}\n)"),
+        # ---- per job: link-attributable views (the engine's CommView) ---------------------
+        _rec("unit_job:zerodoc_collective_seconds:per_step",
+             f"min by ({KEY}) (unit_rank:zerodoc_collective_seconds:per_step)"),
+        _rec("unit_job:zerodoc_collective_exposed_seconds:per_step",
+             f"min by ({KEY}) (unit_rank:zerodoc_collective_exposed_seconds:per_step)"),
+        _rec("unit_job:zerodoc_collective_bus_bytes:per_step",
+             f"quantile by ({KEY}) (0.5, unit_rank:zerodoc_collective_bus_bytes:per_step)"),
+        _rec("unit_job:zerodoc_collective_bytes:per_call",
+             f"quantile by ({KEY}) (0.5, unit_rank:zerodoc_collective_bytes:per_step)\n/\n"
+             f"quantile by ({KEY}) (0.5, unit_rank:zerodoc_collective_calls:per_step)"),
+        # Time the link explains: the bus bytes at slow_link_busbw_fraction of the link's
+        # expected bandwidth (below that the slow-link rule speaks instead).
+        _rec("unit_job:zerodoc_collective_explained_seconds:per_step",
+             "unit_job:zerodoc_collective_bus_bytes:per_step / "
+             f"{LINK_BUSBW[link] * t.slow_link_busbw_fraction:g}"),
+        # How many (rank, unit, phase) all-gathers overlapped compute (>1 % hidden); absent
+        # when all are synchronous (FSDP2's default on gloo/CPU exposes every byte)
+        _rec("job:zerodoc_all_gather:asynchronous",
+             f"count by ({JOB}) (\n"
+             f"  unit_rank:zerodoc_collective_seconds:per_step{{{AG}}}\n"
+             f"  - unit_rank:zerodoc_collective_exposed_seconds:per_step{{{AG}}}\n"
+             f"  > 0.01 * unit_rank:zerodoc_collective_seconds:per_step{{{AG}}}\n)"),
+        _rec("unit_job:zerodoc_collective_avoidable_seconds:per_step",
+             "(\n  unit_job:zerodoc_collective_exposed_seconds:per_step\n"
+             f"  and on ({JOB}) job:zerodoc_all_gather:asynchronous\n)\nor\n"
+             "clamp_min(\n  unit_job:zerodoc_collective_exposed_seconds:per_step\n"
+             "  - unit_job:zerodoc_collective_explained_seconds:per_step,\n  0\n)"),
+        _rec("job:zerodoc_step_seconds:median",
+             f"quantile by ({JOB}) (0.5, rank:zerodoc_step_seconds:mean)"),
+        _rec("job:zerodoc_compute_seconds:median_per_step",
+             f"quantile by ({JOB}) (0.5, rank:zerodoc_compute_seconds:per_step)"),
+        _rec("job:zerodoc_straggler_peer_wait:fraction",
+             f"quantile by ({JOB}) (0.5,\n  clamp_min(\n"
+             "    (\n      rank:zerodoc_comm_exposed_seconds:per_step\n      unless\n"
+             f"      (rank:zerodoc_compute_seconds:per_step == on ({JOB}) group_left ()\n"
+             f"         max by ({JOB}) (rank:zerodoc_compute_seconds:per_step))\n    )\n"
+             f"    - on ({JOB}) group_left () job:zerodoc_slowest_rank_exposed_seconds:per_step,\n"
+             "    0\n  )\n)\n/\njob:zerodoc_step_seconds:median"),
+        _rec("job:zerodoc_all_gather_exposed:fraction",
+             f"sum by ({JOB}) (unit_job:zerodoc_collective_exposed_seconds:per_step{{{AG}}})\n"
+             "/\njob:zerodoc_step_seconds:median"),
+        _rec("job:zerodoc_all_gather_avoidable:fraction",
+             f"sum by ({JOB}) (unit_job:zerodoc_collective_avoidable_seconds:per_step{{{AG}}})\n"
+             "/\njob:zerodoc_step_seconds:median"),
+        _rec("job:zerodoc_comm_avoidable_compute:ratio",
+             f"sum by ({JOB}) (unit_job:zerodoc_collective_avoidable_seconds:per_step)\n"
+             "/\njob:zerodoc_compute_seconds:median_per_step"),
+        _rec("collective_job:zerodoc_collective_busbw_large:bytes_per_second",
+             f"sum by ({JOB}, collective) (\n"
+             "  unit_job:zerodoc_collective_bus_bytes:per_step\n"
+             f"  and unit_job:zerodoc_collective_bytes:per_call >= {t.slow_link_min_bytes}\n)\n/\n"
+             f"sum by ({JOB}, collective) (\n"
+             "  unit_job:zerodoc_collective_seconds:per_step > 0\n"
+             f"  and unit_job:zerodoc_collective_bytes:per_call >= {t.slow_link_min_bytes}\n)"),
+    ]
+    return rules
