@@ -100,7 +100,7 @@ CATALOG: tuple[Metric, ...] = (
     Metric("zerodoc_run", "info", "",
            "Static facts of the run: framework, versions, device, dtypes, mesh.",
            ("framework", "framework_version", "torch_version", "device_type", "backend",
-            "zero_stage", "param_dtype", "reduce_dtype", "mesh_shape", "run_id")),
+            "zero_stage", "param_dtype", "reduce_dtype", "mesh_shape", "run_id", "link")),
     Metric("zerodoc_world_size", "gauge", "", "Number of ranks in the job."),
     Metric("zerodoc_unit_parameters", "gauge", "",
            "Parameters of a sharded unit (unsharded count).", ("unit",)),

@@ -36,8 +36,9 @@ class Thresholds:
     """Collectives smaller than this are latency-bound; the slow-link rule ignores them."""
     wrap_coarse_param_fraction: float = 0.50
     """One unit holding at least this share of all parameters (with >= 2 ranks)."""
-    wrap_fine_median_bytes: int = 1 << 20
-    """Median all-gather below this size ..."""
+    wrap_fine_median_bytes: int = 4 << 20
+    """Median all-gather below this size (4 MiB: below it per-call latency dominates on every
+    link class zerodoc knows, NCCL and gloo alike) ..."""
     wrap_fine_min_units: int = 16
     """... across at least this many units: wrapping is too fine."""
     overstaging_headroom_fraction: float = 0.20
@@ -46,6 +47,12 @@ class Thresholds:
     """Optimizer step time / step time above which a CPU-offload run is crawling."""
     stale_after_seconds: float = 60.0
     """A rank with no new step for this long is stale (exporter-down alerts use it too)."""
+    fragmentation_min_reserved_fraction: float = 0.50
+    """Fragmentation is only a risk (WARNING, not INFO) when the allocator holds at least this
+    share of device memory, or has already had to retry an allocation."""
+    dtype_traffic_ratio_warn: float = 1.5
+    """Measured collective bytes / the bytes the declared dtype implies, above which a
+    collective moves a wider dtype than configured."""
     alert_for: str = "5m"
     """How long an alert condition must hold before it fires."""
 
@@ -71,12 +78,14 @@ class Thresholds:
 
 DEFAULT = Thresholds()
 
-# Expected bus bandwidth per link class (bytes/s), used by the slow-link rule. "gloo-cpu" is
-# the loopback baseline of a CPU/gloo run on one host (measured by the demo on 2 cores).
+# Expected bus bandwidth per link class (bytes/s), used by the slow-link rule and, for
+# synchronous collectives, as the cost the link itself explains. "gloo-cpu" is the loopback
+# baseline of a CPU/gloo run on one host: the healthy 2-rank demo (block wrap, 2-15 MB
+# collectives) measured 0.11-0.23 GB/s aggregate busbw on 2 shared cores (typical 0.12).
 LINK_BUSBW = {
     "nvlink": 150e9,
     "pcie": 20e9,
     "infiniband": 20e9,
     "ethernet": 5e9,
-    "gloo-cpu": 1e9,
+    "gloo-cpu": 1.2e8,
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from . import frameworks
-from .model import WRAPS
+from .frameworks import WRAPS
 
 
 def add_parser(sub) -> None:

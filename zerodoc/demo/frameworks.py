@@ -11,9 +11,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+WRAPS = ("block", "linear", "root")  # demo wrap granularities (DemoConfig.wrap)
+
 # framework name -> "module:function"
 BUILDERS: dict[str, str] = {
     "fsdp2": "zerodoc.demo.fw_fsdp2:build",
+    "deepspeed-1": "zerodoc.demo.fw_deepspeed:build_stage1",
+    "deepspeed-2": "zerodoc.demo.fw_deepspeed:build_stage2",
+    "deepspeed-3": "zerodoc.demo.fw_deepspeed:build_stage3",
+    "deepspeed-2-offload": "zerodoc.demo.fw_deepspeed:build_stage2_offload",
+    "deepspeed-3-offload": "zerodoc.demo.fw_deepspeed:build_stage3_offload",
+    "fsdp1-full": "zerodoc.demo.fw_fsdp1:build_full_shard",
+    "fsdp1-grad-op": "zerodoc.demo.fw_fsdp1:build_shard_grad_op",
+    "fsdp1-no-shard": "zerodoc.demo.fw_fsdp1:build_no_shard",
+    "fsdp1-hybrid": "zerodoc.demo.fw_fsdp1:build_hybrid",
+    "zero1": "zerodoc.demo.fw_zero1:build",
+    "ddp": "zerodoc.demo.fw_zero1:build_ddp",
 }
 
 

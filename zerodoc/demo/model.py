@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-WRAPS = ("block", "linear", "root")
+from .frameworks import WRAPS
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,51 @@
+"""The diagnosis facade: `diagnose(snapshot)` -> findings, most severe / most costly first.
+
+    from zerodoc.diagnosis import diagnose, RULES
+    from zerodoc.sources import open_source
+
+    findings = diagnose(open_source("zerodoc-runs/demo-...").snapshot())
+    for f in findings:
+        print(f.severity.name, f.code, f.title)
+
+Each rule (`RULES`, one module per rule under `zerodoc/diagnosis/rules/`, documented in
+docs/rules.md) reads the snapshot and returns `Finding`s carrying the evidence (base-unit
+numbers), the threshold applied, a fix and, where the planner can compute it, the predicted
+effect. Plain Python: no torch, no Textual.
+"""
+
+from __future__ import annotations
+
+from ..model import RunSnapshot
+from ..thresholds import DEFAULT, LINK_BUSBW, Thresholds
+from .context import Context, infer_link
+from .findings import Finding, Severity
+from .rules import BY_CODE, RULES, Rule
+
+__all__ = ["diagnose", "RULES", "Rule", "Finding", "Severity", "Context", "infer_link",
+           "LINK_BUSBW", "BY_CODE"]
+
+
+def diagnose(snapshot: RunSnapshot, thresholds: Thresholds = DEFAULT, *,
+             link: str | None = None, device_memory_bytes=None) -> list[Finding]:
+    """Findings for one snapshot, sorted most severe first (then causes before symptoms,
+    then the costlier first).
+
+    Args:
+        snapshot: any source's `RunSnapshot`; stale ranks are left out of the comparisons
+            (unless every rank is stale).
+        thresholds: the numbers the rules apply (`zerodoc.thresholds.Thresholds`).
+        link: link class for the bandwidth rules (a key of `thresholds.LINK_BUSBW`);
+            default: inferred from the run (gloo on CPU -> "gloo-cpu", NCCL -> "pcie" within
+            a node, "ethernet" across nodes; conservative lower bounds).
+        device_memory_bytes: overrides the capacity the ranks report (the memory rules and
+            the planner's "fits").
+
+    Raises `UserError` for an unknown link class; a rule that fails becomes a ZD000 INFO
+    finding rather than an exception.
+    """
+    from .engine import evaluate
+
+    if not snapshot.ranks:
+        return []
+    ctx = Context(snapshot, thresholds, link=link, device_memory_bytes=device_memory_bytes)
+    return evaluate(ctx)

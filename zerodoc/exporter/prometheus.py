@@ -153,6 +153,7 @@ class ZerodocCollector:
             "backend": facts.backend, "zero_stage": str(facts.zero_stage or ""),
             "param_dtype": facts.param_dtype, "reduce_dtype": facts.reduce_dtype,
             "mesh_shape": "x".join(str(x) for x in facts.mesh_shape), "run_id": facts.run_id,
+            "link": str(facts.config.get("link", "")),
         })
         yield info
 

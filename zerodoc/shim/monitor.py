@@ -153,6 +153,11 @@ class Monitor:
             from ..exporter.prometheus import serve
             self._server, self.endpoint = serve(self, cfg.port, cfg.host)
 
+        extra = dict(info.extra)
+        if self.device_type == "cuda":
+            self._start_gpu_observers()
+            if self.nvml is not None:
+                extra["link"] = self.nvml.link_class  # the slow-link rule's expectation
         self.facts = RankFacts(
             rank=self.rank, local_rank=self.local_rank, world_size=self.world_size,
             local_world_size=self.local_world_size, node=self.node,
@@ -168,15 +173,13 @@ class Monitor:
             units=tuple(info.units),
             device_capacity_bytes=self.capacity, started_unix=time.time(), pid=os.getpid(),
             metrics_endpoint=self.endpoint, hooks=dict(self.registry.status),
-            config={**cfg.as_dict(), "zerodoc_version": __version__, **info.extra},
+            config={**cfg.as_dict(), "zerodoc_version": __version__, **extra},
         )
         self.totals = RankWindow(facts=self.facts)
         self.last_comm: dict = {}
         self.hist_counts = [0] * len(STEP_BUCKETS)
         if self._writer is not None:
             self._writer.write_header(self.facts)
-        if self.device_type == "cuda":
-            self._start_gpu_observers()
         if self.endpoint:
             # Prometheus file_sd target for this rank; removed again by a clean close(), so a
             # rank that dies leaves its target behind and its `up` goes to 0 (alertable).

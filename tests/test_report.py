@@ -1,0 +1,171 @@
+"""`zerodoc report` as a user (and a CI job) runs it: a subprocess, on recorded demo runs.
+
+Every output format, the exit codes and a sample of bad inputs go through a real
+`python -m zerodoc report` process; the remaining flag combinations call the same entry point
+(`zerodoc.cli.main`) in-process, because each process start imports torch (the demo command's
+parser needs it) and that costs seconds on a loaded 2-core host.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zerodoc.demo.launch import free_port
+
+SCENARIOS = Path(__file__).parent / "data" / "scenarios"
+LINEAR = str(SCENARIOS / "wrap-linear")
+HEALTHY = str(SCENARIOS / "healthy-block")
+UNIT_KEYS = {"unit", "params", "all_gather_count_per_step", "all_gather_bytes_per_step",
+             "all_gather_seconds_per_step", "all_gather_exposed_seconds_per_step",
+             "all_gather_exposed_fraction", "all_gather_busbw_bytes_per_second",
+             "compute_forward_seconds_per_step", "compute_backward_seconds_per_step",
+             "reduce_scatter_seconds_per_step", "reduce_scatter_exposed_seconds_per_step"}
+STEP_KEYS = {"rank", "stale", "steps", "first_step", "last_step", "step_seconds",
+             "compute_seconds", "exposed_comm_seconds", "optimizer_seconds",
+             "framework_seconds", "other_seconds", "exposed_fraction"}
+
+
+def report(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zerodoc", "report", *args],
+                          capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def report_in_process(capsys, *args) -> subprocess.CompletedProcess:
+    """The same CLI entry point without a new interpreter."""
+    from zerodoc.cli import main
+
+    try:
+        code = main(["report", *args])
+    except SystemExit as e:  # argparse errors
+        code = e.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+
+def test_text_report_has_findings_units_and_steps():
+    r = report(LINEAR)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.startswith("zerodoc report: run linear | fsdp2 | 2 ranks | ZeRO-3 | gloo/cpu")
+    first = next(line for line in out.splitlines() if line.startswith("  WARNING"))
+    assert "ZD002 wrap-too-fine" in first
+    for text in ("evidence:", "threshold:", "fix:", "predicted:", "docs/rules.md#zd002",
+                 "Per unit (per step, mean over ranks)", "blocks.3.fc2", "AG/step", "busbw",
+                 "Step breakdown (per step)", "exposed comm", "optimizer"):
+        assert text in out, text
+
+
+def test_json_report_is_stable_and_complete():
+    r = report(LINEAR, "--json", "--window", "5")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["schema"] == 1
+    assert list(rep) == ["schema", "generator", "generated_unix", "source", "run", "link",
+                         "window", "ranks", "stale_ranks", "summary", "findings", "units",
+                         "steps", "thresholds"]
+    assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10}
+    assert rep["link"] == {"class": "gloo-cpu", "expected_busbw_bytes_per_second": 1.2e8}
+    assert rep["summary"]["top"] == "ZD002" and rep["summary"]["worst_severity"] == "warning"
+    sev = [f["severity"] for f in rep["findings"]]
+    order = ["critical", "error", "warning", "info"]
+    assert sev == sorted(sev, key=order.index)
+    f = rep["findings"][0]
+    assert set(f) == {"code", "name", "severity", "title", "evidence", "threshold", "fix",
+                      "predicted", "ranks", "units", "doc", "cost_seconds_per_step",
+                      "explains", "explained_by", "extra"}
+    assert f["evidence"]["units"] == 18 and f["threshold"]["wrap_fine_min_units"] == 16
+    assert len(rep["units"]) == 18 and all(set(u) == UNIT_KEYS for u in rep["units"])
+    assert [s["rank"] for s in rep["steps"]] == [0, 1]
+    assert all(set(s) == STEP_KEYS and s["steps"] == 5 for s in rep["steps"])
+    assert rep["thresholds"]["exposed_fraction_warn"] == 0.1
+
+
+def test_markdown_report_and_fail_on():
+    r = report(LINEAR, "--markdown", "--fail-on", "warning")
+    assert r.returncode == 1, r.stderr  # ZD002 is a warning: a CI gate fails
+    md = r.stdout
+    assert md.startswith("# zerodoc report: run linear")
+    assert "### WARNING ZD002 `wrap-too-fine`" in md
+    assert "| unit | params | AG/step |" in md and "| rank | steps | step |" in md
+    assert "[docs/rules.md#zd002](docs/rules.md#zd002)" in md
+
+
+def test_fail_on_passes_a_healthy_run():
+    r = report(HEALTHY, "--fail-on", "warning")
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr)
+    assert "Findings: 3 info" in r.stdout
+
+
+@pytest.mark.parametrize("args, code", [
+    ((LINEAR, "--fail-on", "error"), 0),
+    ((HEALTHY, "--fail-on", "info"), 1),
+    ((str(SCENARIOS / "slow-link-50ms"), "--fail-on", "ERROR", "--json"), 1),
+    ((LINEAR, "--fail-on", "warning", "--threshold", "wrap_fine_min_units=100"), 0),
+    ((LINEAR, "--markdown", "--fail-on", "critical"), 0),
+])
+def test_fail_on_thresholds_and_formats_combine(capsys, args, code):
+    r = report_in_process(capsys, *args)
+    assert r.returncode == code, (r.stdout[-2000:], r.stderr)
+
+
+def test_link_override_changes_the_verdict(capsys):
+    # Held to NVLink speed, a gloo run's 0.1 GB/s collectives are a slow link.
+    rep = json.loads(report_in_process(capsys, HEALTHY, "--json", "--link", "nvlink").stdout)
+    assert rep["summary"]["top"] == "ZD005" and rep["link"]["class"] == "nvlink"
+
+
+def test_default_source_is_the_latest_local_run(tmp_path):
+    shutil.copytree(SCENARIOS / "wrap-root", tmp_path / "zerodoc-runs" / "demo-1")
+    r = report("--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["top"] == "ZD001"
+
+
+def _bad_run_log(tmp: Path) -> str:
+    d = tmp / "bad"
+    d.mkdir()
+    (d / "rank-00000.jsonl").write_text('{"type": "header", "schema": 1}\n')
+    return str(d)
+
+
+BAD_INPUTS = {
+    "missing-dir": (lambda t: [str(t / "missing")], "no run directory"),
+    "malformed-log": (lambda t: [_bad_run_log(t)], "not a zerodoc schema-1 header"),
+    "dead-endpoint": (lambda t: [f"127.0.0.1:{free_port()}"], "no zerodoc rank answered"),
+    "dead-prometheus": (lambda t: [f"http://127.0.0.1:{free_port()}"],
+                        "cannot reach Prometheus"),
+    "bad-window": (lambda t: [LINEAR, "--window", "-1"], "--window must be >= 0"),
+    "bad-threshold": (lambda t: [LINEAR, "--threshold", "nope=1"], "unknown threshold"),
+    "bad-threshold-value": (lambda t: [LINEAR, "--threshold", "exposed_fraction_warn=lots"],
+                            "needs a float"),
+    "bad-link": (lambda t: [LINEAR, "--link", "carrier-pigeon"], "unknown link class"),
+    "bad-severity": (lambda t: [LINEAR, "--fail-on", "panic"], "unknown severity"),
+    "bad-size": (lambda t: [LINEAR, "--device-memory", "80G"], "expected a number and a unit"),
+    "bad-flag": (lambda t: [LINEAR, "--no-such-flag"], "unrecognized arguments"),
+}
+IN_A_PROCESS = ("missing-dir", "malformed-log", "dead-endpoint")
+
+
+def _one_line_exit_2(r, message):
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    err = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(err) == 1 and message in err[0], r.stderr
+
+
+@pytest.mark.parametrize("name", IN_A_PROCESS)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, name):
+    make_args, message = BAD_INPUTS[name]
+    _one_line_exit_2(report(*make_args(tmp_path)), message)
+
+
+@pytest.mark.parametrize("name", sorted(set(BAD_INPUTS) - set(IN_A_PROCESS)))
+def test_more_bad_inputs_exit_2(tmp_path, capsys, name):
+    make_args, message = BAD_INPUTS[name]
+    _one_line_exit_2(report_in_process(capsys, *make_args(tmp_path)), message)

@@ -1,0 +1,248 @@
+"""One run model, three sources: run logs, the ranks' /metrics, a real Prometheus server.
+
+A live 2-rank demo (per-Linear wrapping, so there is a warning to agree on) is read from all
+three. Each scrape source is checked against the run log cut at the very step it saw: the
+exporter's cumulative counters and the run log's per-step records must give the same numbers,
+facts and findings. Then windows, stale ranks and the errors a user meets.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import LiveDemo
+from tests.promserver import PromServer
+from zerodoc.demo.launch import free_port
+from zerodoc.diagnosis import diagnose
+from zerodoc.errors import UserError
+from zerodoc.runlog import read_rank_log, window_from_steps
+from zerodoc.sources import (
+    EndpointsSource, PrometheusSource, RunDirSource, open_source, parse_endpoints,
+)
+
+SCENARIOS = Path(__file__).parent / "data" / "scenarios"
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sources")
+    with LiveDemo(tmp, model={"wrap": "linear"}) as demo:
+        with PromServer(tmp, targets=demo.endpoints) as prom:
+            demo.wait_steps(6)
+            prom.wait_for("zerodoc_run_info", min_results=2)  # both ranks scraped
+            yield demo, prom
+
+
+def run_log_at(demo, rank: int, last_step: int):
+    """The run log's window over steps 1..last_step (what a cumulative scrape at that step
+    must equal)."""
+    path = demo.run_dir / f"rank-{rank:05d}.jsonl"
+    deadline = time.monotonic() + 30
+    while True:
+        log = read_rank_log(path)
+        if len(log.steps) >= last_step or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return window_from_steps(log.facts, [s for s in log.steps if s.step <= last_step])
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def mismatches(snap, demo) -> list[str]:
+    """Where a scrape snapshot differs from the run log at the same step."""
+    bad = []
+    for r, w in snap.ranks.items():
+        ref = run_log_at(demo, r, w.last_step)
+        if w.steps != ref.steps:
+            bad.append(f"rank {r}: steps {w.steps} vs {ref.steps}")
+            continue
+        for k in ("step_seconds", "optimizer_seconds", "framework_seconds", "other_seconds"):
+            if not close(getattr(w, k), getattr(ref, k)):
+                bad.append(f"rank {r}: {k} {getattr(w, k)} vs {getattr(ref, k)}")
+        if set(w.compute) != set(ref.compute) or not all(
+                close(w.compute[k], ref.compute[k]) for k in ref.compute):
+            bad.append(f"rank {r}: compute differs")
+        for k, t in ref.comm.items():
+            s = w.comm.get(k)
+            if s is None or s.count != t.count or s.bytes != t.bytes or not (
+                    close(s.seconds, t.seconds) and close(s.exposed_seconds, t.exposed_seconds)):
+                bad.append(f"rank {r}: comm {k}: {s} vs {t}")
+        if set(w.comm) != set(ref.comm):
+            bad.append(f"rank {r}: comm keys differ")
+        if w.memory.get("capacity") != ref.memory.get("capacity"):
+            bad.append(f"rank {r}: capacity")
+        fu = [(u.name, u.params, u.param_bytes, u.gather_bytes, u.sharded_bytes, u.group_size,
+               u.reshard_after_forward, u.param_dtype, u.reduce_dtype) for u in w.facts.units]
+        ru = [(u.name, u.params, u.param_bytes, u.gather_bytes, u.sharded_bytes, u.group_size,
+               u.reshard_after_forward, u.param_dtype, u.reduce_dtype) for u in ref.facts.units]
+        if fu != ru:
+            bad.append(f"rank {r}: unit facts {fu[:2]} vs {ru[:2]}")
+        for k in ("rank", "local_rank", "world_size", "local_world_size", "node", "run_id",
+                  "framework", "device_type", "backend", "zero_stage", "mesh_shape",
+                  "param_dtype", "reduce_dtype", "device_capacity_bytes"):
+            if getattr(w.facts, k) != getattr(ref.facts, k):
+                bad.append(f"rank {r}: {k} {getattr(w.facts, k)!r} vs {getattr(ref.facts, k)!r}")
+    return bad
+
+
+def agrees_with_run_log(make_source, demo, pause: float) -> tuple:
+    """Snapshot a scrape source and compare it with the run log at the same step. A scrape
+    can land while a rank is between updating its counters and its step count; such a torn
+    sample is retried (twice at most)."""
+    for _attempt in range(3):
+        snap = make_source().snapshot()
+        bad = mismatches(snap, demo)
+        if not bad:
+            ref = type(snap)(source="run log", ranks={
+                r: run_log_at(demo, r, w.last_step) for r, w in snap.ranks.items()})
+            return snap, ref
+        time.sleep(pause)
+    raise AssertionError(bad)
+
+
+def codes(findings):
+    return [(f.code, f.severity.name) for f in findings]
+
+
+def test_endpoints_equal_the_run_log_at_the_same_step(live):
+    demo, _prom = live
+    snap, ref = agrees_with_run_log(lambda: EndpointsSource(demo.endpoints, window=None),
+                                    demo, 0.2)
+    assert sorted(snap.ranks) == [0, 1] and not snap.stale_ranks
+    assert [(f.code, f.severity, f.title) for f in diagnose(snap)] == \
+        [(f.code, f.severity, f.title) for f in diagnose(ref)]
+
+
+def test_prometheus_equals_the_run_log_at_the_same_step(live):
+    demo, prom = live
+    snap, ref = agrees_with_run_log(lambda: PrometheusSource(prom.url, window=None), demo, 1.2)
+    assert sorted(snap.ranks) == [0, 1] and not snap.stale_ranks
+    assert [(f.code, f.severity, f.title) for f in diagnose(snap)] == \
+        [(f.code, f.severity, f.title) for f in diagnose(ref)]
+
+
+def test_same_run_same_findings_from_every_source(live):
+    demo, prom = live
+    snaps = {
+        "run dir": open_source(str(demo.run_dir), window=None).snapshot(),
+        "endpoints": open_source(",".join(demo.endpoints), window=None).snapshot(),
+        "prometheus": open_source(prom.url, window=None).snapshot(),
+    }
+    found = {name: codes(diagnose(s)) for name, s in snaps.items()}
+    assert found["run dir"][0] == ("ZD002", "WARNING"), found
+    assert found["endpoints"] == found["run dir"] == found["prometheus"], found
+
+
+def test_endpoint_window_is_the_difference_between_scrapes(live):
+    demo, _prom = live
+    src = EndpointsSource(demo.endpoints, window=3)
+    first = src.snapshot().ranks[0]
+    assert first.steps == first.last_step  # first call: everything since the start
+    demo.wait_steps(first.last_step + 4)
+    w = src.snapshot().ranks[0]
+    assert w.steps >= 3 and w.first_step > 1 and w.steps < w.last_step
+    path = demo.run_dir / "rank-00000.jsonl"
+    ref = window_from_steps(read_rank_log(path).facts,
+                            [s for s in read_rank_log(path).steps
+                             if w.first_step <= s.step <= w.last_step])
+    assert ref.steps == w.steps
+    assert math.isclose(w.step_seconds, ref.step_seconds, rel_tol=0.05)
+
+
+def test_prometheus_window_covers_recent_steps(live):
+    demo, prom = live
+    demo.wait_steps(24)
+    w = PrometheusSource(prom.url, window=4).snapshot().ranks[0]
+    # W = max(4 steps, 4 scrape intervals) of ~0.5 s steps: recent steps, not all of them
+    assert 1 <= w.steps < w.last_step - 4, (w.steps, w.last_step)
+    assert codes(diagnose(PrometheusSource(prom.url, window=4).snapshot()))[0][0] == "ZD002"
+
+
+def test_an_unreachable_rank_is_stale(live):
+    demo, _prom = live
+    dead = f"127.0.0.1:{free_port()}"
+    src = EndpointsSource([demo.endpoints[0], dead], window=None)
+    snap = src.snapshot()
+    assert sorted(snap.ranks) == [0] and snap.stale_ranks == {1}
+    assert dead in src.unreachable
+
+
+def test_no_endpoint_answering_is_a_clear_error():
+    port = free_port()
+    with pytest.raises(UserError, match="no zerodoc rank answered") as e:
+        EndpointsSource(f"127.0.0.1:{port}-{port + 1}", window=None).snapshot()
+    assert f"127.0.0.1:{port}" in str(e.value)
+
+
+def test_prometheus_unreachable_or_not_prometheus(live):
+    demo, _prom = live
+    with pytest.raises(UserError, match="cannot reach Prometheus"):
+        PrometheusSource(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(UserError, match="does not look like a Prometheus server"):
+        PrometheusSource(f"http://{demo.endpoints[0]}")  # a rank's exporter, not Prometheus
+
+
+def test_prometheus_without_zerodoc_series(tmp_path):
+    with PromServer(tmp_path) as prom:
+        with pytest.raises(UserError, match="no zerodoc series"):
+            PrometheusSource(prom.url).snapshot()
+
+
+def test_open_source_dispatch(tmp_path, monkeypatch):
+    run = SCENARIOS / "wrap-root"
+    assert isinstance(open_source(str(run)), RunDirSource)
+    assert isinstance(open_source("node1:9730-9731,node2:9730"), EndpointsSource)
+    assert parse_endpoints("h:9730-9732") == ["h:9730", "h:9731", "h:9732"]
+    for bad, msg in (("/no/such/run", "no run directory"),
+                     ("not a source", "neither a run directory"),
+                     ("h:9737-9730", "first <= last")):
+        with pytest.raises(UserError, match=msg):
+            open_source(bad)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="no zerodoc runs"):
+        open_source(None)
+    shutil.copytree(run, tmp_path / "zerodoc-runs" / "r1")
+    assert open_source(None).snapshot().ranks[0].facts.run_id == "root"
+
+
+def test_run_dir_marks_ranks_without_an_end_as_stale(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(SCENARIOS / "healthy-block", run)
+    log = run / "rank-00001.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text("".join(x for x in lines if '"type":"end"' not in x))
+    snap = RunDirSource(run, window=5, stale_after_s=60).snapshot()
+    assert snap.stale_ranks == {1} and snap.ranks[0].steps == 5
+
+
+def test_run_dir_errors_are_one_clear_line(tmp_path):
+    with pytest.raises(UserError, match="no run directory"):
+        RunDirSource(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no rank-"):
+        RunDirSource(tmp_path / "empty").snapshot()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rank-00000.jsonl").write_text("this is not json\n")
+    with pytest.raises(UserError, match="not JSON"):
+        RunDirSource(bad).snapshot()
+
+
+def test_report_reads_endpoints_and_prometheus(live, capsys):
+    import json
+
+    from zerodoc.cli import main
+
+    demo, prom = live
+    for src in (",".join(demo.endpoints), prom.url):
+        assert main(["report", src, "--json", "--window", "0"]) == 0
+        rep = json.loads(capsys.readouterr().out)
+        assert rep["summary"]["top"] == "ZD002" and rep["ranks"] == [0, 1], src
+        assert len(rep["units"]) == 18 and rep["run"]["world_size"] == 2

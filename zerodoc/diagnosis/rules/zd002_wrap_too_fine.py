@@ -1,0 +1,77 @@
+"""Wrap too fine: many tiny sharded units; the all-gathers are latency-bound.
+
+Why: every unit is one all-gather (two under ZeRO-3) and one reduce-scatter per step. When
+units are small (every Linear its own unit) each collective costs mostly its fixed latency:
+thousands of small calls, low bus bandwidth, and exposure that no link upgrade fixes.
+
+Evidence: number of units, median all-gather size, all-gathers per step, their bus bandwidth
+against the large ones (or the link's), exposed time of the small ones.
+Fix: wrap at block granularity (`fully_shard` each transformer block, not each Linear).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from ..findings import Severity
+from ..fmt import nbytes, rate
+from .base import finding, r6
+
+CODE = "ZD002"
+NAME = "wrap-too-fine"
+SEVERITY = Severity.WARNING
+TIER = 0
+EXPLAINS = ("ZD003", "ZD004", "ZD006")
+
+
+def _parent(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else "(root)"
+
+
+def evaluate(ctx) -> list:
+    t = ctx.t
+    units = [u for u in ctx.units if u.params > 0]
+    if len(units) < t.wrap_fine_min_units or ctx.group_size < 2:
+        return []
+    ag = ctx.views("all_gather")
+    sizes = [v.bytes_per_call for v in ag if v.count] or [u.gather_bytes for u in units]
+    median = statistics.median(sizes)
+    if median >= t.wrap_fine_median_bytes:
+        return []
+    small = [v for v in ag if v.bytes_per_call < t.wrap_fine_median_bytes]
+    large = [v for v in ag if v.bytes_per_call >= t.wrap_fine_median_bytes]
+    calls = sum(v.count for v in ag)
+
+    def agg_bw(vs):
+        s = sum(v.seconds for v in vs)
+        return sum(v.bytes for v in vs) / s * (ctx.group_size - 1) / ctx.group_size if s else 0.0
+
+    small_bw = agg_bw(small)
+    ref_bw = agg_bw(large) if large else (ctx.link_busbw or 0.0)
+    exposed = sum(v.exposed_seconds for v in small)
+    cost = sum(v.avoidable_seconds for v in small) + sum(
+        v.avoidable_seconds for v in ctx.views("reduce_scatter")
+        if v.bytes_per_call < t.wrap_fine_median_bytes)
+    parents = {_parent(u.name) for u in units}
+    per_parent = sum(u.gather_bytes for u in units) / max(1, len(parents))
+    evidence = {"units": len(units), "median_all_gather_bytes": int(median),
+                "all_gathers_per_step": r6(calls),
+                "small_all_gather_busbw_bytes_per_second": r6(small_bw),
+                "reference_busbw_bytes_per_second": r6(ref_bw),
+                "small_all_gather_exposed_seconds_per_step": r6(exposed)}
+    if ctx.step_seconds:
+        evidence["small_all_gather_exposed_fraction"] = r6(exposed / ctx.step_seconds)
+    return [finding(
+        CODE, NAME, SEVERITY,
+        f"{len(units)} sharded units with a median all-gather of {nbytes(median)}: "
+        f"latency-bound ({rate(small_bw)} bus bandwidth)",
+        evidence=evidence,
+        threshold={"wrap_fine_min_units": t.wrap_fine_min_units,
+                   "wrap_fine_median_bytes": t.wrap_fine_median_bytes},
+        fix=("Wrap at block granularity: `fully_shard` each transformer block (then the root) "
+             "instead of every Linear; a block's layers are then gathered in one collective."),
+        predicted=(f"wrapping by parent module: {len(units)} -> {len(parents)} units, "
+                   f"about {nbytes(per_parent)} per all-gather instead of {nbytes(median)}, "
+                   f"{calls:.0f} -> about {calls * len(parents) / len(units):.0f} all-gathers "
+                   f"per step"),
+        units=tuple(u.name for u in units[:8]), cost_seconds_per_step=cost)]

@@ -1,0 +1,95 @@
+"""Over-staging: ZeRO-3 while ZeRO-2 would fit with headroom, and the all-gathers cost time.
+
+Why: ZeRO-3 shards the parameters too, which costs a second all-gather per unit in backward
+(3Ψ of traffic per step instead of 2Ψ). That buys memory; when ZeRO-2 already fits with room
+to spare, the memory is not needed and the extra all-gathers are pure cost.
+
+Evidence: the stage, the planner's ZeRO-2 memory and the headroom it would leave (measured
+peak + the planner's state difference), the all-gathers' avoidable exposed fraction of the
+step, the backward all-gathers' exposed time (what ZeRO-2 would save).
+Severity: WARNING when communication costs avoidable time: the all-gathers' avoidable
+exposed fraction of the step >= exposed_fraction_warn, or avoidable exposed communication /
+compute >= comm_compute_ratio_warn (docs/rules.md, "avoidable"); then the lower stage is the
+first fix. INFO otherwise (the stage costs traffic but no measurable time), e.g. a healthy
+gloo run on CPU, whose synchronous all-gathers run at the link's speed.
+Fix: the lowest stage that fits: FSDP2 `reshard_after_forward=False` (ZeRO-2-like), FSDP1
+`SHARD_GRAD_OP`, DeepSpeed stage 2.
+"""
+
+from __future__ import annotations
+
+from ..findings import Severity
+from ..fmt import nbytes, pct, secs
+from .base import finding, r6
+
+CODE = "ZD003"
+NAME = "over-staging"
+SEVERITY = Severity.WARNING
+TIER = 1
+EXPLAINS = ("ZD004", "ZD006")
+
+
+def evaluate(ctx) -> list:
+    t = ctx.t
+    if not ctx.zero3 or ctx.group_size < 2:
+        return []
+    inp = ctx.plan_input()
+    if inp is None or inp.device_memory_bytes is None:
+        return []
+    from ...planner import plan
+
+    p = plan(inp)
+    z2, z3 = p.stage("zero2"), p.stage("zero3")
+    cap = inp.device_memory_bytes
+    # Measured peak + what ZeRO-2 adds in model states (activations are the same on both).
+    peaks = [ctx.peak(w) for w in ctx.ranks.values()]
+    peaks = [x for x in peaks if x]
+    if peaks:
+        z2_peak = max(peaks) + (z2.total_bytes - z3.total_bytes)
+    else:
+        z2_peak = z2.total_bytes
+    z2_free = cap - z2_peak
+    if z2_free < t.overstaging_headroom_fraction * cap:
+        return []
+    ag = ctx.views("all_gather")
+    bwd = [v for v in ag if v.phase == "backward"]
+    step = ctx.step_seconds
+    avoidable = sum(v.avoidable_seconds for v in ag)
+    frac = avoidable / step if step else 0.0
+    comm = sum(v.avoidable_seconds for v in ctx.views())
+    ratio = comm / ctx.compute_seconds if ctx.compute_seconds else 0.0
+    saving = sum(v.avoidable_seconds for v in bwd)
+    bwd_bytes = sum(v.bytes for v in bwd)
+    costly = frac >= t.exposed_fraction_warn or ratio >= t.comm_compute_ratio_warn
+    severity = Severity.WARNING if costly else Severity.INFO
+    bwd_exposed = sum(v.exposed_seconds for v in bwd)
+    if not costly:
+        how = (f"ZeRO-2 would drop the backward all-gathers ({secs(bwd_exposed)}/step, at the "
+               f"link's speed)" if bwd_exposed else "the extra all-gathers are hidden")
+    elif frac >= t.exposed_fraction_warn:
+        how = f"all-gathers expose {pct(frac)} of the step"
+    else:
+        how = f"exposed communication is {ratio:.2f}x the compute"
+    return [finding(
+        CODE, NAME, severity,
+        f"ZeRO-3 while ZeRO-2 fits with {pct(z2_free / cap)} free: {how}",
+        evidence={"zero_stage": 3, "zero2_peak_bytes": int(z2_peak),
+                  "zero2_headroom_fraction": r6(z2_free / cap), "capacity_bytes": int(cap),
+                  "zero2_model_states_bytes": z2.model_states_bytes,
+                  "zero3_model_states_bytes": z3.model_states_bytes,
+                  "all_gather_avoidable_fraction": r6(frac),
+                  "avoidable_comm_compute_ratio": r6(ratio),
+                  "backward_all_gather_bytes_per_step": int(bwd_bytes),
+                  "backward_all_gather_exposed_seconds_per_step": r6(bwd_exposed)},
+        threshold={"overstaging_headroom_fraction": t.overstaging_headroom_fraction,
+                   "exposed_fraction_warn": t.exposed_fraction_warn,
+                   "comm_compute_ratio_warn": t.comm_compute_ratio_warn},
+        fix=("Use the lowest stage that fits: FSDP2 `fully_shard(..., "
+             "reshard_after_forward=False)` (ZeRO-2-like: parameters stay gathered from "
+             "forward to backward), FSDP1 `ShardingStrategy.SHARD_GRAD_OP`, DeepSpeed "
+             "`zero_optimization.stage: 2`. `zerodoc plan` shows every stage."),
+        predicted=(f"{z2.label} ({z2.pytorch}): {nbytes(z2_peak)} peak per rank, fits "
+                   f"({nbytes(z2_free)} free); traffic {z3.comm_psi}Ψ -> {z2.comm_psi}Ψ per "
+                   f"step: no backward all-gathers ({nbytes(bwd_bytes)}/step, "
+                   f"{secs(bwd_exposed)}/step exposed now)"),
+        cost_seconds_per_step=saving)]

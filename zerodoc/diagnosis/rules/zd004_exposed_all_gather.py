@@ -1,0 +1,90 @@
+"""Exposed all-gather: prefetch is not keeping up; compute waits for parameters.
+
+Why: FSDP gathers the next unit's parameters while the current one computes. Whatever part of
+an all-gather the compute had to wait for is exposed, and exposed time, not total collective
+time, is what the step loses.
+
+Evidence: the all-gathers' exposed fraction of the step (link-attributable: the rank that
+waited least), the part of it the link baseline does not explain (for synchronous
+collectives), and the worst units and phases with their exposed / total ratio.
+Severity: WARNING / ERROR on the avoidable fraction (exposed_fraction_warn / _crit). When
+only the raw fraction is high (synchronous gloo all-gathers at the link's expected speed:
+FSDP2's default on CPU) it is an INFO note: there is nothing for prefetch to hide behind.
+Fix: FSDP2 knobs: explicit forward / backward prefetch, `reshard_after_forward=False` on the
+late blocks whose backward all-gather is exposed, a lower stage (ZD003), HSDP across nodes.
+"""
+
+from __future__ import annotations
+
+from ..findings import Severity
+from ..fmt import nbytes, pct, secs
+from .base import finding, grade, r6, top
+
+CODE = "ZD004"
+NAME = "exposed-all-gather"
+SEVERITY = Severity.WARNING
+TIER = 2
+EXPLAINS = ()
+
+
+def evaluate(ctx) -> list:
+    t = ctx.t
+    step = ctx.step_seconds
+    ag = [v for v in ctx.views("all_gather") if v.count]
+    if not ag or step <= 0:
+        return []
+    exposed = sum(v.exposed_seconds for v in ag)
+    avoidable = sum(v.avoidable_seconds for v in ag)
+    raw_frac, frac = exposed / step, avoidable / step
+    severity = grade(frac, t.exposed_fraction_warn, t.exposed_fraction_crit)
+    if severity is None:
+        if raw_frac < t.exposed_fraction_warn:
+            return []
+        severity = Severity.INFO
+    worst = [v for v in top(ag, key=lambda v: (v.avoidable_seconds, v.exposed_seconds))
+             if v.exposed_ratio >= t.unit_exposed_ratio_warn and v.exposed_seconds > 0]
+    late = [v for v in worst if v.phase == "backward"]
+    late_units = {v.unit for v in late}
+    late_bytes = sum(u.gather_bytes for u in ctx.units if u.name in late_units)
+    evidence = {"all_gather_exposed_fraction": r6(raw_frac),
+                "all_gather_avoidable_fraction": r6(frac),
+                "all_gather_exposed_seconds_per_step": r6(exposed),
+                "step_seconds": r6(step), "synchronous": ctx.sync,
+                "worst": [{"unit": v.unit, "phase": v.phase,
+                           "exposed_seconds_per_step": r6(v.exposed_seconds),
+                           "exposed_ratio": r6(v.exposed_ratio)} for v in worst]}
+    if ctx.sync:
+        title = (f"synchronous all-gathers are {pct(raw_frac)} of the step: nothing overlaps"
+                 + ("" if severity == Severity.INFO
+                    else f"; {pct(frac)} is more than the link explains"))
+        fix = ("The all-gathers run synchronously (FSDP2's default on gloo/CPU): nothing "
+               "overlaps. Make unshard asynchronous (`model._set_unshard_async_op(True)`, "
+               "private) and prefetch explicitly: `block.set_modules_to_forward_prefetch("
+               "[next_block])`, `block.set_modules_to_backward_prefetch([prev_block])`.")
+    else:
+        title = (f"all-gathers exposed for {pct(frac)} of the step: prefetch is not keeping up"
+                 if severity > Severity.INFO else
+                 f"all-gathers exposed for {pct(raw_frac)} of the step")
+        fix = ("Prefetch earlier or deeper: `unit.set_modules_to_forward_prefetch([next, "
+               "next_but_one])` and `set_modules_to_backward_prefetch([...])`; "
+               "`fully_shard(block, reshard_after_forward=False)` on the late blocks whose "
+               "backward all-gather is exposed (they are first in backward); a lower stage "
+               "if it fits (ZD003); HSDP (shard within a node, replicate across) when the "
+               "shard group spans nodes.")
+    predicted = None
+    if ctx.sync:
+        hide = min(exposed, ctx.compute_seconds)
+        predicted = (f"with async unshard and prefetch, up to {secs(hide)}/step of all-gather "
+                     f"time can overlap with compute")
+    elif late:
+        saved = sum(v.avoidable_seconds for v in late)
+        predicted = (f"reshard_after_forward=False on {', '.join(sorted(late_units))}: "
+                     f"about {secs(saved)}/step less exposed time for {nbytes(late_bytes)} "
+                     f"more memory held from forward to backward")
+    return [finding(
+        CODE, NAME, severity, title, evidence=evidence,
+        threshold={"exposed_fraction_warn": t.exposed_fraction_warn,
+                   "exposed_fraction_crit": t.exposed_fraction_crit,
+                   "unit_exposed_ratio_warn": t.unit_exposed_ratio_warn},
+        fix=fix, predicted=predicted, units=tuple(dict.fromkeys(v.unit for v in worst)),
+        cost_seconds_per_step=avoidable)]

@@ -1,0 +1,76 @@
+"""Slow link: large collectives reach far less bus bandwidth than the link should give.
+
+Why: bus bandwidth (nccl-tests convention) of a collective big enough to be bandwidth-bound
+is what the interconnect delivers. Far below the link class's expected figure means a slow or
+misrouted path: PCIe instead of NVLink, a cross-node shard group, the wrong NIC, TCP instead
+of InfiniBand. Memory is typically fine; step time is what degrades.
+
+Evidence: per collective kind, the aggregate bus bandwidth of the collectives of at least
+slow_link_min_bytes (link-attributable: the fastest rank's time, so a straggler's peers are
+not blamed on the link), the link class and its expected bandwidth, the exposed time beyond
+the link baseline, the memory headroom.
+Fix: check the topology and transport; keep the shard group inside a node (HSDP).
+"""
+
+from __future__ import annotations
+
+from ..findings import Severity
+from ..fmt import pct, rate
+from .base import finding, r6
+
+CODE = "ZD005"
+NAME = "slow-link"
+SEVERITY = Severity.WARNING
+TIER = 0
+EXPLAINS = ("ZD003", "ZD004", "ZD006")
+
+
+def evaluate(ctx) -> list:
+    t = ctx.t
+    if not ctx.link_busbw:
+        return []
+    slow, evidence, cost = [], {}, 0.0
+    for coll in ("all_gather", "reduce_scatter", "all_reduce"):
+        big = [v for v in ctx.views(coll) if v.count and v.seconds > 0
+               and v.bytes_per_call >= t.slow_link_min_bytes]
+        if not big:
+            continue
+        n = max(v.group_size for v in big)
+        seconds = sum(v.seconds for v in big)
+        bw = sum(v.busbw * v.seconds for v in big) / seconds  # time-weighted = aggregate
+        frac = bw / ctx.link_busbw
+        evidence[coll] = {"busbw_bytes_per_second": r6(bw), "link_fraction": r6(frac),
+                          "collectives_per_step": r6(sum(v.count for v in big)),
+                          "group_size": n}
+        if frac < t.slow_link_busbw_fraction:
+            slow.append((coll, bw, frac))
+            cost += sum(max(0.0, v.exposed_seconds - (v.expected_seconds or 0.0)) for v in big)
+    if not slow:
+        return []
+    step = ctx.step_seconds
+    cost_frac = cost / step if step else 0.0
+    severity = Severity.ERROR if cost_frac >= t.exposed_fraction_crit else Severity.WARNING
+    w = next(iter(ctx.active.values()), None)
+    heads = [h for h in map(ctx.headroom_fraction, ctx.ranks.values()) if h is not None]
+    coll, bw, frac = min(slow, key=lambda s: s[2])
+    hsdp = ("; the shard group spans nodes: shard within a node and replicate across (HSDP, "
+            "`fully_shard(..., mesh=init_device_mesh(dev, (nodes, gpus_per_node)))`)"
+            if w is not None and w.facts.world_size > max(1, w.facts.local_world_size) else "")
+    return [finding(
+        CODE, NAME, severity,
+        f"{coll.replace('_', '-')} bus bandwidth {rate(bw)} is {pct(frac)} of the "
+        f"{rate(ctx.link_busbw)} expected on {ctx.link}",
+        evidence={"link": ctx.link, "link_busbw_bytes_per_second": ctx.link_busbw,
+                  **evidence, "exposed_beyond_link_seconds_per_step": r6(cost),
+                  "exposed_beyond_link_fraction": r6(cost_frac),
+                  "min_headroom_fraction": r6(min(heads)) if heads else None},
+        threshold={"slow_link_busbw_fraction": t.slow_link_busbw_fraction,
+                   "slow_link_min_bytes": t.slow_link_min_bytes,
+                   "exposed_fraction_crit": t.exposed_fraction_crit},
+        fix=("Check the path the collectives take: `nvidia-smi topo -m` (NVLink vs PCIe / "
+             "SYS), `NCCL_DEBUG=INFO` for the transport (IB vs socket), NCCL_SOCKET_IFNAME / "
+             "NCCL_IB_HCA (GLOO_SOCKET_IFNAME for gloo), PCIe link width and other traffic on "
+             f"the bus{hsdp}. If the link class is wrong, pass --link."),
+        predicted=(f"at the expected {rate(ctx.link_busbw)} the large collectives would expose "
+                   f"about {pct(cost_frac)} less of the step"),
+        cost_seconds_per_step=cost, link=ctx.link)]

@@ -1,0 +1,60 @@
+"""Comm-bound: exposed communication is comparable to the compute it should hide behind.
+
+Why: when exposed collectives take as long as the compute, the step is limited by the
+network, not the accelerator; throughput scales with the link instead of the hardware.
+The compute-to-exposed-communication ratio is the number to watch, not whether it fits.
+
+Evidence: exposed communication (all collectives, link-attributable) per step, compute per
+step, their ratio; for synchronous collectives, the part the link baseline does not explain.
+Severity: WARNING / ERROR on the avoidable ratio (comm_compute_ratio_warn / _crit); INFO
+when only the raw ratio is high (synchronous gloo at the link's expected speed).
+Fix: more compute per byte (bigger micro-batch, longer sequences), fewer bytes (lower
+stage), a faster link or HSDP.
+"""
+
+from __future__ import annotations
+
+from ..findings import Severity
+from ..fmt import secs
+from .base import finding, grade, r6
+
+CODE = "ZD006"
+NAME = "comm-bound"
+SEVERITY = Severity.WARNING
+TIER = 2
+EXPLAINS = ()
+
+
+def evaluate(ctx) -> list:
+    t = ctx.t
+    compute = ctx.compute_seconds
+    views = [v for v in ctx.views() if v.count]
+    if compute <= 0 or not views:
+        return []
+    exposed = sum(v.exposed_seconds for v in views)
+    avoidable = sum(v.avoidable_seconds for v in views)
+    raw, ratio = exposed / compute, avoidable / compute
+    severity = grade(ratio, t.comm_compute_ratio_warn, t.comm_compute_ratio_crit)
+    if severity is None:
+        if raw < t.comm_compute_ratio_warn:
+            return []
+        severity = Severity.INFO
+    shown = ratio if severity > Severity.INFO else raw
+    what = ("beyond what the link explains " if ctx.sync and severity > Severity.INFO else "")
+    return [finding(
+        CODE, NAME, severity,
+        f"exposed communication {what}is {shown:.2f}x the compute "
+        f"({secs(avoidable if what else exposed)} vs {secs(compute)} per step)",
+        evidence={"exposed_comm_seconds_per_step": r6(exposed),
+                  "avoidable_comm_seconds_per_step": r6(avoidable),
+                  "compute_seconds_per_step": r6(compute),
+                  "comm_compute_ratio": r6(raw), "avoidable_comm_compute_ratio": r6(ratio),
+                  "synchronous": ctx.sync},
+        threshold={"comm_compute_ratio_warn": t.comm_compute_ratio_warn,
+                   "comm_compute_ratio_crit": t.comm_compute_ratio_crit},
+        fix=("Give each byte more compute: a bigger micro-batch or longer sequences per "
+             "rank (gradient accumulation keeps the global batch), fewer bytes per step "
+             "(a lower ZeRO stage if it fits, ZD003), or a faster link / HSDP."),
+        predicted=(f"doubling the micro-batch roughly doubles compute per step for the same "
+                   f"traffic: ratio about {shown / 2:.2f}"),
+        cost_seconds_per_step=avoidable)]

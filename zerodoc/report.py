@@ -1,0 +1,278 @@
+"""`zerodoc report`: the findings, the per-unit table and the step breakdown of one run.
+
+`build_report()` turns a snapshot and its findings into one plain dict (the JSON document,
+schema 1, documented in docs/report.md); `render_text`, `render_markdown` and `render_json`
+print it. Numbers stay in base units in the dict; only the text and Markdown renderers
+convert them for people. Plain Python: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import fields
+
+from .diagnosis import Finding, Severity
+from .diagnosis.fmt import nbytes, pct, rate, secs, value
+from .model import RunSnapshot, busbw
+from .thresholds import LINK_BUSBW, Thresholds
+
+SCHEMA = 1
+SEVERITIES = [s.name.lower() for s in sorted(Severity, reverse=True)]
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def finding_dict(f: Finding) -> dict:
+    extra = dict(f.extra)
+    return {
+        "code": f.code, "name": f.name, "severity": f.severity.name.lower(), "title": f.title,
+        "evidence": f.evidence, "threshold": f.threshold, "fix": f.fix,
+        "predicted": f.predicted, "ranks": list(f.ranks), "units": list(f.units),
+        "doc": f.doc,
+        "cost_seconds_per_step": _r(float(extra.pop("cost_seconds_per_step", 0.0))),
+        "explains": list(extra.pop("explains", [])),
+        "explained_by": list(extra.pop("explained_by", [])),
+        "extra": extra,
+    }
+
+
+def unit_rows(snap: RunSnapshot) -> list[dict]:
+    """Per unit, per step, mean over the fresh ranks (all ranks when every one is stale)."""
+    ranks = [w for r, w in snap.ranks.items() if r not in snap.stale_ranks and w.steps] or \
+        [w for w in snap.ranks.values() if w.steps]
+    first = snap.any_rank
+    if first is None:
+        return []
+    rows = []
+    for u in first.facts.units:
+        acc = dict.fromkeys(("ag_n", "ag_b", "ag_s", "ag_e", "fwd", "bwd", "rs_s", "rs_e"), 0.0)
+        for w in ranks:
+            n = w.steps
+            ag = w.unit_comm(u.name, "all_gather")
+            rs = w.unit_comm(u.name, "reduce_scatter")
+            acc["ag_n"] += ag.count / n
+            acc["ag_b"] += ag.bytes / n
+            acc["ag_s"] += ag.seconds / n
+            acc["ag_e"] += ag.exposed_seconds / n
+            acc["rs_s"] += rs.seconds / n
+            acc["rs_e"] += rs.exposed_seconds / n
+            acc["fwd"] += w.unit_compute(u.name, "forward") / n
+            acc["bwd"] += w.unit_compute(u.name, "backward") / n
+        k = max(1, len(ranks))
+        a = {key: v / k for key, v in acc.items()}
+        rows.append({
+            "unit": u.name, "params": u.params,
+            "all_gather_count_per_step": _r(a["ag_n"]),
+            "all_gather_bytes_per_step": _r(a["ag_b"]),
+            "all_gather_seconds_per_step": _r(a["ag_s"]),
+            "all_gather_exposed_seconds_per_step": _r(a["ag_e"]),
+            "all_gather_exposed_fraction": _r(a["ag_e"] / a["ag_s"]) if a["ag_s"] else None,
+            "all_gather_busbw_bytes_per_second":
+                _r(busbw(a["ag_b"] / a["ag_s"], "all_gather", u.group_size))
+                if a["ag_s"] else None,
+            "compute_forward_seconds_per_step": _r(a["fwd"]),
+            "compute_backward_seconds_per_step": _r(a["bwd"]),
+            "reduce_scatter_seconds_per_step": _r(a["rs_s"]),
+            "reduce_scatter_exposed_seconds_per_step": _r(a["rs_e"]),
+        })
+    return rows
+
+
+def step_rows(snap: RunSnapshot) -> list[dict]:
+    """The step breakdown per rank, per step: step = compute + exposed comm + optimizer +
+    framework + other (+ zerodoc's own time, which is not shown)."""
+    rows = []
+    for r, w in sorted(snap.ranks.items()):
+        n = w.steps or 1
+        rows.append({
+            "rank": r, "stale": r in snap.stale_ranks, "steps": w.steps,
+            "first_step": w.first_step, "last_step": w.last_step,
+            "step_seconds": _r(w.step_seconds / n),
+            "compute_seconds": _r(w.compute_seconds / n),
+            "exposed_comm_seconds": _r(w.exposed_seconds / n),
+            "optimizer_seconds": _r(w.optimizer_seconds / n),
+            "framework_seconds": _r(w.framework_seconds / n),
+            "other_seconds": _r(w.other_seconds / n),
+            "exposed_fraction": _r(w.exposed_fraction),
+        })
+    return rows
+
+
+def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
+                 thresholds: Thresholds, link: str | None, window: int | None,
+                 generated_unix: float | None = None) -> dict:
+    from . import __version__
+
+    first = snap.any_rank
+    f = first.facts if first else None
+    counts = {s: 0 for s in SEVERITIES}
+    for x in findings:
+        counts[x.severity.name.lower()] += 1
+    worst = max((x.severity for x in findings), default=None)
+    run = None
+    if f is not None:
+        run = {"run_id": f.run_id, "framework": f.framework,
+               "framework_version": f.framework_version, "torch_version": f.torch_version,
+               "device_type": f.device_type, "backend": f.backend, "zero_stage": f.zero_stage,
+               "world_size": f.world_size, "param_dtype": f.param_dtype,
+               "reduce_dtype": f.reduce_dtype, "units": len(f.units),
+               "params": sum(u.params for u in f.units)}
+    return {
+        "schema": SCHEMA,
+        "generator": f"zerodoc {__version__}",
+        "generated_unix": round(generated_unix if generated_unix is not None else time.time(), 3),
+        "source": source,
+        "run": run,
+        "link": {"class": link, "expected_busbw_bytes_per_second": LINK_BUSBW.get(link)}
+        if link else None,
+        "window": {"steps_requested": window,
+                   "steps": min((w.steps for w in snap.ranks.values()), default=0),
+                   "first_step": min((w.first_step for w in snap.ranks.values()), default=0),
+                   "last_step": max((w.last_step for w in snap.ranks.values()), default=0)},
+        "ranks": sorted(snap.ranks),
+        "stale_ranks": sorted(snap.stale_ranks),
+        "summary": {"worst_severity": worst.name.lower() if worst is not None else None,
+                    "counts": counts, "top": findings[0].code if findings else None},
+        "findings": [finding_dict(x) for x in findings],
+        "units": unit_rows(snap),
+        "steps": step_rows(snap),
+        "thresholds": {fl.name: getattr(thresholds, fl.name) for fl in fields(thresholds)},
+    }
+
+
+def render_json(rep: dict) -> str:
+    return json.dumps(rep, indent=2, default=str) + "\n"
+
+
+# --------------------------------------------------------------------------------------
+# text and Markdown
+
+UNIT_HEAD = ("unit", "params", "AG/step", "AG bytes", "AG time", "exposed", "exp %", "busbw",
+             "fwd", "bwd", "RS time")
+STEP_HEAD = ("rank", "steps", "step", "compute", "exposed comm", "optimizer", "framework",
+             "other")
+
+
+def _count(n: int) -> str:
+    for scale, s in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{s}"
+    return str(n)
+
+
+def _unit_cells(u: dict) -> tuple[str, ...]:
+    return (u["unit"], _count(u["params"]), f"{u['all_gather_count_per_step']:g}",
+            nbytes(u["all_gather_bytes_per_step"]), secs(u["all_gather_seconds_per_step"]),
+            secs(u["all_gather_exposed_seconds_per_step"]), pct(u["all_gather_exposed_fraction"]),
+            rate(u["all_gather_busbw_bytes_per_second"]),
+            secs(u["compute_forward_seconds_per_step"]),
+            secs(u["compute_backward_seconds_per_step"]),
+            secs(u["reduce_scatter_seconds_per_step"]))
+
+
+def _step_cells(s: dict) -> tuple[str, ...]:
+    return (f"{s['rank']}{' (stale)' if s['stale'] else ''}", str(s["steps"]),
+            secs(s["step_seconds"]), secs(s["compute_seconds"]),
+            f"{secs(s['exposed_comm_seconds'])} ({pct(s['exposed_fraction'])})",
+            secs(s["optimizer_seconds"]), secs(s["framework_seconds"]), secs(s["other_seconds"]))
+
+
+def _table(head, rows) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    out = []
+    for r in [head, *rows]:
+        cells = [str(r[0]).ljust(widths[0])] + [str(c).rjust(w) for c, w in zip(r[1:], widths[1:])]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def _header(rep: dict) -> list[str]:
+    run, link, win = rep["run"] or {}, rep["link"], rep["window"]
+    bits = [f"run {run.get('run_id') or '?'}", run.get("framework") or "?",
+            f"{run.get('world_size', '?')} ranks"]
+    if run.get("zero_stage"):
+        bits.append(f"ZeRO-{run['zero_stage']}")
+    bits.append(f"{run.get('backend', '?')}/{run.get('device_type', '?')}")
+    if link:
+        bits.append(f"link {link['class']} ({rate(link['expected_busbw_bytes_per_second'])} "
+                    f"expected)")
+    req = win["steps_requested"]
+    wtxt = (f"last {req} steps" if req else "all steps") + \
+        f" ({win['steps']} steps, {win['first_step']}-{win['last_step']})"
+    lines = ["zerodoc report: " + " | ".join(bits), f"source: {rep['source']}; window: {wtxt}"]
+    if rep["stale_ranks"]:
+        lines.append(f"stale ranks (stopped reporting): "
+                     f"{', '.join(map(str, rep['stale_ranks']))}")
+    return lines
+
+
+def _summary(rep: dict) -> str:
+    c = rep["summary"]["counts"]
+    parts = [f"{n} {s}" for s, n in c.items() if n]
+    return ", ".join(parts) if parts else "none"
+
+
+def _evidence(d: dict) -> str:
+    return ", ".join(f"{k}={value(k, v)}" for k, v in d.items())
+
+
+def render_text(rep: dict) -> str:
+    lines = _header(rep)
+    lines += ["", f"Findings: {_summary(rep)}"]
+    for f in rep["findings"]:
+        lines.append(f"  {f['severity'].upper():8} {f['code']} {f['name']}: {f['title']}")
+        lines.append(f"           evidence: {_evidence(f['evidence'])}")
+        lines.append(f"           threshold: {_evidence(f['threshold'])}")
+        if f["explained_by"]:
+            lines.append(f"           explained by: {', '.join(f['explained_by'])}")
+        lines.append(f"           fix: {f['fix']}")
+        if f["predicted"]:
+            lines.append(f"           predicted: {f['predicted']}")
+        lines.append(f"           docs: {f['doc']}")
+    if not rep["findings"]:
+        lines.append("  no findings: nothing the rules know of is wrong")
+    lines += ["", "Per unit (per step, mean over ranks)"]
+    lines += ["  " + x for x in _table(UNIT_HEAD, [_unit_cells(u) for u in rep["units"]])]
+    lines += ["", "Step breakdown (per step)"]
+    lines += ["  " + x for x in _table(STEP_HEAD, [_step_cells(s) for s in rep["steps"]])]
+    return "\n".join(lines) + "\n"
+
+
+def _md_row(cells) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def render_markdown(rep: dict) -> str:
+    head = _header(rep)
+    lines = [f"# {head[0]}", "", *[f"{x}  " for x in head[1:]], "",
+             f"## Findings ({_summary(rep)})", ""]
+    for f in rep["findings"]:
+        lines.append(f"### {f['severity'].upper()} {f['code']} `{f['name']}`: {f['title']}")
+        lines.append("")
+        lines.append(f"- **evidence**: {_evidence(f['evidence'])}")
+        lines.append(f"- **threshold**: {_evidence(f['threshold'])}")
+        if f["explained_by"]:
+            lines.append(f"- **explained by**: {', '.join(f['explained_by'])}")
+        lines.append(f"- **fix**: {f['fix']}")
+        if f["predicted"]:
+            lines.append(f"- **predicted**: {f['predicted']}")
+        lines.append(f"- **docs**: [{f['doc']}]({f['doc']})")
+        lines.append("")
+    if not rep["findings"]:
+        lines += ["No findings.", ""]
+    lines += ["## Per unit (per step, mean over ranks)", "", _md_row(UNIT_HEAD),
+              _md_row(["---"] * len(UNIT_HEAD))]
+    lines += [_md_row(_unit_cells(u)) for u in rep["units"]]
+    lines += ["", "## Step breakdown (per step)", "", _md_row(STEP_HEAD),
+              _md_row(["---"] * len(STEP_HEAD))]
+    lines += [_md_row(_step_cells(s)) for s in rep["steps"]]
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS = {"text": render_text, "markdown": render_markdown, "json": render_json}
+
+__all__ = ["SCHEMA", "build_report", "render_text", "render_markdown", "render_json",
+           "RENDERERS", "finding_dict", "unit_rows", "step_rows"]

@@ -1,0 +1,73 @@
+"""`zerodoc report [SOURCE]`: non-interactive diagnosis of one run (CI-friendly)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+SEVERITY_NAMES = ("info", "warning", "error", "critical")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "report", help="print the findings, per-unit table and step breakdown of a run",
+        description="Diagnose one run and print the findings (most severe first), the "
+        "per-unit table and the step breakdown. SOURCE is a run directory, rank endpoints "
+        "(host:port[,host:port...] or host:9730-9737) or a Prometheus URL (http://...); "
+        "default: the latest run under ./zerodoc-runs. Exit status: 0, or 1 when a finding "
+        "at or above --fail-on is present, 2 on bad input.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("source", nargs="?", default=None, metavar="SOURCE",
+                   help="run directory, host:port list / range, or Prometheus URL")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", dest="format", action="store_const", const="json",
+                     help="machine-readable JSON (schema 1, docs/report.md)")
+    fmt.add_argument("--markdown", dest="format", action="store_const", const="markdown",
+                     help="Markdown (for a CI job summary or a PR comment)")
+    p.add_argument("--window", type=int, default=20, metavar="STEPS",
+                   help="steps to diagnose (the last N; 0: all). Endpoints give everything "
+                        "since the start on a one-shot report")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a threshold (repeatable), e.g. exposed_fraction_warn=0.2")
+    p.add_argument("--link", default=None, metavar="CLASS",
+                   help="link class for the bandwidth rules (nvlink, pcie, infiniband, "
+                        "ethernet, gloo-cpu); default: inferred from the run")
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="device capacity to plan against, e.g. 80GB or 80GiB (default: what "
+                        "the ranks report)")
+    p.add_argument("--fail-on", default=None, metavar="SEVERITY",
+                   help=f"exit 1 if a finding at or above this severity is present "
+                        f"({', '.join(SEVERITY_NAMES)})")
+    p.set_defaults(func=run, format="text")
+
+
+def run(args) -> int:
+    from .diagnosis import Severity, diagnose
+    from .errors import UserError
+    from .planner import parse_size
+    from .report import RENDERERS, build_report
+    from .sources import open_source
+    from .thresholds import LINK_BUSBW, Thresholds
+
+    fail_on = Severity.parse(args.fail_on) if args.fail_on else None
+    if args.window < 0:
+        raise UserError(f"--window must be >= 0 (0: all steps), not {args.window}")
+    if args.link is not None and args.link not in LINK_BUSBW:
+        raise UserError(f"unknown link class {args.link!r}; known: {', '.join(LINK_BUSBW)}")
+    thresholds = Thresholds.with_overrides(args.threshold)
+    device_memory = parse_size(args.device_memory) if args.device_memory else None
+    window = args.window or None
+    source = open_source(args.source, window=window)
+    snap = source.snapshot()
+    if not snap.ranks:
+        raise UserError(f"{source.description}: no ranks to report on")
+    findings = diagnose(snap, thresholds, link=args.link, device_memory_bytes=device_memory)
+    from .diagnosis.context import infer_link
+
+    link = args.link or infer_link(snap.any_rank.facts)
+    rep = build_report(snap, findings, source=source.description, thresholds=thresholds,
+                       link=link, window=window)
+    sys.stdout.write(RENDERERS[args.format](rep))
+    if fail_on is not None and any(f.severity >= fail_on for f in findings):
+        return 1
+    return 0
