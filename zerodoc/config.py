@@ -33,8 +33,9 @@ class AttachConfig:
     """Use the Work's future callback for exact completion times of async collectives
     (gloo). Off: hidden time of early-finishing collectives becomes an upper bound."""
     inject_latency_s: float = 0.0
-    """Simulated slow link: every all-gather completes this much later. Tests and demo only
-    (also $ZERODOC_INJECT_LATENCY_S)."""
+    """Simulated slow link: every parameter all-gather (FSDP, DeepSpeed), parameter broadcast
+    (ZeRO-1) or gradient all-reduce (DDP, FSDP1 NO_SHARD) completes this much later. Tests and
+    demo only (also $ZERODOC_INJECT_LATENCY_S)."""
     memory_every: int = 50
     """Walk parameters / gradients / optimizer state for memory bytes every N steps."""
     run_log: bool = True

@@ -27,8 +27,8 @@ def _validate(args) -> None:
     if args.hsdp_replicas < 1 or args.ranks % args.hsdp_replicas:
         raise UserError(f"--ranks {args.ranks} must be a multiple of --hsdp-replicas "
                         f"{args.hsdp_replicas}")
-    if args.hsdp_replicas > 1 and args.framework != "fsdp2":
-        raise UserError("--hsdp-replicas needs --framework fsdp2")
+    if args.hsdp_replicas > 1 and args.framework not in ("fsdp2", "fsdp1-hybrid"):
+        raise UserError("--hsdp-replicas needs --framework fsdp2 or fsdp1-hybrid")
     if args.hidden % 4:
         raise UserError("--hidden must be a multiple of 4 (the attention heads)")
 

@@ -69,6 +69,7 @@ class Adapter:
 
 # Checked in order; the first whose detect() is true wins. The base Adapter is last.
 ADAPTERS: list[str] = [
+    "zerodoc.shim.deepspeed:DeepSpeedAdapter",
     "zerodoc.shim.fsdp1:FSDP1Adapter",
     "zerodoc.shim.zero1:Zero1Adapter",
     "zerodoc.shim.zero1:DDPAdapter",

@@ -152,6 +152,8 @@ class _DistProxy:
         if unit is None or not a.active:
             return fn(*args, **kwargs)
         a.reduce_calls += 1
+        if coll == ALL_REDUCE and a.delay_all_reduce_s > 0:
+            fn = SlowLink(fn, a.delay_all_reduce_s)  # NO_SHARD: see FSDP1Adapter.instrument
         return a.timer.call(fn, args, kwargs, unit, coll, _nbytes(tensor),
                             bool(kwargs.get("async_op", False)))
 
@@ -184,6 +186,7 @@ class FSDP1Adapter(Adapter):
         self.active = False
         self.reducing: int | None = None
         self.reduce_calls = 0
+        self.delay_all_reduce_s = 0.0
 
     # --- static facts ---------------------------------------------------------------
     def facts(self) -> AdapterFacts:
@@ -240,11 +243,19 @@ class FSDP1Adapter(Adapter):
     def instrument(self, rec, timer, on_root_forward, slow_link_s: float) -> list:
         self.rec, self.timer = rec, timer
         self.active = True
+        # The simulated slow link delays the all-gathers; NO_SHARD gathers nothing, so
+        # there it delays the gradient all-reduce instead (as for DDP).
+        self.delay_all_reduce_s = slow_link_s if self._facts_stage() == 0 else 0.0
         undo: list = [self._deactivate]
         for u in self.units:
             self._instrument_unit(u, on_root_forward, slow_link_s, undo)
         self._install_globals(undo)
         return undo
+
+    def _facts_stage(self) -> int | None:
+        stages = [ZERO_STAGE.get(strategy_name(u) or "") for u in self.units]
+        stages = [x for x in stages if x is not None]
+        return max(stages) if stages else None
 
     def _deactivate(self) -> None:
         self.active = False
@@ -313,7 +324,7 @@ class FSDP1Adapter(Adapter):
         reg = self.registry
         try:
             ru = hp.fsdp1_runtime()
-        except ImportError as e:
+        except Exception as e:  # noqa: BLE001 - a private module: fail soft
             reg.missing("fsdp._runtime_utils", repr(e))
             return
         rec, timer, by_handle = self.rec, self.timer, self.by_handle

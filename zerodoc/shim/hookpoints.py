@@ -60,6 +60,32 @@ ZeRO-1 / DDP (`zerodoc/shim/zero1.py`):
 | `ZeroRedundancyOptimizer._broadcast_params_from_rank` | no | the post-step parameter broadcasts (instance-wrapped) | 2.13 |
 | `zero_redundancy_optimizer.dist` (module reference) | no | a proxy timing `broadcast` while a known optimizer broadcasts | 2.13 |
 | `ZeroRedundancyOptimizer._overlap_with_ddp` | no | not instrumented (broadcasts run in DDP's hook then) | 2.13 |
+
+DeepSpeed ZeRO 0-3 (`deepspeed.initialize` engines, `zerodoc/shim/deepspeed.py`), checked on
+DeepSpeed 0.19.8 with torch 2.13.0 (CPU accelerator, gloo). `DeepSpeedEngine` is looked up
+only if the job imported `deepspeed`; every other point is instance-scoped and undone on close:
+
+| hook point                          | public? | what for                                  | checked |
+|-------------------------------------|---------|-------------------------------------------|---------|
+| `deepspeed.runtime.engine.DeepSpeedEngine` (`.module`, `.optimizer`, `.dp_world_size`) | yes | detect, units, facts | 0.19.8 |
+| `DeepSpeedEngine.zero_optimization_stage()`, `.zero_offload_optimizer()`, `.zero_*()` config getters, `.communication_data_type` | yes | stage, offload, facts extra | 0.19.8 |
+| `deepspeed.comm.comm.cdb` (the `TorchBackend` every `deepspeed.comm` call ends in): `all_gather_into_tensor`, `all_gather`, `all_gather_coalesced`, `all_gather_base`, `reduce_scatter_tensor`, `reduce_scatter`, `reduce`, `all_reduce`, `all_reduce_coalesced`, `broadcast` | semi (module global) | every collective DeepSpeed issues (instance-shadowed); the slow link | 0.19.8 |
+| `DeepSpeedEngine.backward` | yes | stage 0-2 backward compute (instance-wrapped) | 0.19.8 |
+| `DeepSpeedZeroOptimizer.step` / `DeepSpeedZeroOptimizer_Stage3.step` | yes | step boundaries, optimizer time (instance-wrapped: not a torch Optimizer) | 0.19.8 |
+| `DeepSpeedZeroOptimizer.reduce_ipg_grads` | no | stage 1/2 gradient bucket work = framework time | 0.19.8 |
+| `DeepSpeedZeroOptimizer.copy_grads_in_partition` | no | stage 1/2 offload: gradient copies to the host | 0.19.8 |
+| `DeepSpeedZeroOptimizer.grads_in_partition` / `.averaged_gradients` / `.single_partition_of_fp32_groups` / `.bit16_groups_flat` | no | gradient / optimizer memory, post-step gather bytes | 0.19.8 |
+| `DeepSpeedZeroOptimizer_Stage3.parameter_offload.get_param_coordinator()` | no | the stage-3 parameter coordinator | 0.19.8 |
+| `PartitionedParameterCoordinator.fetch_sub_module` / `.release_sub_module` | no | which module a fetch is for; per-unit compute spans (instance-wrapped) | 0.19.8 |
+| `PartitionedParameterCoordinator.__all_gather_params_` (mangled) | no | attribution by the parameters gathered (prefetches) | 0.19.8 |
+| `DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads` (mangled) | no | gradient bucket work = framework time | 0.19.8 |
+| `DeepSpeedZeroOptimizer_Stage3._offload_grad_partition_at_boundary` | no | stage 3 offload: gradient copies to the host | 0.19.8 |
+| `DeepSpeedZeroOptimizer_Stage3.grad_partitions_flat_buffer` / `.fp32_partitioned_groups_flat` | no | gradient / optimizer memory | 0.19.8 |
+| ZeRO-3 parameter attributes `ds_tensor`, `ds_numel`, `ds_persist`, module `_z3_leaf` | no | unit facts, fetch groups, local shards | 0.19.8 |
+| `AllGatherCoalescedHandle.wait()` -> the backend's `Work.wait()` | no | exposed time of stage-3 fetches (it waits on the `TimedWork` we return) | 0.19.8 |
+
+Never used: DeepSpeed's comms logger (`deepspeed.comm.comm.timed_op`, `comms_logger`): it
+synchronises the device after every op.
 """
 
 from __future__ import annotations
@@ -191,6 +217,11 @@ def queue_autograd_callback(fn) -> None:
     """Run `fn` when the running backward finishes (valid only inside a backward)."""
     from torch.autograd import Variable
     Variable._execution_engine.queue_callback(fn)
+
+
+def autograd_callbacks_available() -> bool:
+    from torch.autograd import Variable
+    return callable(getattr(Variable._execution_engine, "queue_callback", None))
 
 
 def swap_attr(obj: Any, name: str, new: Any):

@@ -29,6 +29,9 @@ def _parent(name: str) -> str:
 
 
 def evaluate(ctx) -> list:
+    if ctx.facts is not None and ctx.facts.zero_stage is not None \
+            and ctx.facts.zero_stage < 2:
+        return []  # DDP / ZeRO-1: parameters are not gathered per unit, wrapping is moot
     t = ctx.t
     units = [u for u in ctx.units if u.params > 0]
     if len(units) < t.wrap_fine_min_units or ctx.group_size < 2:

@@ -1,0 +1,424 @@
+"""ZeRO-1 (`ZeroRedundancyOptimizer` + DDP) and plain DDP instrumentation.
+
+One unit, "(model)": ZeRO-1 shards only the optimizer state, parameters are whole on every
+rank and nothing is gathered per module, so there is no per-module unit to name (DDP's
+gradient buckets are an implementation detail whose count changes when DDP rebuilds them
+after the first step). Its facts are the whole model's.
+
+Measured per step:
+- forward / backward compute of the model: forward hooks outside and inside DDP's forward;
+  backward from the first gradient reaching the model's output (a tensor hook) to the end of
+  the autograd graph (an autograd engine callback queued at that moment);
+- gradient all-reduce, one record per DDP bucket ("all_reduce", phase backward): a comm hook
+  (public `register_comm_hook`) that does what DDP's default does (divide by the group size,
+  async all-reduce) and takes the issue time and, from the future's callback, the completion
+  time. DDP waits for all bucket futures in `finalize_backward`, in C++, after the graph has
+  run; a second autograd callback queued behind it marks when that wait returned. The
+  exposed time is the part of the buckets' completion that fell after the end of backward
+  compute (capped at the return of DDP's wait); hidden = the rest of issue -> completion;
+- ZeRO-1's parameter sync after the local step (`_sync_params`: every rank broadcasts its
+  shard, async, then waits on all of them): each `dist.broadcast` ("broadcast", phase
+  optimizer) through a proxy of the optimizer module's `dist`, installed while this
+  optimizer's `_broadcast_params_from_rank` runs; exposed = the time `_sync_params` blocked
+  in `wait()` (the `TimedWork` of comm.py).
+Memory: the monitor is handed a view whose `state` is the local optimizer's (this rank's
+shard) and whose step hooks are the `ZeroRedundancyOptimizer`'s.
+Slow link (`inject_latency_s`, tests and demo): ZeRO-1's broadcasts complete that much later;
+plain DDP, which gathers no parameters, has its bucket all-reduces delayed instead.
+Not measured: `overlap_with_ddp=True` (the step runs inside DDP's hook; only detected and
+reported in the facts), the C++ reducer's own copy of gradients into buckets (counted as
+backward compute). DDP has no way to remove a comm hook: after `close()` ours stays
+installed and only does DDP's default all-reduce. Hook points: see `hookpoints.py`.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any
+
+import torch
+
+from . import hookpoints as hp
+from .adapters import Adapter, AdapterFacts
+from .recorder import (
+    ALL_REDUCE, BACKWARD, BROADCAST, B_FRAMEWORK, B_WAIT, unit_bucket,
+)
+from .slowlink import DelayedWork, SlowLink
+from ..model import UnitFacts
+
+UNIT_NAME = "(model)"
+UNIT = 0
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def _dtype_name(dt) -> str:
+    return str(dt).replace("torch.", "") if dt is not None else ""
+
+
+def _tensors(obj, out: list) -> list:
+    """Tensors needing grad in a forward output (tensor, or nested tuple / list / dict)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.requires_grad:
+            out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _tensors(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _tensors(x, out)
+    return out
+
+
+def find_ddp(model):
+    cls = hp.ddp_class()
+    if cls is None:
+        return None
+    if isinstance(model, cls):
+        return model
+    return next((m for m in model.modules() if isinstance(m, cls)), None)
+
+
+class _ZeroDistProxy:
+    """Stands in for `torch.distributed` inside `zero_redundancy_optimizer` only: while the
+    adapter's optimizer broadcasts its parameters, each `broadcast` is timed (and, in tests,
+    delayed beneath the measurement); otherwise everything passes through."""
+
+    def __init__(self, real, adapter: "Zero1Adapter"):
+        self._real, self._a = real, adapter
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def broadcast(self, *args, **kwargs):
+        a = self._a
+        if not a.broadcasting or not a.active:
+            return self._real.broadcast(*args, **kwargs)
+        tensor = kwargs.get("tensor", args[0] if args else None)
+        fn = self._real.broadcast
+        if a.slow_link_s > 0:
+            fn = SlowLink(fn, a.slow_link_s)
+        return a.timer.call(fn, args, kwargs, UNIT, BROADCAST,
+                            _nbytes(tensor) if tensor is not None else 0,
+                            bool(kwargs.get("async_op", False)))
+
+
+class _ZeroStepView:
+    """What the monitor reads from "the optimizer": the step hooks of the
+    `ZeroRedundancyOptimizer` (its step includes the parameter sync) and the state of its
+    local optimizer (this rank's shard; the wrapper's own `.state` stays empty)."""
+
+    def __init__(self, zero):
+        self._zero = zero
+
+    def register_step_pre_hook(self, hook):
+        return self._zero.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook):
+        return self._zero.register_step_post_hook(hook)
+
+    @property
+    def state(self):
+        return self._zero.optim.state
+
+
+class DDPAdapter(Adapter):
+    """Plain `DistributedDataParallel` (no sharding: ZeRO stage 0)."""
+
+    framework = "ddp"
+    zero_stage = 0
+    # The simulated slow link (`inject_latency_s`) delays the parameter gather; DDP gathers
+    # nothing, so here it delays the gradient all-reduce instead.
+    delay_gradients = True
+
+    @classmethod
+    def detect(cls, model, optimizer) -> bool:
+        return find_ddp(model) is not None
+
+    def discover(self) -> None:
+        self.ddp = find_ddp(self.model)
+        self.unit_names = [UNIT_NAME]
+        self.active = False
+        self._buckets: list[list] = []  # [t_issue, nbytes, t_done] per bucket, this backward
+        self._bwd_started = False
+        self._t_compute_end: float | None = None
+        self.slow_link_s = 0.0
+
+    def memory_module(self):
+        return self.ddp.module if self.ddp is not None else self.model
+
+    def _group_size(self) -> int:
+        pg = getattr(self.ddp, "process_group", None)
+        if pg is not None:
+            return pg.size()
+        import torch.distributed as dist
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+    # --- static facts ---------------------------------------------------------------
+    def _unit_facts(self, group: int, replicate: int) -> UnitFacts:
+        params = [p for p in self.memory_module().parameters()]
+        n = sum(p.numel() for p in params)
+        nbytes = sum(_nbytes(p) for p in params)
+        dt = _dtype_name(params[0].dtype) if params else ""
+        # Parameters are whole on every rank; the post-step sync moves all of them.
+        return UnitFacts(name=UNIT_NAME, params=n, param_bytes=nbytes, gather_bytes=nbytes,
+                         sharded_bytes=nbytes, reshard_after_forward=None, group_size=group,
+                         param_dtype=dt, reduce_dtype=dt, replicate_size=replicate)
+
+    def _ddp_facts(self) -> dict[str, Any]:
+        d = self.ddp
+        if d is None:
+            return {"ddp": False}
+        cap = getattr(d, "bucket_bytes_cap", None)
+        return {"ddp": True, "ddp_bucket_cap_bytes": cap,
+                "gradient_as_bucket_view": getattr(d, "gradient_as_bucket_view", None),
+                "find_unused_parameters": getattr(d, "find_unused_parameters", None),
+                "static_graph": getattr(d, "static_graph", None),
+                "broadcast_buffers": getattr(d, "broadcast_buffers", None)}
+
+    def facts(self) -> AdapterFacts:
+        from .fsdp2 import torch_version
+
+        n = self._group_size()
+        u = self._unit_facts(n, n)
+        return AdapterFacts(framework=self.framework, framework_version=torch_version(),
+                            units=[u], zero_stage=self.zero_stage, mesh_shape=(n,),
+                            param_dtype=u.param_dtype, reduce_dtype=u.reduce_dtype,
+                            extra=self._ddp_facts())
+
+    # --- instrumentation ------------------------------------------------------------
+    def instrument(self, rec, timer, on_root_forward, slow_link_s: float) -> list:
+        self.rec, self.timer, self.slow_link_s = rec, timer, slow_link_s
+        self.active = True
+        undo: list = [self._deactivate]
+        hook = "Variable._execution_engine.queue_callback"
+        try:
+            callbacks = hp.autograd_callbacks_available()
+            reason = "not found"
+        except Exception as e:  # noqa: BLE001 - without it neither backward end nor DDP's wait
+            callbacks, reason = False, repr(e)
+        if callbacks:
+            self.registry.ok(hook)
+        else:
+            self.registry.missing(hook, reason)
+        self._install_forward(on_root_forward, undo, backward=callbacks)
+        if self.ddp is not None and callbacks:
+            self._install_comm_hook()
+        return undo
+
+    def _deactivate(self) -> None:
+        self.active = False
+
+    def _install_forward(self, on_root_forward, undo: list, backward: bool) -> None:
+        rec, timer, reg = self.rec, self.timer, self.registry
+        fwd, bwd = unit_bucket(UNIT, 0), unit_bucket(UNIT, BACKWARD)
+        outer = self.ddp if self.ddp is not None else self.model
+        inner = self.memory_module()
+
+        def outer_pre(mod, args):
+            on_root_forward()
+            timer.wait_point(UNIT)
+            self._bwd_started = False
+            rec.push(B_FRAMEWORK)
+
+        def inner_pre(mod, args):
+            rec.remove(B_FRAMEWORK)
+            rec.push(fwd)
+
+        def inner_post(mod, args, out):
+            rec.remove(fwd)
+            rec.push(B_FRAMEWORK)
+
+        def outer_post(mod, args, out):
+            rec.remove(B_FRAMEWORK)
+            rec.phase = BACKWARD
+            if not backward or not self.active or not torch.is_grad_enabled():
+                return None
+            try:
+                for t in _tensors(out, []):
+                    t.register_hook(on_output_grad)
+            except Exception as e:
+                self.registry.error("ddp.output_grad_hook", e)
+            return None
+
+        def on_output_grad(grad):
+            # The first gradient reaching the model's output: backward compute starts.
+            if self._bwd_started or not self.active:
+                return None
+            self._bwd_started = True
+            try:
+                rec.phase = BACKWARD
+                rec.push(bwd)
+                self._buckets = []
+                hp.queue_autograd_callback(on_compute_end)
+            except Exception as e:
+                self.registry.error("ddp.backward_start", e)
+            return None
+
+        def on_compute_end():
+            # Queued before DDP's finalize_backward (DDP queues it at its last bucket):
+            # the graph has run, DDP is about to wait for its buckets.
+            try:
+                rec.remove(bwd)
+                rec.push(B_WAIT)
+                self._t_compute_end = perf_counter()
+                hp.queue_autograd_callback(on_wait_end)
+            except Exception as e:
+                self.registry.error("ddp.backward_end", e)
+
+        def on_wait_end():
+            try:
+                self._account_buckets(perf_counter())
+            except Exception as e:
+                self.registry.error("ddp.bucket_wait", e)
+
+        try:
+            hs = [outer.register_forward_pre_hook(outer_pre, prepend=True),
+                  inner.register_forward_pre_hook(inner_pre),
+                  inner.register_forward_hook(inner_post, prepend=True),
+                  outer.register_forward_hook(outer_post)]
+            undo.extend(h.remove for h in hs)
+            reg.ok("nn.Module forward hooks (prepend)")
+        except Exception as e:
+            reg.missing("nn.Module forward hooks (prepend)", repr(e))
+
+    def _account_buckets(self, t_end: float) -> None:
+        """DDP's wait for its buckets returned at `t_end`: record each bucket's all-reduce."""
+        rec = self.rec
+        t0 = self._t_compute_end if self._t_compute_end is not None else t_end
+        rec.remove(B_WAIT)
+        cursor = t0
+        exposed_total = 0.0
+        for t_issue, nbytes, t_done in sorted(self._buckets, key=lambda b: b[2] or t_end):
+            done = min(t_done if t_done is not None else t_end, t_end)
+            exposed = max(0.0, done - cursor)
+            cursor = max(cursor, done)
+            seconds = max(0.0, done - t_issue)
+            exposed = min(exposed, seconds)
+            exposed_total += exposed
+            rec.add_comm(UNIT, BACKWARD, ALL_REDUCE, nbytes, seconds, exposed,
+                         seconds - exposed)
+        # The wait's remainder (DDP copying buckets back into .grad) is framework time.
+        extra = max(0.0, (t_end - t0) - exposed_total)
+        rec.acc[B_WAIT] -= extra
+        rec.acc[B_FRAMEWORK] += extra
+        self._buckets = []
+        self._t_compute_end = None
+
+    def _install_comm_hook(self) -> None:
+        reg, ddp = self.registry, self.ddp
+        if getattr(ddp, "_comm_hooks", None):
+            reg.missing("DistributedDataParallel.register_comm_hook",
+                        "the model already has a comm hook; gradient buckets not timed")
+            return
+        pg = ddp.process_group
+        size = pg.size()
+        import torch.distributed as dist
+
+        def hook(state, bucket):
+            # What DDP does without a hook (torch's default_hooks.allreduce_hook):
+            # average = divide, then sum-all-reduce; bitwise the same gradients.
+            t_issue = perf_counter()
+            tensor = bucket.buffer()
+            tensor.div_(size)
+            work = dist.all_reduce(tensor, group=pg, async_op=True)
+            if self.delay_gradients and self.slow_link_s > 0 and self.active:
+                work = DelayedWork(work, self.slow_link_s)  # simulated slow link
+            fut = work.get_future()
+            if not self.active:
+                return fut.then(lambda f: f.value()[0])
+            entry = [t_issue, _nbytes(tensor), None]
+            self._buckets.append(entry)
+
+            def done(f):
+                entry[2] = perf_counter()
+                return f.value()[0]
+            return fut.then(done)
+
+        try:
+            ddp.register_comm_hook(None, hook)
+            reg.ok("DistributedDataParallel.register_comm_hook")
+        except Exception as e:
+            reg.missing("DistributedDataParallel.register_comm_hook", repr(e))
+
+
+class Zero1Adapter(DDPAdapter):
+    """`ZeroRedundancyOptimizer` (optimizer state sharded: ZeRO-1), usually over DDP."""
+
+    framework = "zero1"
+    zero_stage = 1
+    delay_gradients = False  # the slow link delays the parameter broadcasts
+
+    @classmethod
+    def detect(cls, model, optimizer) -> bool:
+        zcls = hp.zero_optimizer_class()
+        return zcls is not None and isinstance(optimizer, zcls)
+
+    def discover(self) -> None:
+        super().discover()
+        self.broadcasting = False
+
+    def facts(self) -> AdapterFacts:
+        f = super().facts()
+        opt = self.optimizer
+        n = getattr(opt, "world_size", None) or self._group_size()
+        replicate = self._group_size() if self.ddp is not None else n
+        f.units = [self._unit_facts(n, replicate)]
+        f.mesh_shape = (n,)
+        try:
+            local = sum(p.numel() for g in opt.optim.param_groups for p in g["params"])
+        except Exception as e:
+            self.registry.missing("ZeroRedundancyOptimizer.optim", repr(e))
+            local = None
+        f.extra.update({
+            "optimizer_class": type(getattr(opt, "optim", opt)).__name__,
+            "parameters_as_bucket_view": getattr(opt, "parameters_as_bucket_view", None),
+            "overlap_with_ddp": getattr(opt, "_overlap_with_ddp", None),
+            "zero_local_params": local,
+        })
+        return f
+
+    def instrument(self, rec, timer, on_root_forward, slow_link_s: float) -> list:
+        undo = super().instrument(rec, timer, on_root_forward, slow_link_s)
+        self._install_broadcasts(undo)
+        return undo
+
+    def step_optimizer(self):
+        if hasattr(getattr(self.optimizer, "optim", None), "state"):
+            self.registry.ok("ZeroRedundancyOptimizer.optim")
+            return _ZeroStepView(self.optimizer)
+        self.registry.missing("ZeroRedundancyOptimizer.optim", "no local optimizer; "
+                              "optimizer state bytes read from the wrapper")
+        return self.optimizer
+
+    def _install_broadcasts(self, undo: list) -> None:
+        reg, opt = self.registry, self.optimizer
+        if getattr(opt, "_overlap_with_ddp", False):
+            reg.missing("ZeroRedundancyOptimizer._broadcast_params_from_rank",
+                        "overlap_with_ddp=True: parameter sync runs in DDP's hook")
+            return
+        try:
+            zmod = hp.zero_optimizer_module()
+            orig = opt._broadcast_params_from_rank
+        except Exception as e:  # noqa: BLE001 - private: fail soft
+            reg.missing("ZeroRedundancyOptimizer._broadcast_params_from_rank", repr(e))
+            return
+
+        def _broadcast_params_from_rank(rank):
+            prev, self.broadcasting = self.broadcasting, True
+            try:
+                return orig(rank)
+            finally:
+                self.broadcasting = prev
+
+        opt._broadcast_params_from_rank = _broadcast_params_from_rank
+        undo.append(lambda: opt.__dict__.pop("_broadcast_params_from_rank", None))
+        reg.ok("ZeroRedundancyOptimizer._broadcast_params_from_rank")
+        real = getattr(zmod, "dist", None)
+        if real is None:
+            reg.missing("zero_redundancy_optimizer.dist", "not found")
+            return
+        undo.append(hp.swap_attr(zmod, "dist", _ZeroDistProxy(real, self)))
+        reg.ok("zero_redundancy_optimizer.dist (broadcast proxy)")
