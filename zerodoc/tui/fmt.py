@@ -44,8 +44,10 @@ def duration(seconds: float | None) -> str:
         return f"{seconds * 1e6:.0f} µs"
     if a < 1:
         return f"{num(seconds * 1e3)} ms"
-    if a < 120:
+    if a < 10:
         return f"{seconds:.2f} s"
+    if a < 120:
+        return f"{seconds:.0f} s"
     m, s = divmod(int(round(seconds)), 60)
     if m < 120:
         return f"{m}m {s:02d}s"
@@ -118,25 +120,35 @@ def value(key: str, v: object) -> str:
         return ", ".join(f"{k}: {value(key, x)}" for k, x in list(v.items())[:8])
     if not isinstance(v, (int, float)):
         return str(v)
-    k = key.lower()
+    k, per = _per_step(key.lower())
     if k.endswith(("_bytes_per_second", "_bps", "busbw", "algbw")):
-        return rate(v)
+        return rate(v) + per
     if k.endswith(("_seconds", "_s")):
-        return duration(v)
+        return duration(v) + per
     if k.endswith("_bytes"):
-        return size(v)
-    if k.endswith(("_fraction", "_share", "_pct_of_step")):
+        return size(v) + per
+    if k.endswith(("_fraction", "_share")):
         return pct(v)
     if k.endswith(("_params", "params")):
         return count(v)
     if isinstance(v, float):
-        return num(v)
-    return str(v)
+        return num(v) + per
+    return str(v) + per
+
+
+def _per_step(key: str) -> tuple[str, str]:
+    """The key without a threshold level (`_warn`, `_crit`) or `_per_step`, and the unit
+    suffix that `_per_step` adds."""
+    for level in ("_warn", "_crit", "_min", "_max"):
+        if key.endswith(level):
+            key = key[: -len(level)]
+            break
+    return (key[: -len("_per_step")], "/step") if key.endswith("_per_step") else (key, "")
 
 
 def label(key: str) -> str:
     """An evidence key as words, its base-unit suffix dropped: exposed_seconds -> exposed."""
-    k = key
+    k = key[: -len("_per_step")] if key.endswith("_per_step") else key
     for suffix in ("_bytes_per_second", "_seconds", "_bytes", "_s"):
         if k.endswith(suffix) and len(k) > len(suffix):
             k = k[: -len(suffix)]

@@ -1,0 +1,264 @@
+"""What the TUI shows, fetched off the UI thread: one `Frame` per refresh.
+
+`Feed.fetch()` asks the source for a snapshot, asks the rules engine for findings
+(`zerodoc.diagnosis.diagnose`), keeps per-step history and remembers ranks that went away.
+It never raises: a failing source or engine becomes a message in the frame, and the last
+good numbers stay on screen. Plain Python, no Textual, so the bench and tests drive it
+directly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..model import RankWindow, RunSnapshot, busbw
+from ..thresholds import DEFAULT as DEFAULT_THRESHOLDS
+from .fmt import duration
+from .history import History, Series
+from .windows import SlidingWindows
+
+Diagnose = Callable[[RunSnapshot], list]
+
+
+@dataclass(slots=True)
+class UnitTotals:
+    """One unit on one rank, per step (window totals / steps), base units."""
+
+    ag_seconds: float = 0.0
+    ag_exposed_seconds: float = 0.0
+    ag_bytes: float = 0.0
+    ag_count: float = 0.0
+    rs_seconds: float = 0.0
+    rs_exposed_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    ag_busbw: float | None = None  # bytes/s; None when no all-gather was timed
+
+    @property
+    def ag_exposed_fraction(self) -> float | None:
+        return self.ag_exposed_seconds / self.ag_seconds if self.ag_seconds > 0 else None
+
+
+def unit_totals(w: RankWindow) -> dict[str, UnitTotals]:
+    """Per-unit, per-step numbers of one rank in one pass over its window."""
+    n = w.steps or 1
+    out: dict[str, UnitTotals] = {u.name: UnitTotals() for u in w.facts.units}
+    for (unit, _phase, coll), t in w.comm.items():
+        u = out.get(unit)
+        if u is None:
+            u = out[unit] = UnitTotals()
+        if coll == "all_gather":
+            u.ag_seconds += t.seconds
+            u.ag_exposed_seconds += t.exposed_seconds
+            u.ag_bytes += t.bytes
+            u.ag_count += t.count
+        elif coll == "reduce_scatter":
+            u.rs_seconds += t.seconds
+            u.rs_exposed_seconds += t.exposed_seconds
+    for (unit, _phase), s in w.compute.items():
+        u = out.get(unit)
+        if u is None:
+            u = out[unit] = UnitTotals()
+        u.compute_seconds += s
+    groups = {uf.name: uf.group_size for uf in w.facts.units}
+    for name, u in out.items():
+        if u.ag_seconds > 0:
+            u.ag_busbw = busbw(u.ag_bytes / u.ag_seconds, "all_gather",
+                               groups.get(name, w.facts.world_size))
+        u.ag_seconds /= n
+        u.ag_exposed_seconds /= n
+        u.ag_bytes /= n
+        u.ag_count /= n
+        u.rs_seconds /= n
+        u.rs_exposed_seconds /= n
+        u.compute_seconds /= n
+    return out
+
+
+@dataclass
+class Frame:
+    """Everything one refresh shows. Treat as immutable once built."""
+
+    description: str
+    snapshot: RunSnapshot  # gone ranks keep their last window; stale_ranks is complete
+    findings: list = field(default_factory=list)  # zerodoc Finding, most severe first
+    fetched_unix: float = 0.0
+    good_unix: float | None = None  # when the source last answered
+    source_error: str | None = None
+    diagnose_error: str | None = None
+    stale: dict[int, str] = field(default_factory=dict)  # rank -> why
+    ended: set[int] = field(default_factory=set)  # ranks whose run log recorded a clean end
+    history: dict[int, Series] = field(default_factory=dict)
+    units: dict[int, dict[str, UnitTotals]] = field(default_factory=dict)
+    window: int | None = None
+    signature: tuple = ()
+
+    @property
+    def fresh_ranks(self) -> list[int]:
+        """Ranks to aggregate over: the non-stale ones, or all when every rank is stale."""
+        fresh = [r for r in sorted(self.snapshot.ranks) if r not in self.stale]
+        return fresh or sorted(self.snapshot.ranks)
+
+
+def _error_text(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    name = type(e).__name__
+    return f"{name}: {msg}" if msg and name not in ("UserError", "RunLogError") else (msg or name)
+
+
+def default_diagnose() -> tuple[Diagnose | None, str | None]:
+    try:
+        from ..diagnosis import diagnose
+    except ImportError as e:
+        return None, f"diagnosis engine unavailable ({e})"
+    return diagnose, None
+
+
+class Feed:
+    """Turns a `Source` into `Frame`s. Call `fetch()` from one thread at a time."""
+
+    def __init__(self, source, *, diagnose: Diagnose | None = None,
+                 clock: Callable[[], float] = time.time, history: int = 120,
+                 stale_after_s: float | None = None):
+        self.source = source
+        self.description = getattr(source, "description", str(source))
+        if diagnose is None:
+            diagnose, self._no_engine = default_diagnose()
+        else:
+            self._no_engine = None
+        self.diagnose = diagnose
+        self.clock = clock
+        self.stale_after_s = stale_after_s if stale_after_s is not None else \
+            getattr(source, "stale_after_s", DEFAULT_THRESHOLDS.stale_after_seconds)
+        self.history = History(history)
+        # A run dir source is followed here with incremental windows (see windows.py).
+        follower = getattr(source, "follower", None)
+        self._follower = follower if hasattr(follower, "logs") and hasattr(follower, "poll") \
+            else None
+        self.window = getattr(source, "window", None)
+        self._windows = SlidingWindows(self.window) if self._follower is not None else None
+        self._known: dict[int, RankWindow] = {}  # last window of every rank ever seen
+        self._good_unix: float | None = None
+        self._findings: list = []
+        self._diag_error: str | None = self._no_engine
+        self._diag_key: tuple | None = None
+        self._units: dict[int, tuple[RankWindow, dict[str, UnitTotals]]] = {}
+        self.refreshes = 0
+
+    # -- the source ------------------------------------------------------------------
+    def _snapshot(self) -> tuple[RunSnapshot, set[int]]:
+        if self._follower is None:
+            snap = self.source.snapshot()
+            if not isinstance(snap, RunSnapshot) or not isinstance(snap.ranks, dict) or \
+                    not all(isinstance(w, RankWindow) for w in snap.ranks.values()):
+                raise TypeError(f"source returned {type(snap).__name__}, not a RunSnapshot")
+            return snap, set()
+        self._follower.poll()
+        logs = self._follower.logs
+        if not logs:
+            return self.source.snapshot(), set()  # no header yet: the source says why
+        snap = RunSnapshot(source=self.description)
+        snap.ranks = self._windows.update(logs)
+        ended = {r for r, log in logs.items() if log.ended}
+        return snap, ended
+
+    def _trim_follower(self) -> None:
+        """Drop the follower's records once the windows and the history took them: it keeps
+        every step, megabytes per step at 64 ranks x 128 units, and a big heap makes the
+        garbage collector stall refreshes. The windows keep their own compact copy."""
+        if self._follower is None:
+            return
+        for log in self._follower.logs.values():
+            if len(log.steps) > 1:
+                del log.steps[:-1]
+
+    def fetch(self) -> Frame:
+        now = self.clock()
+        self.refreshes += 1
+        source_error = None
+        ended: set[int] = set()
+        try:
+            snap, ended = self._snapshot()
+            self._good_unix = now
+        except Exception as e:  # noqa: BLE001 - any source failure is shown, never raised
+            source_error = _error_text(e)
+            snap = RunSnapshot(source=self.description)
+        # Ranks the source no longer reports keep their last window and are stale.
+        stale: dict[int, str] = {}
+        ranks = dict(snap.ranks)
+        for r in sorted(set(self._known) - set(ranks)):
+            ranks[r] = self._known[r]
+            stale[r] = "stopped reporting" if source_error is None else "source unreachable"
+        for r in snap.stale_ranks:
+            stale.setdefault(r, "source marks it stale")
+        for r, w in ranks.items():
+            if r in stale or r in ended:
+                continue
+            last = w.updated_unix or w.facts.started_unix
+            if last and now - last > self.stale_after_s and self._follower is not None:
+                stale[r] = f"no step for {duration(now - last)}"
+        # Another rank far ahead in wall-clock time also means this one stopped.
+        newest = max((w.updated_unix for w in ranks.values()), default=0.0)
+        for r, w in ranks.items():
+            if r not in stale and r not in ended and w.updated_unix and \
+                    newest - w.updated_unix > self.stale_after_s:
+                stale[r] = f"{duration(newest - w.updated_unix)} behind rank " \
+                           f"{max(ranks, key=lambda k: ranks[k].updated_unix)}"
+        self._known.update(snap.ranks)
+        full = RunSnapshot(source=snap.source or self.description,
+                           ranks=dict(sorted(ranks.items())), stale_ranks=set(stale))
+
+        self._history_update(full)
+        self._trim_follower()
+        findings, diag_error = self._diagnose(full)
+        units = self._unit_totals(full)
+        sig = (
+            tuple((r, w.steps, w.last_step, w.updated_unix) for r, w in full.ranks.items()),
+            tuple(sorted(stale.items())), tuple(sorted(ended)), source_error, diag_error,
+            tuple((f.code, f.title, f.ranks, f.units) for f in findings),
+        )
+        return Frame(
+            description=self.description, snapshot=full, findings=findings,
+            fetched_unix=now, good_unix=self._good_unix, source_error=source_error,
+            diagnose_error=diag_error, stale=stale, ended=ended,
+            history={r: self.history.series(r) for r in full.ranks}, units=units,
+            window=self.window, signature=sig)
+
+    # -- pieces ----------------------------------------------------------------------
+    def _history_update(self, snap: RunSnapshot) -> None:
+        if self._follower is not None:
+            for r, log in self._follower.logs.items():
+                self.history.add_records(r, log.steps)
+        else:
+            for r, w in snap.ranks.items():
+                if r not in snap.stale_ranks:
+                    self.history.add_window(r, w)
+
+    def _diagnose(self, snap: RunSnapshot) -> tuple[list, str | None]:
+        if self.diagnose is None:
+            return [], self._no_engine
+        key = (tuple((r, w.steps, w.last_step, w.updated_unix) for r, w in snap.ranks.items()),
+               tuple(sorted(snap.stale_ranks)))
+        if key == self._diag_key:  # same numbers, same findings: skip the rules
+            return self._findings, self._diag_error
+        try:
+            findings = list(self.diagnose(snap) or ())
+            err = None
+        except Exception as e:  # noqa: BLE001 - a rule bug must not take the UI down
+            findings, err = self._findings, f"diagnosis failed: {_error_text(e)}"
+        self._diag_key, self._findings, self._diag_error = key, findings, err
+        return findings, err
+
+    def _unit_totals(self, snap: RunSnapshot) -> dict[int, dict[str, UnitTotals]]:
+        out = {}
+        cache = {}
+        for r, w in snap.ranks.items():
+            hit = self._units.get(r)
+            if hit is not None and hit[0] is w:
+                cache[r] = hit
+            else:
+                cache[r] = (w, unit_totals(w))
+            out[r] = cache[r][1]
+        self._units = cache
+        return out

@@ -1,0 +1,423 @@
+"""View models: a `Frame` turned into the rows and lines each screen shows.
+
+Plain Python (no Textual), so the numbers on screen are testable without a terminal. This
+selects, aggregates across ranks (mean / worst / one rank), sorts and formats; it does not
+diagnose — findings come from the rules engine, and thresholds only pick a colour.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from ..thresholds import DEFAULT as T
+from . import fmt
+from .feed import Frame, UnitTotals
+
+MEAN, WORST = "mean", "worst"
+Scope = str | int  # MEAN, WORST or a rank
+
+
+def scope_label(scope: Scope, frame: Frame | None = None) -> str:
+    if scope == MEAN:
+        n = len(scope_ranks(frame, scope)) if frame else 0
+        return f"mean of {n} rank{'s' if n != 1 else ''}" if frame else "mean over ranks"
+    if scope == WORST:
+        return "worst rank per column"
+    return f"rank {scope}"
+
+
+def scope_ranks(frame: Frame, scope: Scope) -> list[int]:
+    """The ranks a view aggregates: one rank, or the fresh ones that have finished a step."""
+    if isinstance(scope, int):
+        return [scope] if scope in frame.snapshot.ranks else []
+    fresh = frame.fresh_ranks
+    return [r for r in fresh if frame.snapshot.ranks[r].steps] or fresh
+
+
+def _agg(values: list[float], scope: Scope, worst: str = "max") -> float | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    if scope == WORST:
+        return max(values) if worst == "max" else min(values)
+    if scope == MEAN:
+        return sum(values) / len(values)
+    return values[0]
+
+
+# --------------------------------------------------------------------------------------
+# tables
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    numeric: bool = True
+    worst: str = "max"  # which end is bad: "max" or "min" (sort default puts it first)
+    sortable: bool = True
+
+
+@dataclass(frozen=True)
+class Table:
+    columns: tuple[Column, ...]
+    rows: tuple[tuple[str, tuple[str, ...]], ...]  # (row key, cells)
+    caption: str = ""
+
+    def cell(self, row_key: str, column_key: str) -> str:
+        i = [c.key for c in self.columns].index(column_key)
+        for k, cells in self.rows:
+            if k == row_key:
+                return cells[i]
+        raise KeyError(row_key)
+
+
+def _sorted(rows: list[tuple[str, tuple[str, ...], dict]], col: Column, reverse: bool):
+    """Worst first by default; text columns A→Z; missing values last either way."""
+    def key(row):
+        v = row[2].get(col.key)
+        return v is None, v
+
+    present = [r for r in rows if r[2].get(col.key) is not None]
+    missing = [r for r in rows if r[2].get(col.key) is None]
+    desc = (col.numeric and col.worst == "max") != reverse
+    present.sort(key=key, reverse=desc)
+    return present + missing
+
+
+UNIT_COLUMNS = (
+    Column("unit", "Unit", numeric=False),
+    Column("params", "Params"),
+    Column("ag_mib", "AG MiB"),
+    Column("ag_ms", "AG ms"),
+    Column("exposed_ms", "Exposed ms"),
+    Column("exposed_pct", "Exp %"),
+    Column("busbw", "busbw GB/s", worst="min"),
+    Column("compute_ms", "Compute ms"),
+    Column("rs_ms", "RS ms"),
+    Column("reshard", "Reshard", numeric=False, sortable=False),
+)
+UNIT_SORTS = ("exposed_ms", "ag_ms", "ag_mib", "busbw", "compute_ms", "exposed_pct", "rs_ms",
+              "unit", "params")
+
+
+def unit_values(frame: Frame, scope: Scope) -> dict[str, dict[str, float | None]]:
+    """Per unit: the numbers of the unit table in base units, aggregated over `scope`."""
+    ranks = scope_ranks(frame, scope)
+    per_rank = [frame.units.get(r, {}) for r in ranks]
+    names: list[str] = []
+    seen = set()
+    for r in ranks:
+        for u in frame.snapshot.ranks[r].facts.units:
+            if u.name not in seen:
+                seen.add(u.name)
+                names.append(u.name)
+        for name in frame.units.get(r, {}):
+            if name not in seen:
+                seen.add(name)
+                names.append(name)
+    out = {}
+    empty = UnitTotals()
+    for name in names:
+        ts = [p.get(name, empty) for p in per_rank]
+        out[name] = {
+            "ag_bytes": _agg([t.ag_bytes for t in ts], scope),
+            "ag_seconds": _agg([t.ag_seconds for t in ts], scope),
+            "ag_exposed_seconds": _agg([t.ag_exposed_seconds for t in ts], scope),
+            "ag_exposed_fraction": _agg([t.ag_exposed_fraction for t in ts], scope),
+            "ag_busbw": _agg([t.ag_busbw for t in ts], scope, worst="min"),
+            "compute_seconds": _agg([t.compute_seconds for t in ts], scope),
+            "rs_seconds": _agg([t.rs_seconds for t in ts], scope),
+        }
+    return out
+
+
+def unit_table(frame: Frame, scope: Scope, sort: str = "exposed_ms",
+               reverse: bool = False) -> Table:
+    vals = unit_values(frame, scope)
+    facts = {}
+    for r in scope_ranks(frame, scope)[:1]:
+        facts = {u.name: u for u in frame.snapshot.ranks[r].facts.units}
+    rows = []
+    for name, v in vals.items():
+        f = facts.get(name)
+        reshard = "-" if f is None or f.reshard_after_forward is None else \
+            ("yes" if f.reshard_after_forward else "no")
+        sortv = {
+            "unit": name, "params": f.params if f else None, "ag_mib": v["ag_bytes"],
+            "ag_ms": v["ag_seconds"], "exposed_ms": v["ag_exposed_seconds"],
+            "exposed_pct": v["ag_exposed_fraction"], "busbw": v["ag_busbw"],
+            "compute_ms": v["compute_seconds"], "rs_ms": v["rs_seconds"],
+        }
+        cells = (
+            name or "(root)", fmt.count(f.params) if f else "-", fmt.mib_num(v["ag_bytes"]),
+            fmt.ms_num(v["ag_seconds"]), fmt.ms_num(v["ag_exposed_seconds"]),
+            fmt.pct_num(v["ag_exposed_fraction"]), fmt.gbps_num(v["ag_busbw"]),
+            fmt.ms_num(v["compute_seconds"]), fmt.ms_num(v["rs_seconds"]), reshard,
+        )
+        rows.append((name, cells, sortv))
+    col = next(c for c in UNIT_COLUMNS if c.key == sort)
+    rows = _sorted(rows, col, reverse)
+    n = len(frame.snapshot.ranks)
+    cap = (f"{len(rows)} units · {scope_label(scope, frame)} of {n} · per step over the last "
+           f"{_window_text(frame)} · sorted by {col.label} {_arrow(col, reverse)}")
+    return Table(_mark(UNIT_COLUMNS, col, reverse), tuple((k, c) for k, c, _ in rows), cap)
+
+
+RANK_COLUMNS = (
+    Column("rank", "Rank", worst="min"),
+    Column("node", "Node", numeric=False),
+    Column("state", "State", numeric=False, sortable=False),
+    Column("last_step", "Last step", worst="min"),
+    Column("step_ms", "Step ms"),
+    Column("compute_ms", "Compute ms"),
+    Column("exposed_ms", "Exposed ms"),
+    Column("exposed_pct", "Exp %"),
+    Column("ratio", "Comm/comp"),
+    Column("vs_median", "Comp÷median"),
+    Column("headroom", "Headroom GiB", worst="min"),
+)
+RANK_SORTS = ("rank", "step_ms", "compute_ms", "exposed_ms", "exposed_pct", "ratio",
+              "vs_median", "headroom", "last_step")
+
+
+def rank_state(frame: Frame, r: int) -> str:
+    if r in frame.stale:
+        return "STALE"
+    if r in frame.ended:
+        return "ended"
+    return "live"
+
+
+def rank_table(frame: Frame, sort: str = "rank", reverse: bool = False) -> Table:
+    snap = frame.snapshot
+    comp = {r: w.compute_seconds / w.steps for r, w in snap.ranks.items() if w.steps}
+    fresh = [comp[r] for r in frame.fresh_ranks if r in comp]
+    med = statistics.median(fresh) if fresh else 0.0
+    rows = []
+    for r, w in snap.ranks.items():
+        n = w.steps
+        head = w.memory.get("headroom")
+        sortv = {
+            "rank": r, "node": w.facts.node, "last_step": w.last_step if n else None,
+            "step_ms": w.mean_step_seconds if n else None,
+            "compute_ms": comp.get(r), "exposed_ms": w.exposed_seconds / n if n else None,
+            "exposed_pct": w.exposed_fraction if n else None,
+            "ratio": w.comm_compute_ratio if n else None,
+            "vs_median": comp[r] / med if r in comp and med > 0 else None,
+            "headroom": head,
+        }
+        state = rank_state(frame, r)
+        if r in frame.stale and w.updated_unix and frame.fetched_unix > w.updated_unix:
+            state += f" {fmt.duration(frame.fetched_unix - w.updated_unix)}"  # since its step
+        cells = (
+            str(r), w.facts.node or "-", state, str(w.last_step) if n else "-",
+            fmt.ms_num(sortv["step_ms"]), fmt.ms_num(sortv["compute_ms"]),
+            fmt.ms_num(sortv["exposed_ms"]), fmt.pct_num(sortv["exposed_pct"]),
+            fmt.num(sortv["ratio"]), fmt.num(sortv["vs_median"]),
+            "-" if head is None else fmt.num(head / fmt.GIB),
+        )
+        rows.append((str(r), cells, sortv))
+    col = next(c for c in RANK_COLUMNS if c.key == sort)
+    rows = _sorted(rows, col, reverse)
+    stale = len(frame.stale)
+    cap = (f"{len(rows)} ranks{f', {stale} stale' if stale else ''} · per step over the last "
+           f"{_window_text(frame)} · sorted by {col.label} {_arrow(col, reverse)} · "
+           f"enter: show this rank in Units")
+    return Table(_mark(RANK_COLUMNS, col, reverse), tuple((k, c) for k, c, _ in rows), cap)
+
+
+FINDING_COLUMNS = (
+    Column("severity", "Severity", numeric=False),
+    Column("code", "Code", numeric=False),
+    Column("title", "Finding", numeric=False),
+    Column("where", "Where", numeric=False),
+)
+
+
+def _where(f) -> str:
+    parts = []
+    if f.units:
+        parts.append(", ".join(u or "(root)" for u in f.units[:3])
+                     + (f" +{len(f.units) - 3}" if len(f.units) > 3 else ""))
+    if f.ranks:
+        parts.append("rank " + ",".join(str(r) for r in f.ranks[:4])
+                     + (f" +{len(f.ranks) - 4}" if len(f.ranks) > 4 else ""))
+    return " · ".join(parts) or "run"
+
+
+def finding_key(i: int, f) -> str:
+    return f"{i}:{f.code}"
+
+
+def finding_table(frame: Frame) -> Table:
+    rows = tuple((finding_key(i, f), (f.severity.name, f.code, f.title, _where(f)))
+                 for i, f in enumerate(frame.findings))
+    cap = f"{len(rows)} finding{'s' if len(rows) != 1 else ''}, most severe first"
+    return Table(FINDING_COLUMNS, rows, cap)
+
+
+def finding_detail(f) -> list[tuple[str, str]]:
+    """(label, text) lines: what, evidence, threshold, fix, predicted effect."""
+    lines = [("", f"{f.severity.name} {f.code} {f.name}"), ("", f.title)]
+    for k, v in f.evidence.items():
+        lines.append(("evidence", f"{fmt.label(k)} = {fmt.value(k, v)}"))
+    for k, v in f.threshold.items():
+        lines.append(("threshold", f"{fmt.label(k)} = {fmt.value(k, v)}"))
+    lines.append(("fix", f.fix))
+    if f.predicted:
+        lines.append(("predicted", f.predicted))
+    if f.units or f.ranks:
+        lines.append(("where", _where(f)))
+    if f.doc:
+        lines.append(("docs", f.doc))
+    return lines
+
+
+def _mark(columns: tuple[Column, ...], sort: Column, reverse: bool) -> tuple[Column, ...]:
+    """The columns with the sort arrow on the sorted one's label."""
+    return tuple(Column(c.key, f"{c.label} {_arrow(c, reverse)}", c.numeric, c.worst, c.sortable)
+                 if c.key == sort.key else c for c in columns)
+
+
+def _arrow(col: Column, reverse: bool) -> str:
+    desc = (col.numeric and col.worst == "max") != reverse
+    return "▼" if desc else "▲"
+
+
+def _window_text(frame: Frame) -> str:
+    steps = [w.steps for w in frame.snapshot.ranks.values() if w.steps]
+    n = max(steps) if steps else 0
+    return f"{n} step{'s' if n != 1 else ''}"
+
+
+# --------------------------------------------------------------------------------------
+# overview
+
+
+@dataclass(frozen=True)
+class Headline:
+    label: str
+    value: str
+    detail: str
+    level: str = ""  # "", "ok", "warn", "crit"
+
+
+def _level(v: float | None, warn: float, crit: float | None = None, low_bad=False) -> str:
+    if v is None:
+        return ""
+    if low_bad:
+        return "crit" if crit is not None and v < crit else "warn" if v < warn else "ok"
+    return "crit" if crit is not None and v >= crit else "warn" if v >= warn else "ok"
+
+
+def headlines(frame: Frame, scope: Scope) -> list[Headline]:
+    snap = frame.snapshot
+    ranks = [r for r in scope_ranks(frame, scope) if snap.ranks[r].steps]
+    out: list[Headline] = []
+    if not ranks:
+        return [Headline("Step time", "-", "waiting for the first step")]
+    ws = {r: snap.ranks[r] for r in ranks}
+    slowest = max(ranks, key=lambda r: ws[r].mean_step_seconds)
+    step = _agg([ws[r].mean_step_seconds for r in ranks], scope)
+    last = _agg([ws[r].last_step_seconds for r in ranks], scope)
+    who = f"rank {slowest} slowest" if len(ranks) > 1 else f"rank {slowest}"
+    out.append(Headline("Step time", fmt.duration(step),
+                        f"{who} · last {fmt.duration(last)} · mean of {_window_text(frame)}"))
+    ef = _agg([ws[r].exposed_fraction for r in ranks], scope)
+    ex = _agg([ws[r].exposed_seconds / ws[r].steps for r in ranks], scope)
+    out.append(Headline("Exposed comm", fmt.pct(ef),
+                        f"of step time · {fmt.duration(ex)}/step the compute waited",
+                        _level(ef, T.exposed_fraction_warn, T.exposed_fraction_crit)))
+    ratio = _agg([ws[r].comm_compute_ratio for r in ranks], scope)
+    comp = _agg([ws[r].compute_seconds / ws[r].steps for r in ranks], scope)
+    bound = "comm-bound" if ratio is not None and ratio >= T.comm_compute_ratio_warn \
+        else "compute-bound"
+    out.append(Headline("Comm/compute", fmt.num(ratio),
+                        f"exposed comm ÷ compute ({fmt.duration(comp)}/step) · {bound}",
+                        _level(ratio, T.comm_compute_ratio_warn, T.comm_compute_ratio_crit)))
+    uv = unit_values(frame, scope)
+    timed = [(n, v) for n, v in uv.items() if v["ag_exposed_seconds"]]
+    if timed:
+        name, v = max(timed, key=lambda kv: kv[1]["ag_exposed_seconds"])
+        out.append(Headline(
+            "Worst unit", name or "(root)",
+            f"{fmt.duration(v['ag_exposed_seconds'])}/step exposed all-gather · "
+            f"{fmt.pct(v['ag_exposed_fraction'])} of its {fmt.duration(v['ag_seconds'])} · "
+            f"busbw {fmt.rate(v['ag_busbw'])}",
+            _level(v["ag_exposed_fraction"], T.unit_exposed_ratio_warn)))
+    else:
+        out.append(Headline("Worst unit", "-", "no all-gather timed"))
+    out.append(_worst_rank(frame))
+    out.append(_headroom(frame, scope))
+    return out
+
+
+def _worst_rank(frame: Frame) -> Headline:
+    snap = frame.snapshot
+    comp = {r: snap.ranks[r].compute_seconds / snap.ranks[r].steps
+            for r in frame.fresh_ranks if snap.ranks[r].steps}
+    slow = None
+    if comp:
+        r = max(comp, key=comp.get)
+        med = statistics.median(comp.values())
+        slow = r, (comp[r] / med if med > 0 else None)
+    if frame.stale:  # a rank that stopped outranks a slow one
+        r = min(frame.stale)
+        more = f" (+{len(frame.stale) - 1} more)" if len(frame.stale) > 1 else ""
+        detail = f"{frame.stale[r]}{more}"
+        if slow is not None and slow[0] not in frame.stale:
+            detail += f" · slowest live: rank {slow[0]}, compute {fmt.num(slow[1])}× median"
+        return Headline("Worst rank", f"rank {r} STALE", detail, "crit")
+    if slow is None:
+        return Headline("Worst rank", "-", "no steps yet")
+    r, ratio = slow
+    w = snap.ranks[r]
+    return Headline("Worst rank", f"rank {r}",
+                    f"compute {fmt.num(ratio)}× the median rank · step "
+                    f"{fmt.duration(w.mean_step_seconds)} · exposed {fmt.pct(w.exposed_fraction)}",
+                    _level(ratio, T.straggler_ratio_warn))
+
+
+def _headroom(frame: Frame, scope: Scope) -> Headline:
+    per = headroom_per_rank(frame)
+    ranks = set(scope_ranks(frame, scope))
+    known = [h for h in per if h[0] in ranks and h[1] is not None]
+    if not known:
+        return Headline("Headroom", "-", "not reported by this source")
+    r, head, cap, frac = min(known, key=lambda h: h[1])
+    detail = f"lowest: rank {r}" + (f" · {fmt.pct(frac)} of {fmt.size(cap)}" if cap else "")
+    return Headline("Headroom", fmt.size(head), detail,
+                    _level(frac, T.headroom_fraction_warn, T.headroom_fraction_crit,
+                           low_bad=True))
+
+
+def headroom_per_rank(frame: Frame) -> list[tuple[int, int | None, int | None, float | None]]:
+    """(rank, headroom bytes, capacity bytes, headroom / capacity) for every rank."""
+    out = []
+    for r, w in frame.snapshot.ranks.items():
+        head = w.memory.get("headroom")
+        cap = w.memory.get("capacity") or w.facts.device_capacity_bytes
+        out.append((r, head, cap, head / cap if head is not None and cap else None))
+    return out
+
+
+def sparkline_series(frame: Frame, scope: Scope) -> dict[str, list[float]]:
+    """Per step, oldest first: step time, exposed comm and compute, aggregated over scope."""
+    ranks = scope_ranks(frame, scope)
+    by_step: dict[int, list[tuple[float, float, float]]] = {}
+    for r in ranks:
+        s = frame.history.get(r)
+        if s is None:
+            continue
+        for i, step in enumerate(s.steps):
+            by_step.setdefault(step, []).append(
+                (s.step_seconds[i], s.exposed_seconds[i], s.compute_seconds[i]))
+    out = {"step": [], "exposed": [], "compute": []}
+    for step in sorted(by_step):
+        pts = by_step[step]
+        out["step"].append(_agg([p[0] for p in pts], scope))
+        out["exposed"].append(_agg([p[1] for p in pts], scope))
+        out["compute"].append(_agg([p[2] for p in pts], scope))
+    return out

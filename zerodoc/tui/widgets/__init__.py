@@ -1,0 +1,1 @@
+"""Widgets of the TUI: one module per view, styles kept beside each widget."""

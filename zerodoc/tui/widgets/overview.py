@@ -1,0 +1,130 @@
+"""Overview: headline numbers, sparklines, memory headroom per rank."""
+
+from __future__ import annotations
+
+from rich.columns import Columns
+from rich.table import Table as RichTable
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Label, Sparkline, Static
+
+from .. import fmt, views
+from ..feed import Frame
+
+LEVEL_STYLES = {"ok": "green", "warn": "bold yellow", "crit": "bold red", "": ""}
+SEVERITY_STYLES = {"CRITICAL": "bold white on red", "ERROR": "bold red", "WARNING": "bold yellow",
+                   "INFO": "cyan"}
+
+
+class SparkRow(Horizontal):
+    """A label, a sparkline and the latest value."""
+
+    DEFAULT_CSS = """
+    SparkRow { height: 1; }
+    SparkRow > .spark-label { width: 14; color: $text-muted; }
+    SparkRow > Sparkline { width: 1fr; height: 1; }
+    SparkRow > .spark-value { width: 30; padding-left: 2; }
+    """
+
+    def __init__(self, title: str, **kw):
+        super().__init__(**kw)
+        self.title = title
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.title, classes="spark-label")
+        yield Sparkline([], summary_function=max)
+        yield Label("-", classes="spark-value")
+
+    def set(self, data: list[float]) -> None:
+        self.query_one(Sparkline).data = [x for x in data if x is not None]
+        shown = [x for x in data if x is not None]
+        text = f"last {fmt.duration(shown[-1])}" if shown else "-"
+        if len(shown) > 1:
+            text += f", max {fmt.duration(max(shown))}"
+        self.query_one(".spark-value", Label).update(text)
+
+
+class Overview(Vertical):
+    """Answers at a glance: comm-bound or not, which unit, which rank, how much memory left."""
+
+    DEFAULT_CSS = """
+    Overview { height: 1fr; }
+    Overview #ov-headlines { height: auto; padding: 0 1; }
+    Overview #ov-sparks { height: auto; padding: 1 1 0 1; }
+    Overview #ov-sparks-title { color: $text-muted; }
+    Overview #ov-finding { height: auto; padding: 1 1 0 1; }
+    Overview #ov-headroom-title { padding: 1 1 0 1; color: $text-muted; }
+    Overview #ov-headroom-scroll { height: 1fr; padding: 0 1; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="ov-headlines")
+        with Vertical(id="ov-sparks"):
+            yield Label("Per step, oldest → newest", id="ov-sparks-title")
+            yield SparkRow("step time", id="spark-step")
+            yield SparkRow("exposed comm", id="spark-exposed")
+            yield SparkRow("compute", id="spark-compute")
+        yield Static(id="ov-finding")
+        yield Label("Memory headroom per rank (capacity − peak; bar = share free)",
+                    id="ov-headroom-title")
+        with VerticalScroll(id="ov-headroom-scroll"):
+            yield Static(id="ov-headroom")
+
+    def show(self, frame: Frame, scope: views.Scope) -> None:
+        grid = RichTable.grid(padding=(0, 2))
+        # label and value keep their width on a narrow terminal; the detail gives way
+        grid.add_column(style="bold", min_width=12, no_wrap=True)
+        grid.add_column(min_width=16, no_wrap=True)
+        grid.add_column(style="dim")
+        for h in views.headlines(frame, scope):
+            grid.add_row(h.label, Text(h.value, style="bold " + LEVEL_STYLES[h.level]),
+                         Text(h.detail, no_wrap=True, overflow="ellipsis"))
+        self.query_one("#ov-headlines", Static).update(grid)
+
+        series = views.sparkline_series(frame, scope)
+        self.query_one("#spark-step", SparkRow).set(series["step"])
+        self.query_one("#spark-exposed", SparkRow).set(series["exposed"])
+        self.query_one("#spark-compute", SparkRow).set(series["compute"])
+
+        self.query_one("#ov-finding", Static).update(_top_finding(frame))
+        self.query_one("#ov-headroom", Static).update(_headroom_grid(frame))
+
+
+def _top_finding(frame: Frame) -> Text:
+    if frame.diagnose_error and not frame.findings:
+        return Text(f"Diagnosis: {frame.diagnose_error}", style="yellow")
+    if not frame.findings:
+        if not frame.snapshot.ranks:
+            return Text("Waiting for ranks to report…", style="dim")
+        return Text("No findings: nothing crossed a threshold in this window.", style="green")
+    f = frame.findings[0]
+    t = Text("Top finding  ")
+    t.append(f" {f.severity.name} ", style=SEVERITY_STYLES.get(f.severity.name, ""))
+    t.append(f" {f.code} ", style="bold")
+    t.append(f.title)
+    more = len(frame.findings) - 1
+    t.append(f"   (+{more} more, press 3)" if more else "   (press 3 for evidence and fix)",
+             style="dim")
+    return t
+
+
+def _headroom_grid(frame: Frame):
+    cells = []
+    for r, head, cap, frac in views.headroom_per_rank(frame):
+        t = Text(f"r{r:<3} ", style="bold")
+        if r in frame.stale:
+            t.append("STALE".ljust(17), style="bold red")
+        elif frac is None:
+            t.append((fmt.size(head) if head is not None else "n/a").ljust(17), style="dim")
+        else:
+            filled = max(0, min(10, round(frac * 10)))
+            level = views._level(frac, views.T.headroom_fraction_warn,
+                                 views.T.headroom_fraction_crit, low_bad=True)
+            t.append("█" * filled, style=LEVEL_STYLES[level] or "green")
+            t.append("░" * (10 - filled), style="dim")
+            t.append(f" {frac * 100:3.0f}%".ljust(7))
+        cells.append(t)
+    if not cells:
+        return Text("no ranks yet", style="dim")
+    return Columns(cells, padding=(0, 2), equal=True)

@@ -1,0 +1,71 @@
+"""The title bar (what run) and the status line (how fresh, what went wrong)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from .. import fmt, views
+from ..feed import Frame
+
+
+class TitleBar(Static):
+    DEFAULT_CSS = """
+    TitleBar { height: 1; background: $primary 40%; color: $text; padding: 0 1; }
+    """
+
+    def show(self, description: str, frame: Frame | None) -> None:
+        t = Text()
+        t.append("zerodoc", style="bold")
+        t.append(f"  {description}")
+        w = frame.snapshot.any_rank if frame else None
+        if w is not None:
+            f = w.facts
+            stage = f" ZeRO-{f.zero_stage}" if f.zero_stage is not None else ""
+            t.append(f" · {f.framework}{stage} · {f.world_size} ranks · "
+                     f"{f.device_type}/{f.backend}", style="dim")
+        self.update(t)
+
+
+class StatusLine(Static):
+    DEFAULT_CSS = """
+    StatusLine { height: 1; padding: 0 1; background: $panel; }
+    """
+
+    def show(self, frame: Frame | None, now: float, *, paused: bool, every: float | None,
+             scope: views.Scope, job: str | None = None) -> None:
+        t = Text()
+        if frame is None:
+            t.append("● loading…", style="bold yellow")
+        elif frame.source_error and not frame.snapshot.ranks:
+            t.append("● waiting: ", style="bold yellow")
+            t.append(frame.source_error[:90], style="yellow")
+        elif frame.source_error:
+            t.append("⚠ source error: ", style="bold red")
+            t.append(frame.source_error[:90], style="red")
+            if frame.good_unix is not None:
+                t.append(f" · last good data {fmt.ago(now - frame.good_unix)}", style="dim")
+        elif paused:
+            t.append("⏸ paused", style="bold yellow")
+        else:
+            t.append("● live", style="bold green")
+        if job:
+            t.append(f" · {job}", style="cyan")
+        if frame is not None:
+            if paused and frame.source_error:
+                t.append(" · paused", style="bold yellow")
+            t.append(f" · refreshed {fmt.ago(max(0.0, now - frame.fetched_unix))}")
+            if every:
+                t.append(f" (every {every:g} s)", style="dim")
+            ws = frame.snapshot.ranks.values()
+            newest = max(ws, key=lambda w: w.updated_unix, default=None)
+            if newest is not None and newest.steps:
+                t.append(f" · step {newest.last_step}")
+                if newest.updated_unix:
+                    t.append(f" ({fmt.ago(max(0.0, now - newest.updated_unix))})", style="dim")
+            n, s = len(frame.snapshot.ranks), len(frame.stale)
+            t.append(f" · {n} rank{'s' if n != 1 else ''}")
+            if s:
+                t.append(f", {s} stale", style="bold red")
+            t.append(f" · {views.scope_label(scope, frame)}", style="dim")
+        self.update(t)

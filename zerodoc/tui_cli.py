@@ -1,0 +1,45 @@
+"""`zerodoc tui`: live terminal UI over a run directory, rank endpoints or Prometheus."""
+
+from __future__ import annotations
+
+import sys
+
+from .errors import UserError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "tui", help="live terminal UI: is it comm-bound, which unit, which rank",
+        description="Watch a sharded training run live: overview (step time, exposed "
+        "communication, comm/compute, worst unit and rank, memory headroom), per-unit table, "
+        "findings with evidence and fix, per-rank comparison. Press ? inside for the keys.")
+    p.add_argument("source", nargs="?", metavar="SOURCE",
+                   help="a run directory, rank endpoints (host:port,...) or a Prometheus URL; "
+                        "default: the newest run under ./zerodoc-runs")
+    p.add_argument("--refresh", type=float, default=1.0, metavar="SECONDS",
+                   help="seconds between refreshes (default: 1)")
+    p.add_argument("--window", type=int, default=20, metavar="STEPS",
+                   help="steps each rank's numbers are averaged over (default: 20; 0: all)")
+    p.set_defaults(func=run)
+
+
+def validate(args) -> None:
+    if not args.refresh > 0 or args.refresh > 3600:
+        raise UserError(f"--refresh must be between 0 and 3600 seconds, not {args.refresh:g}")
+    if args.window < 0:
+        raise UserError(f"--window must be >= 0 steps (0: all), not {args.window}")
+
+
+def run(args) -> int:
+    validate(args)
+    from .sources import open_source
+
+    source = open_source(args.source, window=args.window or None)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UserError("needs an interactive terminal (stdin and stdout are not a TTY); "
+                        "`zerodoc report` prints the same diagnosis as text")
+    try:
+        from .tui.app import run_tui
+    except ImportError as e:
+        raise UserError(f"the TUI needs Textual ({e}); pip install 'zerodoc[tui]'") from None
+    return run_tui(source, refresh=args.refresh)
