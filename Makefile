@@ -14,6 +14,7 @@ SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
