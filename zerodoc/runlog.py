@@ -124,8 +124,11 @@ def _step_from_dict(d: dict, unit_names: list[str]) -> StepRecord:
     comm: dict[tuple[str, str, str], CommTotals] = {}
     for u, phase, coll, n, b, s, ex, hid in d.get("comm", ()):
         key = (unit_names[u], phase, coll)
-        t = comm.setdefault(key, CommTotals())
-        t.add(CommTotals(int(n), int(b), float(s), float(ex), float(hid)))
+        t = comm.get(key)
+        if t is None:  # the common case: one row per key (hot in the TUI at 64 x 128)
+            comm[key] = CommTotals(int(n), int(b), float(s), float(ex), float(hid))
+        else:
+            t.add(CommTotals(int(n), int(b), float(s), float(ex), float(hid)))
     return StepRecord(
         step=int(d["step"]),
         end_unix=float(d["end_unix"]),
