@@ -38,6 +38,20 @@ class Built:
     model: Any  # the nn.Module (for checks)
 
 
+def standard(model, opt) -> Built:
+    """A plain torch loop: forward, loss, backward, optimizer step."""
+    from .model import loss_fn
+
+    def train_step(x, y) -> float:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    return Built(target=model, optimizer=opt, train_step=train_step, model=model)
+
+
 def names() -> list[str]:
     return list(BUILDERS)
 

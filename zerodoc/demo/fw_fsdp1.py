@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .frameworks import Built
-from .model import Block, TinyTransformer, loss_fn
+from .frameworks import Built, standard
+from .model import Block, TinyTransformer
 
 
 def _policy(wrap: str):
@@ -66,15 +66,7 @@ def build(cfg, spec: dict, strategy: str = "FULL_SHARD") -> Built:
         **kw,
     )
     opt = torch.optim.AdamW(model.parameters(), lr=spec.get("lr", 1e-3))
-
-    def train_step(x, y) -> float:
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.item()
-
-    return Built(target=model, optimizer=opt, train_step=train_step, model=model)
+    return standard(model, opt)
 
 
 def build_full_shard(cfg, spec: dict) -> Built:

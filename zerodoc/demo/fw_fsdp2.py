@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .frameworks import Built
+from .frameworks import Built, standard
 from .model import build as build_model
-from .model import loss_fn
 
 
 def build(cfg, spec: dict) -> Built:
@@ -23,12 +22,4 @@ def build(cfg, spec: dict) -> Built:
                                 mesh_dim_names=("replicate", "shard"))
     model = build_model(cfg, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.get("lr", 1e-3))
-
-    def train_step(x, y) -> float:
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.item()
-
-    return Built(target=model, optimizer=opt, train_step=train_step, model=model)
+    return standard(model, opt)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .frameworks import Built
-from .model import TinyTransformer, loss_fn
+from .frameworks import Built, standard
+from .model import TinyTransformer
 
 
 def _ddp(cfg, spec: dict):
@@ -25,14 +25,7 @@ def _ddp(cfg, spec: dict):
 
 
 def _built(model, opt) -> Built:
-    def train_step(x, y) -> float:
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.item()
-
-    return Built(target=model, optimizer=opt, train_step=train_step, model=model)
+    return standard(model, opt)
 
 
 def build(cfg, spec: dict) -> Built:
