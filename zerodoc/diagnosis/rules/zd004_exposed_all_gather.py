@@ -27,6 +27,20 @@ TIER = 2
 EXPLAINS = ()
 
 
+# The same advice in the knobs of the other stacks (FSDP2's is the default text).
+FRAMEWORK_FIX = {
+    "fsdp1": ("Prefetch: `FullyShardedDataParallel(..., forward_prefetch=True, "
+              "backward_prefetch=BackwardPrefetch.BACKWARD_PRE)`; keep `limit_all_gathers=True` "
+              "unless memory allows more in flight; `ShardingStrategy.SHARD_GRAD_OP` skips the "
+              "backward all-gathers if it fits (ZD003); `HYBRID_SHARD` when the shard group spans "
+              "nodes."),
+    "deepspeed": ("Prefetch more and keep hot parameters: raise `zero_optimization."
+                  "stage3_prefetch_bucket_size` and `stage3_max_reuse_distance`, set "
+                  "`stage3_param_persistence_threshold` so small layers stay gathered, enable "
+                  "`overlap_comm`; stage 2 if it fits (ZD003)."),
+}
+
+
 def evaluate(ctx) -> list:
     t = ctx.t
     step = ctx.step_seconds
@@ -53,6 +67,7 @@ def evaluate(ctx) -> list:
                 "worst": [{"unit": v.unit, "phase": v.phase,
                            "exposed_seconds_per_step": r6(v.exposed_seconds),
                            "exposed_ratio": r6(v.exposed_ratio)} for v in worst]}
+    framework = ctx.facts.framework if ctx.facts is not None else "fsdp2"
     if ctx.sync:
         title = (f"synchronous all-gathers are {pct(raw_frac)} of the step: nothing overlaps"
                  + ("" if severity == Severity.INFO
@@ -61,6 +76,7 @@ def evaluate(ctx) -> list:
                "overlaps. Make unshard asynchronous (`model._set_unshard_async_op(True)`, "
                "private) and prefetch explicitly: `block.set_modules_to_forward_prefetch("
                "[next_block])`, `block.set_modules_to_backward_prefetch([prev_block])`.")
+        fix = FRAMEWORK_FIX.get(framework, fix)
     else:
         title = (f"all-gathers exposed for {pct(frac)} of the step: prefetch is not keeping up"
                  if severity > Severity.INFO else
@@ -71,6 +87,7 @@ def evaluate(ctx) -> list:
                "backward all-gather is exposed (they are first in backward); a lower stage "
                "if it fits (ZD003); HSDP (shard within a node, replicate across) when the "
                "shard group spans nodes.")
+        fix = FRAMEWORK_FIX.get(framework, fix)
     predicted = None
     if ctx.sync:
         hide = min(exposed, ctx.compute_seconds)
