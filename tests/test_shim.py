@@ -249,3 +249,14 @@ def test_importing_zerodoc_is_cheap():
 
 
 SMALL = SMALL_MODEL  # keep the import used
+
+
+def test_follower_keeps_a_bounded_number_of_steps(tmp_path):
+    from zerodoc.runlog import RunFollower
+
+    run_demo(tmp_path, "keep", nprocs=2, steps=6)
+    f = RunFollower(tmp_path / "keep", keep=2)
+    new = f.poll()
+    assert len(new) == 12  # every new record is still handed out once ...
+    assert [s.step for s in f.logs[0].steps] == [5, 6]  # ... but only the last 2 are kept
+    assert f.poll() == []

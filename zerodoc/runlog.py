@@ -255,8 +255,9 @@ class RunFollower:
     """Follows a live run directory: `poll()` parses only what was appended since the last
     call (a line still being written stays for the next poll). Used by the demo and the TUI."""
 
-    def __init__(self, run_dir: str | os.PathLike):
+    def __init__(self, run_dir: str | os.PathLike, keep: int | None = None):
         self.run_dir = Path(run_dir)
+        self.keep = keep  # keep only the last N step records per rank (None: all)
         self.logs: dict[int, RankLog] = {}
         self._pos: dict[Path, int] = {}
         self._names: dict[Path, list[str]] = {}
@@ -299,6 +300,10 @@ class RunFollower:
                         new.append((log.facts.rank, s))
                     elif kind == "end":
                         log.ended = True
+        if self.keep:
+            for log in self.logs.values():
+                if len(log.steps) > self.keep:
+                    del log.steps[:-self.keep]
         return new
 
     def snapshot(self, window: int | None = 20) -> RunSnapshot:

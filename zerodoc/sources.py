@@ -61,7 +61,8 @@ class RunDirSource:
             raise UserError(f"no run directory at {self.run_dir}")
         self.window = window
         self.stale_after_s = stale_after_s
-        self.follower = RunFollower(self.run_dir)
+        # Bounded memory on long runs: a few windows of step records per rank.
+        self.follower = RunFollower(self.run_dir, keep=4 * window if window else None)
         self.description = f"run log {self.run_dir}"
 
     def snapshot(self) -> RunSnapshot:
