@@ -29,47 +29,32 @@ Units (labels stay bounded):
 
 Exposure: synchronous collectives are fully exposed; asynchronous ones (ZeRO-3 parameter
 fetches) return a `TimedWork` that DeepSpeed's `AllGatherCoalescedHandle.wait()` waits on.
+Modules: this one is the adapter (detection, units, facts, instrumentation of the engine);
+`deepspeed_comm.py` intercepts the collectives; `deepspeed_zero.py` holds the ZeRO optimizer
+views (step boundary, memory) and its wrappers, the stage-3 parameter coordinator's included.
 Hook points: see `hookpoints.py`.
 """
 
 from __future__ import annotations
 
-import inspect
 import sys
-import time
 import warnings
 from typing import Any
 
 from ..model import UnitFacts
 from .adapters import Adapter, AdapterFacts
-from .recorder import (
-    ALL_GATHER, ALL_REDUCE, BACKWARD, BROADCAST, B_FRAMEWORK, FORWARD, REDUCE_SCATTER,
-    unit_bucket,
+from .deepspeed_comm import _set_instance_attr, _State, install_comm
+from .deepspeed_zero import (
+    ZeroStepHooks, _MemoryView, install_offload, install_stage3, wrap_framework,
 )
-from .slowlink import DelayedWork
+from .recorder import BACKWARD, FORWARD, unit_bucket
 
 MODEL_UNIT = "(model)"
 OFFLOAD_UNIT = "(offload)"
 ROOT_UNIT = "(root)"
 
-# DeepSpeed backend method -> (collective, position and name of the tensor(s) counted,
-# position of `async_op`). Bytes follow the FSDP2 convention: all-gather output,
-# reduce-scatter input, all-reduce / reduce / broadcast the tensor. The positions are those of
-# `TorchBackend` in 0.19.8 (its decorators hide the signature; `deepspeed.comm.all_reduce`
-# passes `async_op` positionally).
-COMM_METHODS: dict[str, tuple[int, int, str, int]] = {
-    "all_gather_into_tensor": (ALL_GATHER, 0, "output_tensor", 3),
-    "all_gather": (ALL_GATHER, 0, "tensor_list", 3),
-    "all_gather_coalesced": (ALL_GATHER, 0, "output_tensors", 3),
-    "all_gather_base": (ALL_GATHER, 0, "output_tensor", 3),
-    "reduce_scatter_tensor": (REDUCE_SCATTER, 1, "input_tensor", 4),
-    "reduce_scatter": (REDUCE_SCATTER, 1, "input_list", 4),
-    "reduce": (REDUCE_SCATTER, 0, "tensor", 4),
-    "all_reduce": (ALL_REDUCE, 0, "tensor", 3),
-    "all_reduce_coalesced": (ALL_REDUCE, 0, "tensors", 3),
-    "broadcast": (BROADCAST, 0, "tensor", 3),
-}
-
+# Passed to `deepspeed_zero.install_stage3` when instrumenting, not bound at import (the tests
+# simulate a DeepSpeed whose private methods were renamed by changing them here).
 _COORD = "_PartitionedParameterCoordinator"  # name-mangling prefix of its private methods
 _STAGE3 = "_DeepSpeedZeroOptimizer_Stage3"
 
@@ -83,14 +68,6 @@ def deepspeed_engine_class():
         return DeepSpeedEngine
     except Exception:
         return None
-
-
-def _nbytes(x) -> int:
-    if x is None:
-        return 0
-    if isinstance(x, (list, tuple)):
-        return sum(t.numel() * t.element_size() for t in x)
-    return x.numel() * x.element_size()
 
 
 def _dtype_name(dt) -> str:
@@ -136,271 +113,6 @@ def fetch_modules(root) -> list[tuple[str, Any]]:
         elif any(True for _ in mod.parameters(recurse=False)):
             out.append((name, mod))
     return out
-
-
-class _State:
-    """What the hot-path wrappers share: the recorder, the timer and the unit to book on."""
-
-    def __init__(self, rec, timer, registry, model_unit: int):
-        self.rec = rec
-        self.timer = timer
-        self.registry = registry
-        self.unit = model_unit  # where a collective issued now is booked
-        self.depth = 0  # re-entrancy guard: a backend method calling another
-
-
-def _arg_pos(fn, name: str, default: int | None) -> int | None:
-    """Position of argument `name` of `fn` (its real signature if visible, else `default`)."""
-    try:
-        names = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return default
-    if name in names:
-        return names.index(name)
-    return default
-
-
-def _async_op(args: tuple, kwargs: dict, pos: int | None) -> bool:
-    if "async_op" in kwargs:
-        return bool(kwargs["async_op"])
-    return bool(args[pos]) if pos is not None and len(args) > pos else False
-
-
-def _delayed(orig, delay_s: float, async_pos: int | None):
-    """The simulated slow link, beneath the measurement: completes `delay_s` late."""
-
-    def call(*args, **kwargs):
-        work = orig(*args, **kwargs)
-        if _async_op(args, kwargs, async_pos) and work is not None \
-                and hasattr(work, "get_future"):
-            return DelayedWork(work, delay_s)
-        time.sleep(delay_s)
-        return work
-    return call
-
-
-def _wrap_comm(orig, coll: int, t_pos: int, t_name: str, async_default: int, st: _State,
-               delay_s: float):
-    async_pos = _arg_pos(orig, "async_op", async_default)
-    inner = _delayed(orig, delay_s, async_pos) if delay_s > 0 and coll == ALL_GATHER else orig
-    timer = st.timer
-
-    def call(*args, **kwargs):
-        if st.depth:
-            return orig(*args, **kwargs)
-        try:
-            nbytes = _nbytes(args[t_pos] if len(args) > t_pos else kwargs.get(t_name))
-            async_op = _async_op(args, kwargs, async_pos)
-        except Exception as e:  # never break the job
-            st.registry.error("deepspeed.comm wrapper", e)
-            return orig(*args, **kwargs)
-        st.depth += 1
-        try:
-            return timer.call(inner, args, kwargs, st.unit, coll, nbytes, async_op)
-        finally:
-            st.depth -= 1
-
-    call.__wrapped__ = orig
-    return call
-
-
-def _set_instance_attr(obj, name: str, value, undo: list) -> None:
-    """Shadow a method on one instance; undo restores the class's (or the previous) one."""
-    had = name in obj.__dict__
-    prev = obj.__dict__.get(name)
-    setattr(obj, name, value)
-
-    def restore():
-        if had:
-            setattr(obj, name, prev)
-        else:
-            try:
-                delattr(obj, name)
-            except AttributeError:
-                pass
-    undo.append(restore)
-
-
-class _Handle:
-    def __init__(self, hooks: list, fn):
-        self._hooks, self._fn = hooks, fn
-
-    def remove(self) -> None:
-        if self._fn in self._hooks:
-            self._hooks.remove(self._fn)
-
-
-class ZeroStepHooks:
-    """Step boundaries of a DeepSpeed ZeRO optimizer, with torch's `Optimizer` hook API.
-
-    DeepSpeed's ZeRO optimizers are not `torch.optim.Optimizer`s; their `step()` runs once per
-    `engine.step()` at a gradient-accumulation boundary and covers grad-norm, the (possibly
-    host) optimizer step, the copy back to the model parameters and the post-step all-gather.
-    We shadow `step` on the instance while a hook is registered. `state` is the sharded
-    optimizer state of this rank (Adam moments + the fp32 master partition) for memory.
-    """
-
-    def __init__(self, zero_opt, registry):
-        self.zero_opt = zero_opt
-        self.registry = registry
-        self._pre: list = []
-        self._post: list = []
-        self._installed = False
-
-    def _install(self) -> None:
-        if self._installed:
-            return
-        opt = self.zero_opt
-        orig = opt.step  # bound (or an earlier instance wrapper)
-        had = "step" in opt.__dict__
-        pre, post = self._pre, self._post
-
-        def step(*args, **kwargs):
-            for h in list(pre):
-                h(opt, args, kwargs)
-            out = orig(*args, **kwargs)
-            for h in list(post):
-                h(opt, args, kwargs)
-            return out
-
-        opt.step = step
-        self._installed = True
-
-        def restore():
-            if had:
-                opt.step = orig
-            else:
-                opt.__dict__.pop("step", None)
-            self._installed = False
-        self._restore = restore
-        self.registry.ok("DeepSpeedZeroOptimizer.step (instance-wrapped)")
-
-    def _maybe_uninstall(self) -> None:
-        if self._installed and not self._pre and not self._post:
-            self._restore()
-
-    def register_step_pre_hook(self, fn):
-        self._install()
-        self._pre.append(fn)
-        return _StepHandle(self, self._pre, fn)
-
-    def register_step_post_hook(self, fn):
-        self._install()
-        self._post.append(fn)
-        return _StepHandle(self, self._post, fn)
-
-    @property
-    def state(self) -> dict:
-        opt = self.zero_opt
-        out: dict = {}
-        base = getattr(opt, "optimizer", None)
-        for k, v in getattr(base, "state", {}).items():
-            out[id(k)] = v
-        for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
-            for i, t in enumerate(getattr(opt, attr, None) or ()):
-                if t is not None:
-                    out[(attr, i)] = {"fp32_master": t}
-        return out
-
-
-class _StepHandle(_Handle):
-    def __init__(self, owner: ZeroStepHooks, hooks: list, fn):
-        super().__init__(hooks, fn)
-        self._owner = owner
-
-    def remove(self) -> None:
-        super().remove()
-        self._owner._maybe_uninstall()
-
-
-class _GradSlot:
-    """Stands in for a parameter in the memory walk: no parameter bytes, `grad` = a
-    gradient buffer DeepSpeed owns."""
-
-    __slots__ = ("grad",)
-
-    def __init__(self, grad):
-        self.grad = grad
-
-    def numel(self) -> int:
-        return 0
-
-    def element_size(self) -> int:
-        return 1
-
-
-def gradient_buffers(opt) -> list:
-    """This rank's gradient storage in a ZeRO optimizer: the flat partition buffer (stage
-    1/2 `grads_in_partition` or `averaged_gradients`, stage 3 `grad_partitions_flat_buffer`)
-    and, with offload, the host fp32 partition gradients. Not the model's `.grad`s: in
-    stages 1/2 those are views of the reused reduction buckets."""
-    import torch
-
-    out: list = []
-    flat = getattr(opt, "grads_in_partition", None)
-    if flat is None:
-        flat = getattr(opt, "grad_partitions_flat_buffer", None)
-    if isinstance(flat, torch.Tensor):
-        out.append(flat)
-    else:
-        avg = getattr(opt, "averaged_gradients", None) or {}
-        for v in (avg.values() if isinstance(avg, dict) else avg):
-            if isinstance(v, torch.Tensor):
-                out.append(v)
-            elif isinstance(v, (list, tuple)):
-                out.extend(t for t in v if isinstance(t, torch.Tensor))
-    for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
-        for t in getattr(opt, attr, None) or ():
-            g = getattr(t, "grad", None)
-            if g is not None:
-                out.append(g)
-    return out
-
-
-class _MemoryView:
-    """`parameters()` yields this rank's parameter storage (ZeRO-3: the local shards), then
-    its gradient buffers as `_GradSlot`s (what `memory.gradient_bytes` reads)."""
-
-    def __init__(self, module, zero_opt, stage: int, registry):
-        self.module, self.zero_opt, self.stage = module, zero_opt, stage
-        self.registry = registry
-
-    def parameters(self):
-        stage3 = self.stage >= 3
-        for p in self.module.parameters():
-            t = getattr(p, "ds_tensor", None) if stage3 else None
-            if t is not None:
-                yield t
-            elif self.stage >= 1:  # the ZeRO optimizer owns the gradients, not .grad
-                yield _ParamOnly(p)
-            else:
-                yield p
-        if self.stage >= 1:
-            try:
-                for g in gradient_buffers(self.zero_opt):
-                    yield _GradSlot(g)
-            except Exception as e:
-                self.registry.error("deepspeed gradient buffers", e)
-
-
-class _ParamOnly:
-    """A parameter without its `.grad` (a view of a reduction bucket in stages 1/2)."""
-
-    __slots__ = ("p",)
-    grad = None
-
-    def __init__(self, p):
-        self.p = p
-
-    def numel(self) -> int:
-        return self.p.numel()
-
-    def element_size(self) -> int:
-        return self.p.element_size()
-
-    @property
-    def device(self):
-        return self.p.device
 
 
 class DeepSpeedAdapter(Adapter):
@@ -582,7 +294,7 @@ class DeepSpeedAdapter(Adapter):
         undo: list = []
         st = _State(rec, timer, self.registry, 0)
         self._st = st
-        self._install_comm(st, slow_link_s, undo)
+        install_comm(st, slow_link_s, self.registry, undo)
         self._install_root_hooks(rec, on_root_forward, undo)
         if self.stage3:
             self._install_stage3(st, undo)
@@ -591,28 +303,6 @@ class DeepSpeedAdapter(Adapter):
         if self.offload_unit is not None:
             self._install_offload(rec, undo)
         return undo
-
-    def _install_comm(self, st: _State, slow_link_s: float, undo: list) -> None:
-        hook = "deepspeed.comm.comm.cdb (TorchBackend methods)"
-        try:
-            import deepspeed.comm.comm as dcomm
-
-            cdb = dcomm.cdb
-            if cdb is None:
-                raise AttributeError("deepspeed.comm backend not initialised")
-            n = 0
-            for name, (coll, t_pos, t_name, a_pos) in COMM_METHODS.items():
-                orig = getattr(cdb, name, None)
-                if orig is None:
-                    continue
-                wrapper = _wrap_comm(orig, coll, t_pos, t_name, a_pos, st, slow_link_s)
-                _set_instance_attr(cdb, name, wrapper, undo)
-                n += 1
-            if not n:
-                raise AttributeError("no collective methods on the backend")
-            self.registry.ok(hook)
-        except Exception as e:
-            self.registry.missing(hook, repr(e))
 
     def _install_root_hooks(self, rec, on_root_forward, undo: list) -> None:
         stage12 = not self.stage3
@@ -636,22 +326,6 @@ class DeepSpeedAdapter(Adapter):
         except Exception as e:
             self.registry.missing("nn.Module forward hooks (prepend)", repr(e))
 
-    def _wrap_framework(self, obj, name: str, hook: str, rec, undo: list) -> None:
-        """Time spent in `obj.name` is DeepSpeed's own work (collective waits excluded)."""
-        try:
-            orig = getattr(obj, name)
-
-            def call(*args, **kwargs):
-                rec.push(B_FRAMEWORK)
-                try:
-                    return orig(*args, **kwargs)
-                finally:
-                    rec.remove(B_FRAMEWORK)
-            _set_instance_attr(obj, name, call, undo)
-            self.registry.ok(hook)
-        except Exception as e:
-            self.registry.missing(hook, repr(e))
-
     def _install_stage12(self, st: _State, undo: list) -> None:
         rec = st.rec
         bwd = unit_bucket(0, BACKWARD)
@@ -671,112 +345,15 @@ class DeepSpeedAdapter(Adapter):
         except Exception as e:
             self.registry.missing("DeepSpeedEngine.backward (instance-wrapped)", repr(e))
         if self.stage >= 1:
-            self._wrap_framework(self.zero_opt, "reduce_ipg_grads",
-                                 "DeepSpeedZeroOptimizer.reduce_ipg_grads", rec, undo)
+            wrap_framework(self.zero_opt, "reduce_ipg_grads",
+                           "DeepSpeedZeroOptimizer.reduce_ipg_grads", rec, self.registry, undo)
 
     def _install_stage3(self, st: _State, undo: list) -> None:
-        rec, timer = st.rec, st.timer
-        try:
-            coord = self.zero_opt.parameter_offload.get_param_coordinator()
-        except Exception as e:
-            self.registry.missing("DeepSpeedZeroOptimizer_Stage3.parameter_offload", repr(e))
-            return
-        fetch_unit, group_unit, param_unit = (self.fetch_unit, self.group_module_unit,
-                                              self.param_unit)
-        hook = "PartitionedParameterCoordinator.fetch_sub_module/release_sub_module"
-        try:
-            orig_fetch = coord.fetch_sub_module
-            orig_release = coord.release_sub_module
-
-            def fetch_sub_module(sub, forward, *args, **kwargs):
-                if not forward:
-                    rec.phase = BACKWARD
-                prev = st.unit
-                st.unit = fetch_unit.get(id(sub), prev)
-                rec.push(B_FRAMEWORK)
-                try:
-                    return orig_fetch(sub, forward, *args, **kwargs)
-                finally:
-                    rec.remove(B_FRAMEWORK)
-                    st.unit = prev
-                    fu = fetch_unit.get(id(sub))
-                    if fu is not None:
-                        timer.wait_point(fu)  # its parameters are needed now (CUDA pairing)
-                    u = group_unit.get(id(sub))
-                    if u is not None:
-                        b = unit_bucket(u, FORWARD if forward else BACKWARD)
-                        if forward or not rec.has(b):
-                            rec.push(b)
-
-            def release_sub_module(sub, forward=False, *args, **kwargs):
-                u = group_unit.get(id(sub))
-                if u is not None:
-                    rec.remove(unit_bucket(u, FORWARD if forward else BACKWARD))
-                rec.push(B_FRAMEWORK)
-                try:
-                    return orig_release(sub, forward, *args, **kwargs)
-                finally:
-                    rec.remove(B_FRAMEWORK)
-
-            _set_instance_attr(coord, "fetch_sub_module", fetch_sub_module, undo)
-            _set_instance_attr(coord, "release_sub_module", release_sub_module, undo)
-            self.registry.ok(hook)
-        except Exception as e:
-            self.registry.missing(hook, repr(e))
-
-        # Attribution by the parameters being gathered (prefetches belong to later units).
-        name = f"{_COORD}__all_gather_params_"
-        hook = "PartitionedParameterCoordinator.__all_gather_params_"
-        try:
-            orig_gather = getattr(coord, name)
-
-            def all_gather_params_(params, *args, **kwargs):
-                prev = st.unit
-                try:
-                    weight: dict[int, int] = {}
-                    for p in params:
-                        u = param_unit.get(id(p))
-                        if u is not None:
-                            weight[u] = weight.get(u, 0) + p.ds_numel
-                    if weight:
-                        st.unit = max(sorted(weight), key=weight.__getitem__)
-                except Exception as e:
-                    self.registry.error("deepspeed all_gather_params attribution", e)
-                try:
-                    return orig_gather(params, *args, **kwargs)
-                finally:
-                    st.unit = prev
-            _set_instance_attr(coord, name, all_gather_params_, undo)
-            self.registry.ok(hook)
-        except Exception as e:
-            self.registry.missing(hook, repr(e) + "; fetches booked on the fetching module")
-
-        self._wrap_framework(self.zero_opt, f"{_STAGE3}__reduce_and_partition_ipg_grads",
-                             "DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads",
-                             rec, undo)
+        install_stage3(st, self.zero_opt, self.fetch_unit, self.group_module_unit,
+                       self.param_unit, undo, coord_prefix=_COORD, stage3_prefix=_STAGE3)
 
     def _install_offload(self, rec, undo: list) -> None:
-        """Gradient copies to the host buffers in backward -> the (offload) unit."""
-        b = unit_bucket(self.offload_unit, BACKWARD)
-        if self.stage3:
-            name, hook = ("_offload_grad_partition_at_boundary",
-                          "DeepSpeedZeroOptimizer_Stage3._offload_grad_partition_at_boundary")
-        else:
-            name, hook = ("copy_grads_in_partition",
-                          "DeepSpeedZeroOptimizer.copy_grads_in_partition")
-        try:
-            orig = getattr(self.zero_opt, name)
-
-            def call(*args, **kwargs):
-                rec.push(b)
-                try:
-                    return orig(*args, **kwargs)
-                finally:
-                    rec.remove(b)
-            _set_instance_attr(self.zero_opt, name, call, undo)
-            self.registry.ok(hook)
-        except Exception as e:
-            self.registry.missing(hook, repr(e))
+        install_offload(self.zero_opt, self.stage3, self.offload_unit, rec, self.registry, undo)
 
     # --- step boundary and memory --------------------------------------------------------
     def step_optimizer(self):

@@ -61,9 +61,11 @@ ZeRO-1 / DDP (`zerodoc/shim/zero1.py`):
 | `zero_redundancy_optimizer.dist` (module reference) | no | a proxy timing `broadcast` while a known optimizer broadcasts | 2.13 |
 | `ZeroRedundancyOptimizer._overlap_with_ddp` | no | not instrumented (broadcasts run in DDP's hook then) | 2.13 |
 
-DeepSpeed ZeRO 0-3 (`deepspeed.initialize` engines, `zerodoc/shim/deepspeed.py`), checked on
-DeepSpeed 0.19.8 with torch 2.13.0 (CPU accelerator, gloo). `DeepSpeedEngine` is looked up
-only if the job imported `deepspeed`; every other point is instance-scoped and undone on close:
+DeepSpeed ZeRO 0-3 (`deepspeed.initialize` engines; `zerodoc/shim/deepspeed.py`, the
+`deepspeed.comm` backend in `deepspeed_comm.py`, the ZeRO optimizer and its stage-3 parameter
+coordinator in `deepspeed_zero.py`), checked on DeepSpeed 0.19.8 with torch 2.13.0 (CPU
+accelerator, gloo). `DeepSpeedEngine` is looked up only if the job imported `deepspeed`; every
+other point is instance-scoped and undone on close:
 
 | hook point                          | public? | what for                                  | checked |
 |-------------------------------------|---------|-------------------------------------------|---------|

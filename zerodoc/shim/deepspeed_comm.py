@@ -1,0 +1,150 @@
+"""DeepSpeed collectives: the `deepspeed.comm` backend interception of the DeepSpeed adapter.
+
+Every `deepspeed.comm` call ends in a method of DeepSpeed's backend object
+(`deepspeed.comm.comm.cdb`, a `TorchBackend`); `install_comm` shadows those methods on that
+object with timed wrappers while attached, and undo puts the originals back. Asynchronous calls
+(ZeRO-3 parameter fetches) return the timer's `TimedWork`, which DeepSpeed's
+`AllGatherCoalescedHandle.wait()` waits on. The simulated slow link sits beneath the
+measurement. Hook points: see `hookpoints.py`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+from .recorder import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER
+from .slowlink import DelayedWork
+
+# DeepSpeed backend method -> (collective, position and name of the tensor(s) counted,
+# position of `async_op`). Bytes follow the FSDP2 convention: all-gather output,
+# reduce-scatter input, all-reduce / reduce / broadcast the tensor. The positions are those of
+# `TorchBackend` in 0.19.8 (its decorators hide the signature; `deepspeed.comm.all_reduce`
+# passes `async_op` positionally).
+COMM_METHODS: dict[str, tuple[int, int, str, int]] = {
+    "all_gather_into_tensor": (ALL_GATHER, 0, "output_tensor", 3),
+    "all_gather": (ALL_GATHER, 0, "tensor_list", 3),
+    "all_gather_coalesced": (ALL_GATHER, 0, "output_tensors", 3),
+    "all_gather_base": (ALL_GATHER, 0, "output_tensor", 3),
+    "reduce_scatter_tensor": (REDUCE_SCATTER, 1, "input_tensor", 4),
+    "reduce_scatter": (REDUCE_SCATTER, 1, "input_list", 4),
+    "reduce": (REDUCE_SCATTER, 0, "tensor", 4),
+    "all_reduce": (ALL_REDUCE, 0, "tensor", 3),
+    "all_reduce_coalesced": (ALL_REDUCE, 0, "tensors", 3),
+    "broadcast": (BROADCAST, 0, "tensor", 3),
+}
+
+
+def _nbytes(x) -> int:
+    if x is None:
+        return 0
+    if isinstance(x, (list, tuple)):
+        return sum(t.numel() * t.element_size() for t in x)
+    return x.numel() * x.element_size()
+
+
+class _State:
+    """What the hot-path wrappers share: the recorder, the timer and the unit to book on."""
+
+    def __init__(self, rec, timer, registry, model_unit: int):
+        self.rec = rec
+        self.timer = timer
+        self.registry = registry
+        self.unit = model_unit  # where a collective issued now is booked
+        self.depth = 0  # re-entrancy guard: a backend method calling another
+
+
+def _arg_pos(fn, name: str, default: int | None) -> int | None:
+    """Position of argument `name` of `fn` (its real signature if visible, else `default`)."""
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return default
+    if name in names:
+        return names.index(name)
+    return default
+
+
+def _async_op(args: tuple, kwargs: dict, pos: int | None) -> bool:
+    if "async_op" in kwargs:
+        return bool(kwargs["async_op"])
+    return bool(args[pos]) if pos is not None and len(args) > pos else False
+
+
+def _delayed(orig, delay_s: float, async_pos: int | None):
+    """The simulated slow link, beneath the measurement: completes `delay_s` late."""
+
+    def call(*args, **kwargs):
+        work = orig(*args, **kwargs)
+        if _async_op(args, kwargs, async_pos) and work is not None \
+                and hasattr(work, "get_future"):
+            return DelayedWork(work, delay_s)
+        time.sleep(delay_s)
+        return work
+    return call
+
+
+def _wrap_comm(orig, coll: int, t_pos: int, t_name: str, async_default: int, st: _State,
+               delay_s: float):
+    async_pos = _arg_pos(orig, "async_op", async_default)
+    inner = _delayed(orig, delay_s, async_pos) if delay_s > 0 and coll == ALL_GATHER else orig
+    timer = st.timer
+
+    def call(*args, **kwargs):
+        if st.depth:
+            return orig(*args, **kwargs)
+        try:
+            nbytes = _nbytes(args[t_pos] if len(args) > t_pos else kwargs.get(t_name))
+            async_op = _async_op(args, kwargs, async_pos)
+        except Exception as e:  # never break the job
+            st.registry.error("deepspeed.comm wrapper", e)
+            return orig(*args, **kwargs)
+        st.depth += 1
+        try:
+            return timer.call(inner, args, kwargs, st.unit, coll, nbytes, async_op)
+        finally:
+            st.depth -= 1
+
+    call.__wrapped__ = orig
+    return call
+
+
+def _set_instance_attr(obj, name: str, value, undo: list) -> None:
+    """Shadow a method on one instance; undo restores the class's (or the previous) one."""
+    had = name in obj.__dict__
+    prev = obj.__dict__.get(name)
+    setattr(obj, name, value)
+
+    def restore():
+        if had:
+            setattr(obj, name, prev)
+        else:
+            try:
+                delattr(obj, name)
+            except AttributeError:
+                pass
+    undo.append(restore)
+
+
+def install_comm(st: _State, slow_link_s: float, registry, undo: list) -> None:
+    """Shadow the collective methods of `deepspeed.comm.comm.cdb` with timed wrappers."""
+    hook = "deepspeed.comm.comm.cdb (TorchBackend methods)"
+    try:
+        import deepspeed.comm.comm as dcomm
+
+        cdb = dcomm.cdb
+        if cdb is None:
+            raise AttributeError("deepspeed.comm backend not initialised")
+        n = 0
+        for name, (coll, t_pos, t_name, a_pos) in COMM_METHODS.items():
+            orig = getattr(cdb, name, None)
+            if orig is None:
+                continue
+            wrapper = _wrap_comm(orig, coll, t_pos, t_name, a_pos, st, slow_link_s)
+            _set_instance_attr(cdb, name, wrapper, undo)
+            n += 1
+        if not n:
+            raise AttributeError("no collective methods on the backend")
+        registry.ok(hook)
+    except Exception as e:
+        registry.missing(hook, repr(e))
