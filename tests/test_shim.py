@@ -16,7 +16,7 @@ import torch.nn as nn
 import zerodoc
 from zerodoc import catalog
 from zerodoc.runlog import RunLogError, load_run, read_rank_log
-from tests.helpers import LiveDemo, SMALL_MODEL, run_demo
+from tests.helpers import LiveDemo, run_demo
 from tests.promserver import require_binary
 
 
@@ -247,8 +247,6 @@ def test_importing_zerodoc_is_cheap():
                          timeout=60)
     assert out.stdout.strip() == "False"
 
-
-SMALL = SMALL_MODEL  # keep the import used
 
 
 def test_follower_keeps_a_bounded_number_of_steps(tmp_path):

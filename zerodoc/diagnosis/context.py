@@ -117,6 +117,19 @@ class Context:
         return max(self.units, key=lambda u: u.params) if self.units else None
 
     @property
+    def gathers_per_unit(self) -> bool:
+        """Parameters are all-gathered unit by unit (FSDP, DeepSpeed ZeRO-3), so wrap
+        granularity matters. False for DDP / ZeRO-1 (stage < 2) and for DeepSpeed ZeRO-1/2,
+        whose only all-gather is one post-step gather of the whole model."""
+        if self.facts is None:
+            return True
+        if self.facts.zero_stage is not None and self.facts.zero_stage < 2:
+            return False
+        if self.facts.framework == "deepspeed":
+            return bool(self.views("all_gather", "forward"))
+        return True
+
+    @property
     def zero3(self) -> bool:
         """Parameters are resharded after forward (ZeRO-3-like) on some unit."""
         if self.facts is None:

@@ -15,7 +15,7 @@ Everything is undone by `uninstall()`. Hook points: see `hookpoints.py`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,7 +54,6 @@ class FSDP2Info:
     param_dtype: str = ""
     reduce_dtype: str = ""
     zero_stage: int | None = None
-    handles: list[Any] = field(default_factory=list)  # things to undo
 
 
 def discover(model, registry: hp.HookRegistry) -> list[Unit] | None:

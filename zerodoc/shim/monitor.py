@@ -16,13 +16,12 @@ import time
 import warnings
 from time import perf_counter
 
-import torch
 import torch.distributed as dist
 
 from .. import __version__
 from ..catalog import STEP_BUCKETS
 from ..config import AttachConfig
-from ..model import CommTotals, RankFacts, RankWindow, UnitFacts
+from ..model import CommTotals, RankFacts, RankWindow
 from ..runlog import DEFAULT_ROOT, RunLogWriter
 from . import adapters, fsdp2, memory
 from . import hookpoints as hp
@@ -406,4 +405,4 @@ class Monitor:
         return mem
 
 
-__all__ = ["attach", "Monitor", "NullMonitor", "UnitFacts"]
+__all__ = ["attach", "Monitor", "NullMonitor"]

@@ -24,12 +24,8 @@ EXPLAINS = ("ZD003", "ZD004", "ZD006", "ZD007")
 
 
 def evaluate(ctx) -> list:
-    if ctx.facts is not None and ctx.facts.zero_stage is not None \
-            and ctx.facts.zero_stage < 2:
-        return []  # DDP / ZeRO-1: parameters are not gathered per unit, wrapping is moot
-    if ctx.facts is not None and ctx.facts.framework == "deepspeed" \
-            and not ctx.views("all_gather", "forward"):
-        return []  # DeepSpeed ZeRO-1/2: one post-step all-gather, no per-module units
+    if not ctx.gathers_per_unit:
+        return []  # nothing is gathered per unit: wrapping is moot
     big, total = ctx.largest_unit, ctx.total_params
     if big is None or total <= 0 or ctx.group_size < 2:
         return []

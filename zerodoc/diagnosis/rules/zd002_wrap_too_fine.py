@@ -29,12 +29,8 @@ def _parent(name: str) -> str:
 
 
 def evaluate(ctx) -> list:
-    if ctx.facts is not None and ctx.facts.zero_stage is not None \
-            and ctx.facts.zero_stage < 2:
-        return []  # DDP / ZeRO-1: parameters are not gathered per unit, wrapping is moot
-    if ctx.facts is not None and ctx.facts.framework == "deepspeed" \
-            and not ctx.views("all_gather", "forward"):
-        return []  # DeepSpeed ZeRO-1/2: one post-step all-gather, no per-module units
+    if not ctx.gathers_per_unit:
+        return []  # nothing is gathered per unit: wrapping is moot
     t = ctx.t
     units = [u for u in ctx.units if u.params > 0]
     if len(units) < t.wrap_fine_min_units or ctx.group_size < 2:
