@@ -351,6 +351,9 @@ def _series(ranks: dict, samples: int = 40, interval: float = 15.0) -> list[dict
         add("zerodoc_step_duration_seconds_count", {}, n)
         add("zerodoc_step_duration_seconds_sum", {}, n * d["step"])
         add("zerodoc_world_size", {}, value=world)
+        if r == 0:  # the run's per-unit facts come from rank 0 only
+            for u in UNITS:
+                add("zerodoc_unit_group_size", {"unit": u}, value=world)
         for (u, ph), s in d["compute"].items():
             add("zerodoc_compute_seconds_total", {"unit": u, "phase": ph}, n * s)
         for (u, ph, c), (cnt, b, s, e, _h) in d["comm"].items():

@@ -46,7 +46,7 @@ NO_DATA_ON_THIS_DEMO = {
     "job:zerodoc_all_gather:asynchronous",
 }
 VARS = {"$__rate_interval": WINDOW, '"$job"': '"zerodoc"', '"$rank"': '".*"',
-        '"$unit"': '".*"'}
+        '"$unit"': '".+"'}
 
 
 def substitute(expr: str) -> str:

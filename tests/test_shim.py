@@ -63,11 +63,13 @@ def test_scrape_uses_only_catalogued_names_with_bounded_labels(live):
             assert s.name in names, s.name
             assert set(s.labels) <= allowed_labels, (s.name, s.labels)
             seen.add(s.name)
-    # The core per-unit series are there.
+    # The core per-unit series are there; the run's per-unit facts come from rank 0 only.
     for must in ("zerodoc_collective_exposed_seconds_total", "zerodoc_compute_seconds_total",
                  "zerodoc_step_duration_seconds_bucket", "zerodoc_memory_bytes",
-                 "zerodoc_run_info", "zerodoc_unit_parameter_bytes"):
+                 "zerodoc_run_info"):
         assert must in seen, must
+    assert "zerodoc_unit_parameter_bytes" not in seen
+    assert "zerodoc_unit_parameter_bytes" in scrape(live.endpoints[0])
 
 
 def test_counters_grow_and_match_the_run_log(live):

@@ -1,13 +1,19 @@
 """The metric catalog: every Prometheus series zerodoc exports, as data.
 
 One table drives the exporter (`zerodoc.exporter.prometheus`), the generated docs
-(`docs/metrics.md`, `python -m zerodoc.catalog`), and the test that every PromQL expression
+(`docs/metrics.md`, `python -m zerodoc.catalog`), the series budget (`zerodoc.cardinality`:
+how many series a rank serves, per detail level) and the test that every PromQL expression
 in `dashboards/` and `rules/` names a catalogued metric.
 
 Conventions: base units (seconds, bytes), cumulative counters for time and bytes so any
-window is a `rate()`, gauges for levels. Every series also carries the rank labels
-`rank`, `local_rank`, `node`; the extra labels listed per metric are bounded (unit = the
-sharded module's path, phase, collective, population, hook).
+window is a `rate()`, gauges for levels, nothing derivable exported twice (bus bandwidth is
+bytes / seconds x the collective's factor: the recording rules compute it). Every series
+also carries the rank labels `rank`, `local_rank`, `node`; the extra labels listed per
+metric are bounded (unit = the sharded module's path, phase, collective, population, hook).
+
+Each metric has a scope: `rank` (every rank serves it), `unit` (per-unit detail: in coarse
+mode the ranks outside the unit sample serve it summed over units, without the `unit`
+label) or `run` (a per-unit fact of the run, served by rank 0 only).
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RANK_LABELS: tuple[str, ...] = ("rank", "local_rank", "node")
+# Where a source files a coarse rank's series that carry no `unit` label (its totals over
+# units): RankWindow keys (RANK_TOTAL_UNIT, phase[, collective]); never a unit's name.
+RANK_TOTAL_UNIT = ""
 
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
@@ -32,6 +41,9 @@ class Metric:
     unit: str  # seconds | bytes | ratio | bytes_per_second | "" (a count or a flag)
     help: str
     labels: tuple[str, ...] = ()
+    scope: str = "rank"  # rank | unit | run (see the module docstring)
+    per: str = ""
+    """What its number of series per rank grows with: a `cardinality.Shape` field ("": one)."""
 
     @property
     def series_names(self) -> tuple[str, ...]:
@@ -63,25 +75,25 @@ CATALOG: tuple[Metric, ...] = (
     # --- per unit, per phase --------------------------------------------------------------
     Metric("zerodoc_compute_seconds_total", "counter", "seconds",
            "Compute time of a sharded unit's own layers (children units excluded).",
-           ("unit", "phase")),
+           ("unit", "phase"), "unit", "unit_phase_keys"),
     Metric("zerodoc_collective_calls_total", "counter", "",
-           "Collectives issued for a sharded unit.", ("unit", "phase", "collective")),
+           "Collectives issued for a sharded unit.", ("unit", "phase", "collective"), "unit",
+           "unit_collective_keys"),
     Metric("zerodoc_collective_bytes_total", "counter", "bytes",
            "Bytes of the collective's full buffer (nccl-tests size: all-gather output, "
-           "reduce-scatter input).", ("unit", "phase", "collective")),
+           "reduce-scatter input).", ("unit", "phase", "collective"), "unit",
+           "unit_collective_keys"),
     Metric("zerodoc_collective_seconds_total", "counter", "seconds",
-           "Collective time from issue to completion.", ("unit", "phase", "collective")),
+           "Collective time from issue to completion.", ("unit", "phase", "collective"),
+           "unit", "unit_collective_keys"),
     Metric("zerodoc_collective_exposed_seconds_total", "counter", "seconds",
            "Part of the collective's time the compute had to wait for (not hidden).",
-           ("unit", "phase", "collective")),
-    Metric("zerodoc_collective_busbw_bytes_per_second", "gauge", "bytes_per_second",
-           "Bus bandwidth of the collective over the last step (nccl-tests convention).",
-           ("unit", "phase", "collective")),
+           ("unit", "phase", "collective"), "unit", "unit_collective_keys"),
     # --- memory -------------------------------------------------------------------------
     Metric("zerodoc_memory_bytes", "gauge", "bytes",
            "Memory by population: sharded_parameters, gradients, optimizer_state, "
            "process_resident, process_peak_resident (+ device populations on GPU).",
-           ("population",)),
+           ("population",), per="populations"),
     Metric("zerodoc_device_memory_capacity_bytes", "gauge", "bytes",
            "Memory available to this rank: the GPU's total memory, or on CPU an equal share "
            "of host memory per local rank."),
@@ -89,47 +101,59 @@ CATALOG: tuple[Metric, ...] = (
            "Capacity minus peak reserved (GPU) or peak resident (CPU) memory."),
     # --- GPU (CUDA allocator, NVML); absent on CPU runs ----------------------------------
     Metric("zerodoc_gpu_alloc_retries_total", "counter", "",
-           "CUDA caching-allocator retries (cudaMalloc failed, cache flushed, retried)."),
+           "CUDA caching-allocator retries (cudaMalloc failed, cache flushed, retried).",
+           per="gpu"),
     Metric("zerodoc_gpu_ooms_total", "counter", "",
-           "CUDA out-of-memory errors raised by the caching allocator."),
+           "CUDA out-of-memory errors raised by the caching allocator.", per="gpu"),
     Metric("zerodoc_gpu_utilization_ratio", "gauge", "ratio",
-           "GPU utilisation reported by NVML (0-1)."),
+           "GPU utilisation reported by NVML (0-1).", per="gpu"),
     Metric("zerodoc_gpu_pcie_bytes_per_second", "gauge", "bytes_per_second",
-           "PCIe throughput reported by NVML.", ("direction",)),
+           "PCIe throughput reported by NVML.", ("direction",), per="pcie_directions"),
     # --- static facts -------------------------------------------------------------------
     Metric("zerodoc_run", "info", "",
            "Static facts of the run: framework, versions, device, dtypes, mesh.",
            ("framework", "framework_version", "torch_version", "device_type", "backend",
-            "zero_stage", "param_dtype", "reduce_dtype", "mesh_shape", "run_id", "link")),
+            "zero_stage", "param_dtype", "reduce_dtype", "mesh_shape", "run_id", "link",
+            "metrics_detail")),
     Metric("zerodoc_world_size", "gauge", "", "Number of ranks in the job."),
     Metric("zerodoc_unit_parameters", "gauge", "",
-           "Parameters of a sharded unit (unsharded count).", ("unit",)),
+           "Parameters of a sharded unit (unsharded count).", ("unit",), "run", "units"),
     Metric("zerodoc_unit_parameter_bytes", "gauge", "bytes",
-           "Unsharded parameter bytes of a unit in its gathered dtype.", ("unit",)),
+           "Unsharded parameter bytes of a unit in its gathered dtype.", ("unit",), "run",
+           "units"),
     Metric("zerodoc_unit_reshard_after_forward", "gauge", "",
            "1 if the unit frees its gathered parameters after forward (ZeRO-3-like), "
-           "0 if it keeps them for backward (ZeRO-2-like).", ("unit",)),
+           "0 if it keeps them for backward (ZeRO-2-like).", ("unit",), "run", "units"),
     Metric("zerodoc_local_world_size", "gauge", "", "Number of ranks on this rank's node."),
     Metric("zerodoc_unit_index", "gauge", "",
-           "Position of the unit in the model's module order (0: outermost).", ("unit",)),
+           "Position of the unit in the model's module order (0: outermost).", ("unit",),
+           "run", "units"),
     Metric("zerodoc_unit_group_size", "gauge", "",
-           "Ranks in the unit's all-gather / reduce-scatter group.", ("unit",)),
+           "Ranks in the unit's all-gather / reduce-scatter group.", ("unit",), "run",
+           "units"),
     Metric("zerodoc_unit_sharded_bytes", "gauge", "bytes",
-           "This rank's shard of the unit's parameters, in their stored dtype.", ("unit",)),
+           "Rank 0's shard of the unit's parameters, in their stored dtype (other ranks' "
+           "shards differ by padding at most).", ("unit",), "run", "units"),
     Metric("zerodoc_unit_stored_parameter_bytes", "gauge", "bytes",
-           "Unsharded parameter bytes of a unit in its stored (original) dtype.", ("unit",)),
+           "Unsharded parameter bytes of a unit in its stored (original) dtype.", ("unit",),
+           "run", "units"),
     Metric("zerodoc_unit_dtype", "info", "",
            "A unit's all-gather (parameter) dtype and gradient reduce dtype.",
-           ("unit", "param_dtype", "reduce_dtype")),
+           ("unit", "param_dtype", "reduce_dtype"), "run", "units"),
     # --- zerodoc's own health -----------------------------------------------------------
     Metric("zerodoc_self_seconds_total", "counter", "seconds",
            "Time zerodoc itself spent at step boundaries (bookkeeping, run log, memory "
            "sampling)."),
     Metric("zerodoc_errors_total", "counter", "",
            "Internal zerodoc errors caught and counted (the training job carried on).",
-           ("hook",)),
+           ("hook",), per="errors"),
     Metric("zerodoc_hook_available", "gauge", "",
-           "1 if a torch hook point zerodoc relies on was found, 0 if missing.", ("hook",)),
+           "1 if a torch hook point zerodoc relies on was found, 0 if missing.", ("hook",),
+           per="hooks"),
+    Metric("zerodoc_exporter_omitted_series", "gauge", "",
+           "Series this rank leaves out of its scrape, by reason: unit_facts (per-unit facts, "
+           "served by rank 0 only), unit_detail (coarse mode: per-unit series folded into "
+           "this rank's totals).", ("reason",), per="omit_reasons"),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOG}
@@ -140,22 +164,58 @@ def all_series_names() -> set[str]:
     return {s for m in CATALOG for s in m.series_names}
 
 
+SCOPES = {"rank": "every rank", "unit": "every rank; coarse: per-rank total",
+          "run": "rank 0 only"}
+
+
 def markdown() -> str:
-    """The catalog as a Markdown table (docs/metrics.md is generated from this)."""
+    """The catalog as Markdown (docs/metrics.md is generated from this)."""
+    from . import cardinality
+    from .exporter import detail
+
     lines = [
         "# zerodoc metrics",
         "",
         "Generated by `python -m zerodoc.catalog` from `zerodoc/catalog.py`; do not edit by hand.",
         "",
-        f"Every series carries the labels `{'`, `'.join(RANK_LABELS)}`.",
+        f"Every series carries the labels `{'`, `'.join(RANK_LABELS)}`. Served by: every "
+        "rank; per-unit series on every rank by default, in `coarse` mode summed over units "
+        "(no `unit` label) on the ranks outside the unit sample; the run's per-unit facts "
+        "by rank 0 only (read them with `max by (job, run_id, unit)`).",
         "",
-        "| name | type | unit | extra labels | help |",
-        "|---|---|---|---|---|",
+        "| name | type | unit | extra labels | served by | help |",
+        "|---|---|---|---|---|---|",
     ]
     for m in CATALOG:
         labels = ", ".join(f"`{x}`" for x in m.labels) or "—"
-        lines.append(f"| `{m.name}` | {m.type} | {m.unit or '—'} | {labels} | {m.help} |")
-    return "\n".join(lines) + "\n"
+        lines.append(f"| `{m.name}` | {m.type} | {m.unit or '—'} | {labels} | "
+                     f"{SCOPES[m.scope]} | {m.help} |")
+    lines += [
+        "",
+        "Bus bandwidth is not exported: it is bytes / seconds times the nccl-tests factor of "
+        "the unit's group (`zerodoc_unit_group_size`), and the recording rule "
+        "`unit_collective_rank:zerodoc_collective_busbw:bytes_per_second` computes it.",
+        "",
+        "## Detail levels",
+        "",
+        f"`zerodoc.attach(..., metrics_detail=\"full\")` (default; or `${detail.DETAIL_ENV}`) "
+        "serves every rank's per-unit series. For jobs of thousands of ranks, "
+        "`metrics_detail=\"coarse\"` keeps per-unit series on `metrics_unit_ranks` ranks "
+        f"(default {detail.DEFAULT_UNIT_RANKS}, or `${detail.UNIT_RANKS_ENV}`; 0 for none) "
+        "spread evenly over the job, rank 0 first (rank i × world / k for i < k). Every "
+        "other rank serves the same counters summed over units: "
+        "`zerodoc_compute_seconds_total{phase}` and `zerodoc_collective_*_total{phase, "
+        "collective}` without the `unit` label. So per-rank numbers (step time, exposed "
+        "communication, compute skew, memory) cover every rank, and per-unit numbers (the "
+        "recording rules' `unit_job:` series, the per-layer dashboard) come from the sampled "
+        "ranks. `zerodoc_exporter_omitted_series{reason=\"unit_detail\"}` counts the series a "
+        "coarse rank folded away, `{reason=\"unit_facts\"}` the per-unit facts it leaves to "
+        "rank 0, and `zerodoc_run_info{metrics_detail}` says which level a rank runs. The run "
+        "log keeps full per-unit detail at both levels.",
+        "",
+        cardinality.markdown_section(),
+    ]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 if __name__ == "__main__":

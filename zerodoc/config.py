@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
+from .exporter import detail
+
 DEFAULT_PORT = 9730
 
 
@@ -46,6 +48,13 @@ class AttachConfig:
     nvml: bool = True
     """GPU: sample NVML (utilisation, memory, PCIe/NVLink counters, topology) on a
     background thread when nvidia-ml-py is installed."""
+    metrics_detail: str = detail.DEFAULT_DETAIL
+    """Prometheus detail: "full" (every rank serves per-unit series) or "coarse" (jobs of
+    thousands of ranks: per-rank totals, per-unit series from `metrics_unit_ranks` ranks
+    only). Not given: $ZERODOC_METRICS_DETAIL, else "full". See docs/metrics.md."""
+    metrics_unit_ranks: int = detail.DEFAULT_UNIT_RANKS
+    """Coarse mode: how many ranks, spread evenly over the job (rank 0 first), keep their
+    per-unit series (0: none). Not given: $ZERODOC_METRICS_UNIT_RANKS, else 8."""
 
     def __post_init__(self) -> None:
         if self.port is not None and not isinstance(self.port, (bool, int)):
@@ -57,6 +66,7 @@ class AttachConfig:
             raise ValueError("zerodoc: inject_latency_s must be >= 0")
         if self.memory_every < 1:
             raise ValueError("zerodoc: memory_every must be >= 1")
+        detail.check(self.metrics_detail, self.metrics_unit_ranks)
 
     @classmethod
     def from_options(cls, **options) -> "AttachConfig":
@@ -81,6 +91,7 @@ class AttachConfig:
                 options["port"] = DEFAULT_PORT
         if "inject_latency_s" not in options:
             options["inject_latency_s"] = _env_float("ZERODOC_INJECT_LATENCY_S", 0.0)
+        options = detail.options_from_env(options)
         if os.environ.get("ZERODOC_DISABLE", "") not in ("", "0"):
             options["enabled"] = False
         return cls(**options)

@@ -9,7 +9,9 @@ source (tests/test_sources.py), because all three build the same `RankWindow`s:
   so a window is the difference between this scrape and the newest earlier scrape at least
   `window` steps older; until one exists (the first call) it is everything since the start.
   Static facts are rebuilt from `zerodoc_run_info`, `zerodoc_world_size` and the
-  `zerodoc_unit_*` gauges.
+  `zerodoc_unit_*` gauges (served by rank 0 only: every rank gets the lowest serving
+  rank's). A coarse rank's series without a `unit` label are its totals over units
+  (keys `catalog.RANK_TOTAL_UNIT`).
 - `PrometheusSource`: the same series through the HTTP API: `increase(...[W])` with W about
   `window` steps long (`last_over_time` of the cumulative counters when `window` is None, or
   when no step landed in W: an ended run).
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from .catalog import RANK_TOTAL_UNIT
 from .errors import UserError
 from .model import CommTotals, RankFacts, RankWindow, RunSnapshot, UnitFacts
 from .runlog import RunFollower, RunLogError, latest_run, rank_logs, read_rank_log
@@ -165,10 +168,10 @@ def add_sample(out: dict[int, Cumulative], name: str, labels: dict, value: float
     if name in _SCALARS:
         c.scalars[_SCALARS[name]] = value
     elif name == "zerodoc_compute_seconds_total":
-        c.compute[(labels["unit"], labels["phase"])] = value
+        c.compute[(labels.get("unit", RANK_TOTAL_UNIT), labels["phase"])] = value
     elif name in _COMM:
-        c.comm.setdefault((labels["unit"], labels["phase"], labels["collective"]),
-                          {})[_COMM[name]] = value
+        c.comm.setdefault((labels.get("unit", RANK_TOTAL_UNIT), labels["phase"],
+                           labels["collective"]), {})[_COMM[name]] = value
     elif name == "zerodoc_memory_bytes":
         c.memory[labels["population"]] = int(value)
     elif name in _MEMORY:
@@ -186,6 +189,17 @@ def add_sample(out: dict[int, Cumulative], name: str, labels: dict, value: float
         u = c.units.setdefault(labels["unit"], {})
         u["param_dtype"], u["reduce_dtype"] = labels.get("param_dtype", ""), \
             labels.get("reduce_dtype", "")
+
+
+def share_unit_facts(ranks: dict[int, Cumulative]) -> dict[int, Cumulative]:
+    """Per-unit facts are served by rank 0 only: give every rank those of the lowest rank
+    that serves them."""
+    src = next((c.units for _r, c in sorted(ranks.items()) if c.units), None)
+    if src:
+        for c in ranks.values():
+            if not c.units:
+                c.units = src
+    return ranks
 
 
 def facts_of(c: Cumulative) -> RankFacts:
@@ -339,6 +353,7 @@ class EndpointsSource:
         self.unreachable = {ep: why for ep, ranks, why in results if ranks is None}
         for _ep, ranks, _why_ in results:
             got.update(ranks or {})
+        share_unit_facts(got)
         if not got:
             detail = "; ".join(f"{ep} ({why})" for ep, why in list(self.unreachable.items())[:4])
             more = len(self.unreachable) - 4
@@ -485,7 +500,8 @@ class PrometheusSource:
                     add_sample(out, name, m, v)
                     if "rank" in m and m["rank"].isdigit() and int(m["rank"]) in out:
                         out[int(m["rank"])].endpoint = m.get("instance")
-        return {r: c for r, c in out.items() if c.units or "run_id" in c.labels}
+        return share_unit_facts(
+            {r: c for r, c in out.items() if c.units or "run_id" in c.labels})
 
 
 def _duration(text: str) -> float | None:

@@ -12,6 +12,18 @@ Two levels:
   the link's expected bandwidth does not explain). The alerts that mirror engine rules fire
   on these, so alert and engine agree on the same data.
 
+Bus bandwidth is not exported (it is derivable): bus bytes = bytes x the nccl-tests factor
+of the unit's group, from rank 0's `zerodoc_unit_group_size` (the world size where rank 0's
+facts are missing), over the collective's seconds.
+
+Coarse detail (`metrics_detail="coarse"`): ranks outside the unit sample serve their
+collective and compute counters without a `unit` label (summed over units). Per-rank rules
+add them up like any other rank; per-unit rules select `unit!=""`, so a unit's numbers come
+from the ranks that keep unit detail.
+
+Per-rank per-unit intermediates are not recorded (they would cost as many series as the
+exporter serves): the per-run rules compute them inline.
+
 One rule group, in order: later rules read earlier ones within the same evaluation.
 """
 
@@ -39,16 +51,45 @@ def _pop(p: str) -> str:
     return f'sum without (population) (zerodoc_memory_bytes{{population="{p}"}})'
 
 
+def _factor(g: str) -> str:
+    """The nccl-tests busbw / algbw factor of each collective kind for groups of `g` ranks."""
+    parts = [(f"({g} - 1) / {g}", "all_gather"), (f"({g} - 1) / {g}", "reduce_scatter"),
+             (f"2 * ({g} - 1) / {g}", "all_reduce"), (f"{g} / {g}", "broadcast")]
+    return "\nor\n".join(f'label_replace({e}, "collective", "{c}", "", "")' for e, c in parts)
+
+
+def _bus(expr: str) -> str:
+    """Bus bytes of a byte vector (labels `collective`, `unit`, the run's): times its unit's
+    group factor, or where no group size is known (no facts from rank 0, a coarse rank's
+    unit-less totals), the world size's."""
+    return (f"(\n  {expr}\n)\n* on (job, run_id, unit, collective) group_left ()\n{UNIT_FACTOR}"
+            f"\nor\n(\n  {expr}\n)\n* on (job, run_id, collective) group_left ()\n{WORLD_FACTOR}")
+
+
+UNIT_FACTOR = "unit_collective_job:zerodoc_collective_bus_factor:ratio"
+WORLD_FACTOR = "collective_job:zerodoc_collective_bus_factor:ratio"
+UNITS = 'unit!=""'  # per-unit numbers: not a coarse rank's totals over units
+
+
 def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infiniband") -> list[dict]:
     w = window
     steps = f"rate(zerodoc_step_duration_seconds_count[{w}])"
     step_sum = f"rate(zerodoc_step_duration_seconds_sum[{w}])"
     exposed = "zerodoc_collective_exposed_seconds_total"
-    per_step = f"/ ignoring ({COLL}) group_left ()\n{steps}"
-    busbw = f"avg_over_time(zerodoc_collective_busbw_bytes_per_second[{w}])"
     nbytes = f"rate(zerodoc_collective_bytes_total[{w}])"
-    n = "zerodoc_world_size"
+    unit_bytes = f"rate(zerodoc_collective_bytes_total{{{UNITS}}}[{w}])"
+
+    def per_step(metric: str, sel: str = UNITS) -> str:
+        """Per step, per rank, unit, phase and collective (inline, not recorded)."""
+        return f"rate({metric}{{{sel}}}[{w}])\n  / ignoring ({COLL}) group_left ()\n  {steps}"
+
     rules = [
+        # ---- the run's facts (rank 0) and the busbw factors ------------------------------
+        _rec("unit_job:zerodoc_unit_group_size:max",
+             f"max by ({JOB}, unit) (zerodoc_unit_group_size)"),
+        _rec(UNIT_FACTOR, _factor("unit_job:zerodoc_unit_group_size:max")),
+        _rec("job:zerodoc_world_size:max", f"max by ({JOB}) (zerodoc_world_size)"),
+        _rec(WORLD_FACTOR, _factor("job:zerodoc_world_size:max")),
         # ---- per rank: step time --------------------------------------------------------
         _rec("rank:zerodoc_steps:rate", steps),
         _rec("rank:zerodoc_step_seconds:mean", f"{step_sum}\n/\n{steps}"),
@@ -63,11 +104,11 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
     rules += [
         # ---- per rank: exposure, compute, skew ------------------------------------------
         _rec("unit_rank:zerodoc_all_gather_exposed:fraction",
-             f"sum without (phase, collective) (rate({exposed}{{{AG}}}[{w}]))\n"
+             f"sum without (phase, collective) (rate({exposed}{{{AG}, {UNITS}}}[{w}]))\n"
              f"/ ignoring (unit) group_left ()\n{step_sum}"),
         _rec("unit_rank:zerodoc_all_gather_exposed:ratio",
-             f"sum without (phase, collective) (rate({exposed}{{{AG}}}[{w}]))\n/\n"
-             f"sum without (phase, collective) (rate(zerodoc_collective_seconds_total{{{AG}}}[{w}]))"),
+             f"sum without (phase, collective) (rate({exposed}{{{AG}, {UNITS}}}[{w}]))\n/\n"
+             f"sum without (phase, collective) (rate(zerodoc_collective_seconds_total{{{AG}, {UNITS}}}[{w}]))"),
         _rec("rank:zerodoc_all_gather_exposed:fraction",
              f"sum without ({COLL}) (rate({exposed}{{{AG}}}[{w}]))\n/\n{step_sum}"),
         _rec("rank:zerodoc_comm_exposed:fraction",
@@ -97,14 +138,14 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
              f"     max by ({JOB}) (rank:zerodoc_compute_seconds:per_step))\n)"),
         # ---- per rank: bandwidth and bytes ----------------------------------------------
         _rec("unit_rank:zerodoc_collective_bytes:per_call",
-             f"sum without (phase) ({nbytes})\n/\n"
-             f"sum without (phase) (rate(zerodoc_collective_calls_total[{w}]))"),
+             f"sum without (phase) ({unit_bytes})\n/\n"
+             f"sum without (phase) (rate(zerodoc_collective_calls_total{{{UNITS}}}[{w}]))"),
         _rec("unit_collective_rank:zerodoc_collective_busbw:bytes_per_second",
-             f"sum without (phase) ({busbw} * {nbytes})\n/\n"
-             f"sum without (phase) ({nbytes} and {busbw})"),
+             f"sum without (phase) (\n{_bus(unit_bytes)}\n)\n/\n"
+             f"(sum without (phase) (rate(zerodoc_collective_seconds_total{{{UNITS}}}[{w}])) > 0)"),
         _rec("collective_rank:zerodoc_collective_busbw:bytes_per_second",
-             f"sum without (unit, phase) ({busbw} * {nbytes})\n/\n"
-             f"sum without (unit, phase) ({nbytes} and {busbw})"),
+             f"sum without (unit, phase) (\n{_bus(nbytes)}\n)\n/\n"
+             f"(sum without (unit, phase) (rate(zerodoc_collective_seconds_total[{w}])) > 0)"),
         _rec("collective_rank:zerodoc_collective_algbw:bytes_per_second",
              f"sum without (unit, phase) ({nbytes})\n/\n"
              f"sum without (unit, phase) (rate(zerodoc_collective_seconds_total[{w}]))"),
@@ -121,34 +162,18 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
              "/\n(rank:zerodoc_device_memory_reserved:bytes > 0)"),
         _rec("rank:zerodoc_device_memory_reserved:fraction",
              "rank:zerodoc_device_memory_reserved:bytes\n/\nzerodoc_device_memory_capacity_bytes"),
-        # ---- per rank, per (unit, phase, collective), per step ---------------------------
-        _rec("unit_rank:zerodoc_collective_seconds:per_step",
-             f"rate(zerodoc_collective_seconds_total[{w}])\n{per_step}"),
-        _rec("unit_rank:zerodoc_collective_exposed_seconds:per_step",
-             f"rate({exposed}[{w}])\n{per_step}"),
-        _rec("unit_rank:zerodoc_collective_bytes:per_step", f"{nbytes}\n{per_step}"),
-        _rec("unit_rank:zerodoc_collective_calls:per_step",
-             f"rate(zerodoc_collective_calls_total[{w}])\n{per_step}"),
-        # bus bytes = bytes x the nccl-tests busbw factor (group = world size; see docs)
-        _rec("unit_rank:zerodoc_collective_bus_bytes:per_step",
-             "(\n"
-             f"  unit_rank:zerodoc_collective_bytes:per_step{{collective=~\"all_gather|reduce_scatter\"}}\n"
-             f"    * ignoring ({COLL}) group_left () (({n} - 1) / {n})\n"
-             "  or\n"
-             f"  unit_rank:zerodoc_collective_bytes:per_step{{collective=\"all_reduce\"}}\n"
-             f"    * ignoring ({COLL}) group_left () (2 * ({n} - 1) / {n})\n"
-             "  or\n"
-             f"  unit_rank:zerodoc_collective_bytes:per_step{{collective=\"broadcast\"}}\n)"),
         # ---- per job: link-attributable views (the engine's CommView) ---------------------
         _rec("unit_job:zerodoc_collective_seconds:per_step",
-             f"min by ({KEY}) (unit_rank:zerodoc_collective_seconds:per_step)"),
+             f"min by ({KEY}) (\n  {per_step('zerodoc_collective_seconds_total')}\n)"),
         _rec("unit_job:zerodoc_collective_exposed_seconds:per_step",
-             f"min by ({KEY}) (unit_rank:zerodoc_collective_exposed_seconds:per_step)"),
+             f"min by ({KEY}) (\n  {per_step(exposed)}\n)"),
+        _rec("unit_job:zerodoc_collective_bytes:per_step",
+             f"quantile by ({KEY}) (0.5,\n  {per_step('zerodoc_collective_bytes_total')}\n)"),
         _rec("unit_job:zerodoc_collective_bus_bytes:per_step",
-             f"quantile by ({KEY}) (0.5, unit_rank:zerodoc_collective_bus_bytes:per_step)"),
+             _bus("unit_job:zerodoc_collective_bytes:per_step")),
         _rec("unit_job:zerodoc_collective_bytes:per_call",
-             f"quantile by ({KEY}) (0.5, unit_rank:zerodoc_collective_bytes:per_step)\n/\n"
-             f"quantile by ({KEY}) (0.5, unit_rank:zerodoc_collective_calls:per_step)"),
+             "unit_job:zerodoc_collective_bytes:per_step\n/\n"
+             f"quantile by ({KEY}) (0.5,\n  {per_step('zerodoc_collective_calls_total')}\n)"),
         # Time the link explains: the bus bytes at slow_link_busbw_fraction of the link's
         # expected bandwidth (below that the slow-link rule speaks instead).
         _rec("unit_job:zerodoc_collective_explained_seconds:per_step",
@@ -158,9 +183,9 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
         # when all are synchronous (FSDP2's default on gloo/CPU exposes every byte)
         _rec("job:zerodoc_all_gather:asynchronous",
              f"count by ({JOB}) (\n"
-             f"  unit_rank:zerodoc_collective_seconds:per_step{{{AG}}}\n"
-             f"  - unit_rank:zerodoc_collective_exposed_seconds:per_step{{{AG}}}\n"
-             f"  > 0.01 * unit_rank:zerodoc_collective_seconds:per_step{{{AG}}}\n)"),
+             f"  rate(zerodoc_collective_seconds_total{{{AG}}}[{w}])\n"
+             f"  - rate({exposed}{{{AG}}}[{w}])\n"
+             f"  > 0.01 * rate(zerodoc_collective_seconds_total{{{AG}}}[{w}])\n)"),
         _rec("unit_job:zerodoc_collective_avoidable_seconds:per_step",
              "(\n  unit_job:zerodoc_collective_exposed_seconds:per_step\n"
              f"  and on ({JOB}) job:zerodoc_all_gather:asynchronous\n)\nor\n"

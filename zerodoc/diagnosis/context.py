@@ -25,6 +25,7 @@ import statistics
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..catalog import RANK_TOTAL_UNIT
 from ..model import RankWindow, RunSnapshot, UnitFacts, busbw
 from ..thresholds import DEFAULT, LINK_BUSBW, Thresholds
 
@@ -174,6 +175,8 @@ class Context:
         out = []
         for key in keys:
             unit, phase, coll = key
+            if unit == RANK_TOTAL_UNIT:  # a coarse rank's totals: no unit to attribute
+                continue
             per = [(w.comm[key], w.steps) for w in self.active.values() if key in w.comm]
             if not per:
                 continue

@@ -2,7 +2,8 @@
 
 `collect()` builds fresh metric families from the latest cumulative totals at scrape time
 (nothing is registered at import, the registry is injected). Metric names, types, help and
-labels come from `zerodoc.catalog`. Each rank serves its own port (base + LOCAL_RANK); a port
+labels come from `zerodoc.catalog`; how many series a rank serves (its detail level, the
+run's facts on rank 0 only) is counted by `zerodoc.cardinality`. Each rank serves its own port (base + LOCAL_RANK); a port
 in use falls back to the next free one (stepping by the local world size so ranks don't
 collide), then to any free port, and only then to none, with a warning, never an exception.
 """
@@ -22,7 +23,7 @@ from prometheus_client.core import (  # noqa: E402
 from prometheus_client.exposition import start_http_server  # noqa: E402
 
 from ..catalog import BY_NAME, RANK_LABELS, STEP_BUCKETS  # noqa: E402
-from ..model import busbw  # noqa: E402
+from . import detail  # noqa: E402
 
 PORT_TRIES = 8
 
@@ -48,7 +49,11 @@ def _family(name: str, extra_labels: tuple[str, ...] = ()):
 
 
 class ZerodocCollector:
-    """Yields zerodoc's families for one rank from `monitor.totals` at scrape time."""
+    """Yields zerodoc's families for one rank from `monitor.totals` at scrape time.
+
+    What a rank serves depends on its detail level (`zerodoc.exporter.detail`): per-unit
+    series on every rank (`full`) or only on the ranks of the unit sample (`coarse`; the
+    others serve them summed over units), and the run's per-unit facts on rank 0 only."""
 
     def __init__(self, monitor):
         self.m = monitor
@@ -59,6 +64,11 @@ class ZerodocCollector:
     def collect(self):
         m = self.m
         facts, tot = m.facts, m.totals
+        cfg = getattr(m, "cfg", None)
+        level = getattr(cfg, "metrics_detail", detail.DEFAULT_DETAIL)
+        unit_detail = detail.has_unit_detail(
+            level, facts.rank, facts.world_size,
+            getattr(cfg, "metrics_unit_ranks", detail.DEFAULT_UNIT_RANKS))
         rl = [str(facts.rank), str(facts.local_rank), facts.node]
 
         h = HistogramMetricFamily("zerodoc_step_duration_seconds",
@@ -91,34 +101,15 @@ class ZerodocCollector:
             c.add_metric(rl, value)
             yield c
 
-        comp = _family("zerodoc_compute_seconds_total")
-        for (unit, phase), s in list(tot.compute.items()):
-            comp.add_metric(rl + [unit, phase], s)
-        yield comp
-
-        calls = _family("zerodoc_collective_calls_total")
-        nbytes = _family("zerodoc_collective_bytes_total")
-        secs = _family("zerodoc_collective_seconds_total")
-        exposed = _family("zerodoc_collective_exposed_seconds_total")
-        for (unit, phase, coll), t in list(tot.comm.items()):
-            lv = rl + [unit, phase, coll]
-            calls.add_metric(lv, t.count)
-            nbytes.add_metric(lv, t.bytes)
-            secs.add_metric(lv, t.seconds)
-            exposed.add_metric(lv, t.exposed_seconds)
-        yield from (calls, nbytes, secs, exposed)
-
-        bw = _family("zerodoc_collective_busbw_bytes_per_second")
-        units = {u.name: u for u in facts.units}
-        from ..shim.recorder import COLLECTIVES, PHASES
-        for (u, p, c), a in list(m.last_comm.items()):
-            unit = m.unit_names[u]
-            if a[2] > 0:
-                bw.add_metric(rl + [unit, PHASES[p], COLLECTIVES[c]],
-                              busbw(a[1] / a[2], COLLECTIVES[c],
-                                    units[unit].collective_group_size(COLLECTIVES[c])
-                                    if unit in units else 1))
-        yield bw
+        compute, comm = list(tot.compute.items()), list(tot.comm.items())
+        folded = 0
+        if unit_detail:
+            yield from _per_unit(rl, compute, comm)
+        else:
+            fams = list(_rank_totals(rl, compute, comm))
+            yield from fams
+            full = len(compute) + 4 * len(comm)
+            folded = full - sum(len(f.samples) for f in fams)
 
         mem = _family("zerodoc_memory_bytes")
         for pop, b in list(tot.memory.items()):
@@ -153,31 +144,13 @@ class ZerodocCollector:
             "backend": facts.backend, "zero_stage": str(facts.zero_stage or ""),
             "param_dtype": facts.param_dtype, "reduce_dtype": facts.reduce_dtype,
             "mesh_shape": "x".join(str(x) for x in facts.mesh_shape), "run_id": facts.run_id,
-            "link": str(facts.config.get("link", "")),
+            "link": str(facts.config.get("link", "")), "metrics_detail": level,
         })
         yield info
 
-        params = _family("zerodoc_unit_parameters")
-        pbytes = _family("zerodoc_unit_parameter_bytes")
-        reshard = _family("zerodoc_unit_reshard_after_forward")
-        index = _family("zerodoc_unit_index")
-        group = _family("zerodoc_unit_group_size")
-        sharded = _family("zerodoc_unit_sharded_bytes")
-        stored = _family("zerodoc_unit_stored_parameter_bytes")
-        dtype = InfoMetricFamily("zerodoc_unit_dtype", BY_NAME["zerodoc_unit_dtype"].help,
-                                 labels=list(RANK_LABELS) + ["unit"])
-        for i, u in enumerate(facts.units):
-            lv = rl + [u.name]
-            params.add_metric(lv, u.params)
-            pbytes.add_metric(lv, u.gather_bytes)
-            if u.reshard_after_forward is not None:
-                reshard.add_metric(lv, 1 if u.reshard_after_forward else 0)
-            index.add_metric(lv, i)
-            group.add_metric(lv, u.group_size)
-            sharded.add_metric(lv, u.sharded_bytes)
-            stored.add_metric(lv, u.param_bytes)
-            dtype.add_metric(lv, {"param_dtype": u.param_dtype, "reduce_dtype": u.reduce_dtype})
-        yield from (params, pbytes, reshard, index, group, sharded, stored, dtype)
+        unit_facts = list(_unit_facts(rl, facts.units))
+        if facts.rank == 0:
+            yield from unit_facts
         g = _family("zerodoc_local_world_size")
         g.add_metric(rl, facts.local_world_size)
         yield g
@@ -190,6 +163,81 @@ class ZerodocCollector:
         for hook, status in list(m.registry.status.items()):
             avail.add_metric(rl + [hook], 1 if status == "ok" else 0)
         yield avail
+        omitted = _family("zerodoc_exporter_omitted_series")
+        omitted.add_metric(rl + ["unit_facts"],
+                           0 if facts.rank == 0 else sum(len(f.samples) for f in unit_facts))
+        omitted.add_metric(rl + ["unit_detail"], folded)
+        yield omitted
+
+
+def _per_unit(rl: list[str], compute: list, comm: list):
+    """The per-unit series of one rank (full detail)."""
+    comp = _family("zerodoc_compute_seconds_total")
+    for (unit, phase), s in compute:
+        comp.add_metric(rl + [unit, phase], s)
+    yield comp
+    calls = _family("zerodoc_collective_calls_total")
+    nbytes = _family("zerodoc_collective_bytes_total")
+    secs = _family("zerodoc_collective_seconds_total")
+    exposed = _family("zerodoc_collective_exposed_seconds_total")
+    for (unit, phase, coll), t in comm:
+        lv = rl + [unit, phase, coll]
+        calls.add_metric(lv, t.count)
+        nbytes.add_metric(lv, t.bytes)
+        secs.add_metric(lv, t.seconds)
+        exposed.add_metric(lv, t.exposed_seconds)
+    yield from (calls, nbytes, secs, exposed)
+
+
+def _rank_totals(rl: list[str], compute: list, comm: list):
+    """The same metrics summed over units, without the `unit` label (coarse detail)."""
+    by_phase: dict[str, float] = {}
+    for (_unit, phase), s in compute:
+        by_phase[phase] = by_phase.get(phase, 0.0) + s
+    comp = _family("zerodoc_compute_seconds_total", ("phase",))
+    for phase, s in by_phase.items():
+        comp.add_metric(rl + [phase], s)
+    yield comp
+    sums: dict[tuple[str, str], list] = {}
+    for (_unit, phase, coll), t in comm:
+        a = sums.setdefault((phase, coll), [0, 0, 0.0, 0.0])
+        a[0] += t.count
+        a[1] += t.bytes
+        a[2] += t.seconds
+        a[3] += t.exposed_seconds
+    labels = ("phase", "collective")
+    fams = [_family(name, labels) for name in (
+        "zerodoc_collective_calls_total", "zerodoc_collective_bytes_total",
+        "zerodoc_collective_seconds_total", "zerodoc_collective_exposed_seconds_total")]
+    for (phase, coll), a in sums.items():
+        for f, v in zip(fams, a):
+            f.add_metric(rl + [phase, coll], v)
+    yield from fams
+
+
+def _unit_facts(rl: list[str], units):
+    """The run's per-unit facts (served by rank 0 only)."""
+    params = _family("zerodoc_unit_parameters")
+    pbytes = _family("zerodoc_unit_parameter_bytes")
+    reshard = _family("zerodoc_unit_reshard_after_forward")
+    index = _family("zerodoc_unit_index")
+    group = _family("zerodoc_unit_group_size")
+    sharded = _family("zerodoc_unit_sharded_bytes")
+    stored = _family("zerodoc_unit_stored_parameter_bytes")
+    dtype = InfoMetricFamily("zerodoc_unit_dtype", BY_NAME["zerodoc_unit_dtype"].help,
+                             labels=list(RANK_LABELS) + ["unit"])
+    for i, u in enumerate(units):
+        lv = rl + [u.name]
+        params.add_metric(lv, u.params)
+        pbytes.add_metric(lv, u.gather_bytes)
+        if u.reshard_after_forward is not None:
+            reshard.add_metric(lv, 1 if u.reshard_after_forward else 0)
+        index.add_metric(lv, i)
+        group.add_metric(lv, u.group_size)
+        sharded.add_metric(lv, u.sharded_bytes)
+        stored.add_metric(lv, u.param_bytes)
+        dtype.add_metric(lv, {"param_dtype": u.param_dtype, "reduce_dtype": u.reduce_dtype})
+    yield from (params, pbytes, reshard, index, group, sharded, stored, dtype)
 
 
 def _candidate_ports(base: int, local_rank: int, local_world: int):

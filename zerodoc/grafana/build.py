@@ -118,7 +118,8 @@ def overview(t: Thresholds) -> db.Dashboard:
 def layers(t: Thresholds) -> db.Dashboard:
     d = _dashboard("zerodoc-layers", "zerodoc / Per layer",
                    "Per sharded unit: exposed all-gathers against the compute that should hide "
-                   "them, bus bandwidth and bytes.")
+                   "them, bus bandwidth and bytes. With metrics_detail=coarse the per-unit "
+                   "panels show the ranks of the unit sample only.")
     per_step = f"/ ignoring (unit) group_left () rate(zerodoc_step_duration_seconds_count{{{SEL}}}[{RATE}])"
     d = (d.with_row(row("Exposure"))
          .with_panel(cells("Exposed all-gather per unit (share of step time)",
@@ -152,8 +153,9 @@ def layers(t: Thresholds) -> db.Dashboard:
                             "{{unit}}", instant=True), "s"))
          .with_row(row("Bandwidth and bytes"))
          .with_panel(ts("Bus bandwidth per unit",
-                        "nccl-tests bus bandwidth per unit and collective (bytes-weighted over "
-                        "phases), averaged over the selected ranks. Compare with the link: "
+                        "nccl-tests bus bandwidth per unit and collective: bus bytes (bytes x "
+                        "the factor of the unit's group) over collective time, all phases "
+                        "together, averaged over the selected ranks. Compare with the link: "
                         "the slow-link alert (ZD005) fires below "
                         f"{t.slow_link_busbw_fraction:.0%} of it.",
                         [q(f"avg by (unit, collective) (unit_collective_rank:zerodoc_collective_busbw:bytes_per_second{{{SEL_UNIT}}})",

@@ -31,7 +31,7 @@ def variables() -> list:
         v = (db.QueryVariable(name).label(kw.get("title", name.capitalize()))
              .query(f"label_values({metric}, {label})").datasource(DS)
              .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
-             .multi(True).include_all(True).all_value(".*")
+             .multi(True).include_all(True).all_value(kw.get("all", ".*"))
              .current(dm.VariableOption(selected=True, text="All", value="$__all")))
         if kw.get("numeric"):
             v = v.sort(dm.VariableSort.NUMERICAL_ASC)
@@ -46,8 +46,11 @@ def variables() -> list:
                   help="Prometheus job of the training ranks (file_sd label `job`)."),
         labels_of("rank", 'zerodoc_world_size{job=~"$job"}', "rank", numeric=True,
                   help="Global rank(s)."),
-        labels_of("unit", 'zerodoc_unit_parameters{job=~"$job"}', "unit",
-                  help="Sharded unit(s) (the module path FSDP wrapped; (root) is the root)."),
+        # "All" is ".+": a coarse rank's totals over units (no `unit` label) never show as
+        # a unit.
+        labels_of("unit", 'zerodoc_unit_parameters{job=~"$job"}', "unit", all=".+",
+                  help="Sharded unit(s) (the module path FSDP wrapped; (root) is the root). "
+                       "In coarse mode only the ranks of the unit sample have unit detail."),
     ]
 
 

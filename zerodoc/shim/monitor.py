@@ -175,7 +175,6 @@ class Monitor:
             config={**cfg.as_dict(), "zerodoc_version": __version__, **extra},
         )
         self.totals = RankWindow(facts=self.facts)
-        self.last_comm: dict = {}
         self.hist_counts = [0] * len(STEP_BUCKETS)
         if self._writer is not None:
             self._writer.write_header(self.facts)
@@ -336,7 +335,6 @@ class Monitor:
                 tot.comm[key] = CommTotals(*a)
             else:
                 t.add(CommTotals(*a))
-        self.last_comm = comm
 
         mem = self._memory()
         self_s = self._pending_self_s
