@@ -54,12 +54,13 @@ class LiveDemo:
     """
 
     def __init__(self, tmp: Path, *, nprocs: int = 2, steps: int = 10**6,
-                 model: dict | None = None, attach: dict | None = None, name: str = "live"):
+                 model: dict | None = None, attach: dict | None = None, name: str = "live",
+                 env: dict | None = None):
         self.run_dir = Path(tmp) / name
         spec = {"model": {**SMALL_MODEL, **(model or {})}, "steps": steps,
                 "attach": {"run_dir": str(self.run_dir), "port": 0, **(attach or {})}}
         self.nprocs = nprocs
-        self.job = Job(nprocs, spec, log_dir=str(self.run_dir / "logs"))
+        self.job = Job(nprocs, spec, env=env, log_dir=str(self.run_dir / "logs"))
         self.endpoints: list[str] = []
 
     def __enter__(self) -> "LiveDemo":

@@ -4,6 +4,10 @@
         prom.wait_for("up", min_results=1)
         prom.query('rate(zerodoc_collective_seconds_total[30s])')
 
+A Prometheus in agent mode (`agent=True`: scrapes and remote-writes, no queries) or a
+remote-write receiver (`args=["--web.enable-remote-write-receiver"]`) are the same class with
+a whole `config` of their own.
+
 Needs the Debian `prometheus` binary (`make test` installs it). Without it the tests that use
 this are skipped locally, but fail in CI (CI=true): a missing server must not turn CI green.
 """
@@ -36,7 +40,9 @@ def require_binary(name: str) -> str:
 class PromServer:
     def __init__(self, tmp: Path, targets: list[str] | None = None,
                  rule_files: list[str] | None = None, scrape_interval: str = "1s",
-                 extra_scrape_configs: list[dict] | None = None, file_sd: list[str] | None = None):
+                 extra_scrape_configs: list[dict] | None = None, file_sd: list[str] | None = None,
+                 config: dict | None = None, agent: bool = False, args: tuple[str, ...] = (),
+                 env: dict | None = None):
         self.binary = require_binary("prometheus")
         self.tmp = Path(tmp)
         self.port = free_port()
@@ -54,6 +60,9 @@ class PromServer:
                "scrape_configs": scrape}
         if rule_files:
             cfg["rule_files"] = [str(Path(r).resolve()) for r in rule_files]
+        if config is not None:
+            cfg = config
+        self.agent, self.args, self.env = agent, tuple(args), env
         self.config = self.tmp / "prometheus.yml"
         self.config.write_text(json.dumps(cfg, indent=1))  # JSON is valid YAML
         self.proc: subprocess.Popen | None = None
@@ -62,10 +71,15 @@ class PromServer:
         data = self.tmp / "data"
         data.mkdir(exist_ok=True)
         self.log = open(self.tmp / "prometheus.log", "w")
+        storage = ["--enable-feature=agent,expand-external-labels",
+                   f"--storage.agent.path={data}"] if self.agent else \
+            [f"--storage.tsdb.path={data}"]
         self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={data}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            [self.binary, f"--config.file={self.config}", *storage,
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
+             *self.args],
+            stdout=self.log, stderr=subprocess.STDOUT,
+            env=None if self.env is None else {**os.environ, **self.env})
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:

@@ -168,3 +168,24 @@ def test_coarse_totals_equal_the_run_log(jobs):
             return
         time.sleep(0.2)
     raise AssertionError(f"(served, run log): {bad}")
+
+
+def test_a_coarse_run_reads_through_the_sources(jobs):
+    """Sources file a coarse rank's unit-less totals as its totals (not as a unit); the rules
+    engine gets every rank's totals and rank 0's per-unit numbers, and finds what it finds
+    in the run directory, which keeps full per-unit detail."""
+    from zerodoc.catalog import RANK_TOTAL_UNIT
+    from zerodoc.diagnosis import diagnose
+    from zerodoc.sources import EndpointsSource, RunDirSource
+
+    demo = jobs["coarse"]
+    snap = EndpointsSource(demo.endpoints, window=None).snapshot()
+    ref = RunDirSource(demo.run_dir, window=None).snapshot()
+    assert sorted(snap.ranks) == [0, 1] and not snap.stale_ranks
+    w0, w1 = snap.ranks[0], snap.ranks[1]
+    assert {u for u, *_ in w1.comm} == {RANK_TOTAL_UNIT}
+    assert RANK_TOTAL_UNIT not in {u for u, *_ in w0.comm}
+    assert len(w1.facts.units) == len(w0.facts.units) == 81  # rank 0's facts, shared
+    got, want = diagnose(snap), diagnose(ref)
+    assert got and want
+    assert (got[0].code, got[0].severity) == (want[0].code, want[0].severity)
