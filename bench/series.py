@@ -1,11 +1,14 @@
 """Prometheus series per rank, measured: a real gloo job, each rank's /metrics scraped.
 
-    python bench/series.py [--blocks 80] [--ranks 2]
+    python bench/series.py [--blocks 80] [--ranks 2] [--prometheus]
 
 Runs the FSDP2 demo (per-block wrapping: blocks + the root = units; tiny layers, the series
 do not depend on their size) twice: at the default detail level and at
 `metrics_detail="coarse"` with one rank (rank 0) keeping unit detail. Prints the series each
-rank serves, what `zerodoc.cardinality` predicts from the catalog, and the budgets.
+rank serves, what `zerodoc.cardinality` predicts from the catalog, and the budgets. With
+`--prometheus` (needs the `prometheus` binary) a real Prometheus scrapes each job with
+zerodoc's rules loaded and the series it holds are counted too: scraped and recorded, per
+rank and per run.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.helpers import LiveDemo  # noqa: E402
+from tests.promserver import PromServer  # noqa: E402
+from zerodoc import alerts  # noqa: E402
 from zerodoc import cardinality as card  # noqa: E402
 
 TINY = {"hidden": 16, "heads": 2, "vocab": 64, "seq": 8, "batch": 2}
@@ -31,22 +36,42 @@ def scrape(endpoint: str) -> str:
         return r.read().decode()
 
 
-def measure(tmp: Path, blocks: int, ranks: int) -> dict[tuple[str, int], dict[str, int]]:
-    """{(mode, rank): {series name: count}} from live scrapes."""
-    out = {}
+def in_prometheus(tmp: Path, endpoints: list[str]) -> dict[str, dict[str, int]]:
+    """Series a Prometheus with zerodoc's rules holds: {"scraped"|"recorded": {rank: n}}
+    (rank "" for the per-run recorded series)."""
+    rules = alerts.write_rules(tmp / "rules", opts=alerts.RuleOptions(window="10s"))
+    with PromServer(tmp, targets=endpoints, rule_files=[str(p) for p in rules]) as prom:
+        prom.wait_for("zerodoc_run_info", min_results=len(endpoints))
+        time.sleep(20)  # > 2 windows: every recording rule has data
+        out = {}
+        for kind, sel in (("scraped", '{__name__=~"zerodoc_.+"}'),
+                          ("recorded", '{__name__=~".+:.+"}')):
+            res = prom.query(f"count by (rank) ({sel})")
+            out[kind] = {s["metric"].get("rank", ""): int(s["value"][1]) for s in res}
+    return out
+
+
+def measure(tmp: Path, blocks: int, ranks: int, prometheus: bool) -> tuple[dict, dict]:
+    """({(mode, rank): {series name: count}} from live scrapes, {mode: in_prometheus()})."""
+    out, prom = {}, {}
     for mode, attach in MODES.items():
         with LiveDemo(tmp, nprocs=ranks, model={**TINY, "blocks": blocks}, attach=attach,
                       name=f"series-{mode}") as demo:
             demo.wait_steps(3)
             for r, ep in enumerate(demo.endpoints):
                 out[(mode, r)] = card.count_exposition(scrape(ep))
-    return out
+            if prometheus:
+                (tmp / f"prom-{mode}").mkdir()
+                prom[mode] = in_prometheus(tmp / f"prom-{mode}", demo.endpoints)
+    return out, prom
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--blocks", type=int, default=card.BUDGET_UNITS - 1)
     p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--prometheus", action="store_true",
+                   help="also count the series a Prometheus with zerodoc's rules holds")
     a = p.parse_args(argv)
     if a.blocks < 1 or a.ranks < 2:
         p.error("--blocks must be >= 1 and --ranks >= 2")
@@ -54,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = card.Shape(units=units)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        got = measure(Path(tmp), a.blocks, a.ranks)
+        got, prom = measure(Path(tmp), a.blocks, a.ranks, a.prometheus)
     print(f"FSDP2 on CPU, {units} units, {a.ranks} gloo ranks "
           f"(measured in {time.monotonic() - t0:.0f} s)")
     print(f"{'detail':8} {'rank':>4} {'measured':>9} {'catalog':>8}")
@@ -68,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     coarse = sum(got[("coarse", 1)].values())
     print(f"at {units} units (budget at {card.BUDGET_UNITS}): full {full:,} / {card.BUDGET_FULL:,} per rank, "
           f"coarse {coarse:,} / {card.BUDGET_COARSE} per rank (ranks other than rank 0)")
+    for mode, kinds in prom.items():
+        for kind, by_rank in kinds.items():
+            ranks = ", ".join(f"rank {r}: {n:,}" if r else f"per run: {n:,}"
+                              for r, n in sorted(by_rank.items()))
+            print(f"in Prometheus, {mode:6} {kind:8} {ranks}")
     if not ok:
         print("measured != catalog: the exporter serves series the catalog does not count")
     return 0 if ok else 1
