@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:8} {r:>4} {n:>9,} {want:>8,}")
     full = sum(got[("full", 1)].values())
     coarse = sum(got[("coarse", 1)].values())
-    print(f"at {units} units (budget at {card.BUDGET_UNITS}): full {full:,} / {card.BUDGET_FULL:,} per rank, "
-          f"coarse {coarse:,} / {card.BUDGET_COARSE} per rank (ranks other than rank 0)")
+    print(f"at {units} units (budget at {card.BUDGET_UNITS}): full {full:,} / "
+          f"{card.BUDGET_FULL:,} per rank, coarse {coarse:,} / {card.BUDGET_COARSE} per rank "
+          "(ranks other than rank 0)")
     for mode, kinds in prom.items():
         for kind, by_rank in kinds.items():
             ranks = ", ".join(f"rank {r}: {n:,}" if r else f"per run: {n:,}"

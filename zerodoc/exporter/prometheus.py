@@ -3,9 +3,11 @@
 `collect()` builds fresh metric families from the latest cumulative totals at scrape time
 (nothing is registered at import, the registry is injected). Metric names, types, help and
 labels come from `zerodoc.catalog`; how many series a rank serves (its detail level, the
-run's facts on rank 0 only) is counted by `zerodoc.cardinality`. Each rank serves its own port (base + LOCAL_RANK); a port
-in use falls back to the next free one (stepping by the local world size so ranks don't
-collide), then to any free port, and only then to none, with a warning, never an exception.
+run's facts on rank 0 only) is counted by `zerodoc.cardinality`.
+
+Each rank serves its own port (base + LOCAL_RANK); a port in use falls back to the next free
+one (stepping by the local world size so ranks don't collide), then to any free port, and only
+then to none, with a warning, never an exception.
 """
 
 from __future__ import annotations
