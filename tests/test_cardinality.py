@@ -49,6 +49,18 @@ def test_budget_holds_at_81_units(shape):
     assert card.total(shape, rank0=True) - card.total(shape) == 8 * shape.units
 
 
+def test_every_labelled_metric_says_what_it_grows_with():
+    """A metric with a bounded label declares its count (`per`), and one with `unit` its
+    scope, so the budget counts it (the live scrape below checks the counts)."""
+    for m in CATALOG:
+        info_only = m.type == "info" and "unit" not in m.labels
+        if m.labels and not info_only:
+            assert m.per, m.name
+        if "unit" in m.labels:
+            assert m.scope in ("unit", "run"), m.name
+        assert not m.per or hasattr(card.CPU_FSDP2, m.per), m.name
+
+
 def test_a_new_per_unit_metric_breaks_the_budget(monkeypatch):
     extra = Metric("zerodoc_collective_queued_seconds_total", "counter", "seconds", "x.",
                    ("unit", "phase", "collective"), "unit", "unit_collective_keys")
@@ -100,6 +112,7 @@ def jobs(tmp_path_factory):
         yield {"full": full, "coarse": coarse}
 
 
+@pytest.mark.slow
 def test_live_scrapes_match_the_catalog_and_the_budget(jobs):
     got = {(mode, r): card.count_exposition(scrape(ep))
            for mode, demo in jobs.items() for r, ep in enumerate(demo.endpoints)}
@@ -118,6 +131,7 @@ def test_live_scrapes_match_the_catalog_and_the_budget(jobs):
     assert "zerodoc_collective_busbw_bytes_per_second" not in got[("full", 0)]
 
 
+@pytest.mark.slow
 def test_omitted_series_are_counted(jobs):
     def omitted(text):
         return {s.labels["reason"]: s.value for s in samples(text)
@@ -136,6 +150,7 @@ def test_omitted_series_are_counted(jobs):
     assert info[0].labels["metrics_detail"] == "coarse"
 
 
+@pytest.mark.slow
 def test_coarse_totals_equal_the_run_log(jobs):
     """The coarse rank's totals over units are the sums of its run log's per-unit records up
     to the step it served (a scrape torn between a step's counters and its step number is
@@ -170,6 +185,7 @@ def test_coarse_totals_equal_the_run_log(jobs):
     raise AssertionError(f"(served, run log): {bad}")
 
 
+@pytest.mark.slow
 def test_a_coarse_run_reads_through_the_sources(jobs):
     """Sources file a coarse rank's unit-less totals as its totals (not as a unit); the rules
     engine gets every rank's totals and rank 0's per-unit numbers, and finds what it finds
