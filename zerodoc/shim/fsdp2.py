@@ -62,6 +62,8 @@ def discover(model, registry: hp.HookRegistry) -> list[Unit] | None:
     if cls is None:
         return None
     units: list[Unit] = []
+    by_group: dict[int, Unit] = {}
+    also: dict[int, list[str]] = {}
     for name, mod in model.named_modules():
         if not isinstance(mod, cls):
             continue
@@ -71,13 +73,23 @@ def discover(model, registry: hp.HookRegistry) -> list[Unit] | None:
         except Exception as e:  # private: fail soft
             registry.missing("FSDPState._fsdp_param_groups", repr(e))
             groups = []
+        # `fully_shard([m1, m2, ...])` (e.g. Accelerate's tied embedding + final norm + head):
+        # one FSDP state, one param group, several modules. It is one unit (one all-gather),
+        # named after all its modules; its forward compute is timed on the first one.
+        shared = next((by_group[id(g)] for g in groups if id(g) in by_group), None)
+        if shared is not None:
+            also.setdefault(shared.index, []).append(name or ROOT_NAME)
+            continue
         is_root = not any(p.name == "" or name.startswith(p.name + ".") for p in units)
         units.append(Unit(len(units), name, mod, groups, is_root))
+        by_group.update((id(g), units[-1]) for g in groups)
     if not units:
         return None
     for u in units:
         if u.name == "":
             u.name = ROOT_NAME
+        if u.index in also:
+            u.name = "+".join([u.name, *also[u.index]])
     return units
 
 

@@ -239,14 +239,41 @@ class Monitor:
             self._step_start = now
             self.rec.reset(now)
 
-    def _opt_pre(self, opt, args, kwargs) -> None:
+    def _opt_pre(self, opt, args, kwargs):
         try:
             self.rec.phase = OPTIMIZER
             self.rec.push(B_OPTIMIZER)
             if self._memory_due(self.step_index + 1):
                 self._mem_static["gradients"] = memory.gradient_bytes(self.adapter.memory_module())
+            # step(closure): forward and backward run inside step() (Lightning, LBFGS); the
+            # closure is wrapped so that its time is not counted as optimizer time.
+            closure = kwargs.get("closure") if kwargs else None
+            if callable(closure):
+                return args, {**kwargs, "closure": self._closure(closure)}
+            i = 1 if args and args[0] is opt else 0  # torch passes (self, *args)
+            if len(args) > i and callable(args[i]):
+                return (*args[:i], self._closure(args[i]), *args[i + 1:]), kwargs
         except Exception as e:
             self.registry.error("optimizer.pre_hook", e)
+        return None
+
+    def _closure(self, closure):
+        rec = self.rec
+
+        def run_closure():
+            rec.remove(B_OPTIMIZER)
+            try:
+                return closure()
+            finally:
+                rec.phase = OPTIMIZER
+                rec.push(B_OPTIMIZER)
+                try:
+                    if self._memory_due(self.step_index + 1):
+                        self._mem_static["gradients"] = memory.gradient_bytes(
+                            self.adapter.memory_module())
+                except Exception as e:
+                    self.registry.error("optimizer.closure", e)
+        return run_closure
 
     def _opt_post(self, opt, args, kwargs) -> None:
         try:
