@@ -4,7 +4,7 @@ PYTHON     ?= python3
 VENV       ?= .venv
 # A GPU user overrides this, e.g. `make test TORCH_SPEC="torch==2.13.0 --index-url ..."`.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS     ?= tui,dev
+EXTRAS     ?= tui,dev,integrations
 ARGS       ?=
 PY         := $(VENV)/bin/python
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
