@@ -343,7 +343,46 @@ def lightning_fit(spec: dict, w: Witness) -> dict:
     return result
 
 
-SCENARIOS = {"hf": hf, "accelerate": accelerate_loop, "lightning": lightning_fit}
+def torchtitan_parts(spec: dict, w: Witness) -> dict:
+    """torchtitan's own FSDP2 wrapping (`apply_fsdp_to_decoder`) of its llama3 debug model and
+    its `OptimizersContainer`, attached as docs/integrations.md wires them. No forward pass:
+    torchtitan's language models train only with FlexAttention / varlen attention, and
+    FlexAttention has no backward on CPU (see docs/integrations.md)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.components.optimizer import default_adamw
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+    from torchtitan.models.llama3 import model_registry
+
+    import zerodoc
+
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    with torch.device("meta"):
+        model = model_registry("debugmodel").model.build()
+    n = len(model.layers)
+    units = {**fsdp_units("", "tok_embeddings", *[f"layers.{i}" for i in range(n)]),
+             "norm+lm_head": ["norm", "lm_head"]}
+    result = {"expected": expected_gather_bytes(model, units, world)}
+    apply_fsdp_to_decoder(model, init_device_mesh("cpu", (world,)), param_dtype=torch.float32,
+                          reduce_dtype=torch.float32, pp_enabled=False)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    optimizers = default_adamw(lr=1e-3).build(model_parts=[model])
+    monitor = zerodoc.attach(model, optimizers, run_dir=spec["run_dir"], port=0)
+    w.start()
+    for _ in range(spec["steps"]):
+        optimizers.step()  # the container steps its AdamWs; its own step hooks run once
+        w.step_end()
+    monitor.close()
+    result["global_step"] = spec["steps"]
+    return result
+
+
+SCENARIOS = {"hf": hf, "accelerate": accelerate_loop, "lightning": lightning_fit,
+             "torchtitan": torchtitan_parts}
 
 
 def main() -> None:

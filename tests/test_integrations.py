@@ -207,6 +207,19 @@ def test_lightning_fsdp_strategy_callback_cuda(tmp_path, lightning_framework):
                     == wit.get(coll, [0, 0]), (r, s.step, coll)
 
 
+# --- torchtitan ---------------------------------------------------------------------------------
+
+def test_torchtitan_units_and_step_boundary(tmp_path):
+    pytest.importorskip("torchtitan", reason="torchtitan is not installed (not in the "
+                        "integrations extra: its Trainer needs CUDA, see docs/integrations.md)")
+    results, logs, run_dir = run_job(tmp_path, "torchtitan",
+                                     {"scenario": "torchtitan", "steps": 2})
+    check_closed(results, logs, run_dir, 2)
+    for r, log in logs.items():
+        facts = {u.name: u.gather_bytes for u in log.facts.units}
+        assert facts == results[r]["expected"], facts
+
+
 # --- in-process ---------------------------------------------------------------------------------
 
 def test_closure_time_is_not_optimizer_time(tmp_path):
