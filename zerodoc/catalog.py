@@ -74,8 +74,19 @@ CATALOG: tuple[Metric, ...] = (
            "Time inside the sharding framework's own hooks, excluding collective waits."),
     # --- per unit, per phase --------------------------------------------------------------
     Metric("zerodoc_compute_seconds_total", "counter", "seconds",
-           "Compute time of a sharded unit's own layers (children units excluded).",
+           "Compute time of a sharded unit's own layers (children units excluded); on GPU the "
+           "device time on the compute stream between the unit's hook points.",
            ("unit", "phase"), scope="unit", per="unit_phase_keys"),
+    Metric("zerodoc_compute_host_seconds_total", "counter", "seconds",
+           "Host (CPU) time spent launching the units' compute. On GPU beside the device time "
+           "of zerodoc_compute_seconds_total (launch time close to device time: a "
+           "launch-bound job); on CPU equal to it."),
+    Metric("zerodoc_launch_segments_total", "counter", "",
+           "GPU: unit compute segments probed for launch-boundness (one per unit, phase and "
+           "stretch of its own compute)."),
+    Metric("zerodoc_launch_caught_up_total", "counter", "",
+           "GPU: probed segments the device had already started before the host finished "
+           "launching them (the device was keeping pace with the host)."),
     Metric("zerodoc_collective_calls_total", "counter", "",
            "Collectives issued for a sharded unit.", ("unit", "phase", "collective"),
            scope="unit", per="unit_collective_keys"),
@@ -84,7 +95,8 @@ CATALOG: tuple[Metric, ...] = (
            "reduce-scatter input).", ("unit", "phase", "collective"), scope="unit",
            per="unit_collective_keys"),
     Metric("zerodoc_collective_seconds_total", "counter", "seconds",
-           "Collective time from issue to completion.", ("unit", "phase", "collective"),
+           "Collective time on its own stream (GPU: the device, from the stream reaching it to "
+           "its end; CPU: issue to completion).", ("unit", "phase", "collective"),
            scope="unit", per="unit_collective_keys"),
     Metric("zerodoc_collective_exposed_seconds_total", "counter", "seconds",
            "Part of the collective's time the compute had to wait for (not hidden).",
@@ -92,7 +104,10 @@ CATALOG: tuple[Metric, ...] = (
     # --- memory -------------------------------------------------------------------------
     Metric("zerodoc_memory_bytes", "gauge", "bytes",
            "Memory by population: sharded_parameters, gradients, optimizer_state, "
-           "process_resident, process_peak_resident (+ device populations on GPU).",
+           "process_resident, process_peak_resident (+ on GPU allocated, reserved, "
+           "inactive_split and peak_allocated / peak_reserved: the allocator's peaks since "
+           "the job started or last reset them; per-step peaks only with the attach option "
+           "reset_peak_memory).",
            ("population",), per="populations"),
     Metric("zerodoc_device_memory_capacity_bytes", "gauge", "bytes",
            "Memory available to this rank: the GPU's total memory, or on CPU an equal share "
@@ -144,6 +159,9 @@ CATALOG: tuple[Metric, ...] = (
     Metric("zerodoc_self_seconds_total", "counter", "seconds",
            "Time zerodoc itself spent at step boundaries (bookkeeping, run log, memory "
            "sampling)."),
+    Metric("zerodoc_injected_latency_seconds", "gauge", "seconds",
+           "Fault injection in force: the delay given to every parameter all-gather (0: "
+           "none). Non-zero only in tests and demos (attach option inject_latency_s)."),
     Metric("zerodoc_errors_total", "counter", "",
            "Internal zerodoc errors caught and counted (the training job carried on).",
            ("hook",), per="errors"),

@@ -10,16 +10,6 @@ from .exporter import detail
 DEFAULT_PORT = 9730
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
-
-
 @dataclass(kw_only=True)
 class AttachConfig:
     run_dir: str | None = None
@@ -35,9 +25,11 @@ class AttachConfig:
     """Use the Work's future callback for exact completion times of async collectives
     (gloo). Off: hidden time of early-finishing collectives becomes an upper bound."""
     inject_latency_s: float = 0.0
-    """Simulated slow link: every parameter all-gather (FSDP, DeepSpeed), parameter broadcast
-    (ZeRO-1) or gradient all-reduce (DDP, FSDP1 NO_SHARD) completes this much later. Tests and
-    demo only (also $ZERODOC_INJECT_LATENCY_S)."""
+    """Simulated slow link (a fault injector for tests and the demo, CPU/gloo only): every
+    parameter all-gather (FSDP, DeepSpeed), parameter broadcast (ZeRO-1) or gradient
+    all-reduce (DDP, FSDP1 NO_SHARD) completes this much later. Never silent: attach warns,
+    the run facts and `zerodoc_injected_latency_seconds` show it. $ZERODOC_INJECT_LATENCY_S
+    acts only with $ZERODOC_INJECT_LATENCY_ACK=slow-down-this-job (zerodoc/shim/faults.py)."""
     memory_every: int = 50
     """Walk parameters / gradients / optimizer state for memory bytes every N steps."""
     run_log: bool = True
@@ -45,6 +37,11 @@ class AttachConfig:
     memory_history: bool = False
     """GPU: record allocator history (bounded) so an OOM dumps a memory snapshot into the
     run directory. Off by default: recording history costs time."""
+    reset_peak_memory: bool = False
+    """GPU: reset the allocator's peak counters after reading them at each step end, so the
+    `peak_*` populations are per-step peaks. Off by default: the reset is global and would
+    clobber the peaks the job itself reads (`torch.cuda.max_memory_allocated()`); the peaks
+    are then the allocator's since the start (or the job's own last reset)."""
     nvml: bool = True
     """GPU: sample NVML (utilisation, memory, PCIe/NVLink counters, topology) on a
     background thread when nvidia-ml-py is installed."""
@@ -90,7 +87,9 @@ class AttachConfig:
             else:
                 options["port"] = DEFAULT_PORT
         if "inject_latency_s" not in options:
-            options["inject_latency_s"] = _env_float("ZERODOC_INJECT_LATENCY_S", 0.0)
+            from .shim.faults import from_env  # stdlib only: no torch import
+
+            options["inject_latency_s"] = from_env(os.environ)
         options = detail.options_from_env(options)
         if os.environ.get("ZERODOC_DISABLE", "") not in ("", "0"):
             options["enabled"] = False

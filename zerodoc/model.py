@@ -131,6 +131,11 @@ class RankWindow:
     framework_seconds: float = 0.0
     other_seconds: float = 0.0
     self_seconds: float = 0.0
+    # GPU: compute is device time; the host's time launching it is kept apart, with the
+    # launch-bound probe (unit compute segments checked / already running on the device).
+    host_compute_seconds: float = 0.0
+    launch_checks: int = 0
+    launch_caught_up: int = 0
     updated_unix: float = 0.0
     compute: dict[UnitPhase, float] = field(default_factory=dict)
     comm: dict[UnitPhaseColl, CommTotals] = field(default_factory=dict)

@@ -14,7 +14,9 @@ Line types (schema 1):
   "other_s", "wait_s", "self_s", "compute_s" (sum of compute rows), "exposed_s" (sum of
   exposed comm), "compute": [[unit, phase, seconds]...], "comm": [[unit, phase,
   collective, count, bytes, seconds, exposed_s, hidden_s]...], "mem": {population: bytes},
-  "errors": {hook: count}}`` — one per completed step, written and flushed at the step's end,
+  "errors": {hook: count}, on GPU also "host_compute_s" (the host's launch time of the
+  compute rows, which are device time) and "launch": [segments checked, caught up]}``
+  — one per completed step, written and flushed at the step's end,
   so a crashed job leaves every completed step on disk.
 - ``{"type": "end", "end_unix": t, "steps": N}`` — written by a clean `close()`.
 
@@ -91,6 +93,9 @@ class StepRecord:
     comm: dict[tuple[str, str, str], CommTotals]
     memory: dict[str, int]
     errors: dict[str, int]
+    host_compute_seconds: float = 0.0
+    launch_checks: int = 0
+    launch_caught_up: int = 0
 
 
 @dataclass
@@ -141,6 +146,9 @@ def _step_from_dict(d: dict, unit_names: list[str]) -> StepRecord:
         comm=comm,
         memory={k: int(v) for k, v in d.get("mem", {}).items()},
         errors={k: int(v) for k, v in d.get("errors", {}).items()},
+        host_compute_seconds=float(d.get("host_compute_s", d.get("compute_s", 0.0))),
+        launch_checks=int(d.get("launch", (0, 0))[0]),
+        launch_caught_up=int(d.get("launch", (0, 0))[1]),
     )
 
 
@@ -198,6 +206,9 @@ def window_from_steps(facts: RankFacts, steps: Iterable[StepRecord],
         w.framework_seconds += s.framework_seconds
         w.other_seconds += s.other_seconds
         w.self_seconds += s.self_seconds
+        w.host_compute_seconds += s.host_compute_seconds
+        w.launch_checks += s.launch_checks
+        w.launch_caught_up += s.launch_caught_up
         w.updated_unix = s.end_unix
         w.step_times.append(s.step_seconds)
         for k, v in s.compute.items():

@@ -11,7 +11,8 @@ bytes of a rank are *per step*; the loader multiplies them by the rank's `steps`
                    "thresholds": {"wrap_coarse_param_fraction": 0.5}},
       "run": {"backend": "nccl", "device_type": "cuda", "zero_stage": 3},
       "units": [{"name": "(root)", "params": 9500000}, {"name": "layers.0", "params": 500000}],
-      "ranks": [{"steps": 10, "step": 1.0, "optimizer": 0.05,
+      "ranks": [{"steps": 10, "step": 1.0, "optimizer": 0.05, "host_compute": 0.3,
+                 "launch": [20, 2],
                  "compute": [["(root)", "forward", 0.2], ["(root)", "backward", 0.4]],
                  "comm": [["(root)", "forward", "all_gather", 1, 19000000, 0.01, 0.01, 0]],
                  "memory": {"capacity": 80e9, "headroom": 60e9}}],
@@ -22,7 +23,9 @@ bytes of a rank are *per step*; the loader multiplies them by the rank's `steps`
 `expect.fires` false: the rule gives no finding at all; true: it does, with `severity` if
 given (a pass case may also say `"fires": true, "severity": "info"`). Evidence values are
 compared exactly, or within [lo, hi]. `copies` repeats the rank list that many times (ranks
-0..N-1). Unit defaults: stored and gathered dtype bf16 (2 bytes), group size = world size,
+0..N-1). `host_compute` (GPU: the host's launch time of the compute; default: equal to
+the compute) and `launch` ([unit compute segments checked, caught up by the device]) are
+per step too. Unit defaults: stored and gathered dtype bf16 (2 bytes), group size = world size,
 reshard after forward. Run defaults: NCCL on CUDA, FSDP2, ZeRO-3, one node, 80 GB devices.
 
 `python -m zerodoc.diagnosis.testdata RUN_DIR` prints a case skeleton from a real run.
@@ -114,6 +117,9 @@ def _window(facts: RankFacts, r: dict) -> RankWindow:
     w.updated_unix = float(r.get("updated_unix", 0.0))
     for unit, phase, s in r.get("compute", ()):
         w.compute[(unit, phase)] = w.compute.get((unit, phase), 0.0) + float(s) * n
+    w.host_compute_seconds = float(r.get("host_compute", w.compute_seconds / n if n else 0)) * n
+    checks, caught = r.get("launch", (0, 0))
+    w.launch_checks, w.launch_caught_up = int(checks) * n, int(caught) * n
     for row in r.get("comm", ()):
         unit, phase, coll, count, nbytes, secs, exposed = row[:7]
         hidden = row[7] if len(row) > 7 else max(0.0, secs - exposed)
@@ -174,6 +180,8 @@ def case_from_snapshot(snap: RunSnapshot, code: str = "ZD000") -> dict:
         ranks.append({
             "steps": w.steps, "step": g(w.step_seconds, n), "optimizer": g(w.optimizer_seconds, n),
             "framework": g(w.framework_seconds, n), "other": g(w.other_seconds, n),
+            "host_compute": g(w.host_compute_seconds, n),
+            "launch": [g(w.launch_checks, n), g(w.launch_caught_up, n)],
             "compute": [[u, p, g(s, n)] for (u, p), s in w.compute.items()],
             "comm": [[u, p, c, g(t.count, n), g(t.bytes, n), g(t.seconds, n),
                       g(t.exposed_seconds, n), g(t.hidden_seconds, n)]

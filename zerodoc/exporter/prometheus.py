@@ -89,6 +89,8 @@ class ZerodocCollector:
             ("zerodoc_last_step_seconds", tot.last_step_seconds),
             ("zerodoc_last_step_timestamp_seconds", tot.updated_unix),
             ("zerodoc_world_size", facts.world_size),
+            ("zerodoc_injected_latency_seconds",
+             float(facts.config.get("inject_latency_s", 0) or 0)),
         ):
             g = _family(name)
             g.add_metric(rl, value)
@@ -98,6 +100,9 @@ class ZerodocCollector:
             ("zerodoc_other_seconds_total", tot.other_seconds),
             ("zerodoc_framework_seconds_total", tot.framework_seconds),
             ("zerodoc_self_seconds_total", tot.self_seconds),
+            ("zerodoc_compute_host_seconds_total", tot.host_compute_seconds),
+            ("zerodoc_launch_segments_total", tot.launch_checks),
+            ("zerodoc_launch_caught_up_total", tot.launch_caught_up),
         ):
             c = _family(name)
             c.add_metric(rl, value)

@@ -9,9 +9,11 @@ Semantics on the host:
   callbacks the completion of a collective that finished before `wait()` is unknown and
   its hidden time is an upper bound (up to the moment `wait()` was entered).
 
-A CUDA backend (events on FSDP's streams, read back lazily) slots in beside this one: the
-`Instrumented*` comm objects call `timer.sync_call(...)` / `timer.async_issue(...)` and
-nothing else knows how time is taken.
+The CUDA backend (`cuda.CudaTimer`: events on the streams the collectives run on, exposure
+on the compute stream, read back lazily) has the same interface: the comm wrappers call
+`timer.call(...)`, the unit hooks `timer.arrive(unit)` / `timer.ready(unit)`, and nothing
+else knows how time is taken. On the host those two are no-ops: a blocked compute thread is
+measured directly.
 
 Delays for tests and the demo (a simulated slow link) are injected by `slowlink.py`, a
 layer beneath this one that the measurement knows nothing about.
@@ -28,13 +30,15 @@ from .recorder import B_WAIT, Recorder
 
 
 class HostTimer:
+    device = False
+
     def __init__(self, rec: Recorder, registry, callbacks: bool = True):
         self.rec = rec
         self.registry = registry
         self.callbacks = callbacks
 
     def call(self, fn, args: tuple, kwargs: dict, unit: int, coll: int, nbytes: int,
-             async_op: bool) -> Any:
+             async_op: bool, group=None) -> Any:
         """Run one collective `fn(*args, **kwargs)` (async_op already in kwargs) and time it."""
         if not async_op:
             return self.sync_call(fn, args, kwargs, unit, coll, nbytes)
@@ -42,10 +46,16 @@ class HostTimer:
         work = fn(*args, **kwargs)
         return self.async_issue(work, unit, coll, nbytes, t0)
 
-    def wait_point(self, unit: int) -> None:
-        """The compute thread is about to need `unit`'s parameters (used by CudaTimer)."""
+    def arrive(self, unit: int, claim: tuple = ()) -> None:
+        """The compute stream is about to need `unit`'s parameters (CudaTimer only)."""
 
-    def collect(self) -> int:
+    def ready(self, unit: int, kinds: tuple = ()) -> None:
+        """The compute stream's wait for `unit` is over (CudaTimer only)."""
+
+    def tail(self, kinds: tuple) -> None:
+        """The end-of-backward wait on gradient reductions is over (CudaTimer only)."""
+
+    def collect(self, step_end: bool = True) -> int:
         """Step end: host timings are recorded as they happen; nothing to read back."""
         return 0
 

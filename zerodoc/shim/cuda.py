@@ -1,60 +1,83 @@
-"""The GPU path: CUDA-event timing of collectives without host syncs, allocator statistics,
-an OOM observer. Imported only when the model lives on a CUDA device.
+"""The GPU path: collectives timed on the device, exposure measured on the compute stream,
+never a synchronisation. Imported only when the model lives on a CUDA device.
 
-Exposure on CUDA. FSDP issues all-gathers on its own stream; the compute stream waits on an
-event. Per collective we record two pooled timing events on the stream current at the call
-(issue, done), and on the compute stream one "wait point" event when a unit is about to need
-its parameters (before FSDP's pre-forward / pre-backward hook). Then
+Where a collective runs (torch >= 2.8, ProcessGroupNCCL; see docs/gpus.md):
+- ``async_op=False``: on the stream current at the call (FSDP2: its all-gather /
+  reduce-scatter streams; FSDP1: its unshard / post-backward streams). Two pooled events
+  recorded around the call on that stream bracket the kernel. (<= 2.7 ran it on the process
+  group's stream and joined it back with a stream wait: the same events still bracket it.)
+- ``async_op=True``: on the process group's internal stream, which first waits on the
+  current stream. An event recorded after the call on the current stream completes at
+  *enqueue* (that was zerodoc's bug before 0.2). The done event is recorded instead inside
+  `work.get_future().then(cb)`: NCCL futures complete at enqueue, so the callback runs
+  inline, on a pool stream that has been made to wait on the collective's end event. The
+  issue event is on the current stream before the call. Queued behind an earlier collective
+  of the same process group, the kernel starts only when that one ends: the duration is
+  ``done - max(issue, previous done of that group)``.
+NCCL's own timing (`work._get_duration()`) is not used: reading it needs the `Work` object
+after completion, and holding it pins the collective's output buffer (a unit's unsharded
+parameters) until read-back.
 
-    total   = done - issue
-    exposed = max(0, done - wait_point)      (the compute stream had to wait)
-    hidden  = total - exposed
+Exposure is measured on the compute stream. The adapter marks a *window*: ``arrive`` where a
+unit is about to need its parameters (before the framework's pre-forward / pre-backward /
+fetch hook makes the stream wait) and ``ready`` where that wait is over (the unit's compute
+starts). At ``ready`` the window takes every collective of that unit, phase and kind issued
+and not yet claimed. Per collective, with events read back later:
 
-The k-th all-gather of (unit, phase) in a step pairs with the k-th wait point of (unit,
-phase). Nothing here synchronises: events are read back only when `query()` says the last
-of them completed, at a later step end (numbers land in the step in which they were read,
-typically one step late). Reduce-scatters have no wait point (FSDP waits on them at the
-next unit's post-backward); they report total time, with exposed 0 unless a later wait is
-measured.
+    seconds = done - max(issue, previous done on the same process group)
+    exposed = done - arrive if arrive < done <= ready, else 0   (a cursor over the window's
+              collectives in order of done, so overlapping ones are not counted twice; one
+              that ended after `ready` was not waited for there)
+    hidden  = seconds - exposed
 
-Allocator statistics come from `torch.cuda.memory_stats()` (host-side counters, no sync);
-peaks are reset per step with `reset_peak_memory_stats()`.
+Copy-out kernels FSDP2 runs on the compute stream after the wait (and the copy-in of the next
+prefetch) are not exposed communication: they are the framework's device time. Gradient
+reductions get windows where the compute stream waits for them (FSDP2's post-backward wait on
+the previous reduce-scatter; the end-of-backward wait of FSDP2 / FSDP1 / DDP) and take every
+unclaimed reduction of any unit. A collective never claimed by a window counts as hidden.
+
+The windows' arrive / ready events are the device clock's marks (`devclock.py`): the switch
+into the framework bucket and the switch into the unit's compute bucket. Nothing here
+synchronises: events are read back only once `query()` says they completed, at a later step
+end, in the step in which they are read.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
-from collections import defaultdict
-from typing import Any
-
-from .recorder import ALL_GATHER, Recorder
+from .devclock import DeviceRecorder, EventPool, Mark
+from .recorder import ALL_GATHER, B_WAIT, Recorder
 
 
-class EventPool:
-    """Reuses timing events (creating CUDA events is not free)."""
+class _Coll:
+    """One collective in flight. `e1` is a `Mark` (its event is held by the collective
+    itself and, for the latest async collective of a process group, by its successor)."""
 
-    def __init__(self, factory):
-        self._factory = factory
-        self._free: list = []
+    __slots__ = ("unit", "phase", "coll", "nbytes", "e0", "e1", "group", "win", "seconds",
+                 "prev")
 
-    def get(self):
-        return self._free.pop() if self._free else self._factory()
-
-    def put(self, ev) -> None:
-        self._free.append(ev)
-
-
-class _Pending:
-    __slots__ = ("unit", "phase", "coll", "nbytes", "e_issue", "e_done", "e_wait")
-
-    def __init__(self, unit, phase, coll, nbytes, e_issue, e_done):
+    def __init__(self, unit, phase, coll, nbytes, e0, group):
         self.unit, self.phase, self.coll, self.nbytes = unit, phase, coll, nbytes
-        self.e_issue, self.e_done, self.e_wait = e_issue, e_done, None
+        self.e0, self.group = e0, group
+        self.e1: Mark | None = None
+        self.win: _Window | None = None
+        self.seconds: float | None = None  # known once read back
+        self.prev: _Coll | None = None  # async: the previous async collective of the group
+
+
+class _Window:
+    """A span of the compute stream where it may have waited for `colls`."""
+
+    __slots__ = ("arrive", "ready", "colls", "bucket")
+
+    def __init__(self, arrive: Mark, ready: Mark, colls: list, bucket: int):
+        self.arrive, self.ready, self.colls, self.bucket = arrive, ready, colls, bucket
 
 
 class CudaTimer:
-    """Same interface as `HostTimer`: call / sync_call, wait_point, collect."""
+    """The timer interface of `comm.HostTimer` (call / sync_call / arrive / ready / collect)
+    on CUDA events. With a `DeviceRecorder` the windows use its switch marks."""
+
+    device = True
 
     def __init__(self, rec: Recorder, registry, event_factory=None, max_pending: int = 65536):
         if event_factory is None:
@@ -64,158 +87,222 @@ class CudaTimer:
                 return torch.cuda.Event(enable_timing=True)
         self.rec = rec
         self.registry = registry
-        self.pool = EventPool(event_factory)
+        self.pool: EventPool = rec.pool if isinstance(rec, DeviceRecorder) \
+            else EventPool(event_factory)
         self.max_pending = max_pending
-        self._unpaired_ag: dict[tuple[int, int], list[_Pending]] = defaultdict(list)
-        self._unpaired_wait: dict[tuple[int, int], list] = defaultdict(list)
-        self._ready: list[_Pending] = []  # complete tuples awaiting their events
+        self._pending: list[_Coll] = []  # in issue order
+        self._unclaimed: dict[tuple[int, int, int], list[_Coll]] = {}
+        self._open: dict[tuple[int, int], tuple[Mark, list]] = {}  # windows not closed
+        self._last_async: dict = {}  # group key -> last async _Coll issued on it
         self.dropped = 0
+        self.async_fallbacks = 0
 
-    # --- called from the comm wrappers (current stream = the collective's stream) --------
-    def sync_call(self, fn, args: tuple, kwargs: dict, unit: int, coll: int, nbytes: int):
+    # --- called from the comm wrappers ----------------------------------------------------
+    def call(self, fn, args: tuple, kwargs: dict, unit: int, coll: int, nbytes: int,
+             async_op: bool, group=None):
+        """Run one collective `fn(*args, **kwargs)` and time it on the device."""
+        if len(self._pending) >= self.max_pending:  # the device stopped reading back
+            self.dropped += 1
+            return fn(*args, **kwargs)
         e0 = self.pool.get()
         e0.record()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            e1 = self.pool.get()
-            e1.record()
-            self._add(_Pending(unit, self.rec.phase, coll, nbytes, e0, e1))
+        out = fn(*args, **kwargs)
+        c = _Coll(unit, self.rec.phase, coll, nbytes, e0, _gkey(group))
+        if async_op and out is not None:
+            self._chain(c)
+            try:
+                out.get_future().then(lambda _f, _c=c: self.done(_c))
+            except Exception as e:  # not a CUDA future: the current stream is all we have
+                self.async_fallbacks += 1
+                if self.registry is not None:
+                    self.registry.missing("Work.get_future().then (async collective end)",
+                                          repr(e))
+        self.done(c)  # sync (or the callback did not run inline): on the current stream
+        self._add(c)
+        return out
 
-    def call(self, fn, args: tuple, kwargs: dict, unit: int, coll: int, nbytes: int,
-             async_op: bool):
-        # Sync or async, NCCL runs the collective in the order of the stream current at the
-        # call: events around the enqueue bracket it on that stream.
-        return self.sync_call(fn, args, kwargs, unit, coll, nbytes)
+    def sync_call(self, fn, args: tuple, kwargs: dict, unit: int, coll: int, nbytes: int):
+        return self.call(fn, args, kwargs, unit, coll, nbytes, False)
 
-    # --- called from the unit hooks on the compute stream -----------------------------------
-    def wait_point(self, unit: int) -> None:
+    def issue(self, unit: int, coll: int, nbytes: int, group=None) -> _Coll:
+        """Start timing an async collective the caller issues itself right after; the caller
+        calls `done(handle)` in its own `future.then(...)` callback (DDP's comm hook)."""
+        e0 = self.pool.get()
+        e0.record()
+        c = _Coll(unit, self.rec.phase, coll, nbytes, e0, _gkey(group))
+        self._chain(c)
+        self._add(c)
+        return c
+
+    def done(self, c: _Coll) -> None:
+        """The collective's end, recorded on the current stream (inside a future callback:
+        the pool stream that waited on the collective)."""
+        if c.e1 is not None:
+            return
         ev = self.pool.get()
         ev.record()
+        m = Mark(ev, -1)
+        if self._last_async.get(c.group) is c:
+            m.holds += 1  # for the next async collective of the group
+        c.e1 = m
+
+    def _chain(self, c: _Coll) -> None:
+        p = self._last_async.get(c.group)
+        if p is not None and p.e1 is not None:
+            c.prev = p  # takes over p.e1's successor hold
+        self._last_async[c.group] = c
+
+    def _add(self, c: _Coll) -> None:
+        self._pending.append(c)
+        key = (c.unit, c.phase, c.coll)
+        lst = self._unclaimed.get(key)
+        if lst is None:
+            self._unclaimed[key] = [c]
+        else:
+            lst.append(c)
+
+    # --- called from the unit hooks, right after the recorder's switch --------------------
+    def arrive(self, unit: int, claim: tuple[int, ...] = ()) -> None:
+        """The compute stream is where `unit` needs what a collective brings (this phase):
+        open its window. `claim`: kinds of collectives of *any* unit issued so far that the
+        window is about (gradient reductions a post-backward or the end of backward waits
+        for); otherwise `ready()` claims the unit's own."""
+        m = getattr(self.rec, "last_mark", None)
+        if m is None:
+            return
         key = (unit, self.rec.phase)
-        ags = self._unpaired_ag.get(key)
-        if ags:
-            p = ags.pop(0)
-            p.e_wait = ev
-            self._ready.append(p)
-        else:
-            self._unpaired_wait[key].append(ev)
+        old = self._open.pop(key, None)
+        if old is not None:
+            self._close(old[0], None, old[1])
+        m.holds += 1
+        colls: list[_Coll] = []
+        if claim:
+            for k in [k for k in self._unclaimed if k[2] in claim]:
+                colls.extend(self._unclaimed.pop(k))
+        self._open[key] = (m, colls)
 
-    def _add(self, p: _Pending) -> None:
-        if len(self._ready) >= self.max_pending:  # never grow without bound
-            self.dropped += 1
-            for ev in (p.e_issue, p.e_done):
-                self.pool.put(ev)
+    def ready(self, unit: int, kinds: tuple[int, ...] = (ALL_GATHER,)) -> None:
+        """The wait of `unit` (this phase) is over: close its window, claiming the unit's
+        own collectives of `kinds` issued so far (its all-gathers, prefetched or not)."""
+        rec = self.rec
+        opened = self._open.pop((unit, rec.phase), None)
+        if opened is None:
             return
-        if p.coll != ALL_GATHER:
-            self._ready.append(p)
-            return
-        key = (p.unit, p.phase)
-        waits = self._unpaired_wait.get(key)
-        if waits:
-            p.e_wait = waits.pop(0)
-            self._ready.append(p)
-        else:
-            self._unpaired_ag[key].append(p)
+        arrive, colls = opened
+        for kind in kinds:
+            lst = self._unclaimed.pop((unit, rec.phase, kind), None)
+            if lst:
+                colls.extend(lst)
+        self._close(arrive, getattr(rec, "last_mark", None), colls)
 
-    # --- at a step end: read back what the GPU has finished, never block --------------------
-    def collect(self) -> int:
-        """Fold finished collectives into the recorder; returns how many were read."""
-        # Unpaired leftovers of the step: all-gathers nobody waited for count with exposed 0;
-        # wait points with no all-gather (reshard_after_forward=False in backward) are dropped.
-        for key, ags in self._unpaired_ag.items():
-            self._ready.extend(ags)
-        self._unpaired_ag.clear()
-        for waits in self._unpaired_wait.values():
-            for ev in waits:
-                self._recycle_when_done(ev)
-        self._unpaired_wait.clear()
-        still: list[_Pending] = []
+    def _close(self, arrive: Mark, ready: Mark | None, colls: list) -> None:
+        if ready is None or not colls:
+            arrive.release(self.pool)
+            for c in colls:
+                c.win = _HIDDEN  # claimed, but no span to measure a wait on
+            return
+        ready.holds += 1
+        w = _Window(arrive, ready, colls, arrive.bucket)
+        for c in colls:
+            c.win = w
+
+    def tail(self, kinds: tuple[int, ...]) -> None:
+        """The end-of-backward wait on gradient reductions, from the last switch before now
+        to a switch made now (call it from an autograd callback queued after the framework's
+        own final callback, which is where the compute stream waits)."""
+        rec = self.rec
+        if getattr(rec, "last_mark", None) is None:
+            return
+        self.arrive(-1, claim=kinds)
+        rec.push(B_WAIT)
+        self.ready(-1, ())
+        rec.remove(B_WAIT)
+
+    # --- at a step end: read back what the GPU has finished, never block -------------------
+    def collect(self, step_end: bool = True) -> int:
+        """Fold finished collectives into the recorder; returns how many were emitted."""
+        rec = self.rec
+        if isinstance(rec, DeviceRecorder):
+            rec.collect()
+        if step_end:
+            # Collectives no window claimed by the end of their step never will be: hidden.
+            for lst in self._unclaimed.values():
+                for c in lst:
+                    c.win = _HIDDEN
+            self._unclaimed.clear()
+            for arrive, colls in self._open.values():
+                self._close(arrive, None, colls)
+            self._open.clear()
         n = 0
-        for p in self._ready:
-            last = p.e_done if p.e_wait is None else p.e_wait
-            if not (p.e_done.query() and last.query()):
-                still.append(p)
+        keep: list[_Coll] = []
+        for c in self._pending:
+            if c.seconds is None and not self._read(c):
+                keep.append(c)
                 continue
-            total = p.e_issue.elapsed_time(p.e_done) / 1e3
-            exposed = 0.0
-            if p.e_wait is not None:
-                exposed = max(0.0, min(total, p.e_wait.elapsed_time(p.e_done) / 1e3))
-            self.rec.add_comm(p.unit, p.phase, p.coll, p.nbytes, total, exposed,
-                              total - exposed)
-            for ev in (p.e_issue, p.e_done, p.e_wait):
-                if ev is not None:
-                    self.pool.put(ev)
-            n += 1
-        self._ready = still
+            w = c.win
+            if w is _HIDDEN:
+                self._emit(c, 0.0)
+                n += 1
+            elif w is None:
+                keep.append(c)  # not claimed yet
+            elif all(x.seconds is not None for x in w.colls) and w.arrive.ev.query() \
+                    and w.ready.ev.query():
+                n += self._settle(w)
+            else:
+                keep.append(c)
+        self._pending = [c for c in keep if c.e0 is not None]  # settled ones are emitted
         return n
 
-    def _recycle_when_done(self, ev) -> None:
-        if ev.query():
-            self.pool.put(ev)
+    def _read(self, c: _Coll) -> bool:
+        """Device duration of `c` once complete (read in issue order within a group)."""
+        e1 = c.e1
+        if e1 is None or not e1.ev.query() or not c.e0.query():
+            return False
+        p = c.prev
+        if p is not None and p.seconds is None:
+            return False
+        ms = c.e0.elapsed_time(e1.ev)
+        if p is not None:
+            ms = min(ms, p.e1.ev.elapsed_time(e1.ev))
+            p.e1.release(self.pool)  # its successor hold
+            c.prev = None
+        c.seconds = max(0.0, ms) / 1e3
+        return True
+
+    def _settle(self, w: _Window) -> int:
+        """Exposure of the window's collectives (module docstring), then emit them."""
+        arrive = w.arrive.ev
+        span = max(0.0, arrive.elapsed_time(w.ready.ev) / 1e3)
+        ends = sorted((max(0.0, arrive.elapsed_time(c.e1.ev) / 1e3), i, c)
+                      for i, c in enumerate(w.colls))
+        cursor = total = 0.0
+        for end, _i, c in ends:
+            exposed = 0.0
+            if end <= span:  # ended after `ready`: the stream went on without it
+                exposed = min(max(0.0, end - cursor), c.seconds)
+                cursor = max(cursor, end)
+            total += exposed
+            self._emit(c, exposed)
+        rec = self.rec
+        if total and isinstance(rec, DeviceRecorder) and w.bucket >= 0:
+            # On the device clock the stall sat in the window's bucket: it was a wait.
+            rec.dev_acc[w.bucket] -= total
+            rec.dev_acc[B_WAIT] += total
+        w.arrive.release(self.pool)
+        w.ready.release(self.pool)
+        return len(ends)
+
+    def _emit(self, c: _Coll, exposed: float) -> None:
+        s = c.seconds or 0.0
+        self.rec.add_comm(c.unit, c.phase, c.coll, c.nbytes, s, exposed, s - exposed)
+        self.pool.put(c.e0)
+        c.e0 = None
+        c.win = None
+        c.e1.release(self.pool)
 
 
-def allocator_stats() -> dict[str, int]:
-    """Per-device allocator populations (bytes) and counters, no device sync."""
-    import torch
-
-    st = torch.cuda.memory_stats()
-    out = {
-        "allocated": st.get("allocated_bytes.all.current", 0),
-        "reserved": st.get("reserved_bytes.all.current", 0),
-        "peak_allocated": st.get("allocated_bytes.all.peak", 0),
-        "peak_reserved": st.get("reserved_bytes.all.peak", 0),
-        "inactive_split": st.get("inactive_split_bytes.all.current", 0),
-        "alloc_retries": st.get("num_alloc_retries", 0),
-        "ooms": st.get("num_ooms", 0),
-    }
-    torch.cuda.reset_peak_memory_stats()
-    return out
+_HIDDEN = _Window(None, None, [], -1)  # type: ignore[arg-type]
 
 
-class OOMObserver:
-    """Counts CUDA OOMs and (if asked) dumps a memory snapshot into the run directory.
-    It observes only: the OutOfMemoryError still reaches the training code."""
-
-    def __init__(self, run_dir: str, rank: int, registry, history: bool,
-                 max_entries: int = 100_000):
-        self.run_dir, self.rank, self.registry = run_dir, rank, registry
-        self.count = 0
-        self.history = False
-        import torch
-
-        if history:
-            try:
-                torch.cuda.memory._record_memory_history(max_entries=max_entries)
-                self.history = True
-                registry.ok("torch.cuda.memory._record_memory_history")
-            except Exception as e:
-                registry.missing("torch.cuda.memory._record_memory_history", repr(e))
-        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
-        if attach is None:
-            registry.missing("torch._C._cuda_attach_out_of_memory_observer", "not in this torch")
-            return
-        attach(self._on_oom)
-        registry.ok("torch._C._cuda_attach_out_of_memory_observer")
-
-    def _on_oom(self, device, alloc, device_allocated, device_free) -> None:
-        self.count += 1
-        if not self.history:
-            return
-        try:
-            import torch
-
-            path = os.path.join(self.run_dir, f"oom-rank{self.rank:05d}-{self.count}.pickle")
-            torch.cuda.memory._dump_snapshot(path)
-        except Exception as e:  # never in the way of the OOM itself
-            self.registry.error("oom_snapshot", e)
-
-
-def capacity_bytes(device: Any = None) -> int | None:
-    try:
-        import torch
-
-        return int(torch.cuda.mem_get_info(device)[1])
-    except Exception as e:
-        warnings.warn(f"zerodoc: cannot read GPU capacity ({e})", stacklevel=2)
-        return None
+def _gkey(group):
+    return id(group) if group is not None else None

@@ -15,6 +15,7 @@ import time
 
 from .recorder import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER
 from .slowlink import DelayedWork
+from .wiring import nbytes as _nbytes
 
 # DeepSpeed backend method -> (collective, position and name of the tensor(s) counted,
 # position of `async_op`). Bytes follow the FSDP2 convention: all-gather output,
@@ -33,14 +34,6 @@ COMM_METHODS: dict[str, tuple[int, int, str, int]] = {
     "all_reduce_coalesced": (ALL_REDUCE, 0, "tensors", 3),
     "broadcast": (BROADCAST, 0, "tensor", 3),
 }
-
-
-def _nbytes(x) -> int:
-    if x is None:
-        return 0
-    if isinstance(x, (list, tuple)):
-        return sum(t.numel() * t.element_size() for t in x)
-    return x.numel() * x.element_size()
 
 
 class _State:
@@ -101,7 +94,8 @@ def _wrap_comm(orig, coll: int, t_pos: int, t_name: str, async_default: int, st:
             return orig(*args, **kwargs)
         st.depth += 1
         try:
-            return timer.call(inner, args, kwargs, st.unit, coll, nbytes, async_op)
+            return timer.call(inner, args, kwargs, st.unit, coll, nbytes, async_op,
+                              kwargs.get("group"))
         finally:
             st.depth -= 1
 

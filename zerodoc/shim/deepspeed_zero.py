@@ -233,21 +233,25 @@ def install_stage3(st: _State, zero_opt, fetch_unit: dict, group_unit: dict, par
             if not forward:
                 rec.phase = BACKWARD
             prev = st.unit
-            st.unit = fetch_unit.get(id(sub), prev)
+            fu = fetch_unit.get(id(sub))
+            st.unit = prev if fu is None else fu
             rec.push(B_FRAMEWORK)
+            if fu is not None:
+                # CUDA: the compute stream is where the module needs its parameters, before
+                # DeepSpeed's fetch makes it wait (`wait_stream(allgather stream)`).
+                timer.arrive(fu)
             try:
                 return orig_fetch(sub, forward, *args, **kwargs)
             finally:
-                rec.remove(B_FRAMEWORK)
                 st.unit = prev
-                fu = fetch_unit.get(id(sub))
-                if fu is not None:
-                    timer.wait_point(fu)  # its parameters are needed now (CUDA pairing)
                 u = group_unit.get(id(sub))
-                if u is not None:
-                    b = unit_bucket(u, FORWARD if forward else BACKWARD)
-                    if forward or not rec.has(b):
-                        rec.push(b)
+                b = unit_bucket(u, FORWARD if forward else BACKWARD) if u is not None else None
+                if b is not None and (forward or not rec.has(b)):
+                    rec.switch(B_FRAMEWORK, b)
+                else:
+                    rec.remove(B_FRAMEWORK)
+                if fu is not None:
+                    timer.ready(fu)  # the wait is over: claims the unit's fetches so far
 
         def release_sub_module(sub, forward=False, *args, **kwargs):
             u = group_unit.get(id(sub))

@@ -18,8 +18,10 @@ FSDP at call time and restored by the undo):
 - `_reduce_grad` / `_reduce_grad_no_shard`: which unit's gradient is being reduced, and
   a proxy for that module's `dist` reference timing `reduce_scatter_single` (sharded
   strategies), `all_reduce` (NO_SHARD; HSDP's inter-group all-reduce) on their own.
-Handles the adapter does not know (another model) pass through untouched. Hook points:
-see `hookpoints.py`. Strategy -> equivalent ZeRO stage: shared/DOMAIN.md.
+Handles the adapter does not know (another model) pass through untouched. On CUDA the
+switches open and close the exposure windows of `cuda.py` (pre-forward, pre-backward; the
+end-of-backward wait on the post-backward stream from an autograd callback queued behind
+FSDP's final callback). Hook points: see `hookpoints.py`. Strategy -> equivalent ZeRO stage: shared/DOMAIN.md.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from .recorder import (
     ALL_GATHER, ALL_REDUCE, BACKWARD, B_FRAMEWORK, REDUCE_SCATTER, unit_bucket,
 )
 from .slowlink import SlowLink
+from .wiring import (
+    DistProxy, dtype_name as _dtype_name, install_dist_proxy, install_forward_hooks,
+    nbytes as _nbytes, torch_version, unit_facts_placeholder,
+)
 from ..model import UnitFacts
 
 ROOT_NAME = "(root)"
@@ -43,14 +49,6 @@ ZERO_STAGE = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2,
 _HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.",
                      "_offload_wrapped_module.")
-
-
-def _dtype_name(dt) -> str:
-    return str(dt).replace("torch.", "") if dt is not None else ""
-
-
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size()
 
 
 def _enum_name(v) -> str | None:
@@ -104,8 +102,7 @@ def strategy_name(u: Unit) -> str | None:
 def unit_facts(u: Unit) -> UnitFacts:
     h = u.handle
     if h is None:
-        return UnitFacts(name=u.name, params=0, param_bytes=0, gather_bytes=0,
-                         sharded_bytes=0, reshard_after_forward=None, group_size=1)
+        return unit_facts_placeholder(u.name)
     fp = h.flat_param
     orig = getattr(h, "_orig_param_dtype", None) or fp.dtype
     gdt = getattr(h, "_fwd_bwd_param_dtype", None) or orig
@@ -134,16 +131,14 @@ def unit_facts(u: Unit) -> UnitFacts:
         param_dtype=_dtype_name(gdt), reduce_dtype=_dtype_name(rdt))
 
 
-class _DistProxy:
+class _DistProxy(DistProxy):
     """Stands in for `torch.distributed` inside FSDP1's `_runtime_utils` only. While a known
     unit's gradient is reduced (`adapter.reducing` set) its reduce-scatter / all-reduce are
     timed and attributed to that unit; otherwise everything passes through."""
 
     def __init__(self, real, adapter: "FSDP1Adapter"):
-        self._real, self._a = real, adapter
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
+        super().__init__(real)
+        self._a = adapter
 
     def _timed(self, name: str, coll: int, tensor, args, kwargs):
         fn = getattr(self._real, name)
@@ -155,7 +150,7 @@ class _DistProxy:
         if coll == ALL_REDUCE and a.delay_all_reduce_s > 0:
             fn = SlowLink(fn, a.delay_all_reduce_s)  # NO_SHARD: see FSDP1Adapter.instrument
         return a.timer.call(fn, args, kwargs, unit, coll, _nbytes(tensor),
-                            bool(kwargs.get("async_op", False)))
+                            bool(kwargs.get("async_op", False)), kwargs.get("group"))
 
     def reduce_scatter_single(self, output, input, *args, **kwargs):  # noqa: A002
         return self._timed("reduce_scatter_single", REDUCE_SCATTER, input,
@@ -187,11 +182,10 @@ class FSDP1Adapter(Adapter):
         self.reducing: int | None = None
         self.reduce_calls = 0
         self.delay_all_reduce_s = 0.0
+        self._tail_queued = False
 
     # --- static facts ---------------------------------------------------------------
     def facts(self) -> AdapterFacts:
-        from .fsdp2 import torch_version
-
         units = []
         for u in self.units:
             try:
@@ -199,8 +193,7 @@ class FSDP1Adapter(Adapter):
                 self.registry.ok("FlatParamHandle attributes (unit facts)")
             except Exception as e:  # private attributes: fail soft, keep the unit's name
                 self.registry.missing("FlatParamHandle attributes (unit facts)", repr(e))
-                u.facts = UnitFacts(name=u.name, params=0, param_bytes=0, gather_bytes=0,
-                                    sharded_bytes=0, reshard_after_forward=None, group_size=1)
+                u.facts = unit_facts_placeholder(u.name)
             units.append(u.facts)
         strategies = sorted({s for s in (strategy_name(u) for u in self.units) if s})
         stages = [ZERO_STAGE[s] for s in strategies if s in ZERO_STAGE]
@@ -287,37 +280,18 @@ class FSDP1Adapter(Adapter):
                 reg.missing("FlatParamHandle._all_gather_flat_param", repr(e))
 
         # --- forward compute: outside and inside FSDP's own pre/post-forward ------------
-        def outer_pre(mod, args, _root=u.is_root):
-            if _root:
-                on_root_forward()
-            timer.wait_point(idx)
-            rec.push(B_FRAMEWORK)
-
-        def inner_pre(mod, args):
-            rec.remove(B_FRAMEWORK)
-            rec.push(unit_bucket(idx, rec.phase))
-
-        def inner_post(mod, args, out):
-            rec.remove(unit_bucket(idx, rec.phase))
-            rec.push(B_FRAMEWORK)
-
-        def outer_post(mod, args, out, _root=u.is_root):
-            rec.remove(B_FRAMEWORK)
-            if _root:  # collectives after the root's forward belong to backward
-                rec.phase = BACKWARD
-
         try:
             inner_mod = u.module.module  # public: the wrapped module
-            hs = [
-                u.module.register_forward_pre_hook(outer_pre, prepend=True),
-                inner_mod.register_forward_pre_hook(inner_pre),
-                inner_mod.register_forward_hook(inner_post, prepend=True),
-                u.module.register_forward_hook(outer_post),
-            ]
-            undo.extend(x.remove for x in hs)
-            reg.ok("nn.Module forward hooks (prepend)")
-        except Exception as e:
-            reg.missing("nn.Module forward hooks (prepend)", repr(e))
+        except AttributeError as e:
+            reg.missing("FSDP.module", repr(e))
+            return
+        install_forward_hooks(
+            u.module, inner_mod, rec, timer, idx, reg, undo,
+            on_root_forward=on_root_forward if u.is_root else None,
+            post_extra=self._to_backward if u.is_root else None)
+
+    def _to_backward(self, out) -> None:
+        self.rec.phase = BACKWARD  # collectives after the root's forward belong to backward
 
     def _install_globals(self, undo: list) -> None:
         """Wrap FSDP1's backward hooks and gradient reduction (module globals)."""
@@ -346,13 +320,17 @@ class FSDP1Adapter(Adapter):
                 rec.phase = BACKWARD
                 if rec.has(bucket):  # FSDP runs it once per output tensor; once is work
                     return orig(state, module, handle, *args, **kwargs)
-                timer.wait_point(idx)
                 rec.push(B_FRAMEWORK)
+                timer.arrive(idx)
                 try:
                     return orig(state, module, handle, *args, **kwargs)
                 finally:
-                    rec.remove(B_FRAMEWORK)
-                    rec.push(bucket)
+                    rec.switch(B_FRAMEWORK, bucket)
+                    timer.ready(idx)
+                    if timer.device and not self._tail_queued:
+                        # Behind FSDP's final callback (queued by the root's first
+                        # pre-backward hook, inside `orig`): the end-of-backward wait.
+                        self._queue_tail()
             return _pre_backward_hook
 
         def make_post(orig):
@@ -360,8 +338,7 @@ class FSDP1Adapter(Adapter):
                 idx = by_handle.get(id(handle)) if self.active else None
                 if idx is None:
                     return orig(state, handle, *args, **kwargs)
-                rec.remove(unit_bucket(idx, BACKWARD))
-                rec.push(B_FRAMEWORK)
+                rec.switch(unit_bucket(idx, BACKWARD), B_FRAMEWORK)
                 try:
                     return orig(state, handle, *args, **kwargs)
                 finally:
@@ -397,9 +374,19 @@ class FSDP1Adapter(Adapter):
         wrap("_reduce_grad", make_reduce(REDUCE_SCATTER))
         wrap("_reduce_grad_no_shard", make_reduce(ALL_REDUCE))
 
-        real = getattr(ru, "dist", None)
-        if real is None:
-            reg.missing("_runtime_utils.dist", "not found")
-        else:
-            undo.append(hp.swap_attr(ru, "dist", _DistProxy(real, self)))
-            reg.ok("_runtime_utils.dist (reduce-scatter / all-reduce proxy)")
+        install_dist_proxy(ru, _DistProxy(getattr(ru, "dist", None), self),
+                           "_runtime_utils.dist (reduce-scatter / all-reduce proxy)", reg,
+                           undo)
+
+    def _queue_tail(self) -> None:
+        def tail() -> None:
+            self._tail_queued = False
+            try:
+                self.timer.tail((REDUCE_SCATTER, ALL_REDUCE))
+            except Exception as e:
+                self.registry.error("fsdp1.backward_tail", e)
+        try:
+            hp.queue_autograd_callback(tail)
+            self._tail_queued = True
+        except Exception as e:
+            self.registry.missing("Variable._execution_engine.queue_callback", repr(e))

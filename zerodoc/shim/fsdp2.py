@@ -10,6 +10,10 @@ the model itself). Per unit we install:
   clock between "framework" and the unit's compute;
 - instance wrappers of the param group's `pre_backward` / `post_backward` doing the same in
   backward (there is no public per-unit backward hook).
+On CUDA the same switches open and close the exposure windows of `cuda.py`: pre-forward and
+pre-backward (where FSDP makes the compute stream wait for the unit's all-gather),
+post-backward (where it waits for the previous unit's reduce-scatter) and, from an autograd
+callback queued behind FSDP's own final callback, the end of backward.
 Everything is undone by `uninstall()`. Hook points: see `hookpoints.py`.
 """
 
@@ -17,8 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from . import hookpoints as hp
 from .comm import HostTimer
@@ -28,12 +30,13 @@ from .recorder import (
 )
 from ..model import UnitFacts
 from .adapters import Adapter, AdapterFacts
+from .wiring import (
+    DistProxy, dtype_name as _dtype_name, install_dist_proxy, install_forward_hooks,
+    nbytes as _nbytes, torch_version, unit_facts_placeholder,
+)
 
 ROOT_NAME = "(root)"
-
-
-def _dtype_name(dt) -> str:
-    return str(dt).replace("torch.", "") if dt is not None else ""
+REDUCTIONS = (REDUCE_SCATTER, ALL_REDUCE)
 
 
 @dataclass
@@ -125,10 +128,6 @@ def unit_facts(u: Unit) -> UnitFacts:
                      param_dtype=pdt, reduce_dtype=rdt, replicate_size=replicate)
 
 
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size()
-
-
 def _make_comm_classes():
     AllGatherBase, ReduceScatterBase = hp.fsdp2_comm_bases()
     ag_bases = (AllGatherBase,) if AllGatherBase is not None else ()
@@ -146,7 +145,7 @@ def _make_comm_classes():
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
             return self.timer.call(self.inner, (output_tensor, input_tensor, group),
                                    {"async_op": async_op}, self.unit, ALL_GATHER,
-                                   _nbytes(output_tensor), async_op)
+                                   _nbytes(output_tensor), async_op, group)
 
     class InstrumentedReduceScatter(*rs_bases):
         def __init__(self, inner, timer: HostTimer, unit: int):
@@ -158,7 +157,7 @@ def _make_comm_classes():
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             return self.timer.call(self.inner, (output_tensor, input_tensor, group, op),
                                    {"async_op": async_op}, self.unit, REDUCE_SCATTER,
-                                   _nbytes(input_tensor), async_op)
+                                   _nbytes(input_tensor), async_op, group)
 
     return InstrumentedAllGather, InstrumentedReduceScatter
 
@@ -182,41 +181,21 @@ def _install_comm(u: Unit, comm, public_setter: str, private_attr: str, hook: st
     undo.append(lambda olds=olds: [setattr(g, private_attr, old) for g, old in olds])
 
 
-class _DistProxy:
-    """Stands in for `torch.distributed` inside FSDP2's collectives module only, so the
-    HSDP all-reduce (called as `dist.all_reduce`, no comm object) is timed and attributed to
-    the unit whose post_backward is running. Everything else passes through."""
+class _DistProxy(DistProxy):
+    """`torch.distributed` inside FSDP2's collectives module only, so the HSDP all-reduce
+    (called as `dist.all_reduce`, no comm object) is timed and attributed to the unit whose
+    post_backward is running. Everything else passes through."""
 
     def __init__(self, real, timer: HostTimer, current: list):
-        self._real, self._timer, self._current = real, timer, current
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
+        super().__init__(real)
+        self._timer, self._current = timer, current
 
     def all_reduce(self, tensor, *args, **kwargs):
         unit = self._current[0]
         if unit is None or kwargs.get("async_op") or len(args) > 2:
             return self._real.all_reduce(tensor, *args, **kwargs)
         return self._timer.sync_call(self._real.all_reduce, (tensor, *args), kwargs, unit,
-                                     ALL_REDUCE, tensor.numel() * tensor.element_size())
-
-
-def _install_hsdp_all_reduce(timer: HostTimer, registry: hp.HookRegistry,
-                             current: list, undo: list) -> None:
-    mod = hp.fsdp2_collectives_module()
-    if mod is None or not hasattr(mod, "dist"):
-        registry.missing("_fsdp_collectives.dist (HSDP all-reduce)", "module not found")
-        return
-    real = mod.dist
-    if isinstance(real, _DistProxy):  # another monitor's proxy: leave it
-        return
-    mod.dist = _DistProxy(real, timer, current)
-    registry.ok("_fsdp_collectives.dist (HSDP all-reduce)")
-
-    def restore():
-        if isinstance(mod.dist, _DistProxy):
-            mod.dist = real
-    undo.append(restore)
+                                     ALL_REDUCE, _nbytes(tensor))
 
 
 def instrument(units: list[Unit], rec: Recorder, timer: HostTimer,
@@ -225,8 +204,11 @@ def instrument(units: list[Unit], rec: Recorder, timer: HostTimer,
     undo: list = []
     reducing = [None]  # index of the unit whose post_backward runs (HSDP all-reduce)
     if any(getattr(g, "_is_hsdp", False) for u in units for g in u.groups):
-        _install_hsdp_all_reduce(timer, registry, reducing, undo)
+        mod = hp.fsdp2_collectives_module()
+        install_dist_proxy(mod, _DistProxy(getattr(mod, "dist", None), timer, reducing),
+                           "_fsdp_collectives.dist (HSDP all-reduce)", registry, undo)
     AG, RS = _make_comm_classes()
+    tail = _TailWindow(timer, registry) if timer.device else None
     for u in units:
         # --- collectives ---------------------------------------------------------
         try:
@@ -242,78 +224,90 @@ def instrument(units: list[Unit], rec: Recorder, timer: HostTimer,
         except Exception as e:
             registry.missing("FSDPParamGroup._all_gather_comm", repr(e))
 
-        # --- forward compute -----------------------------------------------------
-        idx = u.index
-
-        def outer_pre(mod, args, _root=u.is_root, _idx=idx):
-            if _root:
-                on_root_forward()
-            timer.wait_point(_idx)
-            rec.push(B_FRAMEWORK)
-
-        def inner_pre(mod, args, _idx=idx):
-            rec.remove(B_FRAMEWORK)
-            rec.push(unit_bucket(_idx, rec.phase))
-
-        def inner_post(mod, args, out, _idx=idx):
-            rec.remove(unit_bucket(_idx, rec.phase))
-            rec.push(B_FRAMEWORK)
-
-        def outer_post(mod, args, out, _root=u.is_root):
-            rec.remove(B_FRAMEWORK)
-            if _root:
-                # After the root's forward, collectives belong to backward (public hooks
-                # only: holds even if the private backward wrappers are unavailable).
-                rec.phase = BACKWARD
-
-        try:
-            hs = [
-                u.module.register_forward_pre_hook(outer_pre, prepend=True),
-                u.module.register_forward_pre_hook(inner_pre),
-                u.module.register_forward_hook(inner_post, prepend=True),
-                u.module.register_forward_hook(outer_post),
-            ]
-            undo.extend(h.remove for h in hs)
-            registry.ok("nn.Module forward hooks (prepend)")
-        except Exception as e:
-            registry.missing("nn.Module forward hooks (prepend)", repr(e))
+        # --- forward compute (and the CUDA pre-forward window) ----------------------
+        install_forward_hooks(
+            u.module, u.module, rec, timer, u.index, registry, undo,
+            on_root_forward=on_root_forward if u.is_root else None,
+            # After the root's forward, collectives belong to backward (public hooks only:
+            # holds even if the private backward wrappers are unavailable).
+            post_extra=_to_backward(rec) if u.is_root else None)
 
         # --- backward compute ----------------------------------------------------
         for g in u.groups:
             try:
-                _wrap_backward(g, idx, rec, timer, registry, undo, reducing)
+                _wrap_backward(g, u.index, rec, timer, registry, undo, reducing, tail)
             except Exception as e:
                 registry.missing("FSDPParamGroup.pre_backward/post_backward", repr(e))
     return undo
 
 
+def _to_backward(rec: Recorder):
+    def post(out) -> None:
+        rec.phase = BACKWARD
+    return post
+
+
+class _TailWindow:
+    """CUDA: once per backward, an autograd callback queued behind FSDP's final callback
+    (queued by the root's pre-backward, which runs before any unit's) closes the window of
+    the end-of-backward wait for the last reduce-scatters / all-reduces."""
+
+    def __init__(self, timer, registry: hp.HookRegistry):
+        self.timer, self.registry = timer, registry
+        self.queued = False
+
+    def queue(self) -> None:
+        if self.queued:
+            return
+        try:
+            hp.queue_autograd_callback(self._run)
+            self.queued = True
+            self.registry.ok("Variable._execution_engine.queue_callback")
+        except Exception as e:
+            self.registry.missing("Variable._execution_engine.queue_callback", repr(e))
+
+    def _run(self) -> None:
+        self.queued = False
+        try:
+            self.timer.tail(REDUCTIONS)
+        except Exception as e:
+            self.registry.error("fsdp2.backward_tail", e)
+
+
 def _wrap_backward(g, idx: int, rec: Recorder, timer, registry: hp.HookRegistry,
-                   undo: list, reducing: list) -> None:
+                   undo: list, reducing: list, tail: _TailWindow | None) -> None:
     orig_pre = g.pre_backward
     orig_post = g.post_backward
     bwd_bucket = unit_bucket(idx, BACKWARD)
 
     def pre_backward(*args, **kwargs):
         rec.phase = BACKWARD
-        if not rec.has(bwd_bucket):
-            timer.wait_point(idx)
+        first = not rec.has(bwd_bucket)  # FSDP runs it once per output; once is work
         rec.push(B_FRAMEWORK)
+        if first:
+            timer.arrive(idx)
+            if tail is not None:
+                tail.queue()
         try:
             return orig_pre(*args, **kwargs)
         finally:
-            rec.remove(B_FRAMEWORK)
-            if not rec.has(bwd_bucket):
-                rec.push(bwd_bucket)
+            if first:
+                rec.switch(B_FRAMEWORK, bwd_bucket)
+                timer.ready(idx)
+            else:
+                rec.remove(B_FRAMEWORK)
 
     def post_backward(*args, **kwargs):
-        rec.remove(bwd_bucket)
-        rec.push(B_FRAMEWORK)
+        rec.switch(bwd_bucket, B_FRAMEWORK)
+        # CUDA: FSDP makes the compute stream wait for the previous reduce-scatter here.
+        timer.arrive(idx, claim=REDUCTIONS)
         reducing[0] = idx
         try:
             return orig_post(*args, **kwargs)
         finally:
             reducing[0] = None
             rec.remove(B_FRAMEWORK)
+            timer.ready(idx, ())
 
     g.pre_backward = pre_backward
     g.post_backward = post_backward
@@ -334,8 +328,7 @@ def describe(units: list[Unit], registry: hp.HookRegistry) -> FSDP2Info:
             u.facts = unit_facts(u)
         except Exception as e:  # private attributes: fail soft, keep the unit's name
             registry.missing("FSDPParam attributes (unit facts)", repr(e))
-            u.facts = UnitFacts(name=u.name, params=0, param_bytes=0, gather_bytes=0,
-                                sharded_bytes=0, reshard_after_forward=None, group_size=1)
+            u.facts = unit_facts_placeholder(u.name)
         if u.facts.reshard_after_forward is not None:
             reshards.append(u.facts.reshard_after_forward)
         if u.groups and not info.mesh_shape:
@@ -348,10 +341,6 @@ def describe(units: list[Unit], registry: hp.HookRegistry) -> FSDP2Info:
     if reshards:
         info.zero_stage = 3 if any(reshards) else 2
     return info
-
-
-def torch_version() -> str:
-    return torch.__version__.split("+")[0]
 
 
 class FSDP2Adapter(Adapter):

@@ -23,9 +23,10 @@ from ..catalog import STEP_BUCKETS
 from ..config import AttachConfig
 from ..model import CommTotals, RankFacts, RankWindow
 from ..runlog import DEFAULT_ROOT, RunLogWriter
-from . import adapters, fsdp2, memory
+from . import adapters, faults, memory
 from . import hookpoints as hp
 from .comm import HostTimer
+from .wiring import torch_version
 from .recorder import (
     B_FRAMEWORK, B_OPTIMIZER, B_OTHER, B_WAIT, COLLECTIVES, FORWARD, OPTIMIZER, PHASES,
     Recorder, unit_bucket,
@@ -120,18 +121,22 @@ class Monitor:
         if not self.adapter.unit_names:
             warnings.warn("zerodoc: no sharded units found (FSDP2 fully_shard, FSDP1, ZeRO, "
                           "DeepSpeed); only step time and memory are measured", stacklevel=3)
-        self.rec = Recorder(len(self.adapter.unit_names))
         self.device_type = self._device_type()
-        self.oom = self.nvml = None
+        self.oom = self.nvml = self.allocator = None
+        inject = faults.announce(cfg.inject_latency_s, self.device_type)
         if self.device_type == "cuda":
-            from . import cuda
+            from . import cuda, cuda_memory, devclock
 
+            self.rec = devclock.DeviceRecorder(len(self.adapter.unit_names),
+                                               devclock.EventPool(cuda.timing_event))
             self.timer = cuda.CudaTimer(self.rec, self.registry)
+            self.allocator = cuda_memory.AllocatorReader(cfg.reset_peak_memory)
         else:
+            self.rec = Recorder(len(self.adapter.unit_names))
             self.timer = HostTimer(self.rec, self.registry, cfg.completion_callbacks)
         info = self.adapter.facts()
         self._undo += self.adapter.instrument(self.rec, self.timer, self._on_root_forward,
-                                              cfg.inject_latency_s)
+                                              inject)
         self.optimizer = self.adapter.step_optimizer()
         self._install_optimizer_hooks()
 
@@ -153,6 +158,9 @@ class Monitor:
             self._server, self.endpoint = serve(self, cfg.port, cfg.host)
 
         extra = dict(info.extra)
+        extra["compute_clock"] = "device" if self.device_type == "cuda" else "host"
+        extra["fault_injection"] = inject > 0
+        extra["inject_latency_s"] = inject  # the delay in force (0: none, or ignored)
         if self.device_type == "cuda":
             self._start_gpu_observers()
             if self.nvml is not None:
@@ -162,7 +170,7 @@ class Monitor:
             local_world_size=self.local_world_size, node=self.node,
             run_id=os.path.basename(os.path.normpath(self.run_dir)),
             framework=info.framework, framework_version=info.framework_version,
-            torch_version=fsdp2.torch_version(),
+            torch_version=torch_version(),
             device_type=self.device_type,
             backend=dist.get_backend() if dist.is_available() and dist.is_initialized()
             else "none",
@@ -199,9 +207,9 @@ class Monitor:
 
     def _capacity(self) -> int | None:
         if self.device_type == "cuda":
-            from . import cuda
+            from . import cuda_memory
 
-            return cuda.capacity_bytes()
+            return cuda_memory.capacity_bytes()
         host = memory.host_memory_bytes()
         return host // max(1, self.local_world_size) if host else None
 
@@ -219,10 +227,10 @@ class Monitor:
             self.optimizer = None
 
     def _start_gpu_observers(self) -> None:
-        from . import cuda
+        from . import cuda_memory
 
         try:
-            self.oom = cuda.OOMObserver(self.run_dir, self.rank, self.registry,
+            self.oom = cuda_memory.OOMObserver(self.run_dir, self.rank, self.registry,
                                         self.cfg.memory_history)
         except Exception as e:
             self.registry.error("oom_observer", e)
@@ -334,17 +342,27 @@ class Monitor:
         self.close()
 
     # --- step end ------------------------------------------------------------------
-    def _end_step(self) -> None:
-        now = perf_counter()
-        self.timer.collect()  # CUDA: read back finished events (never blocks)
-        acc, comm = self.rec.drain(now)
-        start = self._step_start if self._step_start is not None else self._t_attach
-        step_s = now - start
-        self._step_start = now
-        self.step_index += 1
+    def flush(self) -> int:
+        """Read back the device timings that have finished and fold them into the totals now,
+        not at the next step end (no synchronisation: call it after your own, e.g. in a
+        benchmark). Returns how many collectives were read. A no-op on CPU."""
+        if self._closed or not self.timer.device:
+            return 0
+        try:
+            n = self.timer.collect(step_end=False)
+            dev, checks, caught = self.rec.take_device()
+            self._fold(dev, self.rec.take_comm(), None, checks, caught)
+            return n
+        except Exception as e:
+            self.registry.error("monitor.flush", e)
+            return 0
+
+    def _fold(self, acc: list, comm: dict, host: list | None, checks: int = 0,
+              caught: int = 0) -> tuple[list, list, float]:
+        """Fold bucket seconds (`acc`: the device clock on GPU) and collectives into the
+        totals; returns the run log's compute and comm rows and the host compute time."""
         names = self.unit_names
         tot = self.totals
-
         compute_rows = []
         for u in range(len(names)):
             for p in (0, 1):
@@ -362,6 +380,31 @@ class Monitor:
                 tot.comm[key] = CommTotals(*a)
             else:
                 t.add(CommTotals(*a))
+        tot.optimizer_seconds += acc[B_OPTIMIZER]
+        tot.framework_seconds += acc[B_FRAMEWORK]
+        tot.other_seconds += acc[B_OTHER]
+        src = host if host is not None else acc
+        host_s = sum(src[unit_bucket(u, p)] for u in range(len(names)) for p in (0, 1))
+        tot.host_compute_seconds += host_s
+        tot.launch_checks += checks
+        tot.launch_caught_up += caught
+        return compute_rows, comm_rows, host_s
+
+    def _end_step(self) -> None:
+        now = perf_counter()
+        self.timer.collect()  # CUDA: read back finished events (never blocks)
+        acc, comm = self.rec.drain(now)
+        host = None
+        checks = caught = 0
+        if self.timer.device:  # bucket times from the device clock; the host's are launches
+            host = acc
+            acc, checks, caught = self.rec.take_device()
+        start = self._step_start if self._step_start is not None else self._t_attach
+        step_s = now - start
+        self._step_start = now
+        self.step_index += 1
+        tot = self.totals
+        compute_rows, comm_rows, host_s = self._fold(acc, comm, host, checks, caught)
 
         mem = self._memory()
         self_s = self._pending_self_s
@@ -371,9 +414,6 @@ class Monitor:
         tot.step_seconds += step_s
         tot.last_step_seconds = step_s
         tot.max_step_seconds = max(tot.max_step_seconds, step_s)
-        tot.optimizer_seconds += acc[B_OPTIMIZER]
-        tot.framework_seconds += acc[B_FRAMEWORK]
-        tot.other_seconds += acc[B_OTHER]
         tot.self_seconds += self_s
         tot.memory = mem
         tot.errors = dict(self.registry.errors)
@@ -392,6 +432,9 @@ class Monitor:
                 "exposed_s": sum(a[3] for a in comm.values()),
                 "compute": compute_rows, "comm": comm_rows, "mem": mem,
             }
+            if host is not None:  # GPU: compute rows are device time; launches kept apart
+                rec["host_compute_s"] = host_s
+                rec["launch"] = [checks, caught]
             if self.registry.errors:
                 rec["errors"] = dict(self.registry.errors)
             try:
@@ -410,10 +453,8 @@ class Monitor:
         mem["process_resident"] = memory.process_resident_bytes()
         peak = memory.process_peak_resident_bytes()
         mem["process_peak_resident"] = peak
-        if self.device_type == "cuda":
-            from . import cuda
-
-            dev = cuda.allocator_stats()
+        if self.allocator is not None:
+            dev = self.allocator.read()
             mem.update(dev)
             # Activations and transient buffers by difference (what the tensor walk misses).
             known = sum(st.get(k, 0) for k in ("sharded_parameters", "gradients",

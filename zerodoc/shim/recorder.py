@@ -60,6 +60,22 @@ class Recorder:
                 del stack[i]
                 return
 
+    def switch(self, old: int, new: int) -> None:
+        """`remove(old)` then `push(new)` with one clock read (a hook leaving one bucket
+        for another)."""
+        now = perf_counter()
+        stack = self.stack
+        self.acc[stack[-1]] += now - self.last
+        self.last = now
+        if stack[-1] == old and len(stack) > 1:
+            stack[-1] = new
+            return
+        for i in range(len(stack) - 1, 0, -1):
+            if stack[i] == old:
+                del stack[i]
+                break
+        stack.append(new)
+
     def has(self, bucket: int) -> bool:
         return bucket in self.stack
 
@@ -76,6 +92,11 @@ class Recorder:
             a[2] += seconds
             a[3] += exposed
             a[4] += hidden
+
+    def take_comm(self) -> dict[tuple[int, int, int], list]:
+        """The collectives recorded so far (read-back outside a step end)."""
+        comm, self.comm = self.comm, {}
+        return comm
 
     # --- step boundary -------------------------------------------------------------
     def drain(self, now: float) -> tuple[list[float], dict[tuple[int, int, int], list]]:

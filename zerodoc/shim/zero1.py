@@ -21,6 +21,11 @@ Measured per step:
   optimizer) through a proxy of the optimizer module's `dist`, installed while this
   optimizer's `_broadcast_params_from_rank` runs; exposed = the time `_sync_params` blocked
   in `wait()` (the `TimedWork` of comm.py).
+On CUDA: each bucket's all-reduce is timed on the device (an event on the current stream
+before the call, one recorded in the future's `then` callback, i.e. on a stream that waited
+for the collective: `cuda.CudaTimer.issue/done`); the exposure window is the same span of the
+compute stream (end of backward compute -> DDP's wait returned). ZeRO-1's broadcasts get a
+window around `_sync_params` (where the compute stream waits for them).
 Memory: the monitor is handed a view whose `state` is the local optimizer's (this rank's
 shard) and whose step hooks are the `ZeroRedundancyOptimizer`'s.
 Slow link (`inject_latency_s`, tests and demo): ZeRO-1's broadcasts complete that much later;
@@ -38,24 +43,22 @@ from typing import Any
 
 import torch
 
+import torch.distributed as dist
+
 from . import hookpoints as hp
 from .adapters import Adapter, AdapterFacts
 from .recorder import (
-    ALL_REDUCE, BACKWARD, BROADCAST, B_FRAMEWORK, B_WAIT, unit_bucket,
+    ALL_REDUCE, BACKWARD, BROADCAST, B_FRAMEWORK, B_WAIT, OPTIMIZER, unit_bucket,
 )
 from .slowlink import DelayedWork, SlowLink
+from .wiring import (
+    DistProxy, dtype_name as _dtype_name, install_dist_proxy, install_forward_hooks,
+    nbytes as _nbytes, torch_version,
+)
 from ..model import UnitFacts
 
 UNIT_NAME = "(model)"
 UNIT = 0
-
-
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size()
-
-
-def _dtype_name(dt) -> str:
-    return str(dt).replace("torch.", "") if dt is not None else ""
 
 
 def _tensors(obj, out: list) -> list:
@@ -81,16 +84,14 @@ def find_ddp(model):
     return next((m for m in model.modules() if isinstance(m, cls)), None)
 
 
-class _ZeroDistProxy:
+class _ZeroDistProxy(DistProxy):
     """Stands in for `torch.distributed` inside `zero_redundancy_optimizer` only: while the
     adapter's optimizer broadcasts its parameters, each `broadcast` is timed (and, in tests,
     delayed beneath the measurement); otherwise everything passes through."""
 
     def __init__(self, real, adapter: "Zero1Adapter"):
-        self._real, self._a = real, adapter
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
+        super().__init__(real)
+        self._a = adapter
 
     def broadcast(self, *args, **kwargs):
         a = self._a
@@ -100,9 +101,8 @@ class _ZeroDistProxy:
         fn = self._real.broadcast
         if a.slow_link_s > 0:
             fn = SlowLink(fn, a.slow_link_s)
-        return a.timer.call(fn, args, kwargs, UNIT, BROADCAST,
-                            _nbytes(tensor) if tensor is not None else 0,
-                            bool(kwargs.get("async_op", False)))
+        return a.timer.call(fn, args, kwargs, UNIT, BROADCAST, _nbytes(tensor),
+                            bool(kwargs.get("async_op", False)), kwargs.get("group"))
 
 
 class _ZeroStepView:
@@ -153,7 +153,6 @@ class DDPAdapter(Adapter):
         pg = getattr(self.ddp, "process_group", None)
         if pg is not None:
             return pg.size()
-        import torch.distributed as dist
         return dist.get_world_size() if dist.is_initialized() else 1
 
     # --- static facts ---------------------------------------------------------------
@@ -179,8 +178,6 @@ class DDPAdapter(Adapter):
                 "broadcast_buffers": getattr(d, "broadcast_buffers", None)}
 
     def facts(self) -> AdapterFacts:
-        from .fsdp2 import torch_version
-
         n = self._group_size()
         u = self._unit_facts(n, n)
         return AdapterFacts(framework=self.framework, framework_version=torch_version(),
@@ -212,36 +209,23 @@ class DDPAdapter(Adapter):
         self.active = False
 
     def _install_forward(self, on_root_forward, undo: list, backward: bool) -> None:
-        rec, timer, reg = self.rec, self.timer, self.registry
-        fwd, bwd = unit_bucket(UNIT, 0), unit_bucket(UNIT, BACKWARD)
+        rec, timer = self.rec, self.timer
+        bwd = unit_bucket(UNIT, BACKWARD)
         outer = self.ddp if self.ddp is not None else self.model
-        inner = self.memory_module()
+        device = timer.device
 
-        def outer_pre(mod, args):
-            on_root_forward()
-            timer.wait_point(UNIT)
+        def pre_extra() -> None:
             self._bwd_started = False
-            rec.push(B_FRAMEWORK)
 
-        def inner_pre(mod, args):
-            rec.remove(B_FRAMEWORK)
-            rec.push(fwd)
-
-        def inner_post(mod, args, out):
-            rec.remove(fwd)
-            rec.push(B_FRAMEWORK)
-
-        def outer_post(mod, args, out):
-            rec.remove(B_FRAMEWORK)
+        def post_extra(out) -> None:
             rec.phase = BACKWARD
             if not backward or not self.active or not torch.is_grad_enabled():
-                return None
+                return
             try:
                 for t in _tensors(out, []):
                     t.register_hook(on_output_grad)
             except Exception as e:
                 self.registry.error("ddp.output_grad_hook", e)
-            return None
 
         def on_output_grad(grad):
             # The first gradient reaching the model's output: backward compute starts.
@@ -261,8 +245,9 @@ class DDPAdapter(Adapter):
             # Queued before DDP's finalize_backward (DDP queues it at its last bucket):
             # the graph has run, DDP is about to wait for its buckets.
             try:
-                rec.remove(bwd)
-                rec.push(B_WAIT)
+                rec.switch(bwd, B_WAIT)
+                if device:
+                    timer.arrive(UNIT)
                 self._t_compute_end = perf_counter()
                 hp.queue_autograd_callback(on_wait_end)
             except Exception as e:
@@ -270,19 +255,17 @@ class DDPAdapter(Adapter):
 
         def on_wait_end():
             try:
-                self._account_buckets(perf_counter())
+                if device:
+                    rec.remove(B_WAIT)
+                    timer.ready(UNIT, (ALL_REDUCE,))  # the device timer books the buckets
+                else:
+                    self._account_buckets(perf_counter())
             except Exception as e:
                 self.registry.error("ddp.bucket_wait", e)
 
-        try:
-            hs = [outer.register_forward_pre_hook(outer_pre, prepend=True),
-                  inner.register_forward_pre_hook(inner_pre),
-                  inner.register_forward_hook(inner_post, prepend=True),
-                  outer.register_forward_hook(outer_post)]
-            undo.extend(h.remove for h in hs)
-            reg.ok("nn.Module forward hooks (prepend)")
-        except Exception as e:
-            reg.missing("nn.Module forward hooks (prepend)", repr(e))
+        install_forward_hooks(outer, self.memory_module(), rec, timer, UNIT, self.registry,
+                              undo, on_root_forward=on_root_forward, window=False,
+                              pre_extra=pre_extra, post_extra=post_extra)
 
     def _account_buckets(self, t_end: float) -> None:
         """DDP's wait for its buckets returned at `t_end`: record each bucket's all-reduce."""
@@ -315,7 +298,15 @@ class DDPAdapter(Adapter):
             return
         pg = ddp.process_group
         size = pg.size()
-        import torch.distributed as dist
+        timer = self.timer
+        if timer.device:
+            hook = self._device_hook(pg, size)
+            try:
+                ddp.register_comm_hook(None, hook)
+                reg.ok("DistributedDataParallel.register_comm_hook")
+            except Exception as e:
+                reg.missing("DistributedDataParallel.register_comm_hook", repr(e))
+            return
 
         def hook(state, bucket):
             # What DDP does without a hook (torch's default_hooks.allreduce_hook):
@@ -342,6 +333,26 @@ class DDPAdapter(Adapter):
             reg.ok("DistributedDataParallel.register_comm_hook")
         except Exception as e:
             reg.missing("DistributedDataParallel.register_comm_hook", repr(e))
+
+
+    def _device_hook(self, pg, size: int):
+        """The comm hook on CUDA: DDP's default all-reduce, its device time recorded by
+        `CudaTimer.issue` (before the call, current stream) and `done` (in the future's
+        callback, on a stream that waited for the collective)."""
+        timer = self.timer
+
+        def hook(state, bucket):
+            tensor = bucket.buffer()
+            tensor.div_(size)
+            h = timer.issue(UNIT, ALL_REDUCE, _nbytes(tensor), pg) if self.active else None
+            work = dist.all_reduce(tensor, group=pg, async_op=True)
+
+            def done(f):
+                if h is not None:
+                    timer.done(h)
+                return f.value()[0]
+            return work.get_future().then(done)
+        return hook
 
 
 class Zero1Adapter(DDPAdapter):
@@ -416,9 +427,33 @@ class Zero1Adapter(DDPAdapter):
         opt._broadcast_params_from_rank = _broadcast_params_from_rank
         undo.append(lambda: opt.__dict__.pop("_broadcast_params_from_rank", None))
         reg.ok("ZeroRedundancyOptimizer._broadcast_params_from_rank")
-        real = getattr(zmod, "dist", None)
-        if real is None:
-            reg.missing("zero_redundancy_optimizer.dist", "not found")
+        install_dist_proxy(zmod, _ZeroDistProxy(getattr(zmod, "dist", None), self),
+                           "zero_redundancy_optimizer.dist (broadcast proxy)", reg, undo)
+        if self.timer.device:
+            self._install_sync_window(opt, undo)
+
+    def _install_sync_window(self, opt, undo: list) -> None:
+        """CUDA: `_sync_params` issues every broadcast, then makes the compute stream wait
+        for them: its span is the broadcasts' exposure window."""
+        reg, rec, timer = self.registry, self.rec, self.timer
+        try:
+            orig = opt._sync_params
+        except AttributeError as e:
+            reg.missing("ZeroRedundancyOptimizer._sync_params", repr(e))
             return
-        undo.append(hp.swap_attr(zmod, "dist", _ZeroDistProxy(real, self)))
-        reg.ok("zero_redundancy_optimizer.dist (broadcast proxy)")
+
+        def _sync_params(*args, **kwargs):
+            if not self.active:
+                return orig(*args, **kwargs)
+            rec.phase = OPTIMIZER
+            rec.push(B_FRAMEWORK)
+            timer.arrive(UNIT)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                rec.remove(B_FRAMEWORK)
+                timer.ready(UNIT, (BROADCAST,))
+
+        opt._sync_params = _sync_params
+        undo.append(lambda: opt.__dict__.pop("_sync_params", None))
+        reg.ok("ZeroRedundancyOptimizer._sync_params")

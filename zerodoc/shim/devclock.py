@@ -1,0 +1,160 @@
+"""The device clock: the bucket clock of `recorder.py` mirrored on the GPU's compute stream.
+
+On CUDA the host runs ahead of the device, so the host bucket clock measures how long the
+work took to *launch*. `DeviceRecorder` keeps that host clock (it is the "host launch time")
+and, at every bucket switch, also records a pooled CUDA event on the stream current at the
+switch (the compute stream). The device time between two consecutive switch events belongs
+to the bucket that was on top in between: per unit and phase, that is the unit's compute as
+the device ran it (idle time of the stream inside the span included: a device waiting for the
+host is the launch-bound signature, see below).
+
+Events are read back lazily by `DeviceClock.collect()` at a step end: only those already
+complete (`query()`), in order, never a synchronisation. Numbers land in the step in which
+they were read, typically one step late.
+
+Launch-bound signal. When a unit's compute segment ends (the host has launched it all), we
+`query()` the event that started the segment: complete means the device had already begun
+the segment while the host was still launching it, i.e. the device was keeping pace with the
+host, not the other way round. The fraction of segments where that held ("caught up"), with
+host launch time close to device time, is what rule ZD014 reads.
+
+Marks are shared with the collective timer (`cuda.CudaTimer`): the switch that starts a
+unit's pre-hook window is its "arrive" event, the one that starts its compute is "ready".
+A mark's event returns to the pool only when the clock and every window holding it are done.
+"""
+
+from __future__ import annotations
+
+from .recorder import _FIRST_UNIT_BUCKET, Recorder
+
+
+class EventPool:
+    """Reuses timing events (creating CUDA events is not free)."""
+
+    __slots__ = ("_factory", "_free", "created")
+
+    def __init__(self, factory):
+        self._factory = factory
+        self._free: list = []
+        self.created = 0
+
+    def get(self):
+        if self._free:
+            return self._free.pop()
+        self.created += 1
+        return self._factory()
+
+    def put(self, ev) -> None:
+        self._free.append(ev)
+
+
+class Mark:
+    """One recorded switch: the event, the bucket on top after it, and its holders."""
+
+    __slots__ = ("ev", "bucket", "holds")
+
+    def __init__(self, ev, bucket: int):
+        self.ev, self.bucket, self.holds = ev, bucket, 1
+
+    def release(self, pool: EventPool) -> None:
+        self.holds -= 1
+        if self.holds <= 0:
+            pool.put(self.ev)
+
+
+def _first_incomplete(marks: list, lo: int) -> int:
+    """Index of the first mark from `lo` whose event is not complete. Events of one stream
+    complete in order, so a binary search needs about log2(n) queries, not n."""
+    hi = len(marks)
+    if hi <= lo or marks[hi - 1].ev.query():
+        return hi
+    # invariant: marks[lo-1] complete (or lo is the start), marks[hi-1] not complete
+    while lo < hi - 1:
+        mid = (lo + hi - 1) // 2
+        if marks[mid].ev.query():
+            lo = mid + 1
+        else:
+            hi = mid + 1
+    return lo if not marks[lo].ev.query() else lo + 1
+
+
+class DeviceRecorder(Recorder):
+    """A `Recorder` whose bucket switches are also CUDA events on the current stream."""
+
+    def __init__(self, n_units: int, pool: EventPool):
+        super().__init__(n_units)
+        self.pool = pool
+        self.marks: list[Mark] = []
+        self.last_mark: Mark | None = None
+        self.dev_acc = [0.0] * len(self.acc)  # device seconds read back since the last take
+        self.launch_checks = 0
+        self.launch_caught_up = 0
+        self._seg_start: Mark | None = None  # mark that started the current unit segment
+        self.max_marks = 1 << 16
+        self.dropped_marks = 0
+
+    # --- the hot path ------------------------------------------------------------------
+    def _mark(self) -> None:
+        top = self.stack[-1]
+        seg = self._seg_start
+        if seg is not None and seg.bucket != top:
+            # A unit's compute segment ends: was the device already running it?
+            self.launch_checks += 1
+            if seg.ev.query():
+                self.launch_caught_up += 1
+            self._seg_start = None
+            seg.release(self.pool)
+        if len(self.marks) >= self.max_marks:  # the device stopped reading back: bound it
+            self.dropped_marks += 1
+            self.last_mark = None
+            return
+        ev = self.pool.get()
+        ev.record()
+        m = Mark(ev, top)
+        self.marks.append(m)
+        self.last_mark = m
+        if top >= _FIRST_UNIT_BUCKET:
+            m.holds += 1  # held until the segment ends (its event is queried then)
+            self._seg_start = m
+
+    def push(self, bucket: int) -> None:
+        Recorder.push(self, bucket)
+        self._mark()
+
+    def remove(self, bucket: int) -> None:
+        top = self.stack[-1]
+        Recorder.remove(self, bucket)
+        if self.stack[-1] != top or top == bucket:
+            self._mark()
+
+    def switch(self, old: int, new: int) -> None:
+        Recorder.switch(self, old, new)
+        self._mark()
+
+    # --- read-back (step end) -------------------------------------------------------------
+    def collect(self) -> int:
+        """Charge the device time between completed marks to their buckets; returns how
+        many intervals were read. The last completed mark stays as the next interval's start."""
+        marks = self.marks
+        if len(marks) < 2:
+            return 0
+        k = _first_incomplete(marks, 0)  # marks[:k] complete
+        if k < 2:
+            return 0
+        acc, pool = self.dev_acc, self.pool
+        prev = marks[0]
+        for i in range(1, k):
+            m = marks[i]
+            acc[prev.bucket] += prev.ev.elapsed_time(m.ev) / 1e3
+            prev.release(pool)
+            prev = m
+        del marks[: k - 1]
+        return k - 1
+
+    def take_device(self) -> tuple[list[float], int, int]:
+        """Device seconds per bucket and launch checks read since the last take."""
+        acc = self.dev_acc
+        self.dev_acc = [0.0] * len(acc)
+        checks, caught = self.launch_checks, self.launch_caught_up
+        self.launch_checks = self.launch_caught_up = 0
+        return acc, checks, caught

@@ -1,0 +1,110 @@
+"""What every framework adapter shares: collective sizes and dtype names, the module-scoped
+`torch.distributed` proxy, the forward-hook placement around a framework's own hooks, the
+torch version. One copy here instead of one per adapter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from . import hookpoints as hp
+from .recorder import B_FRAMEWORK, unit_bucket
+
+
+def nbytes(x) -> int:
+    """Bytes of a tensor, or of a list / tuple of tensors (None: 0)."""
+    if x is None:
+        return 0
+    if isinstance(x, (list, tuple)):
+        return sum(t.numel() * t.element_size() for t in x)
+    return x.numel() * x.element_size()
+
+
+def dtype_name(dt) -> str:
+    """"bfloat16" for torch.bfloat16 ("" for None)."""
+    return str(dt).replace("torch.", "") if dt is not None else ""
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
+class DistProxy:
+    """Stands in for `torch.distributed` inside one framework module only (a module global
+    the framework looks up at call time). Subclasses define the collectives they time;
+    everything else passes through to the real module."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def install_dist_proxy(module, proxy: DistProxy, hook: str, registry: hp.HookRegistry,
+                       undo: list) -> bool:
+    """Replace `module.dist` by `proxy` (undone on close; another tool's proxy installed
+    later stays). Returns False (and reports the hook missing) when there is no `dist`."""
+    real = getattr(module, "dist", None) if module is not None else None
+    if real is None:
+        registry.missing(hook, "module or its `dist` reference not found")
+        return False
+    if isinstance(real, DistProxy):  # another monitor's proxy: leave it
+        return False
+    undo.append(hp.swap_attr(module, "dist", proxy))
+    registry.ok(hook)
+    return True
+
+
+def install_forward_hooks(outer, inner, rec, timer, idx: int, registry: hp.HookRegistry,
+                          undo: list, *, on_root_forward: Callable | None = None,
+                          window: bool = True, pre_extra: Callable | None = None,
+                          post_extra: Callable | None = None) -> None:
+    """The forward placement every adapter uses: hooks on `outer` run outside the
+    framework's pre/post-forward (prepend pre-hook, plain post-hook), hooks on `inner` inside
+    it. Between them the recorder's clock is on "framework"; inside, on the unit's compute.
+    With `window`, the switch into "framework" is where the unit needs its parameters and
+    the switch into compute is where the wait for them is over (the CUDA exposure window).
+    `outer` and `inner` may be the same module (FSDP2: the framework's hooks are hooks too).
+    """
+    def outer_pre(mod, args):
+        if on_root_forward is not None:
+            on_root_forward()
+        rec.push(B_FRAMEWORK)
+        if window:
+            timer.arrive(idx)
+        if pre_extra is not None:
+            pre_extra()
+
+    def inner_pre(mod, args):
+        rec.switch(B_FRAMEWORK, unit_bucket(idx, rec.phase))
+        if window:
+            timer.ready(idx)
+
+    def inner_post(mod, args, out):
+        rec.switch(unit_bucket(idx, rec.phase), B_FRAMEWORK)
+
+    def outer_post(mod, args, out):
+        rec.remove(B_FRAMEWORK)
+        if post_extra is not None:
+            post_extra(out)
+
+    try:
+        hs = [outer.register_forward_pre_hook(outer_pre, prepend=True),
+              inner.register_forward_pre_hook(inner_pre),
+              inner.register_forward_hook(inner_post, prepend=True),
+              outer.register_forward_hook(outer_post)]
+        undo.extend(h.remove for h in hs)
+        registry.ok("nn.Module forward hooks (prepend)")
+    except Exception as e:
+        registry.missing("nn.Module forward hooks (prepend)", repr(e))
+
+
+def unit_facts_placeholder(name: str) -> Any:
+    """Facts of a unit whose private attributes could not be read (name kept)."""
+    from ..model import UnitFacts
+
+    return UnitFacts(name=name, params=0, param_bytes=0, gather_bytes=0, sharded_bytes=0,
+                     reshard_after_forward=None, group_size=1)
