@@ -11,9 +11,12 @@ Where a collective runs (torch >= 2.8, ProcessGroupNCCL; see docs/gpus.md):
   *enqueue* (that was zerodoc's bug before 0.2). The done event is recorded instead inside
   `work.get_future().then(cb)`: NCCL futures complete at enqueue, so the callback runs
   inline, on a pool stream that has been made to wait on the collective's end event. The
-  issue event is on the current stream before the call. Queued behind an earlier collective
-  of the same process group, the kernel starts only when that one ends: the duration is
-  ``done - max(issue, previous done of that group)``.
+  issue event is on the current stream before the call.
+NCCL runs the collectives of one communicator one after the other, whatever stream they were
+issued on: queued behind an earlier collective of the same process group (a prefetched
+all-gather behind the previous one, FSDP's all-gather behind a reduce-scatter of the same
+group), the kernel starts only when that one ends. The duration is therefore
+``done - max(issue, done of the previous collective of that group)``.
 NCCL's own timing (`work._get_duration()`) is not used: reading it needs the `Work` object
 after completion, and holding it pins the collective's output buffer (a unit's unsharded
 parameters) until read-back.
@@ -24,7 +27,7 @@ fetch hook makes the stream wait) and ``ready`` where that wait is over (the uni
 starts). At ``ready`` the window takes every collective of that unit, phase and kind issued
 and not yet claimed. Per collective, with events read back later:
 
-    seconds = done - max(issue, previous done on the same process group)
+    seconds = done - max(issue, done of the previous collective of the same group)
     exposed = done - arrive if arrive < done <= ready, else 0   (a cursor over the window's
               collectives in order of done, so overlapping ones are not counted twice; one
               that ended after `ready` was not waited for there)
@@ -61,7 +64,7 @@ class _Coll:
         self.e1: Mark | None = None
         self.win: _Window | None = None
         self.seconds: float | None = None  # known once read back
-        self.prev: _Coll | None = None  # async: the previous async collective of the group
+        self.prev: _Coll | None = None  # the previous collective of the same process group
 
 
 class _Window:
@@ -93,7 +96,7 @@ class CudaTimer:
         self._pending: list[_Coll] = []  # in issue order
         self._unclaimed: dict[tuple[int, int, int], list[_Coll]] = {}
         self._open: dict[tuple[int, int], tuple[Mark, list]] = {}  # windows not closed
-        self._last_async: dict = {}  # group key -> last async _Coll issued on it
+        self._last: dict = {}  # group key -> last async _Coll issued on it
         self.dropped = 0
         self.async_fallbacks = 0
 
@@ -108,8 +111,8 @@ class CudaTimer:
         e0.record()
         out = fn(*args, **kwargs)
         c = _Coll(unit, self.rec.phase, coll, nbytes, e0, _gkey(group))
+        self._chain(c)
         if async_op and out is not None:
-            self._chain(c)
             try:
                 out.get_future().then(lambda _f, _c=c: self.done(_c))
             except Exception as e:  # not a CUDA future: the current stream is all we have
@@ -142,15 +145,15 @@ class CudaTimer:
         ev = self.pool.get()
         ev.record()
         m = Mark(ev, -1)
-        if self._last_async.get(c.group) is c:
-            m.holds += 1  # for the next async collective of the group
+        if self._last.get(c.group) is c:
+            m.holds += 1  # for the next collective of the group
         c.e1 = m
 
     def _chain(self, c: _Coll) -> None:
-        p = self._last_async.get(c.group)
+        p = self._last.get(c.group)
         if p is not None and p.e1 is not None:
             c.prev = p  # takes over p.e1's successor hold
-        self._last_async[c.group] = c
+        self._last[c.group] = c
 
     def _add(self, c: _Coll) -> None:
         self._pending.append(c)

@@ -267,11 +267,13 @@ class FSDP1Adapter(Adapter):
                     slow = SlowLink(lambda t, async_op=False: orig(t), slow_link_s)
                     inner = slow
 
-                def all_gather_flat_param(padded_unsharded, _inner=inner, _idx=idx):
+                pg = getattr(h, "process_group", None)
+
+                def all_gather_flat_param(padded_unsharded, _inner=inner, _idx=idx, _pg=pg):
                     if not self.active:
                         return orig(padded_unsharded)
                     return timer.call(_inner, (padded_unsharded,), {}, _idx, ALL_GATHER,
-                                      _nbytes(padded_unsharded), False)
+                                      _nbytes(padded_unsharded), False, _pg)
 
                 h._all_gather_flat_param = all_gather_flat_param
                 reg.ok("FlatParamHandle._all_gather_flat_param")
