@@ -1,118 +1,93 @@
-"""The GPU path. On CPU machines: the CUDA modules import cleanly and the event-pairing /
-lazy read-back logic is checked with stand-in events that keep CUDA's contract (record(),
-query(), elapsed_time() in ms). On a CUDA machine: a real FSDP2 job, with a count of device
-synchronisations proving the shim adds none."""
+"""The GPU path on a CPU machine: its modules import without CUDA, the NVML link class, the
+CUDA facts the timer is built on (checked on the stand-in of tests/cudasim.py), zerodoc's
+GPU code making no synchronisation, and the fault injector's gate. On a CUDA machine, one
+real FSDP2 step under the sync debug mode (the full check is bench/gpu_check.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 
+from bench.syncwatch import SyncWatch
+from tests.cudasim import Sim, SimPG
+from zerodoc.config import AttachConfig
+from zerodoc.shim import hookpoints as hp
 from zerodoc.shim.cuda import CudaTimer
+from zerodoc.shim.devclock import DeviceRecorder, EventPool
 from zerodoc.shim.nvml import link_class_from_topology
-from zerodoc.shim.recorder import (
-    ALL_GATHER, BACKWARD, FORWARD, REDUCE_SCATTER, Recorder,
-)
+from zerodoc.shim.recorder import ALL_GATHER, FORWARD, unit_bucket
 
 CUDA = torch.cuda.is_available()
 
 
-class Clock:
-    """A stand-in GPU clock: events complete at times the test decides."""
-
-    def __init__(self):
-        self.script: list[float | None] = []  # completion time (ms) of each new record()
-        self.events: list[FakeEvent] = []
-
-
-class FakeEvent:
-    def __init__(self, clock: Clock):
-        self.clock = clock
-        self.t: float | None = None
-        clock.events.append(self)
-
-    def record(self):
-        self.t = self.clock.script.pop(0)
-
-    def query(self) -> bool:
-        return self.t is not None
-
-    def elapsed_time(self, end: "FakeEvent") -> float:
-        assert self.t is not None and end.t is not None, "read before completion"
-        return end.t - self.t
+def test_an_async_collective_done_event_on_the_issuing_stream_completes_at_enqueue():
+    """The assumption the old timer made, and why it was wrong: NCCL runs an async_op=True
+    collective on the process group's stream, which waits on the issuing stream, not the
+    other way round."""
+    sim = Sim()
+    pg = SimPG(sim)
+    e0 = sim.Event().record()
+    work = pg.collective(10.0, "ag", async_op=True)
+    e1 = sim.Event().record()  # what the old code called "done"
+    sim.drain()
+    assert e0.elapsed_time(e1) < 0.01  # "0 ms" ...
+    assert work.end.t - e0.t == pytest.approx(10.0, abs=0.01)  # ... for a 10 ms collective
 
 
-def make_timer():
-    clock = Clock()
-    rec = Recorder(n_units=2)
-    return clock, rec, CudaTimer(rec, registry=None, event_factory=lambda: FakeEvent(clock))
-
-
-def comm(rec, unit, phase, coll):
-    return rec.comm.get((unit, phase, coll))
-
-
-def test_prefetched_all_gather_exposure_is_done_minus_wait_point():
-    clock, rec, timer = make_timer()
+def test_the_timer_reads_the_kernel_time_of_an_async_collective():
+    sim = Sim()
+    rec = DeviceRecorder(1, EventPool(sim.Event))
+    timer = CudaTimer(rec, hp.HookRegistry(), event_factory=sim.Event)
     rec.phase = FORWARD
-    # all-gather of unit 1 issued at 10 ms, done at 18 ms (prefetched) ...
-    clock.script = [10.0, 18.0]
-    timer.call(lambda: None, (), {}, 1, ALL_GATHER, 4096, async_op=False)
-    # ... the compute stream reaches unit 1 at 15 ms: it waits 3 ms.
-    clock.script = [15.0]
-    timer.wait_point(1)
-    assert timer.collect() == 1
-    t = comm(rec, 1, FORWARD, ALL_GATHER)
-    assert t == [1, 4096, pytest.approx(0.008), pytest.approx(0.003), pytest.approx(0.005)]
-
-
-def test_not_prefetched_all_gather_is_fully_exposed():
-    clock, rec, timer = make_timer()
-    rec.phase = BACKWARD
-    clock.script = [5.0]  # compute ready for unit 0 at 5 ms
-    timer.wait_point(0)
-    clock.script = [6.0, 11.0]  # issued after that, done at 11 ms
-    timer.call(lambda: None, (), {}, 0, ALL_GATHER, 100, async_op=True)
+    pg = SimPG(sim)
+    timer.call(pg.collective, (10.0, "ag", True), {}, 0, ALL_GATHER, 64, True, group=pg)
     timer.collect()
-    t = comm(rec, 0, BACKWARD, ALL_GATHER)
-    assert t[2] == pytest.approx(0.005) and t[3] == pytest.approx(0.005) and t[4] == 0
-
-
-def test_hidden_all_gather_has_zero_exposure():
-    clock, rec, timer = make_timer()
-    rec.phase = FORWARD
-    clock.script = [1.0, 4.0]
-    timer.call(lambda: None, (), {}, 0, ALL_GATHER, 8, async_op=False)
-    clock.script = [9.0]  # compute arrives long after it finished
-    timer.wait_point(0)
+    assert rec.comm == {}  # not complete yet: deferred, never waited for
+    sim.drain()
     timer.collect()
-    t = comm(rec, 0, FORWARD, ALL_GATHER)
-    assert t[3] == 0.0 and t[4] == pytest.approx(0.003)
+    (count, nbytes, secs, exposed, hidden), = rec.comm.values()
+    assert (count, nbytes) == (1, 64) and secs == pytest.approx(0.010, abs=1e-5)  # + launch gaps
+    assert exposed == 0.0 and hidden == pytest.approx(secs)  # nobody waited for it
 
 
-def test_unfinished_events_are_deferred_never_waited_for():
-    clock, rec, timer = make_timer()
-    rec.phase = BACKWARD
-    clock.script = [1.0, None]  # done event not complete yet
-    timer.call(lambda: None, (), {}, 1, REDUCE_SCATTER, 64, async_op=False)
-    assert timer.collect() == 0 and comm(rec, 1, BACKWARD, REDUCE_SCATTER) is None
-    clock.events[1].t = 3.0  # the GPU finishes it later
-    assert timer.collect() == 1
-    assert comm(rec, 1, BACKWARD, REDUCE_SCATTER)[2] == pytest.approx(0.002)
+def test_zerodoc_gpu_code_makes_no_synchronisation():
+    """The timer and the device clock through many steps, watched: no synchronize(), no
+    .item(), no device-to-host copy from zerodoc's code (the stand-in counts its own)."""
+    sim = Sim()
+    rec = DeviceRecorder(2, EventPool(sim.Event))
+    timer = CudaTimer(rec, hp.HookRegistry(), event_factory=sim.Event)
+    pg = SimPG(sim)
+    with SyncWatch() as watch:
+        for _ in range(20):
+            rec.phase = FORWARD
+            rec.push(1)
+            timer.arrive(1)
+            timer.call(pg.collective, (2.0, "ag", True), {}, 1, ALL_GATHER, 8, True, pg)
+            rec.switch(1, unit_bucket(1, FORWARD))
+            timer.ready(1)
+            sim.kernel(3.0, "fwd")
+            rec.remove(unit_bucket(1, FORWARD))
+            timer.collect()
+    sim.drain()
+    timer.collect()
+    assert watch.by("zerodoc") == [] and sim.syncs == []
+    assert rec.comm[(1, FORWARD, ALL_GATHER)][0] == 20
 
 
-def test_events_are_pooled():
-    clock, rec, timer = make_timer()
-    rec.phase = FORWARD
-    for step in range(5):
-        clock.script = [1.0, 2.0, 1.5]
-        timer.call(lambda: None, (), {}, 0, ALL_GATHER, 1, async_op=False)
-        timer.wait_point(0)
-        timer.collect()
-    assert len(clock.events) == 3  # created once, reused every step
+def test_syncwatch_can_see_a_sync():
+    """The harness itself: a sync made from zerodoc's package is attributed to zerodoc."""
+    code = compile("import torch\ndef f(t):\n    return t.item()\n",
+                   "/x/zerodoc/shim/fake_sync.py", "exec")
+    ns: dict = {}
+    exec(code, ns)
+    with SyncWatch() as watch:
+        ns["f"](torch.ones(1))
+        torch.ones(1).item()
+    assert [c[1] for c in watch.calls] == ["zerodoc", "caller"]
 
 
 def test_link_class():
@@ -123,49 +98,100 @@ def test_link_class():
 
 
 def test_gpu_modules_import_without_cuda():
-    code = "import zerodoc.shim.cuda, zerodoc.shim.nvml; print('ok')"
+    code = ("import zerodoc.shim.cuda, zerodoc.shim.cuda_memory, zerodoc.shim.devclock, "
+            "zerodoc.shim.nvml; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin"})
     assert out.stdout.strip() == "ok", out.stderr
 
 
+def test_gpu_check_without_cuda_says_so_in_one_line():
+    out = subprocess.run([sys.executable, "bench/gpu_check.py"], capture_output=True,
+                         text=True, timeout=120, env={"CUDA_VISIBLE_DEVICES": "",
+                                                      "PATH": "/usr/bin", "PYTHONPATH": "."})
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = [x for x in out.stdout.splitlines() if x.strip()]
+    assert len(lines) == 1 and "no CUDA device" in lines[0] and not out.stderr.strip()
+
+
+# --- the fault injector's gate --------------------------------------------------------------
+
+
+def test_injector_env_alone_is_ignored_with_a_warning(monkeypatch):
+    monkeypatch.setenv("ZERODOC_INJECT_LATENCY_S", "0.05")
+    monkeypatch.delenv("ZERODOC_INJECT_LATENCY_ACK", raising=False)
+    with pytest.warns(UserWarning, match="IGNORED"):
+        cfg = AttachConfig.from_options()
+    assert cfg.inject_latency_s == 0.0
+
+
+def test_injector_env_with_acknowledgement_injects(monkeypatch):
+    monkeypatch.setenv("ZERODOC_INJECT_LATENCY_S", "0.05")
+    monkeypatch.setenv("ZERODOC_INJECT_LATENCY_ACK", "slow-down-this-job")
+    assert AttachConfig.from_options().inject_latency_s == 0.05
+    monkeypatch.setenv("ZERODOC_INJECT_LATENCY_ACK", "1")  # a lazy "yes" is not enough
+    with pytest.warns(UserWarning, match="IGNORED"):
+        assert AttachConfig.from_options().inject_latency_s == 0.0
+
+
+def test_injection_is_loud_in_the_facts_and_the_metrics(tmp_path, monkeypatch):
+    """A job that injects says so: a warning at attach, the run facts, the exporter."""
+    import zerodoc
+    from zerodoc.exporter.prometheus import ZerodocCollector
+
+    monkeypatch.delenv("ZERODOC_INJECT_LATENCY_S", raising=False)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for inject, loud in ((0.02, True), (0.0, False)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / str(inject)), port=False,
+                                 inject_latency_s=inject)
+        try:
+            said = [str(w.message) for w in caught if "FAULT INJECTION" in str(w.message)]
+            assert bool(said) == loud, said
+            assert mon.facts.config["fault_injection"] is loud
+            assert mon.facts.config["inject_latency_s"] == inject
+            fams = {f.name: f for f in ZerodocCollector(mon).collect()}
+            assert fams["zerodoc_injected_latency_seconds"].samples[0].value == inject
+        finally:
+            mon.close()
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (run on the device machine)")
-def test_real_gpu_step_adds_no_synchronisation(tmp_path, monkeypatch):
-    """FSDP2 with NCCL at world size 1 on one GPU: instrumented steps call none of the
-    device synchronisation entry points; allocator populations are exported."""
+def test_real_gpu_step_adds_no_synchronisation(tmp_path):
+    """FSDP2 with NCCL at world size 1: instrumented steps under the sync debug mode, and
+    no explicit synchronisation from zerodoc's code; allocator populations are exported."""
     import os
 
     import torch.distributed as dist
 
     import zerodoc
-    from zerodoc.demo.model import DemoConfig, batch, build, loss_fn
+    from bench.gpu_check_setup import batch, build_model, train_step
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29555", RANK="0",
                       WORLD_SIZE="1", LOCAL_RANK="0")
     dist.init_process_group("nccl")
     try:
         torch.cuda.set_device(0)
-        cfg = DemoConfig(blocks=4, hidden=512, seq=256, batch=8)
-        with torch.device("cuda"):
-            model = build(cfg)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "gpu"), port=False)
-        calls = []
-        for name, owner in (("synchronize", torch.cuda), ("synchronize", torch.cuda.Event),
-                            ("synchronize", torch.cuda.Stream)):
-            orig = getattr(owner, name)
+        from torch.distributed.fsdp import fully_shard
 
-            def counted(*a, _orig=orig, _n=f"{owner.__name__}.{name}", **k):
-                calls.append(_n)
-                return _orig(*a, **k)
-            monkeypatch.setattr(owner, name, counted)
-        for step in range(6):
-            x, y = batch(cfg, step, 0)
-            loss = loss_fn(model(x.cuda()), y.cuda())
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-        assert calls == [], calls
+        model = build_model("cuda")
+        for b in model.blocks:
+            fully_shard(b)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "gpu"), port=False)
+        ids = [batch("cuda", i, bsz=1, seq=128) for i in range(6)]
+        torch.cuda.synchronize()
+        with SyncWatch() as watch:
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                for x in ids:
+                    train_step(model, opt, x)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        assert watch.by("zerodoc") == [] and not mon.registry.errors
         mon.close()
         from zerodoc.runlog import read_rank_log
 

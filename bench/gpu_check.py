@@ -1,0 +1,529 @@
+"""One command to check zerodoc's GPU numbers against the PyTorch profiler on a real GPU.
+
+    PYTHONPATH=. python bench/gpu_check.py [--out DIR] [--quick]
+
+Needs one CUDA GPU and NCCL (torch >= 2.9; written against 2.11), nothing to install. Without
+CUDA it exits with status 2 and one line saying so. Sections (each independent: one that
+fails reports and the others still run):
+
+1. fsdp2/<setup> for setup in implicit (FSDP2's defaults: implicit prefetch), async-explicit
+   (async unshard + explicit forward / backward prefetch), no-reshard
+   (reshard_after_forward=False): a ~1.1 B-parameter bf16 transformer, FSDP2 at world size 1
+   with NCCL (its all-gathers re-enabled, see gpu_check_setup.py), a known slow link injected
+   on the device before the all-gathers of chosen units (`torch.cuda._sleep` on the
+   collective's stream), zerodoc attached. Several steps are profiled; per unit and phase
+   zerodoc's collective time, exposed time and compute time are compared with the
+   profiler's CUDA kernel trace of the same steps (gpu_check_trace.py). FAIL where they
+   differ by more than max(5 %, 0.2 ms).
+2. sync: the instrumented job under `torch.cuda.set_sync_debug_mode("error")`, plus the
+   explicit synchronisations the mode misses, counted by who made them (bench/syncwatch.py).
+   FAIL on any made by zerodoc.
+3. overhead: the same real step with and without zerodoc, alternated in blocks (A B B A ...),
+   ratio of medians (target <= 1.003).
+4. memory: zerodoc's allocator populations; the job's own peak is not reset by zerodoc.
+5. nvml: the link class zerodoc infers.
+6. fsdp1 and ddp-zero1 at world size 1 (FSDP1 turns FULL_SHARD into NO_SHARD at world size 1:
+   its gradient all-reduce; DDP + ZeroRedundancyOptimizer: bucket all-reduces, broadcasts):
+   zerodoc's collective totals against the trace, syncs by origin.
+
+Output: tables on stdout, everything in DIR/gpu_check.json (and the traces, gzipped).
+Exit status: 0 all PASS, 1 a FAIL or an ERROR, 2 no CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gzip
+import json
+import os
+import shutil
+import socket
+import statistics
+import sys
+import time
+import traceback
+
+SETUPS = ("implicit", "async-explicit", "no-reshard")
+DELAYS_MS = {"blocks.3": 2.0, "blocks.9": 6.0, "blocks.15": 12.0}  # the known slow link
+OVERHEAD_TARGET = 1.003
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Check:
+    def __init__(self, args):
+        self.args = args
+        self.out = os.path.abspath(args.out)
+        self.results: list[dict] = []
+        self.warmup = 2 if args.quick else 4
+        self.profiled = 2 if args.quick else 4
+
+    def section(self, name: str, fn, *a) -> None:
+        t0 = time.perf_counter()
+        res = {"section": name, "status": "ERROR", "tables": [], "notes": []}
+        try:
+            fn(res, *a)
+        except Exception as e:  # report, go on with the next section
+            res["status"] = "ERROR"
+            res["error"] = f"{type(e).__name__}: {e}"
+            res["traceback"] = traceback.format_exc(limit=8)
+        finally:
+            _cleanup()
+        res["seconds"] = round(time.perf_counter() - t0, 1)
+        self.results.append(res)
+        print_section(res)
+
+
+def _cleanup() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def print_section(res: dict) -> None:
+    print(f"\n=== {res['section']}: {res['status']} ({res.get('seconds', '?')} s)")
+    for t in res["tables"]:
+        print(f"--- {t['title']}")
+        cols = t["columns"]
+        rows = [[_fmt(x) for x in r] for r in t["rows"]]
+        widths = [max(len(str(c)), *(len(r[i]) for r in rows)) if rows else len(str(c))
+                  for i, c in enumerate(cols)]
+        print("  ".join(str(c).ljust(w) for c, w in zip(cols, widths)))
+        for r in rows:
+            print("  ".join(x.ljust(w) for x, w in zip(r, widths)))
+    for n in res.get("notes", []):
+        print(f"  note: {n}")
+    if res.get("error"):
+        print(f"  error: {res['error']}")
+        print("  " + res.get("traceback", "").replace("\n", "\n  "))
+
+
+def _fmt(x) -> str:
+    if isinstance(x, float):
+        return f"{x * 1e3:.3f} ms" if abs(x) < 100 else f"{x:.4g}"
+    return str(x)
+
+
+# --- FSDP2 vs the profiler ---------------------------------------------------------------
+
+
+def _attach(model, opt, run_dir: str):
+    import zerodoc
+
+    return zerodoc.attach(model, opt, run_dir=run_dir, port=False, nvml=False)
+
+
+def _ours(totals, names: list[str], phase: str) -> dict:
+    out = {}
+    for n in names:
+        c = totals.comm.get((n, phase, "all_gather"))
+        out[n] = {"collective": c.seconds if c else 0.0, "exposed": c.exposed_seconds if c
+                  else 0.0, "compute": totals.compute.get((n, phase), 0.0)}
+    return out
+
+
+def _diff(a: dict, b: dict) -> dict:
+    return {n: {q: b[n][q] - a[n].get(q, 0.0) for q in b[n]} for n in b}
+
+
+def fsdp2_section(ck: Check, res: dict, setup: str) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.gpu_check_setup import (
+        batch, build_model, n_params, shard_fsdp2, train_step, world_size_1_all_gathers,
+    )
+    from bench.gpu_check_trace import Trace, compare, witness
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    model = build_model(dev)
+    n = n_params(model)
+    res["notes"].append(f"{n / 1e9:.2f} B parameters, bf16; injected delays (ms): {DELAYS_MS}")
+    assert n >= 1e9, n
+    with world_size_1_all_gathers():
+        units = shard_fsdp2(model, setup, {k: v for k, v in DELAYS_MS.items()}, ck.cpm)
+        names = [u or "(root)" for u in units]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+        mon = _attach(model, opt, os.path.join(ck.out, "runs", f"fsdp2-{setup}"))
+        try:
+            if not getattr(mon.timer, "device", False):
+                raise RuntimeError(f"zerodoc did not take the CUDA path ({type(mon).__name__})")
+            for i in range(ck.warmup):
+                train_step(model, opt, batch(dev, i))
+            torch.cuda.synchronize()  # the check's own syncs, outside the measured steps
+            mon.flush()
+            before = {p: _ours(mon.totals, names, p) for p in ("forward", "backward")}
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for i in range(ck.profiled):
+                    train_step(model, opt, batch(dev, 100 + i))
+                torch.cuda.synchronize()
+            mon.flush()
+            after = {p: _ours(mon.totals, names, p) for p in ("forward", "backward")}
+            errors = dict(mon.registry.errors)
+        finally:
+            mon.close()
+    path = os.path.join(ck.out, f"trace-fsdp2-{setup}.json")
+    prof.export_chrome_trace(path)
+    tr = Trace.load(path)
+    _gzip(path)
+    cs = tr.guess_compute_stream("")
+    if cs is None:
+        raise RuntimeError("no FSDP annotations for the root in the trace")
+    children = {"": [u for u in units if u]}
+    all_ok = True
+    for phase in ("forward", "backward"):
+        ours_fqn = {u: v for u, v in zip(units, _diff(before[phase], after[phase]).values())}
+        theirs = witness(tr, units, children, phase, cs)
+        rows, ok = compare(ours_fqn, theirs)
+        rows = [[r[0] or "(root)", *r[1:]] for r in rows]
+        all_ok &= ok and bool(rows)
+        res["tables"].append({"title": f"fsdp2 {setup} {phase}: zerodoc vs profiler over "
+                                       f"{ck.profiled} steps (compute stream {cs})",
+                              "columns": ["unit", "quantity", "zerodoc", "profiler", "diff",
+                                          ""], "rows": rows})
+    if errors:
+        res["notes"].append(f"zerodoc errors counted: {errors}")
+        all_ok = False
+    res["status"] = "PASS" if all_ok else "FAIL"
+
+
+def _gzip(path: str) -> None:
+    with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
+        shutil.copyfileobj(f, g)
+    os.remove(path)
+
+
+# --- no synchronisation ---------------------------------------------------------------------
+
+
+def sync_section(ck: Check, res: dict) -> None:
+    import torch
+
+    from bench.gpu_check_setup import (
+        batch, build_model, shard_fsdp2, train_step, world_size_1_all_gathers,
+    )
+    from bench.syncwatch import SyncWatch
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    model = build_model(dev)
+    with world_size_1_all_gathers():
+        shard_fsdp2(model, "implicit", DELAYS_MS, ck.cpm)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+        peak0 = None
+        for i in range(2):
+            train_step(model, opt, batch(dev, i))
+        torch.cuda.synchronize()
+        peak0 = torch.cuda.max_memory_allocated()
+        mon = _attach(model, opt, os.path.join(ck.out, "runs", "sync"))
+        caught = None
+        try:
+            ids = [batch(dev, 10 + i) for i in range(4)]  # host->device copies made before
+            torch.cuda.synchronize()
+            with SyncWatch() as watch:
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    for x in ids:
+                        train_step(model, opt, x)
+                except RuntimeError as e:
+                    caught = f"{e}"
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            torch.cuda.synchronize()
+            mon.flush()
+            mem = dict(mon.totals.memory)
+            errors = dict(mon.registry.errors)
+        finally:
+            mon.close()
+        peak1 = torch.cuda.max_memory_allocated()
+    rows = [[origin, n] for origin, n in sorted(watch.counts.items())] or [["(none)", 0]]
+    res["tables"].append({"title": "explicit syncs during 4 instrumented steps, by origin",
+                          "columns": ["origin", "calls"], "rows": rows})
+    res["notes"].append("set_sync_debug_mode('error'): " + (caught or "no synchronising op"))
+    if errors:
+        res["notes"].append(f"zerodoc errors counted (a sync caught inside a hook?): {errors}")
+    ok = caught is None and not watch.by("zerodoc") and not errors
+    # memory: zerodoc never resets the job's peak
+    res["tables"].append({
+        "title": "allocator populations (zerodoc, last step) and the job's own peak",
+        "columns": ["population", "bytes"],
+        "rows": [[k, v] for k, v in sorted(mem.items())] + [
+            ["torch max_memory_allocated before attach", peak0],
+            ["torch max_memory_allocated after 4 instrumented steps", peak1]]})
+    if peak1 < peak0:
+        res["notes"].append("the job's peak went DOWN while zerodoc was attached: reset")
+        ok = False
+    for pop in ("allocated", "reserved", "peak_allocated", "peak_reserved", "capacity",
+                "headroom"):
+        if not mem.get(pop):
+            res["notes"].append(f"population {pop} missing or zero")
+            ok = False
+    res["status"] = "PASS" if ok else "FAIL"
+
+
+# --- overhead ------------------------------------------------------------------------------
+
+
+def overhead_section(ck: Check, res: dict) -> None:
+    import torch
+
+    from bench.gpu_check_setup import (
+        batch, build_model, shard_fsdp2, train_step, world_size_1_all_gathers,
+    )
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    model = build_model(dev)
+    blocks, per = (4, 3) if ck.args.quick else (10, 4)
+    times = {"bare": [], "zerodoc": []}
+    with world_size_1_all_gathers():
+        shard_fsdp2(model, "implicit", {}, ck.cpm)  # no injected delay: the plain step
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+        ids = [batch(dev, i) for i in range(per)]
+        for x in ids:
+            train_step(model, opt, x)
+        order = []
+        for i in range(blocks):  # A B B A A B B A ...: no drift favours one side
+            order += ["bare", "zerodoc"] if i % 2 == 0 else ["zerodoc", "bare"]
+        for mode in order:
+            mon = _attach(model, opt, os.path.join(ck.out, "runs", "overhead")) \
+                if mode == "zerodoc" else None
+            try:
+                train_step(model, opt, ids[0])  # attach's first step, not timed
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for x in ids:
+                    train_step(model, opt, x)
+                torch.cuda.synchronize()
+                times[mode].append((time.perf_counter() - t0) / per)
+            finally:
+                if mon is not None:
+                    mon.close()
+    a, b = statistics.median(times["bare"]), statistics.median(times["zerodoc"])
+    ratio = b / a
+    res["tables"].append({"title": f"step time, median of {blocks} blocks of {per} steps each",
+                          "columns": ["mode", "step", "blocks"],
+                          "rows": [["bare", a, len(times["bare"])],
+                                   ["zerodoc", b, len(times["zerodoc"])],
+                                   ["ratio", f"{ratio:.4f}", f"target <= {OVERHEAD_TARGET}"]]})
+    res["status"] = "PASS" if ratio <= OVERHEAD_TARGET else "FAIL"
+    if ratio > OVERHEAD_TARGET:
+        res["notes"].append("overhead target missed (the measurement itself is valid)")
+
+
+def nvml_section(ck: Check, res: dict) -> None:
+    from zerodoc.shim import hookpoints as hp
+    from zerodoc.shim.nvml import NvmlSampler
+
+    reg = hp.HookRegistry()
+    s = NvmlSampler.start(reg)
+    if s is None:
+        res["notes"].append(f"NVML unavailable: {reg.status.get('nvml')}")
+        res["status"] = "FAIL"
+        return
+    try:
+        time.sleep(1.5)
+        sample = s.latest()
+    finally:
+        s.stop()
+    res["tables"].append({"title": "NVML", "columns": ["what", "value"],
+                          "rows": [["link class", s.link_class],
+                                   *[[k, f"{v:.4g}"] for k, v in sorted(sample.items())]]})
+    res["status"] = "PASS" if s.link_class != "unknown" else "FAIL"
+
+
+# --- FSDP1, DDP + ZeRO-1 at world size 1 -----------------------------------------------------
+
+
+def _patched_collective(name: str, label: str, delay_ms: float, cpm: float):
+    """Wrap torch.distributed.<name>: the check's device delay on the collective's stream,
+    annotated for the trace (async: on a side stream the process group's stream waits on)."""
+    import torch
+    import torch.distributed as dist
+
+    orig = getattr(dist, name)
+    side = torch.cuda.Stream()
+
+    def call(*args, **kwargs):
+        with torch.profiler.record_function(f"gpu_check::link ({label})"):
+            if not kwargs.get("async_op", False):
+                torch.cuda._sleep(int(delay_ms * cpm))
+                return orig(*args, **kwargs)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(int(delay_ms * cpm))
+                return orig(*args, **kwargs)
+    setattr(dist, name, call)
+    return lambda: setattr(dist, name, orig)
+
+
+def _link_total(tr, label: str, exclude_stream) -> float:
+    from bench.gpu_check_trace import Span
+
+    total = 0.0
+    for s in tr.named("gpu_check::link", label):
+        ops = tr.launched_in(Span("", s.start, s.end, None), exclude_stream=exclude_stream)
+        if ops:
+            total += max(o.end for o in ops) - min(o.start for o in ops)
+    return total / 1e6
+
+
+def _framework_run(ck: Check, res: dict, kind: str) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.gpu_check_setup import Block, batch, build_model, train_step
+    from bench.gpu_check_trace import Trace
+    from bench.syncwatch import SyncWatch
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    model = build_model(dev)
+    if kind == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=dev,
+                     use_orig_params=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+        coll, phase = "all_reduce", "backward"
+        undo = _patched_collective("all_reduce", "fsdp1", 1.0, ck.cpm)
+    else:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[dev.index])
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
+                                      lr=1e-5)
+        coll, phase = "all_reduce", "backward"
+        undo = _patched_collective("all_reduce", "ddp", 0.5, ck.cpm)
+    try:
+        mon = _attach(model, opt, os.path.join(ck.out, "runs", kind))
+        try:
+            for i in range(ck.warmup):
+                train_step(model, opt, batch(dev, i))
+            torch.cuda.synchronize()
+            mon.flush()
+            before = copy.deepcopy(mon.totals.comm)
+            with SyncWatch() as watch, profile(
+                    activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for i in range(ck.profiled):
+                    train_step(model, opt, batch(dev, 100 + i))
+                torch.cuda.synchronize()
+            mon.flush()
+            after = copy.deepcopy(mon.totals.comm)
+            framework = mon.facts.framework
+        finally:
+            mon.close()
+    finally:
+        undo()
+    path = os.path.join(ck.out, f"trace-{kind}.json")
+    prof.export_chrome_trace(path)
+    tr = Trace.load(path)
+    _gzip(path)
+
+    def total(d, c):
+        return sum(t.seconds for (u, p, cc), t in d.items() if cc == c and p == phase)
+    ours = total(after, coll) - total(before, coll)
+    cs = _busiest_stream(tr)
+    theirs = _link_total(tr, kind if kind == "fsdp1" else "ddp", cs)
+    tol = max(0.05 * theirs, 0.0002 * ck.profiled)
+    ok = abs(ours - theirs) <= tol and theirs > 0
+    rows = [[f"{framework} {coll} ({phase}), all units", ours, theirs, ours - theirs,
+             "ok" if ok else "FAIL"]]
+    res["tables"].append({"title": f"{kind}: collective time over {ck.profiled} steps",
+                          "columns": ["what", "zerodoc", "profiler", "diff", ""],
+                          "rows": rows})
+    res["tables"].append({"title": "explicit syncs by origin (C++ ones, e.g. DDP's stats "
+                                   "logger, are not visible here)",
+                          "columns": ["origin", "calls"],
+                          "rows": [[o, n] for o, n in sorted(watch.counts.items())]
+                          or [["(none)", 0]]})
+    if watch.by("zerodoc"):
+        ok = False
+        res["notes"].append(f"zerodoc synchronised: {watch.by('zerodoc')[:3]}")
+    res["status"] = "PASS" if ok else "FAIL"
+
+
+def _busiest_stream(tr):
+    busy: dict = {}
+    for op in tr.ops:
+        busy[op.stream] = busy.get(op.stream, 0.0) + op.end - op.start
+    return max(busy, key=busy.get) if busy else None
+
+
+def fsdp1_section(ck: Check, res: dict) -> None:
+    _framework_run(ck, res, "fsdp1")
+
+
+def ddp_section(ck: Check, res: dict) -> None:
+    _framework_run(ck, res, "ddp-zero1")
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="gpu-check-out", help="output directory (JSON, traces)")
+    ap.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
+    ap.add_argument("--only", default="", help="comma-separated section names to run")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as e:  # noqa: BLE001
+        print(f"gpu_check: cannot import torch ({e})")
+        return 2
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); run it on "
+              "a GPU machine: PYTHONPATH=. python bench/gpu_check.py")
+        return 2
+    if not dist.is_nccl_available():
+        print("gpu_check: this torch has no NCCL backend")
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    ck = Check(args)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    torch.cuda.set_device(0)
+    t0 = time.perf_counter()
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    from bench.gpu_check_setup import calibrate_cycles_per_ms
+
+    ck.cpm = calibrate_cycles_per_ms()
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda,
+           "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+           "device": torch.cuda.get_device_name(0), "python": sys.version.split()[0],
+           "sleep_cycles_per_ms": round(ck.cpm)}
+    print("gpu_check:", json.dumps(env))
+    only = {s for s in args.only.split(",") if s}
+    plan = [(f"fsdp2/{s}", fsdp2_section, s) for s in SETUPS] + [
+        ("sync+memory", sync_section), ("overhead", overhead_section), ("nvml", nvml_section),
+        ("fsdp1", fsdp1_section), ("ddp-zero1", ddp_section)]
+    for name, fn, *a in plan:
+        if only and name not in only and name.split("/")[0] not in only:
+            continue
+        ck.section(name, lambda res, *x, _fn=fn: _fn(ck, res, *x), *a)
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+    summary = {r["section"]: r["status"] for r in ck.results}
+    report = {"env": env, "summary": summary, "seconds": round(time.perf_counter() - t0, 1),
+              "sections": ck.results}
+    path = os.path.join(args.out, "gpu_check.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    print(f"\ngpu_check summary: {json.dumps(summary)} ({report['seconds']} s) -> {path}")
+    return 0 if all(s == "PASS" for s in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
