@@ -53,6 +53,12 @@ class Thresholds:
     dtype_traffic_ratio_warn: float = 1.5
     """Measured collective bytes / the bytes the declared dtype implies, above which a
     collective moves a wider dtype than configured."""
+    launch_host_device_ratio_warn: float = 0.80
+    """GPU: host launch time of the compute / its device time, at or above which (with the
+    device caught up, below) a run is launch-bound."""
+    launch_caught_up_fraction_warn: float = 0.50
+    """GPU: share of unit compute segments the device had started before the host finished
+    launching them."""
     alert_for: str = "5m"
     """How long an alert condition must hold before it fires."""
 

@@ -17,6 +17,7 @@ from . import (
     zd001_wrap_too_coarse, zd002_wrap_too_fine, zd003_over_staging, zd004_exposed_all_gather,
     zd005_slow_link, zd006_comm_bound, zd007_low_headroom, zd008_layer_too_big,
     zd009_dtype_mismatch, zd010_straggler, zd011_offload_crawl, zd012_fragmentation,
+    zd014_launch_bound,
 )
 
 
@@ -55,6 +56,7 @@ RULES: tuple[Rule, ...] = tuple(Rule.of(m) for m in (
     zd010_straggler,
     zd011_offload_crawl,
     zd012_fragmentation,
+    zd014_launch_bound,
 ))
 
 BY_CODE: dict[str, Rule] = {r.code: r for r in RULES}
