@@ -16,8 +16,8 @@ and zerodoc exports what still works.
 | `FSDPModule.set_custom_reduce_scatter` | yes  | per-unit reduce-scatter wrapper (>= 2.8)  | 2.13    |
 | `FSDPParamGroup._all_gather_comm`   | no      | the comm to delegate to; fallback install | 2.13    |
 | `FSDPParamGroup._reduce_scatter_comm` | no    | same for reduce-scatter                   | 2.13    |
-| `FSDPParamGroup.pre_backward`       | no      | backward start of a unit (instance-wrapped)| 2.13   |
-| `FSDPParamGroup.post_backward`      | no      | backward end of a unit (instance-wrapped) | 2.13    |
+| `FSDPParamGroup.pre_backward`       | no      | backward start of a unit (instance-wrapped); CUDA: its all-gather wait window | 2.13, 2.11 (read) |
+| `FSDPParamGroup.post_backward`      | no      | backward end of a unit (instance-wrapped); CUDA: its wait for the previous reduce-scatter | 2.13, 2.11 (read) |
 | `FSDPParamGroup.fsdp_params`        | no      | per-unit parameter facts                  | 2.13    |
 | `FSDPParamGroup.mesh_info` / `post_forward_mesh_info` | no | group size, reshard_after_forward | 2.13 |
 | `FSDPParam._orig_size`, `.param_dtype`, `.orig_dtype`, `.padded_sharded_param_size` | no | unit bytes | 2.13 |
@@ -27,6 +27,26 @@ and zerodoc exports what still works.
 | `dist.Work` subclassing + `Work.get_future()` | yes | exposed time of async all-gathers     | 2.13    |
 | `Optimizer.register_step_pre_hook/post_hook` | yes | step boundaries, optimizer time     | 2.13    |
 | `nn.Module.register_forward_pre_hook(prepend=)` / `register_forward_hook(prepend=)` | yes | forward compute per unit | 2.13 |
+
+CUDA (the GPU path, `zerodoc/shim/cuda.py`, `devclock.py`; read from the 2.11 and 2.13
+sources, not yet run on a GPU: "2.11/2.13 (read)"):
+
+| hook point                          | public? | what for                                  | checked |
+|-------------------------------------|---------|-------------------------------------------|---------|
+| `torch.cuda.Event(enable_timing=True)` `.record()` / `.query()` / `.elapsed_time()` | yes | every device timestamp; `elapsed_time` only after `query()` | 2.11/2.13 (read) |
+| `Work.get_future().then(cb)` (NCCL: future complete at enqueue, `cb` inline on a pool stream that waited for the collective) | yes | done event of `async_op=True` collectives | 2.11/2.13 (read) |
+| ProcessGroupNCCL stream choice (`async_op=False`: current stream since 2.8; `True`: internal stream) and per-communicator ordering | semi (behaviour) | which events bracket a collective; chaining per process group | 2.8-2.13 (read) |
+| `torch.cuda.memory_stats()` (`allocated_bytes.all.*`, `reserved_bytes.all.*`, `inactive_split_bytes.all.current`, `num_alloc_retries`, `num_ooms`) | yes | allocator populations | 2.13 |
+| `torch.cuda.reset_peak_memory_stats()` | yes | only with `reset_peak_memory=True` | 2.13 |
+| `torch._C._cuda_attach_out_of_memory_observer` | no | OOM count / snapshot | 2.13 |
+| `torch.cuda.memory._record_memory_history` / `_dump_snapshot` | no | OOM snapshot (`memory_history=True`) | 2.13 |
+| FSDP2 `FSDPState._pre_backward` queueing its final callback before `FSDPParamGroup.pre_backward` runs | no (behaviour) | our end-of-backward callback runs after FSDP's | 2.11/2.13 (read) |
+| FSDP1 `_runtime_utils._pre_backward_hook` queueing `_post_backward_final_callback` (root) | no (behaviour) | same for FSDP1 | 2.13 |
+| `ZeroRedundancyOptimizer._sync_params` | no | ZeRO-1 broadcast exposure window (instance-wrapped, CUDA only) | 2.13 |
+
+`bench/gpu_check.py` (not the product) also relies on `torch.cuda._sleep` and on
+`FSDPParamGroup._all_gather_process_group` being a property (2.11/2.13, read) to re-enable
+FSDP2's all-gather at world size 1.
 
 The HSDP all-reduce in `_fsdp_collectives.foreach_reduce` is called as `dist.all_reduce`
 (no comm object to replace), hence the module-scoped proxy.
@@ -78,7 +98,7 @@ other point is instance-scoped and undone on close:
 | `DeepSpeedZeroOptimizer.copy_grads_in_partition` | no | stage 1/2 offload: gradient copies to the host | 0.19.8 |
 | `DeepSpeedZeroOptimizer.grads_in_partition` / `.averaged_gradients` / `.single_partition_of_fp32_groups` / `.bit16_groups_flat` | no | gradient / optimizer memory, post-step gather bytes | 0.19.8 |
 | `DeepSpeedZeroOptimizer_Stage3.parameter_offload.get_param_coordinator()` | no | the stage-3 parameter coordinator | 0.19.8 |
-| `PartitionedParameterCoordinator.fetch_sub_module` / `.release_sub_module` | no | which module a fetch is for; per-unit compute spans (instance-wrapped) | 0.19.8 |
+| `PartitionedParameterCoordinator.fetch_sub_module` / `.release_sub_module` | no | which module a fetch is for; per-unit compute spans; on CUDA the exposure window (entry: before DeepSpeed's `wait_stream` on its all-gather stream) (instance-wrapped) | 0.19.8 |
 | `PartitionedParameterCoordinator.__all_gather_params_` (mangled) | no | attribution by the parameters gathered (prefetches) | 0.19.8 |
 | `DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads` (mangled) | no | gradient bucket work = framework time | 0.19.8 |
 | `DeepSpeedZeroOptimizer_Stage3._offload_grad_partition_at_boundary` | no | stage 3 offload: gradient copies to the host | 0.19.8 |
