@@ -251,14 +251,16 @@ def _idle_overlap(tr: Trace, stream: int, pre: Span, post: Span, k0: float,
     gaps between its position at the hook's start, the ops launched inside the hook, and the
     first op launched after it (the unit's compute)."""
     t = tr.position(stream, pre.start)
+    if t is None:  # nothing launched on it before: idle since the hook started at the latest
+        t = pre.start
     ops = sorted(tr.launched_in(pre, stream=stream), key=lambda o: o.launch_ts)
     nxt = [o for o in tr.launched_in(Span("", pre.end, post.start + 1e9, pre.tid),
                                      stream=stream)][:1]
     total = 0.0
     for o in ops + nxt:
-        if t is not None and o.start > t:
+        if o.start > t:
             total += max(0.0, min(o.start, k1) - max(t, k0))
-        t = o.end if t is None else max(t, o.end)
+        t = max(t, o.end)
     return total
 
 

@@ -189,8 +189,8 @@ class SimEvent:
 class SimFuture:
     """A CUDA future: complete at enqueue; its event marks the collective's end."""
 
-    def __init__(self, sim: Sim, ev: SimEvent, value=None):
-        self.sim, self.ev, self._value = sim, ev, value
+    def __init__(self, sim: Sim, ev: SimEvent, value=None, label: str = ""):
+        self.sim, self.ev, self._value, self.label = sim, ev, value, label
 
     def done(self) -> bool:
         return True  # "only whether the operation has been enqueued"
@@ -199,7 +199,7 @@ class SimFuture:
         return self._value
 
     def wait(self):
-        self.sim.current.wait_event(self.ev, "future.wait")
+        self.sim.current.wait_event(self.ev, self.label)
         return self._value
 
     def then(self, cb) -> "SimFuture":
@@ -208,7 +208,7 @@ class SimFuture:
         with self.sim.stream(pool):
             out = cb(self)
             ev = pool.record_event()
-        return SimFuture(self.sim, ev, out)
+        return SimFuture(self.sim, ev, out, self.label)
 
 
 class SimWork:
@@ -223,7 +223,7 @@ class SimWork:
         return self.end.query()
 
     def get_future(self) -> SimFuture:
-        return SimFuture(self.sim, self.end, [self._value])
+        return SimFuture(self.sim, self.end, [self._value], self.label)
 
 
 @dataclass

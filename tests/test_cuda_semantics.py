@@ -131,8 +131,8 @@ def check_compute(sim, got):
         for phase, tag in (("forward", "fwd"), ("backward", "bwd")):
             want = sim.busy("compute", f"{tag}:{name}") / 1e3
             assert got["compute"][(name, phase)] == pytest.approx(want, abs=EPS), (name, phase)
-            # ... while the host only launched it (microseconds): the two are different
-            assert got["host"][(name, phase)] < 0.1 * want
+            # ... and the host's own (launch) time is kept apart, measured by its clock
+            assert got["host"][(name, phase)] > 0.0
 
 
 def test_sync_all_gather_implicit_prefetch(monkeypatch):
@@ -213,3 +213,234 @@ def test_events_are_pooled_and_unread_events_never_block(monkeypatch):
         timer.collect()
     assert rec.pool.created == created  # steady state: no new events
     assert sim.syncs == []
+
+
+# --- DDP: bucket all-reduces through zerodoc's comm hook, real autograd on CPU ---------------
+
+
+class _SimOp(torch.autograd.Function):
+    """A layer whose forward and backward enqueue compute kernels on the stand-in."""
+
+    @staticmethod
+    def forward(ctx, x, w, sim, label):
+        ctx.save_for_backward(x, w)
+        ctx.sim, ctx.label = sim, label
+        sim.kernel(1.0, f"fwd:{label}")
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        ctx.sim.kernel(2.0, f"bwd:{ctx.label}")
+        return g * w, g * x, None, None
+
+
+class _Layers(torch.nn.Module):
+    def __init__(self, sim, n):
+        super().__init__()
+        self.sim = sim
+        self.w = torch.nn.ParameterList(torch.nn.Parameter(torch.ones(4)) for _ in range(n))
+
+    def forward(self, x):
+        for i, w in enumerate(self.w):
+            x = _SimOp.apply(x, w, self.sim, f"l{i}")
+        return x
+
+
+class _FakeDDP(torch.nn.Module):
+    """DDP as zerodoc's adapter sees it: `module`, `process_group`, `register_comm_hook`;
+    a bucket per parameter, in the order gradients become ready; at the last bucket DDP queues
+    its finalize callback, which makes the current stream wait on every bucket's future."""
+
+    def __init__(self, sim, module, ms):
+        super().__init__()
+        self.sim, self.module, self.ms = sim, module, ms
+        self.process_group = type("PG", (), {"size": lambda self: 2})()
+        self._comm_hooks: list = []
+        self._futs: list = []
+        for i, p in enumerate(module.parameters()):
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self._bucket_ready(p, i))
+
+    def register_comm_hook(self, state, hook):
+        self._comm_hooks.append(hook)
+
+    def forward(self, x):
+        self._futs = []
+        return self.module(x)
+
+    def _bucket_ready(self, p, i):
+        bucket = type("Bucket", (), {"buffer": lambda self, g=p.grad: g})()
+        self._futs.append(self._comm_hooks[0](None, bucket))
+        if len(self._futs) == len(list(self.module.parameters())):
+            hp.queue_autograd_callback(self._finalize)
+
+    def _finalize(self):
+        for f in self._futs:
+            f.wait()
+
+
+class _SimDist:
+    def __init__(self, pg, ms):
+        self.pg, self.ms, self.n = pg, ms, 0
+
+    def all_reduce(self, tensor, group=None, async_op=False):
+        i = self.n % len(self.ms)
+        self.n += 1
+        return self.pg.collective(self.ms[i], f"ar:b{i}", async_op, tensor)
+
+
+def test_ddp_bucket_all_reduces(monkeypatch):
+    """Buckets issued during backward on the process group's stream, DDP's wait at the end:
+    zerodoc's bucket times and exposure equal the stand-in's trace."""
+    from tests.cudasim import SimPG
+    from zerodoc.shim import zero1
+
+    sim = Sim()
+    ms = [6.0, 1.0, 3.0]  # buckets in gradient order: the last layer's first
+    ddp = _FakeDDP(sim, _Layers(sim, 3), ms)
+    monkeypatch.setattr(hp, "ddp_class", lambda: _FakeDDP)
+    monkeypatch.setattr(zero1, "dist", _SimDist(SimPG(sim, "ddp"), ms))
+    reg = hp.HookRegistry()
+    adapter = zero1.DDPAdapter(ddp, None, reg)
+    adapter.discover()
+    rec = DeviceRecorder(1, EventPool(sim.Event))
+    timer = CudaTimer(rec, reg, event_factory=sim.Event)
+    adapter.instrument(rec, timer, lambda: setattr(rec, "phase", FORWARD), 0.0)
+    comm: dict = {}
+    dev_bwd = 0.0
+    for _ in range(3):
+        ddp(torch.ones(4)).sum().backward()
+        rec.push(B_OPTIMIZER)
+        sim.kernel(0.5, "optimizer")
+        rec.remove(B_OPTIMIZER)
+        for final in (False, True):
+            if final:
+                sim.drain()
+            timer.collect()
+            for k, a in rec.take_comm().items():
+                comm[k] = [x + y for x, y in zip(comm.get(k, [0] * 5), a)]
+            dev_bwd += rec.take_device()[0][unit_bucket(0, 1)]
+    assert sim.syncs == []
+    (key, (count, _b, secs, exposed, hidden)), = comm.items()
+    assert key == (0, 1, 2) and count == 9  # (model), backward, all_reduce: 3 buckets x 3
+    kernels = [o for o in sim.ops if o.kind == "kernel" and o.label.startswith("ar:")]
+    truth_secs = sum(o.end - o.start for o in kernels) / 1e3
+    truth_exposed = sum(sim.stalled_during("compute", f"ar:b{i}") for i in range(3)) / 1e3
+    assert secs == pytest.approx(truth_secs, abs=EPS)
+    assert exposed == pytest.approx(truth_exposed, abs=EPS) and truth_exposed > 0.003
+    assert hidden == pytest.approx(truth_secs - truth_exposed, abs=EPS)
+    assert dev_bwd == pytest.approx(sim.busy("compute", "bwd:") / 1e3, abs=EPS)
+
+
+# --- DeepSpeed ZeRO-3: fetches, prefetch, the compute stream's wait_stream --------------------
+
+
+class _FakeCoordinator:
+    """DeepSpeed's stage-3 parameter coordinator on the stand-in (0.19): a fetch all-gathers
+    the module's missing parameters under its all-gather stream (async_op=True: on the process
+    group's stream), waits for them and concatenates *on the all-gather stream*, then makes
+    the compute stream wait for that stream; then it prefetches the next module."""
+
+    def __init__(self, sim, cdb_all_gather, order):
+        from tests.cudasim import SimStream
+
+        self.sim, self.ag, self.order = sim, cdb_all_gather, order
+        self.stream = SimStream(sim, "ds_allgather")
+        self.inflight: dict = {}
+        self.label = ""
+
+    def _Fake__all_gather_params_(self, params):
+        with self.sim.stream(self.stream):
+            work = self.ag(torch.empty(8), torch.empty(4), None, True)
+        for p in params:
+            self.inflight[id(p)] = work
+
+    def fetch_sub_module(self, sub, forward):
+        sim = self.sim
+        params = list(sub.parameters(recurse=False))
+        missing = [p for p in params if id(p) not in self.inflight]
+        if missing:
+            self.label = f"ag:{sub.uname}"
+            getattr(self, "_Fake__all_gather_params_")(missing)
+        with sim.stream(self.stream):
+            for p in params:
+                w = self.inflight.pop(id(p), None)
+                if w is not None:
+                    w.wait()
+            sim.kernel(0.05, f"cat:{sub.uname}")
+        sim.current.wait_stream(self.stream, f"fetch:{sub.uname}")
+        i = self.order.index(sub)
+        if i + 1 < len(self.order):
+            nxt = self.order[i + 1]
+            self.label = f"ag:{nxt.uname}"
+            getattr(self, "_Fake__all_gather_params_")(list(nxt.parameters(recurse=False)))
+
+    def release_sub_module(self, sub, forward=False):
+        pass
+
+
+class _DSModule(torch.nn.Module):
+    def __init__(self, sim, name):
+        super().__init__()
+        self.sim, self.uname = sim, name
+        self.w = torch.nn.Parameter(torch.ones(4))
+        self.w.ds_numel = 4  # what zerodoc's attribution reads of a ZeRO-3 parameter
+
+    def forward(self, x):
+        self.sim.kernel(2.0, f"fwd:{self.uname}")
+        return x
+
+
+def test_deepspeed_fetch_order_and_prefetch():
+    """Each block's fetch waits for its (pre)fetched all-gather: zerodoc's window opens at
+    the fetch's entry (before DeepSpeed's wait_stream), so the wait is seen, not 0."""
+    from tests.cudasim import SimPG
+    from zerodoc.shim.deepspeed_comm import _State, _wrap_comm
+    from zerodoc.shim.deepspeed_zero import install_stage3
+
+    # Launch gaps of 0: zerodoc's collective time starts when the issuing stream reaches the
+    # call (like NCCL's own timing), so a host launch gap before an idle stream's kernel
+    # would count (microseconds); here the witness and zerodoc agree exactly.
+    sim = Sim(launch_ms=0.0)
+    pg = SimPG(sim, "ds")
+    ms = {"b0": 0.5, "b1": 0.5, "b2": 8.0, "b3": 0.5}
+    mods = [_DSModule(sim, n) for n in ms]
+    coord = None
+
+    def cdb_all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+        return pg.collective(ms[coord.label[3:]], coord.label, async_op, output_tensor)
+
+    reg = hp.HookRegistry()
+    rec = DeviceRecorder(1 + len(mods), EventPool(sim.Event))
+    timer = CudaTimer(rec, reg, event_factory=sim.Event)
+    st = _State(rec, timer, reg, 0)
+    coord = _FakeCoordinator(sim, _wrap_comm(cdb_all_gather_into_tensor, ALL_GATHER, 0,
+                                             "output_tensor", 3, st, 0.0), mods)
+    zero_opt = type("Opt", (), {"_Fake3__reduce_and_partition_ipg_grads": lambda s: None})()
+    zero_opt.parameter_offload = type("Off", (), {"get_param_coordinator": lambda s: coord})()
+    units = {id(m): i + 1 for i, m in enumerate(mods)}
+    install_stage3(st, zero_opt, units, units, {id(m.w): i + 1 for i, m in enumerate(mods)},
+                   [], coord_prefix="_Fake", stage3_prefix="_Fake3")
+    for m in mods:  # DeepSpeed's own module hooks (registered at deepspeed.initialize)
+        m.register_forward_pre_hook(lambda mod, a: coord.fetch_sub_module(mod, True))
+        m.register_forward_hook(lambda mod, a, o: coord.release_sub_module(mod, True))
+    for _ in range(2):
+        rec.phase = FORWARD
+        x = torch.ones(1)
+        for m in mods:
+            x = m(x)
+        timer.collect()
+    sim.drain()
+    timer.collect()
+    assert sim.syncs == []
+    for i, m in enumerate(mods):
+        a = rec.comm[(i + 1, FORWARD, ALL_GATHER)]
+        lab = f"ag:{m.uname}"
+        kernels = [(o.start, o.end) for o in sim.ops if o.kind == "kernel" and o.label == lab]
+        truth_secs = sum(b - a_ for a_, b in kernels) / 1e3
+        truth_exp = sum(max(0.0, min(b, k1) - max(a_, k0))
+                        for s, lab2, a_, b in sim.stalls if s == "compute"
+                        and lab2 == f"fetch:{m.uname}" for k0, k1 in kernels) / 1e3
+        assert a[0] == 2 and a[2] == pytest.approx(truth_secs, abs=EPS), (m.uname, a)
+        assert a[3] == pytest.approx(truth_exp, abs=EPS), (m.uname, a, truth_exp)
+    assert rec.comm[(3, FORWARD, ALL_GATHER)][3] > 0.005  # b2's slow link, mostly exposed
