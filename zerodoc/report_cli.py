@@ -13,12 +13,15 @@ def add_parser(sub) -> None:
         "report", help="print the findings, per-unit table and step breakdown of a run",
         description="Diagnose one run and print the findings (most severe first), the "
         "per-unit table and the step breakdown. SOURCE is a run directory, rank endpoints "
-        "(host:port[,host:port...] or host:9730-9737) or a Prometheus URL (http://...); "
+        "(host:port[,host:port...] or host:9730-9737), a Prometheus URL (http://...) or "
+        "PyTorch profiler traces (a directory of them, or .json/.json.gz files separated by "
+        "commas, one per rank); "
         "default: the latest run under ./zerodoc-runs. Exit status: 0, or 1 when a finding "
         "at or above --fail-on is present, 2 on bad input.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("source", nargs="?", default=None, metavar="SOURCE",
-                   help="run directory, host:port list / range, or Prometheus URL")
+                   help="run directory, host:port list / range, Prometheus URL, or profiler "
+                        "traces")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", dest="format", action="store_const", const="json",
                      help="machine-readable JSON (schema 1, docs/report.md)")
@@ -38,6 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("--fail-on", default=None, metavar="SEVERITY",
                    help=f"exit 1 if a finding at or above this severity is present "
                         f"({', '.join(SEVERITY_NAMES)})")
+    from .trace import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=run, format="text")
 
 
@@ -57,7 +63,9 @@ def run(args) -> int:
     thresholds = Thresholds.with_overrides(args.threshold)
     device_memory = parse_size(args.device_memory) if args.device_memory else None
     window = args.window or None
-    source = open_source(args.source, window=window)
+    from .trace import facts_from_args
+
+    source = open_source(args.source, window=window, trace_facts=facts_from_args(args))
     snap = source.snapshot()
     if not snap.ranks:
         raise UserError(f"{source.description}: no ranks to report on")

@@ -515,13 +515,17 @@ def _duration(text: str) -> float | None:
 
 
 def open_source(spec: str | None, window: int | None = 20, *,
-                stale_after_s: float = STALE_AFTER_S) -> Source:
+                stale_after_s: float = STALE_AFTER_S, trace_facts: dict | None = None) -> Source:
     """A source from a command-line SOURCE: a run directory; `http(s)://...` a Prometheus
-    server; `host:port[,host:port...]` or `host:first-last` rank endpoints; None the latest
-    local run (under ./zerodoc-runs)."""
+    server; `host:port[,host:port...]` or `host:first-last` rank endpoints; PyTorch profiler
+    traces (a directory of them, a file, files separated by commas; `trace_facts`: see
+    `zerodoc.trace.TraceFacts`); None the latest local run (under ./zerodoc-runs)."""
     if spec is None:
         return RunDirSource(latest_run(), window, stale_after_s=stale_after_s)
     spec = spec.strip()
+    from . import trace  # profiler traces: zerodoc/trace (no heavy import until opened)
+    if trace.is_trace_spec(spec):
+        return trace.open_traces(spec, window, **(trace_facts or {}))
     if Path(spec).is_dir():
         return RunDirSource(spec, window, stale_after_s=stale_after_s)
     if spec.startswith(("http://", "https://")):

@@ -14,12 +14,16 @@ def add_parser(sub) -> None:
         "communication, comm/compute, worst unit and rank, memory headroom), per-unit table, "
         "findings with evidence and fix, per-rank comparison. Press ? inside for the keys.")
     p.add_argument("source", nargs="?", metavar="SOURCE",
-                   help="a run directory, rank endpoints (host:port,...) or a Prometheus URL; "
+                   help="a run directory, rank endpoints (host:port,...), a Prometheus URL or "
+                        "PyTorch profiler traces; "
                         "default: the newest run under ./zerodoc-runs")
     p.add_argument("--refresh", type=float, default=1.0, metavar="SECONDS",
                    help="seconds between refreshes (default: 1)")
     p.add_argument("--window", type=int, default=20, metavar="STEPS",
                    help="steps each rank's numbers are averaged over (default: 20; 0: all)")
+    from .trace import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -34,7 +38,10 @@ def run(args) -> int:
     validate(args)
     from .sources import open_source
 
-    source = open_source(args.source, window=args.window or None)
+    from .trace import facts_from_args
+
+    source = open_source(args.source, window=args.window or None,
+                         trace_facts=facts_from_args(args))
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UserError("needs an interactive terminal (stdin and stdout are not a TTY); "
                         "`zerodoc report` prints the same diagnosis as text")

@@ -1,0 +1,433 @@
+"""From one rank's trace events to per-step, per-unit, per-phase numbers.
+
+Steps are the profiler's `ProfilerStep#N` spans (the whole trace is one step when there are
+none). Within a step:
+
+- **Phase** of a moment: `optimizer` inside an `Optimizer.step#...` span; `backward` from
+  the first backward marker of the step on (the end of FSDP2's root `FSDP::post_forward`, the
+  first `autograd::engine::evaluate_function`, a `## backward ##` span); `forward` before.
+  A collective's phase is the phase of its issue on the host.
+- **Unit** of a collective: FSDP2 names it: the innermost `FSDP::<what> (<unit>)` span around
+  the collective's host op on the same thread (no unit in the label: the root, "(root)").
+  FSDP1's spans name no unit: its units are told apart by the size of their flat parameter
+  and named `unit-0`, `unit-1`, ... in the order they are first gathered in forward (the root
+  first). Anything else (DDP, DeepSpeed stage 1/2, plain `torch.distributed`) is "(model)".
+- **Collective time, bytes, exposure**:
+  - GPU traces: each communication kernel (`nccl*`) is one collective; time = the kernel's
+    duration; bytes = its `record_param_comms` metadata (message elements x dtype size);
+    exposed = the part of the kernel during which no compute kernel ran on the device (what
+    HolisticTraceAnalysis counts as not overlapped), hidden = the rest.
+  - CPU traces: each `c10d::<collective>` op is one collective, issued at the op's start,
+    completed at the end of gloo's own run of it on its worker thread; bytes = the op's
+    largest tensor argument (needs `record_shapes=True`). Exposed = the time the issuing
+    thread was blocked on it: the thread runs no operator from the moment it is waiting
+    (inside the collective's own call, or idle in a `wait()`) until the collective
+    completes. A synchronous call claims its whole [issue, completion]; a collective that
+    completes while the thread is blocked in another call is not waited on (exposed 0).
+- **Compute** per unit and phase (FSDP2): the time between FSDP's pre- and post-hooks of the
+  unit (`FSDP::pre_forward (u)` ... `FSDP::post_forward (u)`, `FSDP::pre_backward (u)` ...
+  the unit's first `FSDP::post_backward_*`) minus nested units, FSDP's own work and blocked
+  time: wall time on CPU (what the live shim's clock counts), compute-kernel time of the
+  kernels launched from there on GPU. Without unit spans: one unit "(model)" per phase
+  (operator time on CPU, compute kernels on GPU).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import timeline as tl
+from .events import STEP, CommOp, RankEvents
+
+MODEL = "(model)"
+ROOT = "(root)"
+FSDP2 = re.compile(r"FSDP::(\w+)(?: \((.*?)\))?(?: \[pg=\d+\])?$")
+FSDP1 = "FullyShardedDataParallel."
+POST_BWD = ("post_backward_accumulate", "post_backward_reshard", "post_backward_rs_wait",
+            "post_backward_reduce")
+
+
+@dataclass
+class Collective:
+    step: int
+    unit: str
+    phase: str
+    collective: str
+    tid: int
+    issue: float  # microseconds
+    done: float
+    nbytes: int
+    numel: int | None
+    dtype: str | None
+    group_size: int | None
+    exposed: float = 0.0
+
+
+@dataclass
+class StepNumbers:
+    step: int
+    ts: float
+    end: float
+    optimizer: float = 0.0
+    framework: float = 0.0
+    compute: dict = field(default_factory=lambda: defaultdict(float))  # (unit, phase) -> us
+
+
+@dataclass
+class RankResult:
+    """One rank's trace, attributed. Times in microseconds (converted by the snapshot)."""
+
+    framework: str  # fsdp2 | fsdp1 | ddp | unknown
+    device_type: str  # cpu | cuda
+    steps: list[StepNumbers]
+    collectives: list[Collective]
+    unit_order: list[str]
+    overlap_ratio: float | None  # GPU: comm time overlapped by compute / comm time (HTA's)
+
+
+def _unit_of_label(label: str | None) -> str:
+    return ROOT if not label else label
+
+
+def detect_framework(ev: RankEvents) -> str:
+    names = {s.name.split(" ")[0] for s in ev.spans}
+    if any(n.startswith("FSDP::") for n in names):
+        return "fsdp2"
+    if any(n.startswith(FSDP1) for n in names):
+        return "fsdp1"
+    if any(n.startswith("DistributedDataParallel.") for n in names):
+        return "ddp"
+    return "unknown"
+
+
+def _steps(ev: RankEvents) -> list[StepNumbers]:
+    out = []
+    for s in ev.spans:
+        m = STEP.match(s.name)
+        if m:
+            out.append(StepNumbers(int(m.group(1)), s.ts, s.end))
+    out.sort(key=lambda x: x.ts)
+    if not out:  # no schedule: the whole trace is one step
+        times = [s.ts for s in ev.spans] + [o.ts for o in ev.comm_ops]
+        ends = [s.end for s in ev.spans] + [o.end for o in ev.comm_ops]
+        for iv in ev.busy.values():
+            if len(iv.starts):
+                times.append(iv.starts[0])
+                ends.append(max(iv.ends))
+        if times:
+            out.append(StepNumbers(0, min(times), max(ends)))
+    return out
+
+
+class _Phases:
+    def __init__(self, ev: RankEvents, steps: list[StepNumbers], framework: str):
+        self.starts = np.array([s.ts for s in steps])
+        self.ends = np.array([s.end for s in steps])
+        self.numbers = [s.step for s in steps]
+        opt = [(s.ts, s.end) for s in ev.spans if s.name.startswith("Optimizer.step#")
+               or s.name == "## optimizer ##"]
+        self.optimizer = tl.merge([a for a, _ in opt], [b for _, b in opt])
+        marks = list(ev.backward_starts)
+        marks += [s.ts for s in ev.spans if s.name == "## backward ##"]
+        if framework == "fsdp2":
+            marks += [s.end for s in ev.spans if s.name == "FSDP::post_forward"]
+        marks = np.sort(np.array(marks, dtype=float))
+        self.backward_from = np.full(len(steps), np.inf)
+        for i, st in enumerate(steps):
+            k = np.searchsorted(marks, st.ts)
+            if k < len(marks) and marks[k] < st.end:
+                self.backward_from[i] = marks[k]
+
+    def step_index(self, t: float) -> int | None:
+        i = int(np.searchsorted(self.starts, t, side="right")) - 1
+        if i < 0 or t >= self.ends[i]:
+            return None
+        return i
+
+    def phase(self, i: int, t: float) -> str:
+        s, e = self.optimizer
+        k = int(np.searchsorted(s, t, side="right")) - 1
+        if k >= 0 and t < e[k]:
+            return "optimizer"
+        return "backward" if t >= self.backward_from[i] else "forward"
+
+
+class _Units:
+    """Unit of a host moment: innermost FSDP2 span on that thread, or FSDP1 flat-param order."""
+
+    def __init__(self, ev: RankEvents, framework: str):
+        self.framework = framework
+        self.seg: dict[int, tuple] = {}
+        if framework == "fsdp2":
+            per_tid = defaultdict(list)
+            for s in ev.spans:
+                m = FSDP2.match(s.name)
+                if m and m.group(1) in ("all_gather", "post_backward_reduce",
+                                        "all_gather_copy_out", "pre_forward", "pre_backward"):
+                    per_tid[s.tid].append((s.ts, s.end, _unit_of_label(m.group(2))))
+            for tid, ivs in per_tid.items():
+                a, b, lab = tl.segments(ivs)
+                self.seg[tid] = (np.array(a), np.array(b), lab)
+        self.fsdp1_sizes: dict[int, str] = {}
+
+    def unit(self, tid: int, t: float, coll: str, numel: int | None, phase: str) -> str:
+        if self.framework == "fsdp2":
+            seg = self.seg.get(tid)
+            if seg is not None:
+                k = int(np.searchsorted(seg[0], t, side="right")) - 1
+                if k >= 0 and t < seg[1][k]:
+                    return seg[2][k]
+            return MODEL
+        if self.framework == "fsdp1" and numel and coll in ("all_gather", "reduce_scatter"):
+            name = self.fsdp1_sizes.get(numel)
+            if name is None:
+                if coll != "all_gather" or phase != "forward":
+                    return MODEL
+                name = self.fsdp1_sizes[numel] = f"unit-{len(self.fsdp1_sizes)}"
+            return name
+        return MODEL
+
+
+def _host_ops(ev: RankEvents) -> list[tuple[CommOp, float]]:
+    """CPU traces: (c10d op, completion) pairs; completion = gloo's own run's end."""
+    issued = sorted((o for o in ev.comm_ops if o.kind == "c10d"), key=lambda o: o.ts)
+    runs = sorted((o for o in ev.comm_ops if o.kind == "gloo"), key=lambda o: o.ts)
+    fits = {"reduce_scatter": ("reduce_scatter", "all_reduce"), "barrier": ("barrier",
+            "all_reduce")}
+    used = [False] * len(runs)
+    j = 0
+    out = []
+    for op in issued:
+        while j < len(runs) and used[j]:
+            j += 1
+        done = op.end
+        for k in range(j, min(len(runs), j + 16)):
+            if not used[k] and runs[k].ts >= op.ts - 1.0 and \
+                    runs[k].collective in fits.get(op.collective, (op.collective,)):
+                used[k] = True
+                done = max(runs[k].end, op.end)
+                break
+        out.append((op, done))
+    return out
+
+
+def _cpu_exposure(colls: list[Collective], ev: RankEvents, blocked_ops) -> None:
+    """Exposed time of CPU collectives from the issuing thread's timeline (module doc)."""
+    by_tid = defaultdict(list)
+    for c in colls:
+        by_tid[c.tid].append(c)
+    for tid, cs in by_tid.items():
+        iv = ev.busy.get(tid)
+        busy = tl.merge(iv.starts, iv.ends) if iv is not None else tl.EMPTY
+        ops = blocked_ops.get(tid, tl.EMPTY)
+        busy = tl.subtract(busy, ops)  # inside a collective's own call the thread is blocked
+        bs, be = busy
+        # idle stretch around each completion: (end of the last operator before it, ...)
+        stretch: dict[int, list[Collective]] = defaultdict(list)
+        for c in cs:
+            k = int(np.searchsorted(bs, c.done, side="right")) - 1
+            if k >= 0 and c.done < be[k]:
+                continue  # the thread was running an operator: nobody waited
+            stretch[k].append(c)
+        for k, group in stretch.items():
+            start = be[k] if k >= 0 else -np.inf
+            sync = [c for c in group if c.issue >= start]  # issued and waited in one stretch
+            claims = tl.merge([c.issue for c in sync], [c.done for c in sync])
+            for c in sync:
+                c.exposed = c.done - c.issue
+            p = start
+            for c in sorted((c for c in group if c.issue < start), key=lambda c: c.done):
+                a = max(c.issue, p)
+                if c.done > a:
+                    win = (np.array([a]), np.array([c.done]))
+                    c.exposed = tl.length(win) - tl.intersect_length(win, claims)
+                p = max(p, c.done)
+
+
+def _gpu_collectives(ev: RankEvents, add) -> float | None:
+    """GPU traces: one collective per communication kernel; returns the overall overlap."""
+    compute = tl.merge(ev.kernel_ts, ev.kernel_end)
+    by_ext = {o.ext_id: o for o in ev.comm_ops if o.kind == "rpc" and o.ext_id is not None}
+    lc = np.asarray(ev.launch_corr)
+    order = np.argsort(lc, kind="stable")
+    lc = lc[order]
+    ks = sorted(ev.comm_kernels, key=lambda k: k.ts)
+    hidden = tl.overlap_each([k.ts for k in ks], [k.end for k in ks], compute) if ks else []
+    for k, hid in zip(ks, hidden):
+        op = by_ext.get(k.ext_id)
+        if op is not None:
+            tid, host = op.tid, op.ts
+        elif k.correlation is not None and len(lc):
+            j = int(np.searchsorted(lc, k.correlation))
+            if j >= len(lc) or lc[j] != k.correlation:
+                continue
+            tid, host = int(ev.launch_tid[order[j]]), float(ev.launch_ts[order[j]])
+        else:
+            continue  # a kernel whose launch is not in the trace
+        coll = k.collective or (op.collective if op else None)
+        if coll is None:
+            continue
+        pick = (lambda a, b: a if a is not None else b)
+        add(tid, host, k.ts, k.end, coll, pick(k.numel, op.numel if op else None),
+            pick(k.dtype, op.dtype if op else None), pick(k.itemsize, op.itemsize if op else None),
+            pick(k.group_size, op.group_size if op else None),
+            max(0.0, (k.end - k.ts) - float(hid)))
+    comm = tl.merge([k.ts for k in ks], [k.end for k in ks])
+    total = tl.length(comm)
+    return tl.intersect_length(comm, compute) / total if total > 0 else None
+
+
+def attribute(ev: RankEvents) -> RankResult:
+    """Attribute one rank's events (see the module docstring)."""
+    ev.finish()
+    framework = detect_framework(ev)
+    steps = _steps(ev)
+    phases = _Phases(ev, steps, framework)
+    units = _Units(ev, framework)
+    gpu = ev.is_gpu
+    colls: list[Collective] = []
+
+    def add(tid, host, issue, done, coll, numel, dtype, itemsize, group, exposed=0.0):
+        i = phases.step_index(host)
+        if i is None or coll == "barrier":
+            return
+        phase = phases.phase(i, host)
+        unit = units.unit(tid, host, coll, numel, phase)
+        colls.append(Collective(phases.numbers[i], unit, phase, coll, tid, issue, done,
+                                (numel or 0) * (itemsize or 0), numel, dtype, group, exposed))
+
+    overlap = None
+    if gpu:
+        overlap = _gpu_collectives(ev, add)
+    else:
+        ops: dict[int, tuple[list, list]] = defaultdict(lambda: ([], []))
+        for op, done in _host_ops(ev):
+            ops[op.tid][0].append(op.ts)
+            ops[op.tid][1].append(op.end)
+            add(op.tid, op.ts, op.ts, done, op.collective, op.numel, op.dtype, op.itemsize,
+                op.group_size)
+        _cpu_exposure(colls, ev, {tid: tl.merge(a, b) for tid, (a, b) in ops.items()})
+    _compute(ev, steps, phases, framework, colls, gpu)
+    order: list[str] = []
+    for c in sorted(colls, key=lambda c: (c.collective != "all_gather", c.issue)):
+        if c.unit not in order:
+            order.append(c.unit)
+    return RankResult(framework, "cuda" if gpu else "cpu", steps, colls, order, overlap)
+
+
+def _regions(ev: RankEvents, framework: str) -> dict[int, list]:
+    """Per thread: nested labelled intervals for the compute segmentation (FSDP2)."""
+    per_tid: dict[int, list] = defaultdict(list)
+    if framework != "fsdp2":
+        return per_tid
+    by = defaultdict(list)  # (tid, unit) -> [(kind, span)]
+    for s in ev.spans:
+        m = FSDP2.match(s.name)
+        if m:
+            by[(s.tid, _unit_of_label(m.group(2)))].append((m.group(1), s))
+            per_tid[s.tid].append((s.ts, s.end, "framework"))
+    for (tid, unit), items in by.items():
+        items.sort(key=lambda x: x[1].ts)
+        for i, (kind, s) in enumerate(items):
+            if kind == "pre_forward":
+                post = next((p for k, p in items[i + 1:] if k == "post_forward"), None)
+                if post is not None:
+                    per_tid[tid].append((s.ts, post.end, "framework"))
+                    per_tid[tid].append((s.end, post.ts, (unit, "forward")))
+            elif kind == "pre_backward":
+                posts = []
+                for k, p in items[i + 1:]:
+                    if k == "pre_backward":
+                        break
+                    if k in POST_BWD:
+                        posts.append(p)
+                if posts:
+                    per_tid[tid].append((s.ts, max(p.end for p in posts), "framework"))
+                    per_tid[tid].append((s.end, posts[0].ts, (unit, "backward")))
+    return per_tid
+
+
+def _kernel_hosts(ev: RankEvents):
+    """GPU compute kernels: (launching thread, host launch time, duration) arrays."""
+    kt = np.asarray(ev.kernel_ts)
+    dur = np.asarray(ev.kernel_end) - kt
+    corr = np.asarray(ev.kernel_corr)
+    k_tid = np.full(len(kt), -1, dtype=np.int64)
+    k_host = np.full(len(kt), np.nan)
+    if len(ev.launch_corr) and len(kt):
+        lc = np.asarray(ev.launch_corr)
+        order = np.argsort(lc, kind="stable")
+        lc = lc[order]
+        pos = np.clip(np.searchsorted(lc, corr), 0, len(lc) - 1)
+        found = lc[pos] == corr
+        k_tid[found] = np.asarray(ev.launch_tid)[order][pos[found]]
+        k_host[found] = np.asarray(ev.launch_ts)[order][pos[found]]
+    return k_tid, k_host, dur
+
+
+def main_thread(ev: RankEvents) -> int | None:
+    """The training loop's thread: where the ProfilerStep spans are (else the busiest)."""
+    for s in ev.spans:
+        if STEP.match(s.name):
+            return s.tid
+    return max(ev.busy, key=lambda t: len(ev.busy[t])) if ev.busy else None
+
+
+def _compute(ev: RankEvents, steps, phases: _Phases, framework: str, colls, gpu: bool) -> None:
+    """Fill each step's compute (per unit and phase), framework and optimizer time."""
+    for st in steps:
+        st.optimizer = tl.intersect_length(phases.optimizer, (np.array([st.ts]),
+                                                              np.array([st.end])))
+    blocked = defaultdict(lambda: ([], []))
+    for c in colls:
+        if c.exposed > 0:
+            blocked[c.tid][0].append(c.done - c.exposed)
+            blocked[c.tid][1].append(c.done)
+    kern = _kernel_hosts(ev) if gpu else None
+    regions = _regions(ev, framework)
+    if not regions:
+        _model_compute(ev, steps, phases, kern)
+        return
+    for tid, ivs in regions.items():
+        a, b, labs = tl.segments(ivs)
+        blk = tl.merge(*blocked[tid]) if tid in blocked else tl.EMPTY
+        for lo, hi, lab in zip(a, b, labs):
+            i = phases.step_index(lo)
+            if i is None:
+                continue
+            seg = (np.array([lo]), np.array([hi]))
+            if lab == "framework":
+                if not gpu:
+                    steps[i].framework += (hi - lo) - tl.intersect_length(seg, blk)
+                continue
+            if gpu:
+                k_tid, k_host, dur = kern
+                secs = float(dur[(k_tid == tid) & (k_host >= lo) & (k_host < hi)].sum())
+            else:
+                secs = (hi - lo) - tl.intersect_length(seg, blk)
+            steps[i].compute[lab] += secs
+
+
+def _model_compute(ev: RankEvents, steps, phases: _Phases, kern) -> None:
+    """No unit spans: operator time on the loop's thread (CPU) or compute-kernel time
+    (GPU) of each step, split by phase, all booked on one unit "(model)"."""
+    tid = main_thread(ev)
+    iv = ev.busy.get(tid) if tid is not None else None
+    busy = tl.merge(iv.starts, iv.ends) if iv is not None else tl.EMPTY
+    for i, st in enumerate(steps):
+        cut = min(max(phases.backward_from[i], st.ts), st.end)
+        for lo, hi, ph in ((st.ts, cut, "forward"), (cut, st.end, "backward")):
+            if hi <= lo:
+                continue
+            piece = tl.subtract((np.array([lo]), np.array([hi])), phases.optimizer)
+            if kern is not None:
+                _k_tid, k_host, dur = kern
+                secs = float(dur[np.isfinite(k_host) & tl.contains(piece, k_host)].sum())
+            else:
+                secs = tl.intersect_length(piece, busy)
+            if secs > 0:
+                st.compute[(MODEL, ph)] += secs

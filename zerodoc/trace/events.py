@@ -1,0 +1,316 @@
+"""What zerodoc keeps of a profiler trace: the event model, filled one event at a time.
+
+`RankEvents.add(event)` is called for every event of one rank's trace (see `stream.py`) and
+keeps only what the attribution needs, compactly, so memory grows with the number of
+collectives and annotations, not with the trace:
+
+- `Span`s for the user annotations that carry structure: `ProfilerStep#N`, FSDP2's
+  `FSDP::<what> (<unit>)`, FSDP1's `FullyShardedDataParallel.*`, `Optimizer.step#...`,
+  `DistributedDataParallel.*`, and phase markers named like `## forward ##`;
+- `CommOp`s: the host side of collectives (`c10d::<collective>` ops and `record_param_comms`
+  with their shapes/metadata, gloo's `gloo:<collective>` runs on its worker threads);
+- `Kernel`s for communication kernels (`nccl*`) on GPU traces;
+- plain number arrays for everything else: per thread, the intervals when an operator ran
+  (merged on the fly: nested operators cost nothing); compute-kernel intervals and launch
+  correlations; the starts of autograd's backward functions (where backward begins).
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from dataclasses import dataclass, field
+
+STEP = re.compile(r"ProfilerStep#(\d+)$")
+ANNOTATION_PREFIXES = ("ProfilerStep#", "FSDP::", "FullyShardedDataParallel.", "Optimizer.step#",
+                       "DistributedDataParallel.", "DeepSpeed", "## ")
+BACKWARD_FN = "autograd::engine::evaluate_function"
+# Operators that only wrap Python (hooks, autograd.Function backwards): a thread inside one of
+# them is not computing unless a child operator runs (a wait() in a hook happens there).
+PY_WRAPPER = re.compile(r"autograd::engine::evaluate_function.*|torch::autograd::AccumulateGrad|"
+                        r"PythonSubclass|\w*[A-Za-z]Backward")
+
+# c10d op (without "c10d::" and trailing "_") -> collective, as zerodoc names them.
+C10D = {
+    "_allgather_base": "all_gather", "allgather": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather", "allgather_coalesced": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "broadcast": "broadcast",
+    # DeepSpeed ZeRO-1/2 reduce each gradient bucket to its owner rank: the per-owner reduces of
+    # a bucket are its reduce-scatter (the live DeepSpeed adapter books them the same way).
+    "reduce": "reduce_scatter",
+    "barrier": "barrier",
+}
+# gloo:<name> / nccl:<name> / record_param_comms "Collective name" -> collective.
+NAMED = {
+    "all_gather": "all_gather", "allgather": "all_gather", "_allgather_base": "all_gather",
+    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "_all_gather_base": "all_gather", "all_gather_base": "all_gather",
+    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_reduce": "all_reduce", "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "broadcast": "broadcast", "reduce": "reduce_scatter", "barrier": "barrier",
+}
+# dtype names in traces ("float" in shapes, "Float"/"BFloat16" in NCCL metadata) -> (name, bytes)
+DTYPES = {
+    "float": ("float32", 4), "float32": ("float32", 4), "double": ("float64", 8),
+    "float64": ("float64", 8), "half": ("float16", 2), "float16": ("float16", 2),
+    "c10::half": ("float16", 2), "bfloat16": ("bfloat16", 2), "c10::bfloat16": ("bfloat16", 2),
+    "int": ("int32", 4), "int32": ("int32", 4), "long": ("int64", 8), "int64": ("int64", 8),
+    "long int": ("int64", 8), "signed char": ("int8", 1), "char": ("int8", 1), "int8": ("int8", 1),
+    "unsigned char": ("uint8", 1), "uint8": ("uint8", 1), "byte": ("uint8", 1),
+    "bool": ("bool", 1), "short": ("int16", 2), "int16": ("int16", 2),
+    "c10::float8_e4m3fn": ("float8_e4m3fn", 1), "float8_e4m3fn": ("float8_e4m3fn", 1),
+    "c10::float8_e5m2": ("float8_e5m2", 1), "float8_e5m2": ("float8_e5m2", 1),
+}
+
+
+def dtype_info(name: str | None) -> tuple[str, int] | None:
+    if not name:
+        return None
+    return DTYPES.get(str(name).strip().lower())
+
+
+@dataclass(slots=True)
+class Span:
+    """An annotation (user_annotation) on one thread."""
+
+    name: str
+    tid: int
+    ts: float  # microseconds, as in the trace
+    end: float
+
+
+@dataclass(slots=True)
+class CommOp:
+    """The host side of one collective (or its run on gloo's worker thread)."""
+
+    kind: str  # "c10d" | "rpc" (record_param_comms) | "gloo" | "nccl" (the async range)
+    collective: str  # all_gather | reduce_scatter | all_reduce | broadcast | barrier
+    tid: int
+    ts: float
+    end: float
+    ext_id: int | None
+    numel: int | None  # largest tensor of the call, elements
+    dtype: str | None  # "float32", ...
+    itemsize: int | None
+    group_size: int | None = None
+
+
+@dataclass(slots=True)
+class Kernel:
+    """A communication kernel on a GPU stream."""
+
+    name: str
+    stream: int
+    ts: float
+    end: float
+    ext_id: int | None
+    correlation: int | None
+    collective: str | None
+    numel: int | None
+    dtype: str | None
+    itemsize: int | None
+    group_size: int | None
+
+
+class _Intervals:
+    """Intervals appended in (mostly) start order; overlapping neighbours merged on the fly."""
+
+    __slots__ = ("starts", "ends", "_a", "_b")
+
+    def __init__(self):
+        self.starts = array("d")
+        self.ends = array("d")
+        self._a = self._b = None
+
+    def add(self, a: float, b: float) -> None:
+        if self._a is not None:
+            if self._a <= a <= self._b:
+                if b > self._b:
+                    self._b = b
+                return
+            self.starts.append(self._a)
+            self.ends.append(self._b)
+        self._a, self._b = a, b
+
+    def flush(self) -> None:
+        if self._a is not None:
+            self.starts.append(self._a)
+            self.ends.append(self._b)
+            self._a = self._b = None
+
+    def __len__(self) -> int:
+        return len(self.starts) + (self._a is not None)
+
+
+def _elems(d) -> int:
+    """Elements of one shapes entry: a tensor's dims, or nested lists of them (TensorList)."""
+    if not isinstance(d, list) or not d:
+        return 0  # a scalar argument
+    if all(isinstance(x, int) for x in d):
+        n = 1
+        for x in d:
+            n *= x
+        return n
+    return sum(_elems(x) for x in d)
+
+
+def _numel(dims) -> int | None:
+    """Elements of the largest tensor (or tensor list) among an op's arguments."""
+    if not isinstance(dims, list):
+        return None
+    return max((_elems(d) for d in dims), default=0) or None
+
+
+def _shape_dtype(args: dict) -> tuple[str | None, int | None]:
+    for t in args.get("Input type") or ():
+        info = dtype_info(t)
+        if info:
+            return info
+    return None, None
+
+
+def _int(v) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class RankEvents:
+    """Everything kept of one rank's trace (see the module docstring)."""
+
+    spans: list[Span] = field(default_factory=list)
+    comm_ops: list[CommOp] = field(default_factory=list)
+    comm_kernels: list[Kernel] = field(default_factory=list)
+    busy: dict[int, _Intervals] = field(default_factory=dict)  # tid -> operator intervals
+    backward_starts: array = field(default_factory=lambda: array("d"))
+    kernel_ts: array = field(default_factory=lambda: array("d"))  # compute kernels
+    kernel_end: array = field(default_factory=lambda: array("d"))
+    kernel_corr: array = field(default_factory=lambda: array("q"))
+    launch_corr: array = field(default_factory=lambda: array("q"))  # cuda runtime launches
+    launch_tid: array = field(default_factory=lambda: array("q"))
+    launch_ts: array = field(default_factory=lambda: array("d"))
+    pid: int | None = None
+    events: int = 0
+    cpu_ops: int = 0
+
+    def add(self, ev: dict) -> None:
+        self.events += 1
+        if ev.get("ph") != "X":
+            return
+        cat = ev.get("cat")
+        name = ev.get("name")
+        if not isinstance(name, str):
+            return
+        try:
+            ts = float(ev["ts"])
+            end = ts + float(ev.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            return
+        if cat == "cpu_op":
+            self._cpu_op(ev, name, ts, end)
+        elif cat == "user_annotation":
+            if name.startswith(ANNOTATION_PREFIXES):
+                self.spans.append(Span(name, _tid(ev), ts, end))
+                if self.pid is None and name.startswith("ProfilerStep#"):
+                    self.pid = _int(ev.get("pid"))
+            elif name.startswith(("nccl:", "gloo:")):
+                self._named_comm(ev, name, ts, end, name[:4])
+        elif cat == "kernel":
+            args = ev.get("args") or {}
+            if name.startswith("nccl"):
+                self._kernel(name, args, ts, end)
+            else:
+                self.kernel_ts.append(ts)
+                self.kernel_end.append(end)
+                self.kernel_corr.append(_int(args.get("correlation")) or -1)
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            if "Launch" in name:
+                args = ev.get("args") or {}
+                corr = _int(args.get("correlation"))
+                if corr is not None:
+                    self.launch_corr.append(corr)
+                    self.launch_tid.append(_tid(ev))
+                    self.launch_ts.append(ts)
+
+    def _cpu_op(self, ev: dict, name: str, ts: float, end: float) -> None:
+        self.cpu_ops += 1
+        tid = _tid(ev)
+        if name.startswith("c10d::"):
+            coll = C10D.get(name[6:].rstrip("_"))
+            if coll is not None:
+                args = ev.get("args") or {}
+                dt, size = _shape_dtype(args)
+                self.comm_ops.append(CommOp("c10d", coll, tid, ts, end, _int(args.get(
+                    "External id")), _numel(args.get("Input Dims")), dt, size))
+                return
+        elif name == "record_param_comms":
+            args = ev.get("args") or {}
+            coll = NAMED.get(str(args.get("Collective name", "")).strip().lower())
+            if coll is not None:
+                info = dtype_info(args.get("dtype"))
+                n = max(_int(args.get("In msg nelems")) or 0, _int(args.get("Out msg nelems"))
+                        or 0) or None
+                self.comm_ops.append(CommOp(
+                    "rpc", coll, tid, ts, end, _int(args.get("External id")), n,
+                    info[0] if info else None, info[1] if info else None,
+                    _int(args.get("Group size"))))
+            return
+        elif name.startswith(("gloo:", "nccl:")):
+            self._named_comm(ev, name, ts, end, name[:4])
+            return
+        elif PY_WRAPPER.fullmatch(name):
+            if name.startswith(BACKWARD_FN):
+                self.backward_starts.append(ts)
+            return  # a wrapper: its children are what ran
+        iv = self.busy.get(tid)
+        if iv is None:
+            iv = self.busy[tid] = _Intervals()
+        iv.add(ts, end)
+
+    def _named_comm(self, ev: dict, name: str, ts: float, end: float, kind: str) -> None:
+        coll = NAMED.get(name.split(":", 1)[1].strip().lower())
+        if coll is None:
+            return
+        args = ev.get("args") or {}
+        dt, size = _shape_dtype(args)
+        self.comm_ops.append(CommOp(kind, coll, _tid(ev), ts, end, _int(args.get("External id")),
+                                    _numel(args.get("Input Dims")), dt, size))
+
+    def _kernel(self, name: str, args: dict, ts: float, end: float) -> None:
+        coll = NAMED.get(str(args.get("Collective name", "")).strip().lower())
+        if coll is None:  # not linked to record_param_comms: read the kernel name
+            low = name.lower()
+            coll = next((c for k, c in (("allgather", "all_gather"), ("reducescatter",
+                         "reduce_scatter"), ("allreduce", "all_reduce"), ("broadcast",
+                         "broadcast"), ("reduce", "reduce_scatter")) if k in low), None)
+        info = dtype_info(args.get("dtype"))
+        n = max(_int(args.get("In msg nelems")) or 0, _int(args.get("Out msg nelems")) or 0)
+        self.comm_kernels.append(Kernel(
+            name, _int(args.get("stream")) or 0, ts, end, _int(args.get("External id")),
+            _int(args.get("correlation")), coll, n or None, info[0] if info else None,
+            info[1] if info else None, _int(args.get("Group size"))))
+
+    def finish(self) -> None:
+        for iv in self.busy.values():
+            iv.flush()
+
+    @property
+    def is_gpu(self) -> bool:
+        return bool(self.comm_kernels or self.kernel_ts)
+
+
+def _tid(ev: dict) -> int:
+    t = ev.get("tid")
+    if isinstance(t, int):
+        return t
+    try:
+        return int(t)
+    except (TypeError, ValueError):
+        return hash(t) & 0x7FFFFFFF
