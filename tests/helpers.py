@@ -104,3 +104,38 @@ class LiveDemo:
 
     def __exit__(self, *exc) -> None:
         self.job.stop()
+
+
+_PROFILED: dict[str, tuple] = {}
+
+
+def profiled_demo(tmp_factory, name: str, *, model: dict, attach: dict | None = None,
+                  nprocs: int = 2, steps: int = 8, gzip: bool = False) -> tuple:
+    """A demo run with the shim attached and the PyTorch profiler recording steps 4-7
+    (ProfilerStep#3-#6), one trace per rank. Returns (run logs, trace dir). Runs once per
+    test session and name, so several test modules can check the same run."""
+    if name not in _PROFILED:
+        tmp = tmp_factory.mktemp(name)
+        traces = tmp / "traces"
+        logs = run_demo(tmp, "run", nprocs=nprocs, steps=steps, model=model, attach=attach,
+                        extra={"profile": {"dir": str(traces), "wait": 2, "warmup": 1,
+                                           "active": 4, "gzip": gzip}})
+        _PROFILED[name] = (logs, traces)
+    return _PROFILED[name]
+
+
+# The profiled runs the trace tests share (tests/test_trace_source.py, test_profiler_witness.py).
+PROFILED_MODEL = {"batch": 8}
+PROFILED_DELAY_S = 0.050  # the slow link of the "delay" run (async prefetch)
+
+
+def profiled(tmp_factory, kind: str) -> tuple:
+    if kind == "sync":
+        return profiled_demo(tmp_factory, "sync", model=PROFILED_MODEL)
+    if kind == "async":
+        return profiled_demo(tmp_factory, "async", model={**PROFILED_MODEL, "prefetch": True},
+                             gzip=True)
+    if kind == "delay":
+        return profiled_demo(tmp_factory, "delay", model={**PROFILED_MODEL, "prefetch": True},
+                             attach={"inject_latency_s": PROFILED_DELAY_S})
+    raise ValueError(kind)

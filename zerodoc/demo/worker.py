@@ -2,7 +2,9 @@
 
 Started by `zerodoc.demo.launch` with RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR /
 MASTER_PORT set. SPEC_JSON holds {"model": DemoConfig fields, "steps": N, "attach": attach()
-options, "lr": float}. Ends with destroy_process_group() and os._exit(): gloo jobs whose ranks
+options, "lr": float, "profile": {"dir", "wait", "warmup", "active", "gzip"} (optional: record
+PyTorch profiler traces of steps wait+warmup+1 ... wait+warmup+active, one file per rank,
+`<dir>/rank-N.json[.gz]`, ProfilerStep#K being zerodoc's step K+1)}. Ends with destroy_process_group() and os._exit(): gloo jobs whose ranks
 exit at different times otherwise abort at interpreter exit (see shared/PROBES.md).
 """
 
@@ -32,11 +34,16 @@ def run(spec: dict) -> int:
     monitor = zerodoc.attach(built.target, built.optimizer, **spec.get("attach", {}))
     steps = int(spec.get("steps", 20))
     losses = []
+    prof = _profiler(spec.get("profile"), rank)
     try:
         for step in range(steps):
             x, y = batch(cfg, step, rank)
             losses.append(built.train_step(x, y))
+            if prof is not None:
+                prof.step()
     finally:
+        if prof is not None:
+            prof.stop()
         monitor.close()
     if spec.get("check_restore"):
         _check_restored(built.model)
@@ -46,6 +53,24 @@ def run(spec: dict) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _profiler(opts: dict | None, rank: int):
+    """A started torch.profiler (CPU activities, shapes) writing this rank's trace, or None."""
+    if not opts:
+        return None
+    import torch
+
+    out = os.path.join(opts["dir"], f"rank-{rank}.json" + (".gz" if opts.get("gzip") else ""))
+    os.makedirs(opts["dir"], exist_ok=True)
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+        schedule=torch.profiler.schedule(wait=int(opts.get("wait", 1)),
+                                         warmup=int(opts.get("warmup", 1)),
+                                         active=int(opts.get("active", 3)), repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(out))
+    prof.start()
+    return prof
 
 
 def _break(dotted: str) -> None:

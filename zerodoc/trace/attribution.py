@@ -47,6 +47,7 @@ MODEL = "(model)"
 ROOT = "(root)"
 FSDP2 = re.compile(r"FSDP::(\w+)(?: \((.*?)\))?(?: \[pg=\d+\])?$")
 FSDP1 = "FullyShardedDataParallel."
+WAIT_SPANS = ("all_gather_copy_out", "post_backward_rs_wait")  # FSDP2 waits inside these
 POST_BWD = ("post_backward_accumulate", "post_backward_reshard", "post_backward_rs_wait",
             "post_backward_reduce")
 
@@ -193,11 +194,18 @@ class _Units:
 
 
 def _host_ops(ev: RankEvents) -> list[tuple[CommOp, float]]:
-    """CPU traces: (c10d op, completion) pairs; completion = gloo's own run's end."""
+    """CPU traces: (c10d op, completion) pairs. Completion = the end of gloo's own run of the
+    collective on its worker thread, up to its last operator (the copy into the output):
+    after that gloo marks the work done and runs the completion callbacks inside the same
+    range (Python ones wait for the GIL), which is not the collective's time."""
     issued = sorted((o for o in ev.comm_ops if o.kind == "c10d"), key=lambda o: o.ts)
     runs = sorted((o for o in ev.comm_ops if o.kind == "gloo"), key=lambda o: o.ts)
     fits = {"reduce_scatter": ("reduce_scatter", "all_reduce"), "barrier": ("barrier",
             "all_reduce")}
+    worker = {}
+    for tid in {r.tid for r in runs}:
+        iv = ev.busy.get(tid)
+        worker[tid] = tl.merge(iv.starts, iv.ends) if iv is not None else tl.EMPTY
     used = [False] * len(runs)
     j = 0
     out = []
@@ -206,17 +214,33 @@ def _host_ops(ev: RankEvents) -> list[tuple[CommOp, float]]:
             j += 1
         done = op.end
         for k in range(j, min(len(runs), j + 16)):
-            if not used[k] and runs[k].ts >= op.ts - 1.0 and \
-                    runs[k].collective in fits.get(op.collective, (op.collective,)):
+            r = runs[k]
+            if not used[k] and r.ts >= op.ts - 1.0 and \
+                    r.collective in fits.get(op.collective, (op.collective,)):
                 used[k] = True
-                done = max(runs[k].end, op.end)
+                ws, we = worker[r.tid]
+                i = int(np.searchsorted(ws, r.end, side="left")) - 1  # last op starting inside
+                last = we[i] if i >= 0 and ws[i] >= r.ts else r.end
+                done = max(min(last, r.end), op.end)
                 break
         out.append((op, done))
     return out
 
 
+def _wait_spans(ev: RankEvents) -> dict[int, tuple]:
+    """Per thread, FSDP2's spans that hold a wait() on an earlier collective (as sets)."""
+    per_tid = defaultdict(lambda: ([], []))
+    for s in ev.spans:
+        m = FSDP2.match(s.name)
+        if m and m.group(1) in WAIT_SPANS:
+            per_tid[s.tid][0].append(s.ts)
+            per_tid[s.tid][1].append(s.end)
+    return {tid: (np.array(a), np.array(b)) for tid, (a, b) in per_tid.items()}
+
+
 def _cpu_exposure(colls: list[Collective], ev: RankEvents, blocked_ops) -> None:
     """Exposed time of CPU collectives from the issuing thread's timeline (module doc)."""
+    waits = _wait_spans(ev)
     by_tid = defaultdict(list)
     for c in colls:
         by_tid[c.tid].append(c)
@@ -226,6 +250,7 @@ def _cpu_exposure(colls: list[Collective], ev: RankEvents, blocked_ops) -> None:
         ops = blocked_ops.get(tid, tl.EMPTY)
         busy = tl.subtract(busy, ops)  # inside a collective's own call the thread is blocked
         bs, be = busy
+        ws, we = waits.get(tid, tl.EMPTY)
         # idle stretch around each completion: (end of the last operator before it, ...)
         stretch: dict[int, list[Collective]] = defaultdict(list)
         for c in cs:
@@ -235,13 +260,24 @@ def _cpu_exposure(colls: list[Collective], ev: RankEvents, blocked_ops) -> None:
             stretch[k].append(c)
         for k, group in stretch.items():
             start = be[k] if k >= 0 else -np.inf
-            sync = [c for c in group if c.issue >= start]  # issued and waited in one stretch
+            waited, sync = [], []
+            for c in group:
+                # a framework wait span around the completion, opened after the issue: the
+                # thread waited from there (an async collective, waited on later)
+                j = int(np.searchsorted(ws, c.done, side="right")) - 1
+                floor = ws[j] if j >= 0 and c.done < we[j] else -np.inf
+                if floor > c.issue:
+                    waited.append((c, floor))
+                elif c.issue >= start:
+                    sync.append(c)  # issued and waited in one stretch: a blocking call
+                else:
+                    waited.append((c, -np.inf))
             claims = tl.merge([c.issue for c in sync], [c.done for c in sync])
             for c in sync:
                 c.exposed = c.done - c.issue
             p = start
-            for c in sorted((c for c in group if c.issue < start), key=lambda c: c.done):
-                a = max(c.issue, p)
+            for c, floor in sorted(waited, key=lambda x: x[0].done):
+                a = max(c.issue, p, floor)
                 if c.done > a:
                     win = (np.array([a]), np.array([c.done]))
                     c.exposed = tl.length(win) - tl.intersect_length(win, claims)
