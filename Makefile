@@ -9,7 +9,7 @@ ARGS       ?=
 PY         := $(VENV)/bin/python
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test venv prometheus bench clean
+.PHONY: demo test venv prometheus bench clean hta-extra
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,16 @@ prometheus:
 demo: $(VENV)/.installed
 	$(VENV)/bin/zerodoc demo $(ARGS)
 
-test: $(VENV)/.installed prometheus
+test: $(VENV)/.installed prometheus hta-extra
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(ARGS)
+
+# Holistic Trace Analysis for the trace cross-check (tests/test_trace_hta.py), in a folder of
+# its own: it pulls pandas/plotly, which must not change the test venv's numpy or torch.
+hta-extra: $(VENV)/hta-extra/hta
+$(VENV)/hta-extra/hta: $(VENV)/.installed tests/test_trace_hta.py
+	$(PY) -c "from tests.test_trace_hta import HTA_REQUIREMENTS as r; print(' '.join(r))" | \
+	  xargs $(PY) -m pip install -q --no-deps --target $(VENV)/hta-extra
+	touch $@
 
 bench: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) bench/overhead.py $(ARGS)

@@ -6,16 +6,20 @@ profiler recording steps 4-7 (ProfilerStep#3-#6): FSDP2's default synchronous al
 async unshard + explicit prefetch (traces gzipped). The trace-derived snapshot and the run log
 must agree per rank, unit, phase and collective over those four steps:
 
-- count and bytes: exactly (both count FSDP's calls; bytes = the all-gather output / the
-  reduce-scatter input, from the recorded shapes vs the tensors the shim saw);
-- collective time: the profiler's interval (the c10d op's start to gloo's last copy into the
-  output) lies inside the shim's (before the call, after `wait()` returned or the completion
-  callback ran), so trace <= live + 0.5 ms per call, and live - trace <= 10 % + 5 ms per call:
-  after gloo completes, the waiting thread (sync) or the completion callback (async) must get
-  the GIL back, one 5 ms switch interval at worst when the other thread holds it;
-- exposed time: within 10 % of the collective time + 5 ms per call (same reason);
-- compute per unit and phase: within 10 % + 2 ms per step (the shim's hooks sit just inside
-  FSDP's; the trace uses FSDP's own pre/post spans: a few hundred microseconds of hook code);
+- count and bytes, every call: exactly (both count FSDP's calls; bytes = the all-gather output
+  / the reduce-scatter input, from the recorded shapes vs the tensors the shim saw);
+- collective time, every call: the profiler's interval (the c10d op's start to gloo's last
+  copy into the output) lies inside the shim's (taken before the call, and after `wait()`
+  returned or the completion callback ran): trace <= live + 0.5 ms;
+- collective and exposed time: within 10 % + 10 ms on the median of the 4 steps per rank,
+  unit, phase and collective: after gloo completes, the waiting thread (sync: woken through a
+  condition variable) or the completion callback (async: on gloo's thread) must be scheduled
+  and get the GIL back, up to a 5 ms switch interval when another thread holds it, more when
+  ranks and other jobs outnumber the 2 cores. A single call is only held to 10 % + 100 ms: a Python pause or a thread
+  descheduled on a loaded 2-core box can hit any one call (a mispaired or double-counted
+  collective would be off by more);
+- compute per unit and phase: within 10 % + 2 ms, median of the steps (the shim's hooks sit
+  just inside FSDP's; the trace uses FSDP's own pre/post spans: a few hundred microseconds);
 - step time over the window: within 5 % + 10 ms (the shim's step ends at the optimizer hook,
   the profiler's at `prof.step()`, a few ms later in the same loop iteration).
 """
@@ -25,6 +29,8 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import statistics
+from pathlib import Path
 from collections import defaultdict
 
 import pytest
@@ -35,61 +41,72 @@ from zerodoc.sources import open_source
 from zerodoc.trace import open_traces
 
 UNITS = ["(root)", "blocks.0", "blocks.1", "blocks.2", "blocks.3"]
-CALL_S = 0.005  # one GIL switch interval per call (module docstring)
+CALL_S = 0.010  # two thread hand-overs per call (module docstring)
+GROSS_S = 0.100  # no single call may be off by more (a mispaired or double-counted collective)
 
 
-def live_window(log, first: int, n: int):
-    """Per (unit, phase, coll) [count, bytes, seconds, exposed], compute and step time of the
-    run-log steps first..first+n-1."""
+def per_step_trace(src, rank: int):
+    """Per (step, unit, phase, coll): [count, bytes, seconds, exposed] from zerodoc's trace
+    attribution; per (step, unit, phase): compute seconds; per step: step seconds."""
+    res = src.ranks[rank].result
     comm = defaultdict(lambda: [0, 0, 0.0, 0.0])
-    compute = defaultdict(float)
-    step_s = 0.0
-    for s in log.steps:
-        if first <= s.step < first + n:
-            step_s += s.step_seconds
-            for k, t in s.comm.items():
-                a = comm[k]
-                a[0] += t.count
-                a[1] += t.bytes
-                a[2] += t.seconds
-                a[3] += t.exposed_seconds
-            for k, v in s.compute.items():
-                compute[k] += v
-    return comm, compute, step_s
+    for c in res.collectives:
+        a = comm[(c.step + 1, c.unit, c.phase, c.collective)]  # zerodoc's step = N + 1
+        a[0] += 1
+        a[1] += c.nbytes
+        a[2] += (c.done - c.issue) * 1e-6
+        a[3] += c.exposed * 1e-6
+    compute = {(s.step + 1, *k): v * 1e-6 for s in res.steps for k, v in s.compute.items()
+               if v > 0}
+    steps = {s.step + 1: (s.end - s.ts) * 1e-6 for s in res.steps}
+    return comm, compute, steps
 
 
 @pytest.fixture(scope="module", params=["sync", "async"])
 def pair(request, tmp_path_factory):
     logs, traces = profiled(tmp_path_factory, request.param)
-    snap = open_traces(str(traces), window=None, progress=False).snapshot()
-    return request.param, logs, snap
+    src = open_traces(str(traces), window=None, progress=False)
+    return request.param, logs, src
 
 
 def test_trace_and_live_agree_per_unit(pair):
-    mode, logs, snap = pair
+    mode, logs, src = pair
+    snap = src.snapshot()
     assert sorted(snap.ranks) == [0, 1]
     for rank, w in snap.ranks.items():
         assert (w.steps, w.first_step, w.last_step) == (4, 3, 6)  # ProfilerStep#3-#6
-        comm, compute, step_s = live_window(logs[rank], w.first_step + 1, w.steps)
-        assert set(w.comm) == set(comm), (rank, set(w.comm) ^ set(comm))
-        for key, t in w.comm.items():
-            n, nbytes, secs, exposed = comm[key]
-            where = (mode, rank, key, t, comm[key])
-            assert (t.count, t.bytes) == (n, nbytes), where
-            assert t.seconds <= secs + 0.0005 * n, where
-            assert secs - t.seconds <= 0.10 * secs + CALL_S * n, where
-            assert abs(t.exposed_seconds - exposed) <= 0.10 * secs + CALL_S * n, where
-        assert set(w.compute) == {k for k, v in compute.items() if v > 0}
-        for key, v in w.compute.items():
-            assert abs(v - compute[key]) <= 0.10 * compute[key] + 0.002 * w.steps, \
-                (mode, rank, key, v, compute[key])
-        assert abs(w.step_seconds - step_s) <= 0.05 * step_s + 0.010, (rank, w.step_seconds,
-                                                                        step_s)
-        # every collective FSDP issued for a unit is found, in both phases
+        comm, compute, steps = per_step_trace(src, rank)
+        live = {(s.step, *k): t for s in logs[rank].steps if s.step in steps
+                for k, t in s.comm.items()}
+        assert set(comm) == set(live), set(comm) ^ set(live)
+        off = defaultdict(list)  # (unit, phase, coll) -> per step: beyond the allowed
+        for key, (n, nbytes, secs, exposed) in comm.items():
+            t = live[key]
+            where = (mode, rank, key, (n, nbytes, secs, exposed), t)
+            assert (t.count, t.bytes) == (n, nbytes) == (1, nbytes), where
+            assert secs <= t.seconds + 0.0005, where  # the profiler's interval is inside
+            allowed = 0.10 * t.seconds + CALL_S
+            off[key[1:]].append(max(t.seconds - secs, abs(t.exposed_seconds - exposed))
+                                - allowed)
+            assert t.seconds - secs <= allowed - CALL_S + GROSS_S, where
+        for key, v in off.items():
+            assert statistics.median(v) <= 0, (mode, rank, key, v)
+        live_c = {(s.step, *k): v for s in logs[rank].steps if s.step in steps
+                  for k, v in s.compute.items() if v > 0}
+        assert set(compute) == set(live_c)
+        cdiff = defaultdict(list)
+        for key, v in compute.items():
+            cdiff[key[1:]].append(abs(v - live_c[key]) - (0.10 * live_c[key] + 0.002))
+        for key, v in cdiff.items():
+            assert statistics.median(v) <= 0, (mode, rank, key, v)
+        live_steps = {s.step: s.step_seconds for s in logs[rank].steps if s.step in steps}
+        total, live_total = sum(steps.values()), sum(live_steps.values())
+        assert abs(total - live_total) <= 0.05 * live_total + 0.010, (rank, steps, live_steps)
+        # every collective FSDP issued for a unit is found, in both phases, every step
         for unit in UNITS:
-            assert comm[(unit, "forward", "all_gather")][0] == 4
-            assert comm[(unit, "backward", "all_gather")][0] == 4
-            assert comm[(unit, "backward", "reduce_scatter")][0] == 4
+            for phase, coll in (("forward", "all_gather"), ("backward", "all_gather"),
+                                ("backward", "reduce_scatter")):
+                assert w.comm[(unit, phase, coll)].count == 4
     if mode == "async":  # real overlap: some prefetched all-gathers were hidden entirely
         w = snap.ranks[0]
         assert any(t.exposed_seconds < 0.5 * t.seconds for t in w.comm.values())
@@ -194,3 +211,18 @@ def test_truncated_gzip_and_missing_files(tmp_path_factory, tmp_path, capsys):
     shutil.copy(traces / "rank-0.json.gz", tmp_path / "copy" / "again-rank0.json.gz")
     assert main(["report", str(tmp_path / "copy")]) == 2
     assert "both rank 0" in capsys.readouterr().err
+
+
+def test_rank_from_the_file_name(tmp_path, capsys):
+    """A real trace whose distributedInfo has no rank (tests/data/traces/hta)."""
+    real = Path(__file__).parent / "data" / "traces" / "hta" / "rank_unavailable" / \
+        "rank_not_found.json.gz"
+    assert open_traces(str(real), progress=False).snapshot().ranks.keys() == {0}  # one file
+    (tmp_path / "named").mkdir()
+    shutil.copy(real, tmp_path / "named" / "trainer_rank-5.json.gz")
+    assert open_traces(str(tmp_path / "named"), progress=False).snapshot().ranks.keys() == {5}
+    (tmp_path / "unnamed").mkdir()
+    for name in ("a.json.gz", "b.json.gz"):
+        shutil.copy(real, tmp_path / "unnamed" / name)
+    assert main(["report", str(tmp_path / "unnamed")]) == 2
+    assert "no rank in the trace" in capsys.readouterr().err
