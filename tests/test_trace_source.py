@@ -35,7 +35,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests.helpers import profiled
+from tests.helpers import profiled, run_demo
 from zerodoc.cli import main
 from zerodoc.sources import open_source
 from zerodoc.trace import open_traces
@@ -226,3 +226,30 @@ def test_rank_from_the_file_name(tmp_path, capsys):
         shutil.copy(real, tmp_path / "unnamed" / name)
     assert main(["report", str(tmp_path / "unnamed")]) == 2
     assert "no rank in the trace" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("framework", ["fsdp1-full", "zero1"])
+def test_fsdp1_and_zero1_traces_match_the_live_counts_and_bytes(tmp_path, framework):
+    """FSDP1 names no unit in its annotations: the trace's `unit-k` is the k-th unit FSDP1
+    gathers in forward, which for this model is the live shim's k-th unit. ZeRO-1 (DDP +
+    ZeroRedundancyOptimizer) is one unit, "(model)". Counts and bytes per step: exactly."""
+    logs = run_demo(tmp_path, "run", nprocs=2, steps=5, extra={
+        "framework": framework,
+        "profile": {"dir": str(tmp_path / "traces"), "wait": 2, "warmup": 1, "active": 2}})
+    src = open_traces(str(tmp_path / "traces"), window=None, progress=False)
+    for rank, log in logs.items():
+        comm, _compute, steps = per_step_trace(src, rank)
+        assert sorted(steps) == [4, 5]
+        facts = src.snapshot().ranks[rank].facts
+        live_names = [u.name for u in log.facts.units]
+        if framework == "zero1":
+            assert (facts.framework, facts.zero_stage) == ("zero1", 1)
+            names = {"(model)": "(model)"}
+        else:
+            assert (facts.framework, facts.zero_stage) == ("fsdp1", 3)
+            names = {f"unit-{k}": n for k, n in enumerate(live_names)}
+        assert [names[u.name] for u in facts.units] == live_names
+        live = {(s.step, *k): (t.count, t.bytes) for s in log.steps if s.step in steps
+                for k, t in s.comm.items()}
+        ours = {(st, names[u], ph, c): (v[0], v[1]) for (st, u, ph, c), v in comm.items()}
+        assert ours == live

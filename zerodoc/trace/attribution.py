@@ -9,9 +9,10 @@ none). Within a step:
   A collective's phase is the phase of its issue on the host.
 - **Unit** of a collective: FSDP2 names it: the innermost `FSDP::<what> (<unit>)` span around
   the collective's host op on the same thread (no unit in the label: the root, "(root)").
-  FSDP1's spans name no unit: its units are told apart by the size of their flat parameter
-  and named `unit-0`, `unit-1`, ... in the order they are first gathered in forward (the root
-  first). Anything else (DDP, DeepSpeed stage 1/2, plain `torch.distributed`) is "(model)".
+  FSDP1's spans name no unit: the k-th all-gather of a step's forward is `unit-k` (FSDP1
+  gathers its units in execution order, the root first); in backward, gathers and
+  reduce-scatters go to the units of the same flat-parameter size in reverse order. Anything
+  else (DDP, ZeRO-1, DeepSpeed, plain `torch.distributed`) is "(model)".
 - **Collective time, bytes, exposure**:
   - GPU traces: each communication kernel (`nccl*`) is one collective; time = the kernel's
     duration; bytes = its `record_param_comms` metadata (message elements x dtype size);
@@ -158,7 +159,7 @@ class _Phases:
 
 
 class _Units:
-    """Unit of a host moment: innermost FSDP2 span on that thread, or FSDP1 flat-param order."""
+    """Unit of a collective: innermost FSDP2 span on the issuing thread; FSDP1 by order."""
 
     def __init__(self, ev: RankEvents, framework: str):
         self.framework = framework
@@ -173,9 +174,12 @@ class _Units:
             for tid, ivs in per_tid.items():
                 a, b, lab = tl.segments(ivs)
                 self.seg[tid] = (np.array(a), np.array(b), lab)
-        self.fsdp1_sizes: dict[int, str] = {}
+        # FSDP1, per step: units in the order of their forward all-gathers, per size
+        self.fwd: dict[int, list[tuple[int, str]]] = defaultdict(list)  # step -> (numel, name)
+        self.taken: dict[tuple, int] = defaultdict(int)  # (step, coll, numel) -> used
 
-    def unit(self, tid: int, t: float, coll: str, numel: int | None, phase: str) -> str:
+    def unit(self, step: int, tid: int, t: float, coll: str, numel: int | None,
+             phase: str) -> str:
         if self.framework == "fsdp2":
             seg = self.seg.get(tid)
             if seg is not None:
@@ -184,13 +188,23 @@ class _Units:
                     return seg[2][k]
             return MODEL
         if self.framework == "fsdp1" and numel and coll in ("all_gather", "reduce_scatter"):
-            name = self.fsdp1_sizes.get(numel)
-            if name is None:
-                if coll != "all_gather" or phase != "forward":
-                    return MODEL
-                name = self.fsdp1_sizes[numel] = f"unit-{len(self.fsdp1_sizes)}"
-            return name
+            return self._fsdp1(step, coll, numel, phase)
         return MODEL
+
+    def _fsdp1(self, step: int, coll: str, numel: int, phase: str) -> str:
+        """FSDP1 names no unit. In forward, FSDP1 gathers its units in execution order, the
+        root first: the k-th forward all-gather of a step is `unit-k`. In backward it gathers
+        and reduces them in reverse order: among the units of the same size, the next one
+        from the back."""
+        order = self.fwd[step]
+        if coll == "all_gather" and phase == "forward":
+            name = f"unit-{len(order)}"
+            order.append((numel, name))
+            return name
+        same = [name for n, name in order if n == numel][::-1]
+        i = self.taken[(step, coll, numel)]
+        self.taken[(step, coll, numel)] += 1
+        return same[i] if i < len(same) else MODEL
 
 
 def _host_ops(ev: RankEvents) -> list[tuple[CommOp, float]]:
@@ -222,6 +236,8 @@ def _host_ops(ev: RankEvents) -> list[tuple[CommOp, float]]:
                 i = int(np.searchsorted(ws, r.end, side="left")) - 1  # last op starting inside
                 last = we[i] if i >= 0 and ws[i] >= r.ts else r.end
                 done = max(min(last, r.end), op.end)
+                if op.itemsize is None and r.itemsize is not None:  # TensorList arguments
+                    op.dtype, op.itemsize = r.dtype, r.itemsize
                 break
         out.append((op, done))
     return out
@@ -317,8 +333,9 @@ def _gpu_collectives(ev: RankEvents, add) -> float | None:
     return tl.intersect_length(comm, compute) / total if total > 0 else None
 
 
-def attribute(ev: RankEvents) -> RankResult:
-    """Attribute one rank's events (see the module docstring)."""
+def attribute(ev: RankEvents, group_size: int | None = None) -> RankResult:
+    """Attribute one rank's events (see the module docstring). `group_size`: ranks of the
+    default process group, for collectives whose recorded shapes are one rank's input."""
     ev.finish()
     framework = detect_framework(ev)
     steps = _steps(ev)
@@ -332,7 +349,7 @@ def attribute(ev: RankEvents) -> RankResult:
         if i is None or coll == "barrier":
             return
         phase = phases.phase(i, host)
-        unit = units.unit(tid, host, coll, numel, phase)
+        unit = units.unit(phases.numbers[i], tid, host, coll, numel, phase)
         colls.append(Collective(phases.numbers[i], unit, phase, coll, tid, issue, done,
                                 (numel or 0) * (itemsize or 0), numel, dtype, group, exposed))
 
@@ -344,8 +361,11 @@ def attribute(ev: RankEvents) -> RankResult:
         for op, done in _host_ops(ev):
             ops[op.tid][0].append(op.ts)
             ops[op.tid][1].append(op.end)
-            add(op.tid, op.ts, op.ts, done, op.collective, op.numel, op.dtype, op.itemsize,
-                op.group_size)
+            numel = op.numel
+            if op.per_rank and numel:
+                numel = numel * (group_size or 1) if group_size else None
+            add(op.tid, op.ts, op.ts, done, op.collective, numel, op.dtype, op.itemsize,
+                op.group_size or (group_size if op.per_rank else None))
         _cpu_exposure(colls, ev, {tid: tl.merge(a, b) for tid, (a, b) in ops.items()})
     _compute(ev, steps, phases, framework, colls, gpu)
     order: list[str] = []

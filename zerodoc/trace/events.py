@@ -98,6 +98,7 @@ class CommOp:
     dtype: str | None  # "float32", ...
     itemsize: int | None
     group_size: int | None = None
+    per_rank: bool = False  # shapes give one rank's input only (list-form all-gather)
 
 
 @dataclass(slots=True)
@@ -243,12 +244,15 @@ class RankEvents:
         self.cpu_ops += 1
         tid = _tid(ev)
         if name.startswith("c10d::"):
-            coll = C10D.get(name[6:].rstrip("_"))
+            op = name[6:].rstrip("_")
+            coll = C10D.get(op)
             if coll is not None:
                 args = ev.get("args") or {}
                 dt, size = _shape_dtype(args)
+                # the list-form all-gather's output lists are not recorded, only the input
                 self.comm_ops.append(CommOp("c10d", coll, tid, ts, end, _int(args.get(
-                    "External id")), _numel(args.get("Input Dims")), dt, size))
+                    "External id")), _numel(args.get("Input Dims")), dt, size,
+                    per_rank=op in ("allgather", "allgather_coalesced")))
                 return
         elif name == "record_param_comms":
             args = ev.get("args") or {}

@@ -120,12 +120,26 @@ class RankTrace:
     pid: int | None = None
 
 
-def read_rank(path: Path, progress=None) -> tuple[dict, RankResult, int | None]:
+def read_rank(path: Path, progress=None,
+              world_size: int | None = None) -> tuple[dict, RankResult, int | None]:
     ev = RankEvents()
     header = read_trace(path, ev.add, progress=progress)
     if not ev.spans and not ev.comm_ops and not ev.comm_kernels and not ev.cpu_ops:
         raise TraceError(f"{path}: no profiler events (operators, annotations or kernels)")
-    return header, attribute(ev), ev.pid
+    return header, attribute(ev, default_group_size(header) or world_size), ev.pid
+
+
+def default_group_size(header: dict) -> int | None:
+    """Ranks of the default process group, from the trace's distributedInfo."""
+    di = header.get("distributedInfo")
+    if not isinstance(di, dict):
+        return None
+    for pg in di.get("pg_config") or ():
+        if isinstance(pg, dict) and pg.get("pg_name") == "0" and isinstance(pg.get("pg_size"),
+                                                                           int):
+            return pg["pg_size"]
+    ws = di.get("world_size")
+    return ws if isinstance(ws, int) else None
 
 
 def _rank_of(path: Path, header: dict, single: bool) -> int:
@@ -158,7 +172,7 @@ class TraceSource:
         self.ranks: dict[int, RankTrace] = {}
         for i, path in enumerate(files):
             prog.file(i, path)
-            header, result, pid = read_rank(path, prog)
+            header, result, pid = read_rank(path, prog, self.opts.world_size)
             rank = _rank_of(path, header, len(files) == 1)
             if rank in self.ranks:
                 raise UserError(f"{path} and {self.ranks[rank].path} are both rank {rank}")
@@ -186,13 +200,11 @@ class TraceSource:
         res = t.result
         di = t.header.get("distributedInfo") if isinstance(t.header.get("distributedInfo"),
                                                            dict) else {}
-        default_group = world
-        for pg in di.get("pg_config") or ():
-            if isinstance(pg, dict) and pg.get("pg_name") == "0" and isinstance(
-                    pg.get("pg_size"), int):
-                default_group = pg["pg_size"]
-        units = unit_facts(res, default_group, self.opts.param_dtype)
+        units = unit_facts(res, default_group_size(t.header) or world, self.opts.param_dtype)
         framework = self.opts.framework or {"unknown": "none"}.get(res.framework, res.framework)
+        if framework == "ddp" and not self.opts.framework and any(
+                c.phase == "optimizer" and c.collective == "broadcast" for c in res.collectives):
+            framework = "zero1"  # ZeroRedundancyOptimizer broadcasts the updated shards
         stage = self.opts.stage if self.opts.stage is not None else _stage(framework, units)
         gathered = next((u for u in units if u.param_dtype), None)
         capacity = None
@@ -221,6 +233,8 @@ class TraceSource:
 
 
 def _stage(framework: str, units: list[UnitFacts]) -> int | None:
+    if framework == "zero1":
+        return 1
     if framework in ("ddp", "none") and not any(u.reshard_after_forward is not None
                                                 for u in units):
         return 0 if framework == "ddp" else None
