@@ -2,7 +2,8 @@
 
 The witness is independent of the code under test: the profiler's trace (FSDP2's own
 `FSDP::all_gather (<unit>)` / `FSDP::post_backward_reduce (<unit>)` / `FSDP::all_gather_copy_out
-(<unit>)` annotations, the `c10d::` ops with their recorded shapes, gloo's own `gloo:<collective>`
+(<unit>)` annotations, the `c10d::` ops with their recorded shapes, gloo's own
+`gloo:<collective>`
 runs on its worker threads) read by the small reader below (json + loops, nothing from
 zerodoc). zerodoc's own trace parser is then checked against this reader too.
 
@@ -30,9 +31,10 @@ Tolerances, and why:
   compute thread may wait for the GIL, held by gloo's callback thread, between opening the
   copy-out span and entering `wait()`: a switch interval, or a scheduler slice on a loaded
   box, counted as hidden by the shim) and up to 15 ms above (after the callback, the timer
-  thread and then the waiting thread each need to be scheduled and take the GIL). Checked on the median of the 4 steps per rank, unit and phase; a single call is only
-  held to 100 ms: a Python pause the trace cannot see (a garbage-collection pass, a timer
-  thread descheduled on a loaded 2-core box) can hit one call.
+  thread and then the waiting thread each need to be scheduled and take the GIL). Checked on
+  the median of the 4 steps per rank, unit and phase; a single call is only held to 100 ms: a
+  Python pause the trace cannot see (a garbage-collection pass, a timer thread descheduled on
+  a loaded 2-core box) can hit one call.
 """
 
 from __future__ import annotations

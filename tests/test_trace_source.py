@@ -15,9 +15,9 @@ must agree per rank, unit, phase and collective over those four steps:
   unit, phase and collective: after gloo completes, the waiting thread (sync: woken through a
   condition variable) or the completion callback (async: on gloo's thread) must be scheduled
   and get the GIL back, up to a 5 ms switch interval when another thread holds it, more when
-  ranks and other jobs outnumber the 2 cores. A single call is only held to 10 % + 100 ms: a Python pause or a thread
-  descheduled on a loaded 2-core box can hit any one call (a mispaired or double-counted
-  collective would be off by more);
+  ranks and other jobs outnumber the 2 cores. A single call is only held to 10 % + 100 ms: a
+  Python pause or a thread descheduled on a loaded 2-core box can hit any one call (a
+  mispaired or double-counted collective would be off by more);
 - compute per unit and phase: within 10 % + 2 ms, median of the steps (the shim's hooks sit
   just inside FSDP's; the trace uses FSDP's own pre/post spans: a few hundred microseconds);
 - step time over the window: within 5 % + 10 ms (the shim's step ends at the optimizer hook,
