@@ -79,6 +79,9 @@ def witness(path) -> list[dict]:
     fsdp = [e for e in ev if e["tid"] == main and LABEL.match(e["name"])]
     gloo = sorted((e for e in ev if e["name"].startswith("gloo:") and e["tid"] != main),
                   key=lambda e: e["ts"])
+    on_thread = defaultdict(list)
+    for e in ev:
+        on_thread[e["tid"]].append(e)
     taken = set()
     out = []
     for op in sorted((e for e in ev if e["name"] in COLL and e["tid"] == main),
@@ -103,7 +106,7 @@ def witness(path) -> list[dict]:
         taken.add(i)
         # it is complete when its last operator (the copy into the output) ended and the
         # c10d call returned
-        copies = [e["end"] for e in ev if e["tid"] == run["tid"] and e is not run
+        copies = [e["end"] for e in on_thread[run["tid"]] if e is not run
                   and run["ts"] <= e["ts"] and e["end"] <= run["end"]]
         label = "FSDP::all_gather_copy_out" + ("" if unit == "(root)" else f" ({unit})")
         wait = next((f["ts"] for f in fsdp if f["name"] == label and f["ts"] >= op["end"]),
