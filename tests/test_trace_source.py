@@ -154,6 +154,9 @@ def test_report_cli_on_traces(tmp_path_factory, capsys):
     assert main(["report", files, "--json", "--stage", "2", "--world-size", "4"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["run"]["zero_stage"] == 2 and rep["run"]["world_size"] == 4
+    # the trace-only flags on the run's own log directory: refused, not ignored
+    assert main(["report", str(traces.parent / "run"), "--stage", "2"]) == 2
+    assert "--stage: only for profiler traces" in capsys.readouterr().err
 
 
 def test_tui_on_traces(tmp_path_factory):

@@ -520,12 +520,14 @@ def open_source(spec: str | None, window: int | None = 20, *,
     server; `host:port[,host:port...]` or `host:first-last` rank endpoints; PyTorch profiler
     traces (a directory of them, a file, files separated by commas; `trace_facts`: see
     `zerodoc.trace.TraceFacts`); None the latest local run (under ./zerodoc-runs)."""
+    from . import trace  # profiler traces: zerodoc/trace (no heavy import until opened)
     if spec is None:
+        trace.refuse_facts(trace_facts)
         return RunDirSource(latest_run(), window, stale_after_s=stale_after_s)
     spec = spec.strip()
-    from . import trace  # profiler traces: zerodoc/trace (no heavy import until opened)
     if trace.is_trace_spec(spec):
         return trace.open_traces(spec, window, **(trace_facts or {}))
+    trace.refuse_facts(trace_facts)
     if Path(spec).is_dir():
         return RunDirSource(spec, window, stale_after_s=stale_after_s)
     if spec.startswith(("http://", "https://")):

@@ -37,19 +37,23 @@ def open_traces(spec, window: int | None = 20, **facts):
 
 
 def add_arguments(parser) -> None:
-    """The flags that add facts a trace lacks (shared by `report` and `tui`)."""
+    """The flags that add facts a trace lacks (shared by `report` and `tui`). Their default
+    is SUPPRESS (absent from the namespace): the help says what is inferred instead."""
+    import argparse
+
+    none = argparse.SUPPRESS
     g = parser.add_argument_group(
         "profiler traces", "when SOURCE is PyTorch profiler traces (a directory of .json / "
         ".json.gz files, one per rank, or files separated by commas): facts the traces lack")
-    g.add_argument("--world-size", type=int, default=None, metavar="N",
+    g.add_argument("--world-size", type=int, default=none, metavar="N",
                    help="ranks in the job (default: the traces' distributedInfo, else the "
                         "number of files)")
-    g.add_argument("--stage", type=int, default=None, metavar="0-3",
+    g.add_argument("--stage", type=int, default=none, metavar="0-3",
                    help="equivalent ZeRO stage (default: inferred from when units are gathered)")
-    g.add_argument("--framework", default=None, metavar="NAME",
+    g.add_argument("--framework", default=none, metavar="NAME",
                    help="fsdp2, fsdp1, deepspeed, zero1, ddp or none (default: from the "
                         "traces' annotations)")
-    g.add_argument("--param-dtype", default=None, metavar="DTYPE",
+    g.add_argument("--param-dtype", default=none, metavar="DTYPE",
                    help="dtype the parameters are stored in, e.g. float32 (default: the "
                         "all-gather dtype)")
 
@@ -59,3 +63,14 @@ def facts_from_args(args) -> dict:
     out = {k: getattr(args, k, None) for k in ("world_size", "stage", "framework",
                                                 "param_dtype", "link")}
     return {k: v for k, v in out.items() if v is not None}
+
+
+def refuse_facts(facts: dict | None) -> None:
+    """Trace-only flags given for another kind of source: say so instead of ignoring them."""
+    extra = sorted(k for k in (facts or {}) if k != "link")
+    if extra:
+        from ..errors import UserError
+
+        flags = ", ".join("--" + k.replace("_", "-") for k in extra)
+        raise UserError(f"{flags}: only for profiler traces (SOURCE is not a trace file or "
+                        "a directory of traces)")
