@@ -123,7 +123,7 @@ def test_slow_link_makes_the_exposed_all_gather_alert_fire(live):
              if a["labels"]["alertname"] == "ZerodocExposedAllGather"
              and a["labels"]["severity"] == "warning"]
     ann = fired[0]["annotations"]
-    assert ann["runbook_url"] == "docs/rules.md#zd004"
+    assert ann["runbook_url"] == "docs/runbooks.md#zerodocexposedallgather"
     assert "%" in ann["description"] and "gloo-cpu" in ann["description"]
     assert "slowrun" in ann["summary"]
     # The rules engine reads the same run (its run log) and agrees.

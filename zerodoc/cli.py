@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .errors import UserError
@@ -22,6 +23,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("targets", "zerodoc.targets_cli"),
     ("dashboards", "zerodoc.dashboards_cli"),
     ("stack", "zerodoc.stack_cli"),
+    ("export", "zerodoc.export_cli"),
 ]
 
 
@@ -40,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `zerodoc` console script."""
+    return guarded(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    from .resources import ResourcesMissing
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -47,11 +56,53 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except UserError as e:
+    except (UserError, ResourcesMissing) as e:
         print(f"zerodoc {args.command}: error: {e}", file=sys.stderr)
         return 2
+
+
+# Exit codes of a command ended from outside, as a shell reports a process killed by the signal.
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE: whoever read our output went away (`... | head`)
+EXIT_INTERRUPTED = 128 + 2  # SIGINT: Ctrl-C
+
+
+def guarded(func, *args) -> int:
+    """Run a command line entry point so that a closed pipe and Ctrl-C end it quietly.
+
+    The one mechanism every zerodoc command line goes through (`zerodoc ...` and the
+    `python -m zerodoc.<generator>` tools): the command's own `finally` blocks run (stopping
+    child processes), then no traceback is printed. After a broken pipe stdout is pointed at
+    /dev/null, so the interpreter's last flush cannot complain either.
+    """
+    try:
+        code = func(*args)
+        sys.stdout.flush()  # a pipe closed under buffered output fails here, not at exit
+        return int(code or 0)
+    except BrokenPipeError:
+        _detach_stdout()
+        return EXIT_BROKEN_PIPE
+    except SystemExit:  # argparse after --help / --version / a usage error
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _detach_stdout()
+            return EXIT_BROKEN_PIPE
+        raise
     except KeyboardInterrupt:
-        return 130
+        try:
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            _detach_stdout()
+        return EXIT_INTERRUPTED
+
+
+def _detach_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout already closed or not a file
+        pass
 
 
 if __name__ == "__main__":

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from .errors import UserError
 
-DASHBOARDS_DIR = Path(__file__).resolve().parent.parent / "dashboards"
+DIR_HELP = "dashboards directory (default: the dashboards installed with zerodoc)"
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "dashboards", help="push zerodoc's Grafana dashboards to a Grafana server",
-        description="zerodoc's Grafana dashboards are committed as JSON in dashboards/ "
-        "(regenerate with `python -m zerodoc.grafana.build`). `push` uploads them through "
+        description="zerodoc's Grafana dashboards are installed with it as JSON "
+        "(`zerodoc export DIR` writes them out, with provisioning files). `push` uploads "
+        "them through "
         "Grafana's HTTP API; the API token is read from an environment variable or a file, "
         "never from the command line.")
     s = p.add_subparsers(dest="action", metavar="ACTION")
     ls = s.add_parser("list", help="list the dashboards and their panels")
-    ls.add_argument("--dir", default=str(DASHBOARDS_DIR), help="dashboards directory")
+    ls.add_argument("--dir", default=None, help=DIR_HELP)
     push = s.add_parser(
         "push", help="create or update the dashboards on a Grafana server",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
     push.add_argument("--token-file", default=None,
                       help="file holding the token (instead of the environment variable)")
     push.add_argument("--folder-uid", default=None, help="Grafana folder to put them in")
-    push.add_argument("--dir", default=str(DASHBOARDS_DIR), help="dashboards directory")
+    push.add_argument("--dir", default=None, help=DIR_HELP)
     push.add_argument("--client", choices=("auto", "grafana-client", "stdlib"), default="auto",
                       help="HTTP client: grafana-client (zerodoc[grafana]) when installed, "
                            "else the standard library")
@@ -39,11 +39,12 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from .grafana.push import load_dashboards
+    from . import resources
 
     if args.action is None:
         args._parser.print_help()
         return 2
-    dashboards = load_dashboards(args.dir)
+    dashboards = load_dashboards(args.dir or resources.dashboards_dir())
     if args.action == "list":
         for d in dashboards:
             panels = [p for p in d.get("panels", []) if p.get("type") != "row"]

@@ -1,9 +1,11 @@
 """A local Prometheus (and Alertmanager, if installed) wired to running zerodoc jobs.
 
 `Stack` writes a throwaway configuration — zerodoc's recording and alerting rules (generated
-with a short window and `for:` so a newcomer sees alerts fire within minutes), a file_sd
-target file rebuilt every few seconds from the run log headers of the live runs — starts the
-servers on 127.0.0.1, and stops them by pid. `zerodoc stack` (`stack_cli`) drives it.
+with a short window and `for:` so a newcomer sees alerts fire within minutes, runbook links
+pointing at the installed runbooks), a file_sd target file rebuilt every few seconds from the
+run log headers of the live runs — starts the servers on 127.0.0.1 (Alertmanager with
+zerodoc's `exporters/alertmanager.yml`, or the configuration given), and stops them by pid.
+`zerodoc stack` (`stack_cli`) drives it.
 """
 
 from __future__ import annotations
@@ -18,12 +20,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import resources
 from .errors import UserError
 from .targets import write_atomic
 from .targets_cli import run_targets
-
-REPO = Path(__file__).resolve().parent.parent
-ALERTMANAGER_EXAMPLE = REPO / "exporters" / "alertmanager.yml"
+from .thresholds import DEFAULT, Thresholds
 
 
 def find_runs(source: Path) -> list[Path]:
@@ -63,6 +64,10 @@ class Stack:
     work_dir: Path | None = None
     prometheus: str | None = None
     alertmanager: str | None = None
+    """Alertmanager binary; None: look for it on PATH; "": do not start one."""
+    alertmanager_config: Path | None = None
+    """Alertmanager configuration; None: zerodoc's exporters/alertmanager.yml."""
+    thresholds: Thresholds = DEFAULT
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     _tmp: bool = False
     _targets: str = ""
@@ -113,8 +118,9 @@ class Stack:
 
         runs = find_runs(self.source)
         self.link = self.link or infer_link(runs)
-        write_rules(self.work_dir / "rules", opts=RuleOptions(
-            window=self.window, alert_for=self.alert_for, link=self.link))
+        write_rules(self.work_dir / "rules", self.thresholds, RuleOptions(
+            window=self.window, alert_for=self.alert_for, link=self.link,
+            runbook_base=resources.root().as_uri() + "/"))
         cfg: dict = {
             "global": {"scrape_interval": self.scrape_interval,
                        "evaluation_interval": self.scrape_interval},
@@ -153,10 +159,14 @@ class Stack:
         if am:
             from .demo.launch import free_port
 
+            self.alertmanager_config = Path(self.alertmanager_config
+                                            or resources.alertmanager_config())
+            if not self.alertmanager_config.is_file():
+                raise UserError(f"no Alertmanager configuration at {self.alertmanager_config}")
             self.am_port = free_port()
             (self.work_dir / "alertmanager").mkdir(exist_ok=True)
             self._spawn("alertmanager", [
-                am, f"--config.file={ALERTMANAGER_EXAMPLE}",
+                am, f"--config.file={self.alertmanager_config}",
                 f"--storage.path={self.work_dir / 'alertmanager'}",
                 f"--web.listen-address=127.0.0.1:{self.am_port}",
                 "--cluster.listen-address="])
@@ -166,19 +176,29 @@ class Stack:
             self.prometheus, f"--config.file={config}",
             f"--storage.tsdb.path={self.work_dir / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"])
+        servers = [("prometheus", self.url)]
+        if self.am_port:
+            servers.append(("alertmanager", f"http://127.0.0.1:{self.am_port}"))
         deadline = time.monotonic() + 30
+        for name, url in servers:
+            if not self._wait_ready(name, url, deadline):
+                tail = self.log_tail(name)
+                self.stop()
+                raise UserError(f"{name} did not start on {url.removeprefix('http://')}: "
+                                f"{tail}")
+        return self
+
+    def _wait_ready(self, name: str, url: str, deadline: float) -> bool:
         while time.monotonic() < deadline:
-            if self.procs["prometheus"].poll() is not None:
-                break
+            if self.procs[name].poll() is not None:
+                return False
             try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
                     if r.status == 200:
-                        return self
+                        return True
             except OSError:
                 time.sleep(0.2)
-        tail = self.log_tail("prometheus")
-        self.stop()
-        raise UserError(f"prometheus did not start on 127.0.0.1:{self.port}: {tail}")
+        return False
 
     def log_tail(self, name: str, n: int = 600) -> str:
         try:

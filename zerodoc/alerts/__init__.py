@@ -20,13 +20,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import resources
 from ..thresholds import DEFAULT, LINK_BUSBW, Thresholds
-from .alerting import OPS_ANCHORS, alerting_rules
+from .alerting import alerting_rules, runbook_url
 from .recording import recording_rules
 from .yamltext import dump
 
-RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
-K8S_DIR = Path(__file__).resolve().parents[2] / "exporters" / "kubernetes"
 RECORDING_FILE = "zerodoc-recording.yml"
 ALERTS_FILE = "zerodoc-alerts.yml"
 PROMETHEUS_RULE_FILE = "zerodoc-prometheusrule.yaml"
@@ -34,8 +33,7 @@ _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 
 __all__ = ["RuleOptions", "recording_rules", "alerting_rules", "recording_names",
            "rule_files", "write_rules", "stale_files", "prometheus_rule",
-           "write_prometheus_rule", "stale_prometheus_rule", "OPS_ANCHORS", "RULES_DIR",
-           "K8S_DIR"]
+           "write_prometheus_rule", "stale_prometheus_rule", "runbook_url"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +47,7 @@ class RuleOptions:
     collective time and judges the slow-link alert."""
     runbook_base: str = ""
     """Prefix of runbook_url (e.g. your repository's blob URL); "" keeps repo-relative
-    paths such as docs/rules.md#zd004."""
+    paths such as docs/runbooks.md#zerodocslowlink."""
     extra_labels: dict[str, str] = field(default_factory=dict)
     """Labels added to every alert (e.g. team routing)."""
 
@@ -103,17 +101,17 @@ def prometheus_rule(t: Thresholds = DEFAULT, opts: RuleOptions | None = None) ->
     return _header(t, o, "rules for the Prometheus operator") + dump(doc)
 
 
-def write_prometheus_rule(out_dir: str | Path = K8S_DIR, t: Thresholds = DEFAULT,
+def write_prometheus_rule(out_dir: str | Path | None = None, t: Thresholds = DEFAULT,
                           opts: RuleOptions | None = None) -> Path:
-    path = Path(out_dir) / PROMETHEUS_RULE_FILE
+    path = Path(out_dir or resources.kubernetes_dir()) / PROMETHEUS_RULE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(prometheus_rule(t, opts), encoding="utf-8")
     return path
 
 
-def write_rules(out_dir: str | Path = RULES_DIR, t: Thresholds = DEFAULT,
+def write_rules(out_dir: str | Path | None = None, t: Thresholds = DEFAULT,
                 opts: RuleOptions | None = None) -> list[Path]:
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir or resources.rules_dir())
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, text in rule_files(t, opts).items():
@@ -122,18 +120,18 @@ def write_rules(out_dir: str | Path = RULES_DIR, t: Thresholds = DEFAULT,
     return paths
 
 
-def stale_files(out_dir: str | Path = RULES_DIR, t: Thresholds = DEFAULT,
+def stale_files(out_dir: str | Path | None = None, t: Thresholds = DEFAULT,
                 opts: RuleOptions | None = None) -> list[str]:
     """Rule files whose committed text differs from what the generator writes now."""
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir or resources.rules_dir())
     return [name for name, text in rule_files(t, opts).items()
             if not (out_dir / name).exists()
             or (out_dir / name).read_text(encoding="utf-8") != text]
 
 
-def stale_prometheus_rule(out_dir: str | Path = K8S_DIR, t: Thresholds = DEFAULT,
+def stale_prometheus_rule(out_dir: str | Path | None = None, t: Thresholds = DEFAULT,
                           opts: RuleOptions | None = None) -> bool:
-    path = Path(out_dir) / PROMETHEUS_RULE_FILE
+    path = Path(out_dir or resources.kubernetes_dir()) / PROMETHEUS_RULE_FILE
     return not path.exists() or path.read_text(encoding="utf-8") != prometheus_rule(t, opts)
 
 
@@ -142,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m zerodoc.alerts",
                                 description="Generate zerodoc's Prometheus rule files.")
-    p.add_argument("--out", default=str(RULES_DIR), help="output directory")
-    p.add_argument("--k8s-out", default=str(K8S_DIR),
+    p.add_argument("--out", default=None,
+                   help="output directory (default: rules/ of zerodoc's operations files)")
+    p.add_argument("--k8s-out", default=None,
                    help="directory of the PrometheusRule manifest ('' to skip it)")
     p.add_argument("--window", default="1m", help="rate() window")
     p.add_argument("--for", dest="alert_for", default=None,
@@ -160,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         t = Thresholds.with_overrides(a.threshold)
         opts = RuleOptions(window=a.window, alert_for=a.alert_for, link=a.link,
                            runbook_base=a.runbook_base)
-    except Exception as e:  # UserError / ValueError: one line, no traceback
+        a.out = a.out or str(resources.rules_dir())
+        if a.k8s_out is None:
+            a.k8s_out = str(resources.kubernetes_dir())
+    except Exception as e:  # UserError / ValueError / ResourcesMissing: one line, no traceback
         print(f"zerodoc.alerts: error: {e}", file=sys.stderr)
         return 2
     if a.check:

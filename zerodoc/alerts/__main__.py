@@ -1,5 +1,6 @@
 import sys
 
+from ..cli import guarded
 from . import main
 
-sys.exit(main())
+sys.exit(guarded(main))

@@ -1,6 +1,6 @@
 """Alerting rules: the engine rules PromQL can express, plus zerodoc's own health.
 
-Engine-mirroring alerts (label `zerodoc_rule: ZD0xx`, runbook docs/rules.md#zd0xx) read the
+Engine-mirroring alerts (label `zerodoc_rule: ZD0xx`) read the
 job-level recording rules, which compute the engine's own numbers, with the engine's
 thresholds and comparisons (`>=` where the engine grades with `>=`). WARNING maps to
 severity `warning`, ERROR to `critical`; the engine's INFO notes have no alert.
@@ -8,13 +8,17 @@ severity `warning`, ERROR to `critical`; the engine's INFO notes have no alert.
 Not expressible in PromQL from the exported series, so engine-only: ZD001 / ZD002 / ZD003 /
 ZD008 / ZD009 (static configuration and planner checks, shown on the dashboards where a
 series exists) and ZD011 (CPU offload is a configuration fact, not a series).
+
+Every alert's `runbook_url` is `<runbook_base>docs/runbooks.md#<alert name, lower case>`: one
+section per alert (what it means, how to confirm it, the fix, how to silence it for a known
+cause); a test checks that each anchor exists.
 """
 
 from __future__ import annotations
 
 from ..thresholds import DEFAULT, LINK_BUSBW, Thresholds
 
-OPS_DOC = "docs/operations.md"
+RUNBOOKS = "docs/runbooks.md"
 WHO = "rank {{ $labels.rank }} ({{ $labels.instance }}, node {{ $labels.node }})"
 RUN = "run {{ $labels.run_id }} (job {{ $labels.job }})"
 
@@ -47,14 +51,14 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
     link_bw = LINK_BUSBW[link]
     rules: list[dict] = []
 
-    def alert(name, expr, severity, code, summary, description, for_=for_, doc=None):
+    def alert(name, expr, severity, code, summary, description, for_=for_):
         labels = {"severity": severity, **(extra_labels or {})}
         if code:
             labels["zerodoc_rule"] = code
         rules.append({
             "alert": name, "expr": expr, "for": for_, "labels": labels,
             "annotations": {"summary": summary, "description": description,
-                            "runbook_url": runbook_base + (doc or f"docs/rules.md#{code.lower()}")},
+                            "runbook_url": runbook_url(name, runbook_base)},
         })
 
     # ZD004 exposed all-gather
@@ -133,13 +137,13 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
           f"zerodoc caught {{{{ $value | humanize }}}} error(s) in {{{{ $labels.hook }}}} on "
           f"{WHO} within the last {w}. Training carried on; the measurements of that hook "
           "may be incomplete.",
-          for_="0m", doc=f"{OPS_DOC}#zerodoc-errors")
+          for_="0m")
     alert("ZerodocHookMissing", "zerodoc_hook_available == 0", "info", None,
           "zerodoc hook point {{ $labels.hook }} is missing on rank {{ $labels.rank }}",
           f"On {WHO} the torch hook point {{{{ $labels.hook }}}} was not found "
           "(zerodoc_hook_available = {{ $value }}); the numbers that depend on it are missing "
           "or degraded.",
-          for_="0m", doc=f"{OPS_DOC}#hook-missing")
+          for_="0m")
     stale = _duration(t.stale_after_seconds)
     alert("ZerodocExporterDown",
           'up{run_id!=""} == 0\nand on (job, run_id)\nmax by (job, run_id) (up{run_id!=""}) == 1',
@@ -149,7 +153,7 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
           "{{ $labels.node }}) of run {{ $labels.run_id }} (up = {{ $value }}) while other "
           f"ranks of the run answer, for {stale}. The rank crashed, hung, or its port is "
           "blocked.",
-          for_=stale, doc=f"{OPS_DOC}#exporter-down")
+          for_=stale)
     alert("ZerodocRankStalled",
           f"time() - zerodoc_last_step_timestamp_seconds > {t.stale_after_seconds:g}\n"
           "and zerodoc_last_step > 0",
@@ -158,8 +162,10 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
           f"{_cap(WHO)} still serves metrics but finished its last step "
           f"{{{{ $value | humanizeDuration }}}} ago (critical after {t.stale_after_seconds:g} s): "
           "a hang, a deadlocked collective, or a very long pause.",
-          for_="0m", doc=f"{OPS_DOC}#rank-stalled")
+          for_="0m")
     return rules
 
 
-OPS_ANCHORS = ("zerodoc-errors", "hook-missing", "exporter-down", "rank-stalled")
+def runbook_url(alert: str, base: str = "") -> str:
+    """Where an alert's runbook section is: `base` + docs/runbooks.md#<alert, lower case>."""
+    return f"{base}{RUNBOOKS}#{alert.lower()}"

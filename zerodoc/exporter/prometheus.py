@@ -3,31 +3,24 @@
 `collect()` builds fresh metric families from the latest cumulative totals at scrape time
 (nothing is registered at import, the registry is injected). Metric names, types, help and
 labels come from `zerodoc.catalog`; how many series a rank serves (its detail level, the
-run's facts on rank 0 only) is counted by `zerodoc.cardinality`.
-
-Each rank serves its own port (base + LOCAL_RANK); a port in use falls back to the next free
-one (stepping by the local world size so ranks don't collide), then to any free port, and only
-then to none, with a warning, never an exception.
+run's facts on rank 0 only) is counted by `zerodoc.cardinality`. The HTTP server that serves
+it (ports, TLS, basic auth) is `server.py`.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import warnings
+import platform
 
 os.environ.setdefault("PROMETHEUS_DISABLE_CREATED_SERIES", "True")
 
-from prometheus_client import CollectorRegistry  # noqa: E402
 from prometheus_client.core import (  # noqa: E402
     CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily,
 )
-from prometheus_client.exposition import start_http_server  # noqa: E402
 
+from .. import __version__  # noqa: E402
 from ..catalog import BY_NAME, RANK_LABELS, STEP_BUCKETS  # noqa: E402
 from . import detail  # noqa: E402
-
-PORT_TRIES = 8
 
 # Keys of the memory dict that are not byte populations, and where they go.
 GPU_SERIES = {
@@ -175,6 +168,9 @@ class ZerodocCollector:
                            0 if facts.rank == 0 else sum(len(f.samples) for f in unit_facts))
         omitted.add_metric(rl + ["unit_detail"], folded)
         yield omitted
+        build = _family("zerodoc_build_info")
+        build.add_metric(rl + [__version__, platform.python_version()], 1)
+        yield build
 
 
 def _per_unit(rl: list[str], compute: list, comm: list):
@@ -245,42 +241,3 @@ def _unit_facts(rl: list[str], units):
         stored.add_metric(lv, u.param_bytes)
         dtype.add_metric(lv, {"param_dtype": u.param_dtype, "reduce_dtype": u.reduce_dtype})
     yield from (params, pbytes, reshard, index, group, sharded, stored, dtype)
-
-
-def _candidate_ports(base: int, local_rank: int, local_world: int):
-    if base == 0:
-        yield 0
-        return
-    step = max(1, local_world)
-    for k in range(PORT_TRIES):
-        p = base + local_rank + k * step
-        if p <= 65535:
-            yield p
-    yield 0
-
-
-def serve(monitor, base_port: int | bool | None, host: str):
-    """Start the /metrics server for `monitor`. Returns (server or None, "host:port" or None)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ZerodocCollector(monitor))
-    base = int(base_port or 0)
-    wanted = base + monitor.local_rank if base else 0
-    last_err = None
-    for port in _candidate_ports(base, monitor.local_rank, monitor.local_world_size):
-        try:
-            server, _thread = start_http_server(port, addr=host, registry=registry)
-        except OSError as e:
-            last_err = e
-            if e.errno not in (errno.EADDRINUSE, errno.EACCES):
-                break
-            continue
-        actual = server.server_address[1]
-        if base and actual != wanted:
-            warnings.warn(f"zerodoc: port {wanted} is in use; rank {monitor.rank} serves "
-                          f"/metrics on {host}:{actual} instead", stacklevel=4)
-        return server, f"{host}:{actual}"
-    warnings.warn(f"zerodoc: cannot serve /metrics on {host} ({last_err}); "
-                  "continuing without the HTTP exporter (the run log is still written)",
-                  stacklevel=4)
-    monitor.registry.error("exporter", last_err or OSError("no port"))
-    return None, None

@@ -20,12 +20,13 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
+from .. import resources
 from ..alerts.recording import ALLOCATED, PEAK_ALLOCATED, PEAK_RESERVED, RESERVED
 from ..thresholds import DEFAULT, Thresholds
 from .panels import (RATE, SEL, SEL_UNIT, bars, big, cells, falling, grid, links, q, rising,
                      row, steps, ts, variables)
 
-DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "dashboards"
+DASHBOARDS_DIR = resources.dashboards_dir()
 TABLE = pm.PromQueryFormat.TABLE
 AG = 'collective="all_gather"'
 MODEL_STATES = "sharded_parameters|gradients|optimizer_state"

@@ -154,7 +154,7 @@ class Monitor:
                 warnings.warn(f"zerodoc: cannot write the run log in {self.run_dir} ({e}); "
                               "continuing without it", stacklevel=3)
         if cfg.port is not False:
-            from ..exporter.prometheus import serve
+            from ..exporter.server import serve
             self._server, self.endpoint = serve(self, cfg.port, cfg.host)
 
         extra = dict(info.extra)

@@ -1,0 +1,240 @@
+"""The /metrics HTTP server of one rank: port choice, TLS, client certificates, basic auth.
+
+`serve(monitor, base_port, host)` starts it on a daemon thread. Each rank serves its own port
+(base + LOCAL_RANK); a port in use falls back to the next free one (stepping by the local
+world size so ranks don't collide), then to any free port, and only then to none, with a
+warning, never an exception.
+
+Off loopback (Kubernetes, multi-node jobs bind `0.0.0.0`) the scrape should be protected the
+way Prometheus exporters protect it: `$ZERODOC_WEB_CONFIG_FILE` names an exporter-toolkit web
+configuration (`webconfig.py`) with TLS (optionally requiring client certificates from a CA)
+and/or basic-auth users with bcrypt or PBKDF2 hashes. Settings come from that file only, never
+from code. A broken file means no /metrics server (never an unprotected one) and a warning;
+a rank bound off loopback with neither TLS nor auth gets a warning. The TLS files are reloaded
+when they change on disk (certificate rotation), and the TLS handshake runs on the request's
+own thread, so a slow or hostile client cannot stall the others.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import errno
+import ipaddress
+import os
+import socket
+import ssl
+import threading
+import warnings
+from http.server import ThreadingHTTPServer
+
+from .prometheus import ZerodocCollector  # first: it configures prometheus_client  # isort: skip
+from prometheus_client import CollectorRegistry  # noqa: E402
+from prometheus_client.exposition import MetricsHandler  # noqa: E402
+
+from . import webconfig  # noqa: E402
+from .webconfig import Authenticator, WebConfig, WebConfigError  # noqa: E402
+
+PORT_TRIES = 8
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class _Handler(MetricsHandler):
+    timeout = 30  # seconds a client may take to send its request (no slowloris)
+    server: "MetricsServer"
+
+    def do_GET(self) -> None:  # noqa: N802
+        if not self.server.authorized(self.headers.get("Authorization")):
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="zerodoc"')
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            body = b"401 Unauthorized\n"
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
+
+    def end_headers(self) -> None:
+        for k, v in self.server.extra_headers.items():
+            self.send_header(k, v)
+        super().end_headers()
+
+
+class _TLS:
+    """The server's SSL context, rebuilt when a certificate, key or CA file changes."""
+
+    def __init__(self, cfg: WebConfig, on_error):
+        self.cfg, self.on_error = cfg, on_error
+        self._lock = threading.Lock()
+        self._stamp = self._stat()
+        self._ctx = cfg.ssl_context()
+
+    def _stat(self):
+        out = []
+        for p in self.cfg.tls_files():
+            try:
+                st = os.stat(p)
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def context(self) -> ssl.SSLContext:
+        stamp = self._stat()
+        if stamp != self._stamp:
+            with self._lock:
+                if stamp != self._stamp:
+                    try:
+                        self._ctx = self.cfg.ssl_context()
+                        self._stamp = stamp
+                    except WebConfigError as e:  # half-written rotation: keep the old one
+                        self.on_error(e)
+        return self._ctx
+
+
+class MetricsServer(ThreadingHTTPServer):
+    """A threading HTTP(S) server for one registry, with the web configuration's protections."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, host: str, port: int, registry, cfg: WebConfig | None = None,
+                 on_error=None):
+        self.cfg = cfg
+        self.on_error = on_error or (lambda e: None)
+        self.extra_headers = dict(cfg.headers) if cfg else {}
+        self._auth = Authenticator(cfg.users) if cfg and cfg.auth else None
+        self._tls = _TLS(cfg, self.on_error) if cfg and cfg.tls else None
+        self.rejected = 0  # connections refused in the TLS handshake or by client_allowed_sans
+        self.address_family = _family(host, port)
+        super().__init__((host, port),
+                         type("ZerodocMetricsHandler", (_Handler,), {"registry": registry}))
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._tls else "http"
+
+    def authorized(self, header: str | None) -> bool:
+        if self._auth is None:
+            return True
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(header[6:].strip()).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        return self._auth.check(user, password)
+
+    def finish_request(self, request, client_address) -> None:
+        if self._tls is None:
+            return super().finish_request(request, client_address)
+        request.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            conn = self._tls.context().wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            self.rejected += 1
+            return
+        try:
+            if self.cfg.client_allowed_sans and not _san_allowed(conn, self.cfg):
+                self.rejected += 1
+                return
+            super().finish_request(conn, client_address)
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+
+def _san_allowed(conn: ssl.SSLSocket, cfg: WebConfig) -> bool:
+    cert = conn.getpeercert() or {}
+    names = {v for _k, v in cert.get("subjectAltName", ())}
+    return bool(names & set(cfg.client_allowed_sans))
+
+
+def _family(host: str, port: int) -> int:
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        return infos[0][0]
+    except socket.gaierror:
+        return socket.AF_INET
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _candidate_ports(base: int, local_rank: int, local_world: int):
+    if base == 0:
+        yield 0
+        return
+    step = max(1, local_world)
+    for k in range(PORT_TRIES):
+        p = base + local_rank + k * step
+        if p <= 65535:
+            yield p
+    yield 0
+
+
+def start(host: str, port: int, registry, cfg: WebConfig | None = None,
+          on_error=None) -> MetricsServer:
+    """Bind and serve on a daemon thread (raises OSError when the port cannot be bound)."""
+    server = MetricsServer(host, port, registry, cfg, on_error)
+    threading.Thread(target=server.serve_forever, name="zerodoc-metrics", daemon=True).start()
+    return server
+
+
+def serve(monitor, base_port: int | bool | None, host: str):
+    """Start the /metrics server for `monitor`. Returns (server or None, "host:port" or None)."""
+    def on_error(e: Exception) -> None:
+        monitor.registry.error("exporter_tls", e)
+
+    try:
+        cfg = webconfig.from_env()
+    except WebConfigError as e:
+        warnings.warn(f"zerodoc: {e}; not serving /metrics (it would be unprotected); the "
+                      "run log is still written. Fix the file named by "
+                      f"${webconfig.ENV} or unset it.", stacklevel=4)
+        monitor.registry.error("exporter_config", e)
+        return None, None
+    if not is_loopback(host) and monitor.local_rank == 0:
+        if cfg is None or not (cfg.tls or cfg.auth):
+            warnings.warn(
+                f"zerodoc: ranks on this node serve /metrics on {host or '0.0.0.0'} without TLS "
+                "or authentication: anyone who can reach the node can read the run's metrics. "
+                f"Set ${webconfig.ENV} to a web configuration with tls_server_config and/or "
+                "basic_auth_users (see docs/operations.md, 'Scraping off loopback').",
+                stacklevel=4)
+        elif not cfg.tls:
+            warnings.warn(f"zerodoc: /metrics on {host or '0.0.0.0'} uses basic auth without "
+                          "TLS: the password crosses the network in clear text.", stacklevel=4)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ZerodocCollector(monitor))
+    base = int(base_port or 0)
+    wanted = base + monitor.local_rank if base else 0
+    last_err = None
+    for port in _candidate_ports(base, monitor.local_rank, monitor.local_world_size):
+        try:
+            server = start(host, port, registry, cfg, on_error)
+        except OSError as e:
+            last_err = e
+            if e.errno not in (errno.EADDRINUSE, errno.EACCES):
+                break
+            continue
+        actual = server.server_address[1]
+        if base and actual != wanted:
+            warnings.warn(f"zerodoc: port {wanted} is in use; rank {monitor.rank} serves "
+                          f"/metrics on {host}:{actual} instead", stacklevel=4)
+        return server, f"{host}:{actual}"
+    warnings.warn(f"zerodoc: cannot serve /metrics on {host} ({last_err}); "
+                  "continuing without the HTTP exporter (the run log is still written)",
+                  stacklevel=4)
+    monitor.registry.error("exporter", last_err or OSError("no port"))
+    return None, None

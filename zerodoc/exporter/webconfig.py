@@ -1,0 +1,362 @@
+"""TLS and basic-auth settings of the /metrics server, read from a file named by the environment.
+
+The file follows the Prometheus exporter-toolkit's web configuration (`--web.config.file` of
+node_exporter and friends), so the same file and secrets work for zerodoc:
+
+    tls_server_config:
+      cert_file: /etc/zerodoc/tls/tls.crt     # relative paths: from the file's folder
+      key_file: /etc/zerodoc/tls/tls.key
+      client_auth_type: RequireAndVerifyClientCert   # or VerifyClientCertIfGiven, NoClientCert
+      client_ca_file: /etc/zerodoc/tls/ca.crt
+      client_allowed_sans: [prometheus.monitoring.svc]   # optional
+      min_version: TLS12                      # TLS10 .. TLS13
+    http_server_config:
+      headers: {X-Content-Type-Options: nosniff}
+    basic_auth_users:
+      prometheus: $2y$10$...                  # bcrypt (htpasswd -nB), or $pbkdf2-sha256$...
+
+It is named by `$ZERODOC_WEB_CONFIG_FILE`, never passed from code. YAML needs PyYAML; without
+it the file may be written as JSON. bcrypt hashes need the `bcrypt` package (`pip install
+'zerodoc[web]'`); `$pbkdf2-sha256$` hashes (passlib's format) are checked with the standard
+library. `python -m zerodoc.exporter.webconfig hash-password` prints either.
+
+Not supported, and refused with a clear error rather than served weaker than asked:
+`cipher_suites`, `curve_preferences`, `prefer_server_cipher_suites`, and the client auth types
+`RequestClientCert` / `RequireAnyClientCert` (Python's ssl verifies every client certificate
+it accepts). `http2` is accepted and ignored (the server speaks HTTP/1.1).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import ssl
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV = "ZERODOC_WEB_CONFIG_FILE"
+
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
+                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "client_allowed_sans",
+            "min_version", "max_version"}
+TLS_UNSUPPORTED = {"cipher_suites", "curve_preferences", "prefer_server_cipher_suites"}
+PBKDF2_PREFIX = "$pbkdf2-sha256$"
+BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
+PBKDF2_ROUNDS = 600_000
+
+
+class WebConfigError(ValueError):
+    """The web configuration file is missing, unreadable or asks for something unsupported."""
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    path: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    client_ca_file: Path | None = None
+    client_auth_type: str = "NoClientCert"
+    client_allowed_sans: tuple[str, ...] = ()
+    min_version: str | None = None
+    max_version: str | None = None
+    users: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tls(self) -> bool:
+        return self.cert_file is not None
+
+    @property
+    def auth(self) -> bool:
+        return bool(self.users)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A server context from the files as they are now (called again when they change)."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+            if self.client_ca_file is not None:
+                ctx.load_verify_locations(cafile=str(self.client_ca_file))
+        except (OSError, ssl.SSLError) as e:
+            raise WebConfigError(f"{self.path}: cannot load the TLS files: {e}") from None
+        ctx.verify_mode = CLIENT_AUTH[self.client_auth_type]
+        if self.min_version:
+            ctx.minimum_version = TLS_VERSIONS[self.min_version]
+        if self.max_version:
+            ctx.maximum_version = TLS_VERSIONS[self.max_version]
+        return ctx
+
+    def tls_files(self) -> list[Path]:
+        return [p for p in (self.cert_file, self.key_file, self.client_ca_file) if p]
+
+
+def _parse(text: str, path: Path) -> dict:
+    try:
+        import yaml
+    except ImportError:
+        try:
+            data = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError:
+            raise WebConfigError(f"{path} is not JSON, and PyYAML is not installed to read "
+                                 "YAML (pip install pyyaml, or write the file as JSON)") from None
+    else:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise WebConfigError(f"{path} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise WebConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def _mapping(data: dict, key: str, path: Path) -> dict:
+    v = data.get(key) or {}
+    if not isinstance(v, dict):
+        raise WebConfigError(f"{path}: {key} must be a mapping")
+    return v
+
+
+def load(path: str | Path) -> WebConfig:
+    """Read and check a web configuration file (every referenced file must be readable)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise WebConfigError(f"cannot read the web configuration {path}: "
+                             f"{e.strerror or e}") from None
+    data = _parse(text, path)
+    unknown = set(data) - {"tls_server_config", "http_server_config", "basic_auth_users"}
+    if unknown:
+        raise WebConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    tls = _mapping(data, "tls_server_config", path)
+    bad = set(tls) & TLS_UNSUPPORTED
+    if bad:
+        raise WebConfigError(f"{path}: tls_server_config.{sorted(bad)[0]} is not supported by "
+                             "zerodoc's exporter (remove it; OpenSSL's defaults apply)")
+    unknown = set(tls) - TLS_KEYS - TLS_UNSUPPORTED
+    if unknown:
+        raise WebConfigError(f"{path}: unknown tls_server_config key(s) "
+                             f"{', '.join(sorted(unknown))}")
+    base = path.parent
+
+    def file(key: str) -> Path | None:
+        v = tls.get(key)
+        if v in (None, ""):
+            return None
+        p = Path(str(v))
+        p = p if p.is_absolute() else base / p
+        if not os.access(p, os.R_OK):
+            raise WebConfigError(f"{path}: tls_server_config.{key} {p} is not a readable file")
+        return p
+
+    cert, key, ca = file("cert_file"), file("key_file"), file("client_ca_file")
+    if tls and (cert is None) != (key is None):
+        raise WebConfigError(f"{path}: tls_server_config needs both cert_file and key_file")
+    auth_type = str(tls.get("client_auth_type") or "NoClientCert")
+    if auth_type in UNSUPPORTED_CLIENT_AUTH:
+        raise WebConfigError(
+            f"{path}: client_auth_type {auth_type} is not supported (Python's ssl verifies "
+            "every client certificate it accepts): use VerifyClientCertIfGiven or "
+            "RequireAndVerifyClientCert with client_ca_file")
+    if auth_type not in CLIENT_AUTH:
+        raise WebConfigError(f"{path}: client_auth_type {auth_type!r} is not one of "
+                             f"{', '.join(CLIENT_AUTH)}")
+    if auth_type != "NoClientCert" and ca is None:
+        raise WebConfigError(f"{path}: client_auth_type {auth_type} needs client_ca_file")
+    sans = tls.get("client_allowed_sans") or []
+    if not isinstance(sans, list) or not all(isinstance(s, str) for s in sans):
+        raise WebConfigError(f"{path}: client_allowed_sans must be a list of names")
+    if sans and auth_type != "RequireAndVerifyClientCert":
+        raise WebConfigError(f"{path}: client_allowed_sans needs client_auth_type "
+                             "RequireAndVerifyClientCert")
+    versions = {}
+    for k in ("min_version", "max_version"):
+        v = tls.get(k)
+        if v not in (None, "") and v not in TLS_VERSIONS:
+            raise WebConfigError(f"{path}: {k} {v!r} is not one of {', '.join(TLS_VERSIONS)}")
+        versions[k] = v or None
+    if tls and cert is None:
+        raise WebConfigError(f"{path}: tls_server_config without cert_file and key_file")
+
+    http = _mapping(data, "http_server_config", path)
+    unknown = set(http) - {"headers", "http2"}
+    if unknown:
+        raise WebConfigError(f"{path}: unknown http_server_config key(s) "
+                             f"{', '.join(sorted(unknown))}")
+    headers = http.get("headers") or {}
+    if not isinstance(headers, dict):
+        raise WebConfigError(f"{path}: http_server_config.headers must be a mapping")
+    users = _mapping(data, "basic_auth_users", path)
+    for user, h in users.items():
+        check_hash_usable(str(h), f"{path}: basic_auth_users.{user}")
+    cfg = WebConfig(path=path, cert_file=cert, key_file=key, client_ca_file=ca,
+                    client_auth_type=auth_type, client_allowed_sans=tuple(sans),
+                    users={str(u): str(h) for u, h in users.items()},
+                    headers={str(k): str(v) for k, v in headers.items()}, **versions)
+    if cfg.tls:
+        cfg.ssl_context()  # the certificate and key load and match, now rather than per scrape
+    return cfg
+
+
+def from_env() -> WebConfig | None:
+    """The configuration named by $ZERODOC_WEB_CONFIG_FILE, or None when it is not set."""
+    raw = os.environ.get(ENV, "").strip()
+    return load(raw) if raw else None
+
+
+# --- passwords --------------------------------------------------------------------------
+def _ab64(data: bytes) -> str:
+    return base64.b64encode(data).decode().rstrip("=").replace("+", ".")
+
+
+def _ab64_decode(s: str) -> bytes:
+    s = s.replace(".", "+")
+    return base64.b64decode(s + "=" * (-len(s) % 4))
+
+
+def _pbkdf2_parts(h: str) -> tuple[int, bytes, bytes]:
+    try:
+        rounds, salt, digest = h[len(PBKDF2_PREFIX):].split("$")
+        return int(rounds), _ab64_decode(salt), _ab64_decode(digest)
+    except (ValueError, TypeError):
+        raise ValueError("malformed $pbkdf2-sha256$ hash") from None
+
+
+def check_hash_usable(h: str, where: str) -> None:
+    if h.startswith(BCRYPT_PREFIXES):
+        try:
+            import bcrypt  # noqa: F401
+        except ImportError:
+            raise WebConfigError(f"{where} is a bcrypt hash but the bcrypt package is not "
+                                 "installed (pip install 'zerodoc[web]', or use a "
+                                 "$pbkdf2-sha256$ hash)") from None
+        return
+    if h.startswith(PBKDF2_PREFIX):
+        try:
+            _pbkdf2_parts(h)
+        except ValueError as e:
+            raise WebConfigError(f"{where}: {e}") from None
+        return
+    raise WebConfigError(f"{where} is not a bcrypt ($2y$...) or $pbkdf2-sha256$ hash "
+                         "(plain-text passwords are not accepted)")
+
+
+def hash_password(password: str, scheme: str = "bcrypt", rounds: int | None = None) -> str:
+    if scheme == "bcrypt":
+        import bcrypt
+
+        return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=rounds or 10)).decode()
+    salt = os.urandom(16)
+    n = rounds or PBKDF2_ROUNDS
+    digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, n)
+    return f"{PBKDF2_PREFIX}{n}${_ab64(salt)}${_ab64(digest)}"
+
+
+def verify_password(password: str, h: str) -> bool:
+    if h.startswith(BCRYPT_PREFIXES):
+        import bcrypt
+
+        try:
+            return bcrypt.checkpw(password.encode(), h.encode())
+        except ValueError:
+            return False
+    rounds, salt, digest = _pbkdf2_parts(h)
+    got = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, rounds, dklen=len(digest))
+    return hmac.compare_digest(got, digest)
+
+
+class Authenticator:
+    """Checks basic-auth credentials against the configured hashes.
+
+    A hash check is deliberately slow (bcrypt, PBKDF2): successful checks are remembered (by a
+    SHA-256 of user, password and hash, never the password) so Prometheus' scrape every few
+    seconds costs one check per credential, not one per scrape; checks run one at a time so
+    a flood of wrong passwords costs at most one core; an unknown user costs as much as a
+    known one (no user enumeration by timing).
+    """
+
+    def __init__(self, users: dict[str, str]):
+        self.users = dict(users)
+        self._ok: set[bytes] = set()
+        self._lock = threading.Lock()
+        self._dummy = next(iter(self.users.values()), "")
+
+    def check(self, user: str, password: str) -> bool:
+        h = self.users.get(user)
+        key = hashlib.sha256(f"{user}\0{password}\0{h}".encode()).digest()
+        if h is not None and key in self._ok:
+            return True
+        with self._lock:
+            ok = verify_password(password, h if h is not None else self._dummy)
+        if ok and h is not None:
+            if len(self._ok) > 64:
+                self._ok.clear()
+            self._ok.add(key)
+            return True
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import getpass
+
+    p = argparse.ArgumentParser(
+        prog="python -m zerodoc.exporter.webconfig",
+        description="Print a password hash for basic_auth_users of the web configuration "
+        f"(${ENV}), or check a configuration file.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    hp = sub.add_parser("hash-password", help="read a password (prompt or stdin), print its hash")
+    hp.add_argument("--scheme", choices=("bcrypt", "pbkdf2-sha256"), default=None,
+                    help="default: bcrypt when the bcrypt package is installed, else "
+                         "pbkdf2-sha256")
+    ck = sub.add_parser("check", help="check a web configuration file")
+    ck.add_argument("file")
+    a = p.parse_args(argv)
+    if a.cmd == "check":
+        try:
+            cfg = load(a.file)
+        except WebConfigError as e:
+            print(f"zerodoc web config: error: {e}", file=sys.stderr)
+            return 2
+        print(f"{a.file}: OK (TLS {'on' if cfg.tls else 'off'}, client certificates "
+              f"{cfg.client_auth_type}, basic auth users: {len(cfg.users)})")
+        return 0
+    scheme = a.scheme
+    if scheme is None:
+        try:
+            import bcrypt  # noqa: F401
+            scheme = "bcrypt"
+        except ImportError:
+            scheme = "pbkdf2-sha256"
+    pw = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline()
+    pw = pw.rstrip("\n")
+    if not pw:
+        print("zerodoc web config: error: empty password", file=sys.stderr)
+        return 2
+    try:
+        print(hash_password(pw, scheme))
+    except ImportError:
+        print("zerodoc web config: error: the bcrypt package is not installed "
+              "(pip install 'zerodoc[web]', or --scheme pbkdf2-sha256)", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    from ..cli import guarded
+
+    sys.exit(guarded(main))
