@@ -240,4 +240,8 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
-    print(markdown(), end="")
+    import sys
+
+    from .cli import guarded  # a closed pipe or Ctrl-C ends it quietly
+
+    sys.exit(guarded(lambda: print(markdown(), end="")))

@@ -326,4 +326,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..cli import guarded  # a closed pipe or Ctrl-C ends it quietly
+
+    sys.exit(guarded(main))
