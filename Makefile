@@ -20,16 +20,21 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# Prometheus server + promtool (Debian package) for the exporter/rules/dashboard tests.
+# Prometheus server + promtool, Alertmanager + amtool (Debian packages) and openssl for the
+# exporter / rules / dashboard / alert delivery / TLS tests.
 prometheus:
-	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || \
-	  ( $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q prometheus )
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 && \
+	  command -v amtool >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 && \
+	  { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null 2>&1 || \
+	  ( $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
+	    -y -q prometheus prometheus-alertmanager openssl )
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/zerodoc demo $(ARGS)
 
+# TORCH_SPEC also reaches the packaging test, which installs the built wheel into a fresh venv.
 test: $(VENV)/.installed prometheus hta-extra
-	OMP_NUM_THREADS=1 $(PY) -m pytest $(ARGS)
+	OMP_NUM_THREADS=1 TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest $(ARGS)
 
 # Holistic Trace Analysis for the trace cross-check (tests/test_trace_hta.py), in a folder of
 # its own: it pulls pandas/plotly, which must not change the test venv's numpy or torch.

@@ -37,7 +37,45 @@ def require_binary(name: str) -> str:
     return path
 
 
-class PromServer:
+class ServerProcess:
+    """A server binary on 127.0.0.1, logging to <tmp>/<name>.log, ready when GET /-/ready
+    answers 200; stopped (SIGTERM, then SIGKILL) on exit."""
+
+    name = "server"
+    proc: subprocess.Popen | None = None
+
+    def _start(self, argv: list[str], url: str, timeout: float = 30.0,
+               env: dict | None = None) -> None:
+        self.log = open(self.tmp / f"{self.name}.log", "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=None if env is None else {**os.environ, **env})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        self.__exit__()
+        raise RuntimeError(f"{self.name} did not start: "
+                           f"{(self.tmp / f'{self.name}.log').read_text()[-2000:]}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "log", None):
+            self.log.close()
+
+
+class PromServer(ServerProcess):
+    name = "prometheus"
+
     def __init__(self, tmp: Path, targets: list[str] | None = None,
                  rule_files: list[str] | None = None, scrape_interval: str = "1s",
                  extra_scrape_configs: list[dict] | None = None, file_sd: list[str] | None = None,
@@ -65,42 +103,17 @@ class PromServer:
         self.agent, self.args, self.env = agent, tuple(args), env
         self.config = self.tmp / "prometheus.yml"
         self.config.write_text(json.dumps(cfg, indent=1))  # JSON is valid YAML
-        self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "PromServer":
         data = self.tmp / "data"
         data.mkdir(exist_ok=True)
-        self.log = open(self.tmp / "prometheus.log", "w")
         storage = ["--enable-feature=agent,expand-external-labels",
                    f"--storage.agent.path={data}"] if self.agent else \
             [f"--storage.tsdb.path={data}"]
-        self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={self.config}", *storage,
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
-             *self.args],
-            stdout=self.log, stderr=subprocess.STDOUT,
-            env=None if self.env is None else {**os.environ, **self.env})
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.2)
-        self.__exit__()
-        raise RuntimeError(f"prometheus did not start: {(self.tmp / 'prometheus.log').read_text()[-2000:]}")
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if getattr(self, "log", None):
-            self.log.close()
+        self._start([self.binary, f"--config.file={self.config}", *storage,
+                     f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
+                     *self.args], self.url, timeout=20, env=self.env)
+        return self
 
     def api(self, path: str, **params) -> dict:
         url = f"{self.url}/api/v1/{path}"

@@ -1,0 +1,152 @@
+"""Alerts reach a person: Prometheus -> Alertmanager -> a webhook receiver, all real, on
+127.0.0.1, with zerodoc's exporters/alertmanager.yml (its receiver pointed at the webhook, its
+timers shortened; grouping and inhibition as shipped).
+
+- A live 2-rank demo with a slow link, watched by `zerodoc stack`: ZerodocSlowLink arrives at
+  the webhook with its summary, numbers and runbook_url, a per-rank alert firing on both ranks
+  arrives as one notification, and everything is resolved after the run ends.
+- Alertmanager alone, fed alerts through its API as Prometheus would send them: 1,000 ranks
+  of one run crossing a threshold are one notification; a stalled rank inhibits its run's
+  performance alerts (not another run's); a critical inhibits its warning; the runbook's
+  `amtool silence add` silences exactly the named run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from tests.amserver import Alertmanager, WebhookReceiver, alertmanager_config, need_amtool
+from tests.helpers import LiveDemo
+from tests.promserver import require_binary
+from tests.test_runbooks import sections
+from zerodoc.demo.launch import free_port
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def firing(n: dict, alertname: str, run_id: str | None = None) -> bool:
+    g = n["groupLabels"]
+    return (n["status"] == "firing" and g.get("alertname") == alertname
+            and (run_id is None or g.get("run_id") == run_id))
+
+
+def alert(name: str, run: str, severity: str = "warning", **labels) -> dict:
+    return {"labels": {"alertname": name, "job": "zerodoc", "run_id": run,
+                       "severity": severity, **labels},
+            "annotations": {"summary": f"{name} on {run}",
+                            "runbook_url": f"docs/runbooks.md#{name.lower()}"}}
+
+
+def notified(hook: WebhookReceiver, name: str, run: str) -> list[dict]:
+    return [n for n in hook.received() if firing(n, name, run)]
+
+
+def test_grouping_inhibition_and_silences(tmp_path):
+    with WebhookReceiver() as hook, \
+            Alertmanager(tmp_path, alertmanager_config(hook.url, tmp_path / "am.yml")) as am:
+        # 1,000 ranks of one run below the headroom threshold: one notification.
+        am.post([alert("ZerodocLowMemoryHeadroom", "big", rank=str(r), node=f"n{r // 8}",
+                       instance=f"n{r // 8}:{9730 + r % 8}") for r in range(1000)])
+        # Run "hung": rank 7 stalled; its peers' performance alerts are consequences.
+        am.post([alert("ZerodocRankStalled", "hung", "critical", rank="7", instance="n0:9737"),
+                 alert("ZerodocExposedAllGather", "hung"),
+                 alert("ZerodocSlowLink", "hung", collective="all_gather"),
+                 alert("ZerodocStraggler", "hung", rank="3", instance="n0:9733"),
+                 alert("ZerodocExposedAllGather", "healthy-peer-run")])
+        # Warning and critical of the same alert and run: only the critical goes out.
+        am.post([alert("ZerodocCommBound", "both"),
+                 alert("ZerodocCommBound", "both", "critical")])
+        # The runbook's silence, for one run only.
+        need_amtool()
+        r = subprocess.run(["amtool", f"--alertmanager.url={am.url}", "silence", "add",
+                            "alertname=ZerodocStraggler", "run_id=known-slow-node",
+                            "--duration=1h", "--comment=cordoned node, job moving"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        am.post([alert("ZerodocStraggler", "known-slow-node", rank="5", instance="n0:9735"),
+                 alert("ZerodocStraggler", "other-run", rank="5", instance="n0:9735")])
+
+        big = hook.wait(lambda n: firing(n, "ZerodocLowMemoryHeadroom", "big"), timeout=30,
+                        what="headroom notification")
+        hook.wait(lambda n: firing(n, "ZerodocExposedAllGather", "healthy-peer-run"))
+        hook.wait(lambda n: firing(n, "ZerodocRankStalled", "hung"))
+        hook.wait(lambda n: firing(n, "ZerodocStraggler", "other-run"))
+        crit = hook.wait(lambda n: firing(n, "ZerodocCommBound", "both"))
+        time.sleep(5)  # > 2 group_intervals: anything inhibited or silenced would be here now
+
+    assert len(big["alerts"]) == 1000 and big["truncatedAlerts"] == 0
+    assert {a["labels"]["rank"] for a in big["alerts"]} == {str(r) for r in range(1000)}
+    assert len(notified(hook, "ZerodocLowMemoryHeadroom", "big")) == 1
+    for name in ("ZerodocExposedAllGather", "ZerodocSlowLink", "ZerodocStraggler"):
+        assert not notified(hook, name, "hung"), f"{name} of the hung run was not inhibited"
+    assert [a["labels"]["severity"] for a in crit["alerts"]] == ["critical"]
+    assert not notified(hook, "ZerodocStraggler", "known-slow-node"), "silence ignored"
+
+
+def test_slow_link_alert_delivered_then_resolved_when_the_run_ends(tmp_path):
+    require_binary("prometheus")
+    with WebhookReceiver() as hook:
+        am_cfg = alertmanager_config(hook.url, tmp_path / "am.yml")
+        # Steps of >= 1 s (5 all-gathers of 3 units, each +200 ms; ~1.5 s on a loaded 2-core
+        # box): >= 30 s, long enough for the alerts to fire (~15 s), then the run ends.
+        with LiveDemo(tmp_path, name="slowrun", steps=30, model={"blocks": 2},
+                      attach={"inject_latency_s": 0.2}) as demo:
+            out = open(tmp_path / "stack.out", "w")
+            data = tmp_path / "stack"
+            stack = subprocess.Popen(
+                [sys.executable, "-m", "zerodoc", "stack", str(demo.run_dir),
+                 "--port", str(free_port()), "--data-dir", str(data), "--scrape-interval", "1s",
+                 "--window", "10s", "--for", "5s", "--link", "gloo-cpu",
+                 "--alertmanager-config", str(am_cfg),
+                 # a per-rank alert on every rank, to see them grouped
+                 "--threshold", "headroom_fraction_warn=0.9999"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)})
+            try:
+                slow = hook.wait(lambda n: firing(n, "ZerodocSlowLink", "slowrun"),
+                                 timeout=120, what="ZerodocSlowLink notification")
+                head = hook.wait(lambda n: firing(n, "ZerodocLowMemoryHeadroom", "slowrun"),
+                                 timeout=30, what="headroom notification")
+                assert demo.job.running(), "the run ended before its alerts were delivered"
+                assert demo.job.wait(240) == [0, 0]
+                resolved = hook.wait(
+                    lambda n: n["status"] == "resolved"
+                    and n["groupLabels"].get("alertname") == "ZerodocSlowLink", timeout=90,
+                    what="resolved ZerodocSlowLink notification")
+            finally:
+                stack.send_signal(signal.SIGINT)
+                try:
+                    code = stack.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    stack.kill()
+                    code = stack.wait()
+                out.close()
+    text = (tmp_path / "stack.out").read_text()
+    assert code == 0 and "Alertmanager http://127.0.0.1:" in text, text
+
+    # what a person reads: the summary and description with the numbers, and the runbook
+    a = slow["alerts"][0]
+    assert a["labels"]["run_id"] == "slowrun" and a["labels"]["severity"] == "warning"
+    ann = a["annotations"]
+    assert "bus bandwidth of slowrun" in ann["summary"], ann
+    assert any(c.isdigit() for c in ann["summary"].split("is")[-1]), ann["summary"]
+    assert "gloo-cpu" in ann["description"] and "25%" in ann["description"], ann
+    url = urllib.parse.urlsplit(ann["runbook_url"])
+    assert url.scheme == "file" and url.fragment == "zerodocslowlink", ann["runbook_url"]
+    assert url.fragment in sections(Path(urllib.parse.unquote(url.path)).read_text())
+    # one notification for the rule, listing both ranks (grouped per run and rule)
+    assert sorted(x["labels"]["rank"] for x in head["alerts"]) == ["0", "1"]
+    assert head["groupLabels"] == {"alertname": "ZerodocLowMemoryHeadroom", "job": "zerodoc",
+                                   "run_id": "slowrun"}
+    # resolved once the run ended: every alert of the group has ended
+    assert all(x["status"] == "resolved" for x in resolved["alerts"]), resolved
+    assert resolved["_received_at"] > slow["_received_at"]
