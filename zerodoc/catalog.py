@@ -172,9 +172,9 @@ CATALOG: tuple[Metric, ...] = (
            "Series this rank leaves out of its scrape, by reason: unit_facts (per-unit facts, "
            "served by rank 0 only), unit_detail (coarse mode: per-unit series folded into "
            "this rank's totals).", ("reason",), per="omit_reasons"),
-    Metric("zerodoc_build_info", "gauge", "",
-           "Always 1: the zerodoc version serving these metrics and the Python it runs on.",
-           ("version", "python_version")),
+    Metric("zerodoc_build", "info", "",
+           "The zerodoc version serving these metrics and the Python it runs on "
+           "(zerodoc_build_info, always 1).", ("version", "python_version")),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOG}

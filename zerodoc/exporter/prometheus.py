@@ -168,8 +168,10 @@ class ZerodocCollector:
                            0 if facts.rank == 0 else sum(len(f.samples) for f in unit_facts))
         omitted.add_metric(rl + ["unit_detail"], folded)
         yield omitted
-        build = _family("zerodoc_build_info")
-        build.add_metric(rl + [__version__, platform.python_version()], 1)
+        build = InfoMetricFamily("zerodoc_build", BY_NAME["zerodoc_build"].help,
+                                 labels=list(RANK_LABELS))
+        build.add_metric(rl, {"version": __version__,
+                              "python_version": platform.python_version()})
         yield build
 
 
