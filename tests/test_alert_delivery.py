@@ -96,10 +96,10 @@ def test_slow_link_alert_delivered_then_resolved_when_the_run_ends(tmp_path):
     require_binary("prometheus")
     with WebhookReceiver() as hook:
         am_cfg = alertmanager_config(hook.url, tmp_path / "am.yml")
-        # Steps of >= 1 s (5 all-gathers of 3 units, each +200 ms; ~1.5 s on a loaded 2-core
-        # box): >= 30 s, long enough for the alerts to fire (~15 s), then the run ends.
-        with LiveDemo(tmp_path, name="slowrun", steps=30, model={"blocks": 2},
-                      attach={"inject_latency_s": 0.2}) as demo:
+        # Steps of >= 1.5 s (5 all-gathers of 3 units, each +300 ms; ~2.5 s on a loaded
+        # 2-core box): >= 30 s, long enough for the alerts to fire (~15 s), then it ends.
+        with LiveDemo(tmp_path, name="slowrun", steps=20, model={"blocks": 2},
+                      attach={"inject_latency_s": 0.3}) as demo:
             out = open(tmp_path / "stack.out", "w")
             data = tmp_path / "stack"
             stack = subprocess.Popen(

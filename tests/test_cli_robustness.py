@@ -87,6 +87,24 @@ def _processes_mentioning(text: str) -> list[int]:
     return out
 
 
+def test_dashboards_push_into_closed_pipe(monkeypatch):
+    import threading
+
+    from tests.test_dashboards import FakeGrafana
+
+    srv = FakeGrafana("glsa_pipe_token")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setitem(ENV, "GRAFANA_TOKEN", srv.token)
+    try:
+        p = run_into_closed_pipe(["-m", "zerodoc", "dashboards", "push", "--client", "stdlib",
+                                  "--url", f"http://127.0.0.1:{srv.server_address[1]}"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert_quiet_broken_pipe(p)
+    assert srv.received  # it was pushing when its reader went away
+
+
 @pytest.mark.slow
 def test_demo_into_closed_pipe_stops_its_ranks(tmp_path):
     run_dir = tmp_path / "demo-pipe"

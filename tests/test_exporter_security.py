@@ -194,6 +194,19 @@ def test_password_hashes():
     assert bcrypt.checkpw(b"pw", webconfig.hash_password("pw", "bcrypt", rounds=4).encode())
 
 
+@pytest.mark.parametrize("scheme", ["bcrypt", "pbkdf2-sha256"])
+def test_hash_password_command(scheme, monkeypatch, capsys, tmp_path):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("hunter2\n"))
+    assert webconfig.main(["hash-password", "--scheme", scheme]) == 0
+    h = capsys.readouterr().out.strip()
+    assert webconfig.verify_password("hunter2", h) and not webconfig.verify_password("x", h)
+    (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  prometheus: '{h}'\n")
+    assert webconfig.main(["check", str(tmp_path / "web.yml")]) == 0
+    assert "basic auth users: 1" in capsys.readouterr().out
+
+
 def test_successful_checks_are_cached_failures_are_not(monkeypatch):
     calls = []
     real = webconfig.verify_password

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 
@@ -15,16 +14,15 @@ def add_parser(sub) -> None:
         "the runbooks — into DIR, with the layout they have in zerodoc's source tree, to "
         "commit to the repository your Prometheus and Grafana are deployed from. The rule "
         "files are generated with the options below. Files that are already up to date are "
-        "not touched, other files in DIR are left alone; --check only reports drift.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "not touched, other files in DIR are left alone; --check only reports drift.")
     p.add_argument("dir", nargs="?", metavar="DIR", help="destination folder")
     p.add_argument("--runbook-base", default="",
                    help="prefix of every alert's runbook_url, e.g. the URL under which DIR is "
                         "browsable (https://git.example.com/ops/monitoring/-/blob/main/)")
     p.add_argument("--link", default="infiniband",
                    help="link class the bandwidth alerts are judged against (nvlink, pcie, "
-                        "infiniband, ethernet, gloo-cpu)")
-    p.add_argument("--window", default="1m", help="rate() window of the rules")
+                        "infiniband, ethernet, gloo-cpu; default infiniband)")
+    p.add_argument("--window", default="1m", help="rate() window of the rules (default 1m)")
     p.add_argument("--for", dest="alert_for", default=None,
                    help="for: of the engine-mirroring alerts (default: the thresholds' 5m)")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
