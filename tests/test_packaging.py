@@ -104,16 +104,17 @@ def venv(dist, tmp_path_factory):
     _run([sys.executable, "-m", "venv", "--without-pip", str(d / "v")])
     py = d / "v" / "bin" / "python"
     spec = shlex.split(os.environ.get("TORCH_SPEC", "torch==2.13.0"))
-    t0 = time.monotonic()
-    # this interpreter's pip installs into the new environment (saves bootstrapping a pip)
-    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-compile", "-q",
-          *spec, str(dist.wheel)], timeout=900)
-    print(f"fresh venv install: {time.monotonic() - t0:.0f} s")
-    # PYTHONDONTWRITEBYTECODE off: with --no-compile, torch's modules are compiled once, when
-    # first imported, instead of on every import
+    # Nothing of the checkout in sight (a PYTHONPATH to it would show pip a zerodoc already
+    # installed); PYTHONDONTWRITEBYTECODE off: with --no-compile, torch's modules are then
+    # compiled once, when first imported, instead of on every import.
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
     env.update(PATH=f"{d / 'v' / 'bin'}:{env['PATH']}", OMP_NUM_THREADS="1")
+    t0 = time.monotonic()
+    # this interpreter's pip installs into the new environment (saves bootstrapping a pip)
+    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-compile", "-q",
+          *spec, str(dist.wheel)], env=env, cwd=d, timeout=900)
+    print(f"fresh venv install: {time.monotonic() - t0:.0f} s")
     work = d / "work"  # a folder with no zerodoc source in sight
     work.mkdir()
     return SimpleNamespace(bin=d / "v" / "bin", py=py, env=env, cwd=work)
