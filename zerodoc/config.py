@@ -1,4 +1,8 @@
-"""Configuration of `zerodoc.attach()`: one keyword-only dataclass, validated on creation."""
+"""Configuration of `zerodoc.attach()`: one keyword-only dataclass, validated on creation.
+
+Every option is type-checked in `__post_init__`; a wrong type or value raises TypeError /
+ValueError at attach time, naming the option (a user's mistake is said before training
+starts, never discovered as a traceback from inside zerodoc later)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,11 @@ from dataclasses import dataclass, fields
 from .exporter import detail
 
 DEFAULT_PORT = 9730
+
+
+def _bad(key: str, expected: str, value: object) -> None:
+    raise TypeError(f"zerodoc.attach(): {key} must be {expected}, not {value!r} "
+                    f"({type(value).__name__})")
 
 
 @dataclass(kw_only=True)
@@ -54,15 +63,32 @@ class AttachConfig:
     per-unit series (0: none). Not given: $ZERODOC_METRICS_UNIT_RANKS, else 8."""
 
     def __post_init__(self) -> None:
-        if self.port is not None and not isinstance(self.port, (bool, int)):
-            raise TypeError(f"zerodoc: port must be an int, None or False, not {self.port!r}")
+        # Types first, each error naming the key: these come from user code or the environment.
+        if self.run_dir is not None and not isinstance(self.run_dir, (str, os.PathLike)):
+            _bad("run_dir", "a path (str or os.PathLike) or None", self.run_dir)
+        if self.port is not None and (not isinstance(self.port, (bool, int))
+                                      or self.port is True):
+            _bad("port", "an int (0: any free port), None or False", self.port)
         if isinstance(self.port, int) and not isinstance(self.port, bool) \
                 and not 0 <= self.port <= 65535:
-            raise ValueError(f"zerodoc: port {self.port} is not in 0..65535")
-        if self.inject_latency_s < 0:
-            raise ValueError("zerodoc: inject_latency_s must be >= 0")
+            raise ValueError(f"zerodoc.attach(): port {self.port} is not in 0..65535")
+        if not isinstance(self.host, str) or not self.host:
+            _bad("host", "a non-empty address string, e.g. '127.0.0.1'", self.host)
+        for key in ("enabled", "completion_callbacks", "run_log", "memory_history",
+                    "reset_peak_memory", "nvml"):
+            if not isinstance(getattr(self, key), bool):
+                _bad(key, "True or False", getattr(self, key))
+        if isinstance(self.inject_latency_s, bool) or \
+                not isinstance(self.inject_latency_s, (int, float)):
+            _bad("inject_latency_s", "a number of seconds", self.inject_latency_s)
+        if not self.inject_latency_s >= 0 or self.inject_latency_s == float("inf"):
+            raise ValueError(f"zerodoc.attach(): inject_latency_s must be a finite number "
+                             f">= 0, not {self.inject_latency_s!r}")
+        if isinstance(self.memory_every, bool) or not isinstance(self.memory_every, int):
+            _bad("memory_every", "an int >= 1 (steps)", self.memory_every)
         if self.memory_every < 1:
-            raise ValueError("zerodoc: memory_every must be >= 1")
+            raise ValueError(f"zerodoc.attach(): memory_every must be >= 1, "
+                             f"not {self.memory_every}")
         detail.check(self.metrics_detail, self.metrics_unit_ranks)
 
     @classmethod

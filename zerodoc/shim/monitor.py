@@ -9,6 +9,7 @@ attach is caught, counted (`zerodoc_errors_total{hook}`) and the job carries on.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import os
 import socket
@@ -23,7 +24,7 @@ from ..catalog import STEP_BUCKETS
 from ..config import AttachConfig
 from ..model import CommTotals, RankFacts, RankWindow
 from ..runlog import DEFAULT_ROOT, RunLogWriter
-from . import adapters, faults, memory
+from . import adapters, faults, guards, memory
 from . import hookpoints as hp
 from .comm import HostTimer
 from .wiring import torch_version
@@ -37,6 +38,10 @@ def attach(model, optimizer=None, **options):
     cfg = AttachConfig.from_options(**options)  # bad options raise here, at attach time
     if not cfg.enabled:
         return NullMonitor("disabled")
+    guards.check_arguments(model, optimizer)  # bad arguments too (TypeError)
+    attached = guards.existing_monitor(model, optimizer, stacklevel=4)
+    if attached is not None:  # one monitor per process: never two writers of one rank log
+        return attached
     try:
         return Monitor(model, optimizer, cfg)
     except Exception as e:  # zerodoc must never take the job down
@@ -118,9 +123,17 @@ class Monitor:
 
         self.adapter = adapters.detect(model, optimizer, self.registry)
         self.adapter.discover()
-        if not self.adapter.unit_names:
-            warnings.warn("zerodoc: no sharded units found (FSDP2 fully_shard, FSDP1, ZeRO, "
-                          "DeepSpeed); only step time and memory are measured", stacklevel=3)
+        problems = []  # the user's set-up mistakes: warned on rank 0, kept in the header
+        if not self.adapter.unit_names and self.adapter.framework == "none":
+            problems.append(guards.problem("no-sharded-units", guards.no_units_message(model),
+                                           guards.ATTACH_AFTER))
+        opt_problem = guards.optimizer_problem(model, optimizer, self.adapter.framework)
+        if opt_problem:
+            problems.append(guards.problem("optimizer-holds-no-model-parameters", opt_problem,
+                                           guards.OPTIMIZER_FIX))
+        if self.rank == 0:
+            for p in problems:
+                warnings.warn(p["message"], stacklevel=4)
         self.device_type = self._device_type()
         self.oom = self.nvml = self.allocator = None
         inject = faults.announce(cfg.inject_latency_s, self.device_type)
@@ -145,14 +158,20 @@ class Monitor:
         self.endpoint: str | None = None
         self._server = None
 
-        self.run_dir = cfg.run_dir or os.path.join(DEFAULT_ROOT, run_id())
+        self.run_dir = os.fspath(cfg.run_dir) if cfg.run_dir else \
+            os.path.join(DEFAULT_ROOT, run_id())
         self._writer = None
+        self._target = None  # this rank's file_sd target file, once written
+        self._unwritable: str | None = None  # why the run directory cannot be written
         if cfg.run_log:
             try:
                 self._writer = RunLogWriter(self.run_dir, self.rank)
-            except OSError as e:
-                warnings.warn(f"zerodoc: cannot write the run log in {self.run_dir} ({e}); "
-                              "continuing without it", stacklevel=3)
+            except OSError as e:  # the user's configuration, not a zerodoc error
+                self._unwritable = e.strerror or str(e)
+                self._config_warning(
+                    f"zerodoc: cannot write the run directory {self.run_dir} "
+                    f"({self._unwritable}); no run log from this job. Set run_dir= or "
+                    "ZERODOC_RUN_DIR to a writable directory.")
         if cfg.port is not False:
             from ..exporter.server import serve
             self._server, self.endpoint = serve(self, cfg.port, cfg.host)
@@ -161,6 +180,10 @@ class Monitor:
         extra["compute_clock"] = "device" if self.device_type == "cuda" else "host"
         extra["fault_injection"] = inject > 0
         extra["inject_latency_s"] = inject  # the delay in force (0: none, or ignored)
+        try:  # the name a wrap fix gives the model's blocks (ZD001 / ZD002)
+            extra["block_container"] = guards.block_container(model)
+        except Exception as e:  # noqa: BLE001 - a hint, never into the job
+            self.registry.error("block_container", e)
         if self.device_type == "cuda":
             self._start_gpu_observers()
             if self.nvml is not None:
@@ -180,21 +203,44 @@ class Monitor:
             units=tuple(info.units),
             device_capacity_bytes=self.capacity, started_unix=time.time(), pid=os.getpid(),
             metrics_endpoint=self.endpoint, hooks=dict(self.registry.status),
-            config={**cfg.as_dict(), "zerodoc_version": __version__, **extra},
+            config={**cfg.as_dict(), "zerodoc_version": __version__, **extra,
+                    **({"attach_warnings": problems} if problems else {})},
         )
         self.totals = RankWindow(facts=self.facts)
         self.hist_counts = [0] * len(STEP_BUCKETS)
         if self._writer is not None:
             self._writer.write_header(self.facts)
         if self.endpoint:
-            # Prometheus file_sd target for this rank; removed again by a clean close(), so a
-            # rank that dies leaves its target behind and its `up` goes to 0 (alertable).
-            try:
-                from ..targets import write_rank_target
+            # Prometheus file_sd target for this rank; removed again by a clean close() (or
+            # at interpreter exit), so a rank that dies leaves its target behind and its `up`
+            # goes to 0 (alertable).
+            self._write_target()
+        if self.rank == 0:
+            guards.say(guards.startup_line(self, problems))
+        guards.register(self)
+        # A job that forgets close() still ends its run log and removes its target.
+        atexit.register(self._at_exit)
 
-                write_rank_target(self.run_dir, self.facts)
-            except Exception as e:  # never into the job
-                self.registry.error("file_sd", e)
+    def _config_warning(self, msg: str) -> None:
+        """A problem of the user's set-up on this node: warned once per node (local rank 0),
+        not counted as a zerodoc error."""
+        if self.local_rank == 0:
+            warnings.warn(msg, stacklevel=5)
+
+    def _write_target(self) -> None:
+        from ..targets import FILE_SD_DIR_ENV, target_path, write_rank_target
+
+        if self._unwritable and not os.environ.get(FILE_SD_DIR_ENV):
+            return  # the run directory was already found unwritable (warned once)
+        try:
+            self._target = write_rank_target(self.run_dir, self.facts)
+        except OSError as e:  # unwritable: the user's configuration
+            self._config_warning(
+                f"zerodoc: cannot write the Prometheus file_sd target "
+                f"{target_path(self.run_dir, self.facts)} ({e.strerror or e}); Prometheus "
+                "will not discover this job's ranks by file_sd.")
+        except Exception as e:  # never into the job
+            self.registry.error("file_sd", e)
 
     # --- set-up helpers -------------------------------------------------------------
     def _device_type(self) -> str:
@@ -307,12 +353,33 @@ class Monitor:
 
     def close(self) -> None:
         """Undo all instrumentation, close the run log, stop the /metrics server."""
+        self._shutdown(undo=True)
+
+    def _at_exit(self) -> None:
+        """Interpreter exit without close(): end the run log and remove the target, unless
+        an uncaught exception ended the program (a crash: the log stays without an end and
+        the target stays, so the rank shows as down). Instrumentation is left in place: the
+        process is ending, and the process group may already be destroyed."""
+        if self._closed:
+            return
+        if guards.uncaught_exception() is not None:
+            self._closed = True
+            guards.unregister(self)
+            return
+        self._shutdown(undo=False)
+
+    def _shutdown(self, undo: bool) -> None:
         if self._closed:
             return
         self._closed = True
-        for undo in reversed(self._undo):
+        guards.unregister(self)
+        try:
+            atexit.unregister(self._at_exit)
+        except Exception:  # noqa: BLE001
+            pass
+        for fn in reversed(self._undo if undo else ()):
             try:
-                undo()
+                fn()
             except Exception as e:
                 self.registry.error("close", e)
         if self.nvml is not None:
@@ -323,12 +390,13 @@ class Monitor:
             except OSError as e:
                 self.registry.error("runlog", e)
         if self._server is not None:
-            try:
-                from ..targets import remove_rank_target
-
-                remove_rank_target(self.run_dir, self.facts)
-            except Exception as e:
-                self.registry.error("file_sd", e)
+            if self._target is not None:
+                try:
+                    os.unlink(self._target)
+                except FileNotFoundError:
+                    pass
+                except Exception as e:
+                    self.registry.error("file_sd", e)
             try:
                 self._server.shutdown()
                 self._server.server_close()
@@ -442,6 +510,15 @@ class Monitor:
             except (OSError, ValueError) as e:
                 self.registry.error("runlog", e)
         self._pending_self_s = perf_counter() - now
+        if self.step_index == 1 and self.adapter.framework == "none":
+            self._first_step_checks()
+
+    def _first_step_checks(self) -> None:
+        """A model sharded after attach() shows its units only now: say so (rank 0)."""
+        if self.rank == 0:
+            msg = guards.sharded_after_attach(self)
+            if msg:
+                warnings.warn(msg, stacklevel=2)
 
     def _memory(self) -> dict[str, int]:
         st = self._mem_static
