@@ -195,6 +195,8 @@ class RunSnapshot:
     source: str  # run dir path, endpoint list, or Prometheus URL
     ranks: dict[int, RankWindow] = field(default_factory=dict)
     stale_ranks: set[int] = field(default_factory=set)  # ranks that stopped reporting
+    # Ranks whose run recorded a clean close (run log "end"; the exporter's "closed" signal).
+    ended_ranks: set[int] = field(default_factory=set)
 
     @property
     def any_rank(self) -> RankWindow | None:

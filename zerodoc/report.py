@@ -105,6 +105,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
                  thresholds: Thresholds, link: str | None, window: int | None,
                  generated_unix: float | None = None) -> dict:
     from . import __version__
+    from .diagnosis.coverage import data_problems
 
     first = snap.any_rank
     f = first.facts if first else None
@@ -140,6 +141,10 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "units": unit_rows(snap),
         "steps": step_rows(snap),
         "thresholds": {fl.name: getattr(thresholds, fl.name) for fl in fields(thresholds)},
+        # added within schema 1
+        "ended_ranks": sorted(snap.ended_ranks),
+        "data_problems": [{"kind": p.kind, "message": p.message, "fix": p.fix}
+                          for p in data_problems(snap)],
     }
 
 
@@ -219,8 +224,20 @@ def _evidence(d: dict) -> str:
     return ", ".join(f"{k}={value(k, v)}" for k, v in d.items())
 
 
+def _no_findings(rep: dict) -> str:
+    if rep["data_problems"]:
+        return "no findings, because the rules had no data to read (see above): not an all-clear"
+    return "no findings: nothing the rules know of is wrong"
+
+
 def render_text(rep: dict) -> str:
     lines = _header(rep)
+    if rep["data_problems"]:
+        lines += ["", "NO DATA: this report cannot vouch for the run"]
+        for p in rep["data_problems"]:
+            lines.append(f"  - {p['message']}")
+            if p["fix"]:
+                lines.append(f"    fix: {p['fix']}")
     lines += ["", f"Findings: {_summary(rep)}"]
     for f in rep["findings"]:
         lines.append(f"  {f['severity'].upper():8} {f['code']} {f['name']}: {f['title']}")
@@ -233,7 +250,7 @@ def render_text(rep: dict) -> str:
             lines.append(f"           predicted: {f['predicted']}")
         lines.append(f"           docs: {f['doc']}")
     if not rep["findings"]:
-        lines.append("  no findings: nothing the rules know of is wrong")
+        lines.append(f"  {_no_findings(rep)}")
     lines += ["", "Per unit (per step, mean over ranks)"]
     lines += ["  " + x for x in _table(UNIT_HEAD, [_unit_cells(u) for u in rep["units"]])]
     lines += ["", "Step breakdown (per step)"]
@@ -247,8 +264,13 @@ def _md_row(cells) -> str:
 
 def render_markdown(rep: dict) -> str:
     head = _header(rep)
-    lines = [f"# {head[0]}", "", *[f"{x}  " for x in head[1:]], "",
-             f"## Findings ({_summary(rep)})", ""]
+    lines = [f"# {head[0]}", "", *[f"{x}  " for x in head[1:]], ""]
+    if rep["data_problems"]:
+        lines += ["## No data: this report cannot vouch for the run", ""]
+        lines += [f"- {p['message']}" + (f" (fix: {p['fix']})" if p["fix"] else "")
+                  for p in rep["data_problems"]]
+        lines.append("")
+    lines += [f"## Findings ({_summary(rep)})", ""]
     for f in rep["findings"]:
         lines.append(f"### {f['severity'].upper()} {f['code']} `{f['name']}`: {f['title']}")
         lines.append("")
@@ -262,7 +284,7 @@ def render_markdown(rep: dict) -> str:
         lines.append(f"- **docs**: [{f['doc']}]({f['doc']})")
         lines.append("")
     if not rep["findings"]:
-        lines += ["No findings.", ""]
+        lines += [_no_findings(rep)[0].upper() + _no_findings(rep)[1:] + ".", ""]
     lines += ["## Per unit (per step, mean over ranks)", "", _md_row(UNIT_HEAD),
               _md_row(["---"] * len(UNIT_HEAD))]
     lines += [_md_row(_unit_cells(u)) for u in rep["units"]]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from .clihelp import DefaultsHelpFormatter
 
 SEVERITY_NAMES = ("info", "warning", "error", "critical")
 
@@ -17,8 +18,9 @@ def add_parser(sub) -> None:
         "PyTorch profiler traces (a directory of them, or .json/.json.gz files separated by "
         "commas, one per rank); "
         "default: the latest run under ./zerodoc-runs. Exit status: 0, or 1 when a finding "
-        "at or above --fail-on is present, 2 on bad input.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "at or above --fail-on is present or when the run has no data to diagnose (no "
+        "completed step, no sharded unit), 2 on bad input.",
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("source", nargs="?", default=None, metavar="SOURCE",
                    help="run directory, host:port list / range, Prometheus URL, or profiler "
                         "traces")
@@ -39,8 +41,8 @@ def add_parser(sub) -> None:
                    help="device capacity to plan against, e.g. 80GB or 80GiB (default: what "
                         "the ranks report)")
     p.add_argument("--fail-on", default=None, metavar="SEVERITY",
-                   help=f"exit 1 if a finding at or above this severity is present "
-                        f"({', '.join(SEVERITY_NAMES)})")
+                   help=f"exit 1 if a finding at or above this severity is present, or if "
+                        f"the run has no data to diagnose ({', '.join(SEVERITY_NAMES)})")
     from .trace import add_arguments
 
     add_arguments(p)
@@ -76,6 +78,7 @@ def run(args) -> int:
     rep = build_report(snap, findings, source=source.description, thresholds=thresholds,
                        link=link, window=window)
     sys.stdout.write(RENDERERS[args.format](rep))
-    if fail_on is not None and any(f.severity >= fail_on for f in findings):
+    if fail_on is not None and (rep["data_problems"] or
+                                any(f.severity >= fail_on for f in findings)):
         return 1
     return 0

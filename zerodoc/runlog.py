@@ -247,7 +247,9 @@ def load_run(run_dir: str | os.PathLike, window: int | None = 20,
         w = window_from_steps(log.facts, steps)
         snap.ranks[log.facts.rank] = w
         last = w.updated_unix or log.facts.started_unix
-        if not log.ended and now - last > stale_after_s:
+        if log.ended:
+            snap.ended_ranks.add(log.facts.rank)
+        elif now - last > stale_after_s:
             snap.stale_ranks.add(log.facts.rank)
     return snap
 
@@ -322,4 +324,6 @@ class RunFollower:
         for rank, log in sorted(self.logs.items()):
             steps = log.steps[-window:] if window else log.steps
             snap.ranks[rank] = window_from_steps(log.facts, steps)
+            if log.ended:
+                snap.ended_ranks.add(rank)
         return snap

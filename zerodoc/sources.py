@@ -76,7 +76,9 @@ class RunDirSource:
         now = time.time()
         for rank, log in self.follower.logs.items():
             last = log.steps[-1].end_unix if log.steps else log.facts.started_unix
-            if not log.ended and now - last > self.stale_after_s:
+            if log.ended:
+                snap.ended_ranks.add(rank)
+            elif now - last > self.stale_after_s:
                 snap.stale_ranks.add(rank)
         return snap
 
