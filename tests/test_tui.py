@@ -165,7 +165,7 @@ async def test_views_switch_with_keys_and_help(recorded):
             assert words in text, words
         for key, view, marker in (("2", "units", "AG ms"), ("3", "findings", "Severity"),
                                   ("4", "ranks", "Comp÷median"), ("1", "overview", "Worst unit"),
-                                  ("u", "units", "busbw GB/s"), ("r", "ranks", "Headroom GiB")):
+                                  ("u", "units", "busbw GB/s"), ("r", "ranks", "Headroom GB")):
             await pilot.press(key)
             await pilot.pause()
             assert app.active_view == view
@@ -196,7 +196,7 @@ async def test_unit_table_matches_run_log(recorded):
         for unit, e in exp[0].items():
             assert shown(e["ag_s"] * 1e3, cell_float(table, unit, "ag_ms")), unit
             assert shown(e["ag_exposed_s"] * 1e3, cell_float(table, unit, "exposed_ms")), unit
-            assert shown(e["ag_bytes"] / 2**20, cell_float(table, unit, "ag_mib")), unit
+            assert shown(e["ag_bytes"] / 1e6, cell_float(table, unit, "ag_mb")), unit
             assert shown(e["compute_s"] * 1e3, cell_float(table, unit, "compute_ms")), unit
             assert shown(e["rs_s"] * 1e3, cell_float(table, unit, "rs_ms")), unit
             assert shown(e["busbw"] / 1e9, cell_float(table, unit, "busbw")), unit
@@ -245,7 +245,7 @@ async def test_unit_table_sorts(recorded):
                 assert rows_in_order(table) == sorted(rows_in_order(table))
             elif app.unit_sort == "busbw":  # the low end is the bad one: lowest first
                 assert column("busbw") == sorted(column("busbw"))
-            elif app.unit_sort in ("ag_ms", "compute_ms", "ag_mib", "rs_ms"):
+            elif app.unit_sort in ("ag_ms", "compute_ms", "ag_mb", "rs_ms"):
                 assert column(app.unit_sort) == sorted(column(app.unit_sort), reverse=True)
         assert set(seen) == set(views.UNIT_SORTS)
         while app.unit_sort != "compute_ms":
@@ -264,11 +264,11 @@ async def test_unit_table_sorts(recorded):
             await pilot.click(table, offset=(x + 1, 0))
             await pilot.pause()
 
-        await click_header("ag_mib")  # a header click sorts by that column ...
-        assert app.unit_sort == "ag_mib" and not app.unit_reverse
-        assert column("ag_mib") == sorted(column("ag_mib"), reverse=True)
-        await click_header("ag_mib")  # ... and a second click reverses
-        assert app.unit_reverse and column("ag_mib") == sorted(column("ag_mib"))
+        await click_header("ag_mb")  # a header click sorts by that column ...
+        assert app.unit_sort == "ag_mb" and not app.unit_reverse
+        assert column("ag_mb") == sorted(column("ag_mb"), reverse=True)
+        await click_header("ag_mb")  # ... and a second click reverses
+        assert app.unit_reverse and column("ag_mb") == sorted(column("ag_mb"))
 
 
 async def test_rank_view_matches_run_log_and_selects_a_rank(recorded):
@@ -335,7 +335,7 @@ async def test_findings_view_shows_evidence_threshold_fix(recorded):
         await pilot.pause()
         text = app_text(app)
         for words in ("WARNING", "ZD004", "exposed-all-gather", "exposed fraction = 27.0%",
-                      "exposed = 41.2 ms/step", "gather = 3.0 MiB",
+                      "exposed = 41.2 ms/step", "gather = 3.1 MB",
                       "exposed fraction warn = 10.0%", "enable forward/backward prefetch",
                       "exposed all-gather 41 ms -> ~5 ms per step", "blocks.3"):
             assert words in text, words
@@ -387,6 +387,8 @@ async def test_vanishing_rank_and_failing_source_never_crash(recorded):
     both = load_run(recorded, window=WINDOW)
     only0 = load_run(recorded, window=WINDOW)
     del only0.ranks[1]
+    both.ended_ranks.clear()  # as a live run: a rank that vanishes without an end is stale
+    only0.ended_ranks.clear()
     src = ScriptedSource([both, only0, ConnectionRefusedError(111, "Connection refused"),
                           RuntimeError("garbled /metrics page"), "not a snapshot", both])
     app = ZerodocApp(src, refresh=None)
@@ -620,7 +622,7 @@ def test_tmux_real_terminal(recorded):
                        check=True, cwd=REPO)
         wait_for("zerodoc", "run log", "Overview", "Units", "Findings", "Ranks", "Step time",
                  "Exposed comm", "Comm/compute", "Worst unit", "Worst rank", "Headroom",
-                 "2 ranks", "r0", "r1", "● live", "? Help", "q Quit")
+                 "2 ranks", "r0", "r1", "■ ended", "? Help", "q Quit")
         subprocess.run([*base, "send-keys", "-t", "tui", "2"], check=True)
         wait_for("Exposed ms ▼", "blocks.0", "(root)")
         subprocess.run([*base, "send-keys", "-t", "tui", "q"], check=True)

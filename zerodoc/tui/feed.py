@@ -88,11 +88,19 @@ class Frame:
     source_error: str | None = None
     diagnose_error: str | None = None
     stale: dict[int, str] = field(default_factory=dict)  # rank -> why
-    ended: set[int] = field(default_factory=set)  # ranks whose run log recorded a clean end
+    ended: set[int] = field(default_factory=set)  # ranks whose run recorded a clean end
+    data_problems: list = field(default_factory=list)  # what the rules cannot see (coverage)
     history: dict[int, Series] = field(default_factory=dict)
     units: dict[int, dict[str, UnitTotals]] = field(default_factory=dict)
     window: int | None = None
     signature: tuple = ()
+
+    @property
+    def run_ended(self) -> bool:
+        """The run is over: some rank recorded a clean end and no rank is still live (the
+        others, if any, stopped without one: they are stale)."""
+        ranks = set(self.snapshot.ranks)
+        return bool(self.ended & ranks) and ranks <= self.ended | set(self.stale)
 
     @property
     def fresh_ranks(self) -> list[int]:
@@ -105,6 +113,17 @@ def _error_text(e: BaseException) -> str:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     name = type(e).__name__
     return f"{name}: {msg}" if msg and name not in ("UserError", "RunLogError") else (msg or name)
+
+
+def _data_problems(snap: RunSnapshot) -> list:
+    try:
+        from ..diagnosis.coverage import data_problems
+    except ImportError:
+        return []
+    try:
+        return data_problems(snap) if snap.ranks else []
+    except Exception:  # noqa: BLE001 - odd data must not take the UI down
+        return []
 
 
 def default_diagnose() -> tuple[Diagnose | None, str | None]:
@@ -139,6 +158,7 @@ class Feed:
         self.window = getattr(source, "window", None)
         self._windows = SlidingWindows(self.window) if self._follower is not None else None
         self._known: dict[int, RankWindow] = {}  # last window of every rank ever seen
+        self._ended: set[int] = set()  # ranks whose run recorded a clean end
         self._good_unix: float | None = None
         self._findings: list = []
         self._diag_error: str | None = self._no_engine
@@ -153,7 +173,7 @@ class Feed:
             if not isinstance(snap, RunSnapshot) or not isinstance(snap.ranks, dict) or \
                     not all(isinstance(w, RankWindow) for w in snap.ranks.values()):
                 raise TypeError(f"source returned {type(snap).__name__}, not a RunSnapshot")
-            return snap, set()
+            return snap, set(getattr(snap, "ended_ranks", ()))
         self._follower.poll()
         logs = self._follower.logs
         if not logs:
@@ -161,6 +181,7 @@ class Feed:
         snap = RunSnapshot(source=self.description)
         snap.ranks = self._windows.update(logs)
         ended = {r for r, log in logs.items() if log.ended}
+        snap.ended_ranks = set(ended)
         return snap, ended
 
     def _trim_follower(self) -> None:
@@ -184,13 +205,22 @@ class Feed:
         except Exception as e:  # noqa: BLE001 - any source failure is shown, never raised
             source_error = _error_text(e)
             snap = RunSnapshot(source=self.description)
+        # A rank that recorded a clean end stays ended, also when its source goes away
+        # (endpoints of a finished job); reported again without an end, it runs again.
+        for r in snap.ranks:
+            if r in ended:
+                self._ended.add(r)
+            else:
+                self._ended.discard(r)
+        ended = set(self._ended)
         # Ranks the source no longer reports keep their last window and are stale.
         stale: dict[int, str] = {}
         ranks = dict(snap.ranks)
         for r in sorted(set(self._known) - set(ranks)):
             ranks[r] = self._known[r]
-            stale[r] = "stopped reporting" if source_error is None else "source unreachable"
-        for r in snap.stale_ranks:
+            if r not in ended:
+                stale[r] = "stopped reporting" if source_error is None else "source unreachable"
+        for r in snap.stale_ranks - ended:
             stale.setdefault(r, "source marks it stale")
         for r, w in ranks.items():
             if r in stale or r in ended:
@@ -206,12 +236,15 @@ class Feed:
                 stale[r] = f"{duration(newest - w.updated_unix)} behind rank " \
                            f"{max(ranks, key=lambda k: ranks[k].updated_unix)}"
         self._known.update(snap.ranks)
+        ended &= set(ranks) - set(stale)
         full = RunSnapshot(source=snap.source or self.description,
-                           ranks=dict(sorted(ranks.items())), stale_ranks=set(stale))
+                           ranks=dict(sorted(ranks.items())), stale_ranks=set(stale),
+                           ended_ranks=set(ended))
 
         self._history_update(full)
         self._trim_follower()
         findings, diag_error = self._diagnose(full)
+        problems = _data_problems(full) if source_error is None or full.ranks else []
         units = self._unit_totals(full)
         sig = (
             tuple((r, w.steps, w.last_step, w.updated_unix) for r, w in full.ranks.items()),
@@ -221,7 +254,7 @@ class Feed:
         return Frame(
             description=self.description, snapshot=full, findings=findings,
             fetched_unix=now, good_unix=self._good_unix, source_error=source_error,
-            diagnose_error=diag_error, stale=stale, ended=ended,
+            diagnose_error=diag_error, stale=stale, ended=ended, data_problems=problems,
             history={r: self.history.series(r) for r in full.ranks}, units=units,
             window=self.window, signature=sig)
 

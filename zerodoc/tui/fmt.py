@@ -1,7 +1,9 @@
 """Base units to what a person reads. The only place the TUI converts units.
 
 Table cells carry bare numbers (the column header names the unit) so that a column reads
-and sorts as numbers; headline text carries the unit with the number.
+and sorts as numbers; headline text carries the unit with the number. Sizes and rates are
+decimal (1 MB = 10^6 bytes, 1 GB = 10^9 bytes), as in `zerodoc report` and `zerodoc plan`'s
+default, so the same headroom reads the same number everywhere.
 """
 
 from __future__ import annotations
@@ -9,9 +11,8 @@ from __future__ import annotations
 import math
 
 MS_PER_S = 1e3
-MIB = 1 << 20
-GIB = 1 << 30
-GB = 1e9  # bandwidth is decimal, as in nccl-tests
+MB = 1e6
+GB = 1e9  # decimal, as in the report, the planner's default and nccl-tests' bandwidth
 
 
 def num(v: float | None) -> str:
@@ -55,18 +56,22 @@ def duration(seconds: float | None) -> str:
 
 
 def size(n: float | None) -> str:
-    """Bytes with a binary unit: 512 B, 3.0 MiB, 11.8 GiB."""
+    """Bytes with a decimal unit: 512 B, 3.1 MB, 12.7 GB."""
     if n is None:
         return "-"
     a = abs(n)
-    for unit, scale in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", 1 << 10)):
+    for unit, scale in (("TB", 1e12), ("GB", GB), ("MB", MB), ("kB", 1e3)):
         if a >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{int(n)} B"
 
 
-def mib_num(n: float | None) -> str:
-    return "-" if n is None else num(n / MIB)
+def mb_num(n: float | None) -> str:
+    return "-" if n is None else num(n / MB)
+
+
+def gb_num(n: float | None) -> str:
+    return "-" if n is None else num(n / GB)
 
 
 def rate(bytes_per_second: float | None) -> str:
@@ -117,7 +122,14 @@ def value(key: str, v: object) -> str:
         shown = ", ".join(value(key, x) for x in items[:8])
         return shown + (f", … ({len(items)} in all)" if len(items) > 8 else "")
     if isinstance(v, dict):
-        return ", ".join(f"{k}: {value(key, x)}" for k, x in list(v.items())[:8])
+        # Nested evidence: a named field converts by its own unit suffix
+        # ({"exposed_seconds_per_step": 0.0032} -> "exposed: 3.20 ms/step"); keys that are
+        # not field names (ranks: {"0": 1.2}) take the unit of the outer key.
+        def item(k, x) -> str:
+            if isinstance(k, str) and "_" in k:
+                return f"{label(k)}: {value(k, x)}"
+            return f"{k}: {value(key, x)}"
+        return ", ".join(item(k, x) for k, x in list(v.items())[:8])
     if not isinstance(v, (int, float)):
         return str(v)
     k, per = _per_step(key.lower())

@@ -89,7 +89,7 @@ def _sorted(rows: list[tuple[str, tuple[str, ...], dict]], col: Column, reverse:
 UNIT_COLUMNS = (
     Column("unit", "Unit", numeric=False),
     Column("params", "Params"),
-    Column("ag_mib", "AG MiB"),
+    Column("ag_mb", "AG MB"),
     Column("ag_ms", "AG ms"),
     Column("exposed_ms", "Exposed ms"),
     Column("exposed_pct", "Exp %"),
@@ -98,7 +98,7 @@ UNIT_COLUMNS = (
     Column("rs_ms", "RS ms"),
     Column("reshard", "Reshard", numeric=False, sortable=False),
 )
-UNIT_SORTS = ("exposed_ms", "ag_ms", "ag_mib", "busbw", "compute_ms", "exposed_pct", "rs_ms",
+UNIT_SORTS = ("exposed_ms", "ag_ms", "ag_mb", "busbw", "compute_ms", "exposed_pct", "rs_ms",
               "unit", "params")
 
 
@@ -145,13 +145,13 @@ def unit_table(frame: Frame, scope: Scope, sort: str = "exposed_ms",
         reshard = "-" if f is None or f.reshard_after_forward is None else \
             ("yes" if f.reshard_after_forward else "no")
         sortv = {
-            "unit": name, "params": f.params if f else None, "ag_mib": v["ag_bytes"],
+            "unit": name, "params": f.params if f else None, "ag_mb": v["ag_bytes"],
             "ag_ms": v["ag_seconds"], "exposed_ms": v["ag_exposed_seconds"],
             "exposed_pct": v["ag_exposed_fraction"], "busbw": v["ag_busbw"],
             "compute_ms": v["compute_seconds"], "rs_ms": v["rs_seconds"],
         }
         cells = (
-            name or "(root)", fmt.count(f.params) if f else "-", fmt.mib_num(v["ag_bytes"]),
+            name or "(root)", fmt.count(f.params) if f else "-", fmt.mb_num(v["ag_bytes"]),
             fmt.ms_num(v["ag_seconds"]), fmt.ms_num(v["ag_exposed_seconds"]),
             fmt.pct_num(v["ag_exposed_fraction"]), fmt.gbps_num(v["ag_busbw"]),
             fmt.ms_num(v["compute_seconds"]), fmt.ms_num(v["rs_seconds"]), reshard,
@@ -176,7 +176,7 @@ RANK_COLUMNS = (
     Column("exposed_pct", "Exp %"),
     Column("ratio", "Comm/comp"),
     Column("vs_median", "Comp÷median"),
-    Column("headroom", "Headroom GiB", worst="min"),
+    Column("headroom", "Headroom GB", worst="min"),
 )
 RANK_SORTS = ("rank", "step_ms", "compute_ms", "exposed_ms", "exposed_pct", "ratio",
               "vs_median", "headroom", "last_step")
@@ -216,7 +216,7 @@ def rank_table(frame: Frame, sort: str = "rank", reverse: bool = False) -> Table
             fmt.ms_num(sortv["step_ms"]), fmt.ms_num(sortv["compute_ms"]),
             fmt.ms_num(sortv["exposed_ms"]), fmt.pct_num(sortv["exposed_pct"]),
             fmt.num(sortv["ratio"]), fmt.num(sortv["vs_median"]),
-            "-" if head is None else fmt.num(head / fmt.GIB),
+            fmt.gb_num(head),
         )
         rows.append((str(r), cells, sortv))
     col = next(c for c in RANK_COLUMNS if c.key == sort)
@@ -317,7 +317,9 @@ def headlines(frame: Frame, scope: Scope) -> list[Headline]:
     ranks = [r for r in scope_ranks(frame, scope) if snap.ranks[r].steps]
     out: list[Headline] = []
     if not ranks:
-        return [Headline("Step time", "-", "waiting for the first step")]
+        why = ("the run ended without a completed step" if frame.run_ended
+               else "waiting for the first step")
+        return [Headline("Step time", "-", why)]
     ws = {r: snap.ranks[r] for r in ranks}
     slowest = max(ranks, key=lambda r: ws[r].mean_step_seconds)
     step = _agg([ws[r].mean_step_seconds for r in ranks], scope)

@@ -36,7 +36,7 @@ class FindingsView(Vertical):
         cap = table.caption
         if frame.diagnose_error:
             cap += f" · {frame.diagnose_error}"
-        self.query_one("#findings-caption", Static).update(cap)
+        self.query_one("#findings-caption", Static).update(Text(cap))
         t = self.query_one(ZTable)
         t.show(table)
         self._detail(t.cursor_key())
@@ -56,6 +56,15 @@ class FindingsView(Vertical):
                 found = f
         if found is None and frame.findings:
             found = frame.findings[0]
+        if found is None and frame.data_problems:
+            t = Text("No data: the rules had nothing to read, so no findings is not an "
+                     "all-clear.\n", style="bold yellow")
+            for p in frame.data_problems:
+                t.append(f"\n{p.message}\n", style="yellow")
+                if p.fix:
+                    t.append(f"fix: {p.fix}\n", style="green")
+            detail.update(t)
+            return
         if found is None:
             msg = ("No findings: nothing crossed a threshold in this window."
                    if frame.snapshot.ranks else "Waiting for ranks to report…")
@@ -72,5 +81,7 @@ class FindingsView(Vertical):
         grid.add_row("", head)
         grid.add_row("", Text(found.title, style="bold"))
         for label, text in lines[2:]:
-            grid.add_row(Text(label, style=LABEL_STYLES.get(label, "")), text)
+            # Text, never a str: a str cell is parsed as Rich markup and loses "[...]"
+            # (e.g. `set_modules_to_forward_prefetch([next_block])` in a fix).
+            grid.add_row(Text(label, style=LABEL_STYLES.get(label, "")), Text(text))
         detail.update(grid)

@@ -42,7 +42,7 @@ class SparkRow(Horizontal):
         text = f"last {fmt.duration(shown[-1])}" if shown else "-"
         if len(shown) > 1:
             text += f", max {fmt.duration(max(shown))}"
-        self.query_one(".spark-value", Label).update(text)
+        self.query_one(".spark-value", Label).update(Text(text))
 
 
 class Overview(Vertical):
@@ -78,7 +78,7 @@ class Overview(Vertical):
         grid.add_column(min_width=16, no_wrap=True)
         grid.add_column(style="dim")
         for h in views.headlines(frame, scope):
-            grid.add_row(h.label, Text(h.value, style="bold " + LEVEL_STYLES[h.level]),
+            grid.add_row(Text(h.label), Text(h.value, style="bold " + LEVEL_STYLES[h.level]),
                          Text(h.detail, no_wrap=True, overflow="ellipsis"))
         self.query_one("#ov-headlines", Static).update(grid)
 
@@ -94,6 +94,15 @@ class Overview(Vertical):
 def _top_finding(frame: Frame) -> Text:
     if frame.diagnose_error and not frame.findings:
         return Text(f"Diagnosis: {frame.diagnose_error}", style="yellow")
+    if frame.data_problems:
+        p = frame.data_problems[0]
+        t = Text("No data  ", style="bold yellow")
+        t.append(p.message, style="yellow")
+        t.append(f" · fix: {p.fix}" if p.fix else "", style="dim")
+        more = len(frame.data_problems) - 1 + len(frame.findings)
+        if more:
+            t.append(f"   (+{more} more, press 3)", style="dim")
+        return t
     if not frame.findings:
         if not frame.snapshot.ranks:
             return Text("Waiting for ranks to report…", style="dim")

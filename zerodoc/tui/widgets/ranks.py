@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
@@ -31,7 +32,7 @@ class RanksView(Vertical):
 
     def show(self, frame: Frame, sort: str, reverse: bool) -> None:
         table = views.rank_table(frame, sort, reverse)
-        self.query_one("#ranks-caption", Static).update(table.caption)
+        self.query_one("#ranks-caption", Static).update(Text(table.caption))
         self.query_one(ZTable).show(table)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

@@ -35,8 +35,15 @@ class StatusLine(Static):
     def show(self, frame: Frame | None, now: float, *, paused: bool, every: float | None,
              scope: views.Scope, job: str | None = None) -> None:
         t = Text()
+        ended = frame is not None and frame.run_ended
         if frame is None:
             t.append("● loading…", style="bold yellow")
+        elif ended:
+            # Every rank recorded a clean end: finished, not live, and not an error when the
+            # source (a finished job's endpoints) no longer answers.
+            t.append("■ ended", style="bold blue")
+            if frame.source_error:
+                t.append(f" · source: {frame.source_error[:70]}", style="dim")
         elif frame.source_error and not frame.snapshot.ranks:
             t.append("● waiting: ", style="bold yellow")
             t.append(frame.source_error[:90], style="yellow")
@@ -52,7 +59,7 @@ class StatusLine(Static):
         if job:
             t.append(f" · {job}", style="cyan")
         if frame is not None:
-            if paused and frame.source_error:
+            if paused and (frame.source_error or ended):
                 t.append(" · paused", style="bold yellow")
             t.append(f" · refreshed {fmt.ago(max(0.0, now - frame.fetched_unix))}")
             if every:

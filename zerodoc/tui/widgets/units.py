@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
@@ -23,5 +24,5 @@ class UnitsView(Vertical):
 
     def show(self, frame: Frame, scope: views.Scope, sort: str, reverse: bool) -> None:
         table = views.unit_table(frame, scope, sort, reverse)
-        self.query_one("#units-caption", Static).update(table.caption)
+        self.query_one("#units-caption", Static).update(Text(table.caption))
         self.query_one(ZTable).show(table)
