@@ -8,11 +8,11 @@ Stdlib only; the arithmetic is in `zerodoc.planner`.
 
 from __future__ import annotations
 
-import argparse
 import json
 from fractions import Fraction
 
 from . import planner
+from .clihelp import RawDescriptionDefaultsHelpFormatter
 from .errors import UserError
 
 EPILOG = """\
@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
         description="Per-GPU memory (params, grads, optimizer state, activations, transient "
                     "buffers) and per-step communication (2Ψ vs 3Ψ) for DP, ZeRO-1, ZeRO-2 "
                     "and ZeRO-3, and the lowest stage that fits the device with headroom.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=RawDescriptionDefaultsHelpFormatter)
     m = p.add_argument_group("model")
     m.add_argument("--params", help="parameter count: 70B, 1.3M, 13e9")
     m.add_argument("--world-size", "-N", type=int, dest="world_size",
@@ -70,8 +70,10 @@ def add_parser(subparsers) -> None:
                    help="memory that must stay free: a fraction of the device (0.2, 20%%) "
                         "or a size (30GB); default 0.2")
     out = p.add_argument_group("output")
-    out.add_argument("--units", choices=("gb", "gib"), default="gb",
-                     help="gb: decimal 10^9 bytes (default); gib: binary 2^30 bytes")
+    out.add_argument("--units", choices=planner.UNIT_CHOICES, default="auto",
+                     help="table sizes: gb / mb decimal (10^9 / 10^6 bytes), gib / mib binary "
+                          "(2^30 / 2^20 bytes); default auto: decimal, GB or MB, whichever "
+                          "shows the numbers of this model")
     out.add_argument("--json", action="store_true", help="machine-readable output (bytes)")
     p.add_argument("--run", metavar="DIR", help="take the facts of a live run from its run log")
     p.set_defaults(func=run)
@@ -124,6 +126,10 @@ def facts_from_run(run_dir: str) -> dict:
     if f.device_capacity_bytes:
         kw["device_memory_bytes"] = int(f.device_capacity_bytes)
     act = r.memory.get("activations")
+    if act is None:  # on a GPU: estimated the way the rules estimate it (ZD003, ZD008)
+        from .diagnosis.context import Context
+
+        act = Context(snap).activation_bytes(r)
     if act is not None:
         kw["activation_bytes"] = int(act)
     stage = {0: "dp", 1: "zero1", 2: "zero2", 3: "zero3"}.get(f.zero_stage, None)
@@ -204,8 +210,22 @@ def run(args) -> int:
         print(f"optimizer preset: {preset} ({planner.PRESETS[preset].description}{how})")
     print(planner.format_table(p, units=args.units))
     stage = run_facts["stage"] if run_facts else None
-    low = p.lowest_fitting_stage
-    if stage and low and planner.STAGES.index(stage) > planner.STAGES.index(low):
-        print(f"this run uses {planner.STAGE_LABELS[stage]}; {planner.STAGE_LABELS[low]} "
-              f"would fit (over-staging)")
+    print_over_staging(p, stage)
     return 0
+
+
+def print_over_staging(p: planner.Plan, stage: str | None) -> None:
+    """The step down from the run's stage that fits (what ZD003 recommends: ZeRO-3 -> ZeRO-2
+    is one setting, `reshard_after_forward=False`), and the lowest stage that fits."""
+    if stage not in planner.STAGES:
+        return
+    below = [s for s in planner.STAGES[:planner.STAGES.index(stage)] if p.stage(s).fits]
+    if not below:
+        return
+    step, low = below[-1], below[0]
+    line = f"this run uses {planner.STAGE_LABELS[stage]}; {planner.STAGE_LABELS[step]} " \
+           f"would fit (over-staging)"
+    if low != step:
+        line += (f"; the lowest stage that fits is {planner.STAGE_LABELS[low]} "
+                 f"({planner.PYTORCH_NAMES[low]})")
+    print(line)

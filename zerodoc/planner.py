@@ -409,11 +409,36 @@ def parse_size(text: str) -> int:
     return round(v)
 
 
+# Size units of the plan table: decimal (10^3 steps) and binary (2^10 steps).
+UNITS = {"tb": (10**12, "TB"), "gb": (GB, "GB"), "mb": (10**6, "MB"), "kb": (10**3, "kB"),
+         "tib": (2**40, "TiB"), "gib": (GIB, "GiB"), "mib": (2**20, "MiB"),
+         "kib": (2**10, "KiB")}
+UNIT_CHOICES = ("auto", "gb", "gib", "mb", "mib")
+
+
+def _unit(units: str) -> tuple[int, str]:
+    try:
+        return UNITS[units]
+    except KeyError:
+        raise UserError(f"units must be one of {', '.join(UNIT_CHOICES)}, "
+                        f"got {units!r}") from None
+
+
+def auto_units(p: "Plan") -> str:
+    """The decimal unit that shows the smallest stage total as a number >= 1 (so a small
+    model's table is not all 0.0): GB for billion-parameter models, MB for small ones."""
+    totals = [s.total_bytes for s in p.stages if s.total_bytes > 0]
+    smallest = min(totals) if totals else 0
+    for name in ("tb", "gb", "mb"):
+        if smallest >= UNITS[name][0]:
+            return name
+    return "kb"
+
+
 def format_bytes(n: int | float, units: str = "gb", digits: int = 1) -> str:
-    """"48.8 GB" (units="gb", 10^9) or "45.4 GiB" (units="gib", 2^30), labelled."""
-    if units not in ("gb", "gib"):
-        raise UserError(f"units must be gb or gib, got {units!r}")
-    scale, label = (GB, "GB") if units == "gb" else (GIB, "GiB")
+    """"48.8 GB" (units="gb", 10^9), "45.4 GiB" (units="gib", 2^30), "6.5 MB", ...,
+    labelled."""
+    scale, label = _unit(units)
     return f"{n / scale:.{digits}f} {label}"
 
 
@@ -424,15 +449,18 @@ def format_count(n: int) -> str:
     return str(n)
 
 
-UNIT_NOTE = {"gb": "decimal GB (1 GB = 10^9 bytes)", "gib": "binary GiB (1 GiB = 2^30 bytes)"}
+UNIT_NOTE = {"tb": "decimal TB (1 TB = 10^12 bytes)", "gb": "decimal GB (1 GB = 10^9 bytes)",
+             "mb": "decimal MB (1 MB = 10^6 bytes)", "kb": "decimal kB (1 kB = 10^3 bytes)",
+             "gib": "binary GiB (1 GiB = 2^30 bytes)", "mib": "binary MiB (1 MiB = 2^20 bytes)"}
 
 
 def format_table(p: Plan, units: str = "gb", digits: int = 1) -> str:
-    """The human report: one row per stage, then the verdict. Sizes in `units`, labelled."""
+    """The human report: one row per stage, then the verdict. Sizes in `units` ("auto":
+    the decimal unit that shows the numbers, see `auto_units`), labelled."""
     inp = p.inputs
-    scale = GB if units == "gb" else GIB
-    if units not in ("gb", "gib"):
-        raise UserError(f"units must be gb or gib, got {units!r}")
+    if units == "auto":
+        units = auto_units(p)
+    scale, _label = _unit(units)
 
     def num(b: int | None) -> str:
         return "-" if b is None else f"{b / scale:.{digits}f}"

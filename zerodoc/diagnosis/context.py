@@ -131,6 +131,33 @@ class Context:
         return True
 
     @property
+    def block_container(self) -> str | None:
+        """Where the model keeps its repeated blocks, as a wrap fix names it ("blocks" for
+        `model.blocks`; "" for the model itself): recorded by the shim at attach time, else
+        read off the unit names ("layers.3", "layers.3.mlp.fc1" -> "layers"); None when
+        unknown."""
+        cfg = self.facts.config if self.facts is not None and \
+            isinstance(self.facts.config, dict) else {}
+        if isinstance(cfg.get("block_container"), str):
+            return cfg["block_container"]
+        seen: dict[str, int] = {}
+        for u in self.units:
+            parts = u.name.split(".")
+            for i, part in enumerate(parts):
+                if part.isdigit():
+                    key = ".".join(parts[:i])
+                    seen[key] = seen.get(key, 0) + 1
+                    break
+        return max(seen, key=seen.get) if seen else None
+
+    def blocks_expr(self) -> str:
+        """`model.blocks` (or a placeholder naming what to fill in) for fix texts."""
+        c = self.block_container
+        if c is None:
+            return "<your model's list of blocks>"
+        return f"model.{c}" if c else "model"
+
+    @property
     def zero3(self) -> bool:
         """Parameters are resharded after forward (ZeRO-3-like) on some unit."""
         if self.facts is None:

@@ -122,10 +122,19 @@ def unit_facts(u: Unit) -> UnitFacts:
         group_size = getattr(mi, "shard_mesh_size", 1)
         replicate = getattr(mi, "replicate_mesh_size", 1)
         reshard = getattr(g, "post_forward_mesh_info", None) is not None
+    if reshard and u.is_root and _root_keeps_params(u):
+        reshard = False  # FSDP2 does not reshard a root after forward (hookpoints.py)
     return UnitFacts(name=u.name, params=params, param_bytes=param_bytes,
                      gather_bytes=gather_bytes, sharded_bytes=sharded_bytes,
                      reshard_after_forward=reshard, group_size=group_size,
                      param_dtype=pdt, reduce_dtype=rdt, replicate_size=replicate)
+
+
+def _root_keeps_params(u: Unit) -> bool:
+    try:
+        return hp.fsdp2_root_keeps_params(u.module)
+    except Exception:  # noqa: BLE001 - private: keep what the param group says
+        return False
 
 
 def _make_comm_classes():

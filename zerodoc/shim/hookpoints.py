@@ -24,6 +24,8 @@ and zerodoc exports what still works.
 | `_fsdp_collectives.dist` (module global) | no | HSDP all-reduce per unit: a proxy for  | 2.13    |
 |   in `torch.distributed.fsdp._fully_shard` |    |   `torch.distributed` in that module only |       |
 | `FSDPParamGroup._is_hsdp`           | no      | whether a unit replicates (HSDP)          | 2.13    |
+| `FSDPState._auto_reshard_after_forward` | no  | a root keeps its parameters after forward | 2.13    |
+|   (absent before: the root never reshards) |  |   unless `reshard_after_forward` was given |         |
 | `dist.Work` subclassing + `Work.get_future()` | yes | exposed time of async all-gathers     | 2.13    |
 | `Optimizer.register_step_pre_hook/post_hook` | yes | step boundaries, optimizer time     | 2.13    |
 | `nn.Module.register_forward_pre_hook(prepend=)` / `register_forward_hook(prepend=)` | yes | forward compute per unit | 2.13 |
@@ -165,6 +167,19 @@ def fsdp2_param_groups(module: Any) -> list[Any]:
         return list(groups)
     group = getattr(state, "_fsdp_param_group", None)  # <= 2.12
     return [group] if group is not None else []
+
+
+def fsdp2_root_keeps_params(module: Any) -> bool:
+    """Whether FSDP2 keeps a root unit's parameters gathered after forward (no reshard).
+
+    FSDP2's lazy init clears the root's `post_forward_mesh_info` ("the parameters would be
+    freed and all-gathered immediately"): in 2.13 unless the user passed
+    `reshard_after_forward` explicitly (`FSDPState._auto_reshard_after_forward`); releases
+    without that attribute clear it always.
+    Before the first forward the root still looks resharded; this says what will happen."""
+    state = module._get_fsdp_state()
+    auto = getattr(state, "_auto_reshard_after_forward", None)
+    return True if auto is None else bool(auto)
 
 
 def fsdp2_comm_bases() -> tuple[type, type] | tuple[None, None]:

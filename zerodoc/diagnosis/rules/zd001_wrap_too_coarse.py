@@ -42,11 +42,14 @@ def evaluate(ctx) -> list:
     if inp is not None:
         from ...planner import plan
 
-        z3 = plan(inp).stage("zero3")
-        predicted = (f"now ZeRO-3 holds {nbytes(z3.model_states_bytes)} of sharded state plus "
-                     f"{nbytes(z3.transient_bytes)} of gathered parameters ({name} whole, "
-                     f"x2 with prefetch) per rank; wrapped per block, the gathered part "
-                     f"shrinks to about two blocks")
+        z3 = ctx.stage == "zero3"
+        st = plan(inp).stage("zero3" if z3 else "zero2")
+        gathered = st.transient_bytes if z3 and st.transient_bytes else big.gather_bytes
+        how = "x2 with prefetch" if z3 else "kept from forward to backward"
+        predicted = (f"now each rank holds {nbytes(st.model_states_bytes)} of {st.label} "
+                     f"model state plus {nbytes(gathered)} of gathered parameters ({name} "
+                     f"whole, {how}); wrapped per block, the gathered part shrinks to about "
+                     f"two blocks")
     return [finding(
         CODE, NAME, SEVERITY,
         f"{name} holds {pct(share)} of the parameters: sharding saves little memory and its "
@@ -55,7 +58,7 @@ def evaluate(ctx) -> list:
                   "param_fraction": r6(share), "unit_gather_bytes": big.gather_bytes,
                   "units": len(ctx.units), "exposed_seconds_per_step": r6(exposed)},
         threshold={"wrap_coarse_param_fraction": limit},
-        fix=("Shard per transformer block, then the root: `for block in model.layers: "
+        fix=(f"Shard per block, then the root: `for block in {ctx.blocks_expr()}: "
              "fully_shard(block)` followed by `fully_shard(model)`; each block becomes its own "
              "all-gather, prefetched behind the previous block's compute."),
         predicted=predicted, units=(name,), cost_seconds_per_step=cost)]

@@ -5,8 +5,11 @@ units are small (every Linear its own unit) each collective costs mostly its fix
 thousands of small calls, low bus bandwidth, and exposure that no link upgrade fixes.
 
 Evidence: number of units, median all-gather size, all-gathers per step, their bus bandwidth
-against the large ones (or the link's), exposed time of the small ones.
-Fix: wrap at block granularity (`fully_shard` each transformer block, not each Linear).
+against the large ones (or the link's), exposed time of the small ones. The title calls them
+latency-bound only when the evidence shows it: their bus bandwidth below
+`slow_link_busbw_fraction` of the reference; otherwise it names the count of calls.
+Fix: wrap at block granularity (`fully_shard` each block of the model's block list, named
+from the run, not each Linear).
 """
 
 from __future__ import annotations
@@ -61,17 +64,27 @@ def evaluate(ctx) -> list:
                 "small_all_gather_busbw_bytes_per_second": r6(small_bw),
                 "reference_busbw_bytes_per_second": r6(ref_bw),
                 "small_all_gather_exposed_seconds_per_step": r6(exposed)}
+    # "Latency-bound" is a claim about the evidence: the small all-gathers reach only a
+    # fraction of the bandwidth the large ones (or the link) reach.
+    latency_bound = ref_bw > 0 and small_bw < t.slow_link_busbw_fraction * ref_bw
+    if ref_bw > 0:
+        evidence["small_to_reference_busbw_ratio"] = r6(small_bw / ref_bw)
+    if latency_bound:
+        why = f"latency-bound ({rate(small_bw)} bus bandwidth vs {rate(ref_bw)})"
+    else:
+        why = f"{calls:.0f} all-gathers per step, each paying its fixed per-call cost"
     if ctx.step_seconds:
         evidence["small_all_gather_exposed_fraction"] = r6(exposed / ctx.step_seconds)
     return [finding(
         CODE, NAME, SEVERITY,
-        f"{len(units)} sharded units with a median all-gather of {nbytes(median)}: "
-        f"latency-bound ({rate(small_bw)} bus bandwidth)",
+        f"{len(units)} sharded units with a median all-gather of {nbytes(median)}: {why}",
         evidence=evidence,
         threshold={"wrap_fine_min_units": t.wrap_fine_min_units,
-                   "wrap_fine_median_bytes": t.wrap_fine_median_bytes},
-        fix=("Wrap at block granularity: `fully_shard` each transformer block (then the root) "
-             "instead of every Linear; a block's layers are then gathered in one collective."),
+                   "wrap_fine_median_bytes": t.wrap_fine_median_bytes,
+                   "slow_link_busbw_fraction": t.slow_link_busbw_fraction},
+        fix=(f"Wrap at block granularity: `for block in {ctx.blocks_expr()}: "
+             "fully_shard(block)`, then `fully_shard(model)`, instead of every Linear; a "
+             "block's layers are then gathered in one collective."),
         predicted=(f"wrapping by parent module: {len(units)} -> {len(parents)} units, "
                    f"about {nbytes(per_parent)} per all-gather instead of {nbytes(median)}, "
                    f"{calls:.0f} -> about {calls * len(parents) / len(units):.0f} all-gathers "

@@ -6,7 +6,10 @@ to spare, the memory is not needed and the extra all-gathers are pure cost.
 
 Evidence: the stage, the planner's ZeRO-2 memory and the headroom it would leave (measured
 peak + the planner's state difference), the all-gathers' avoidable exposed fraction of the
-step, the backward all-gathers' exposed time (what ZeRO-2 would save).
+step, the backward all-gathers' bytes and exposed time (what ZeRO-2 would save).
+Only fires when the run really gathers parameters again in backward: a run whose measured
+backward all-gathers are zero (a root-only FSDP2 wrap: FSDP2 never reshards the root) is
+already ZeRO-2-like, whatever a unit's recorded setting says.
 Severity: WARNING when communication costs avoidable time: the all-gathers' avoidable
 exposed fraction of the step >= exposed_fraction_warn, or avoidable exposed communication /
 compute >= comm_compute_ratio_warn (docs/rules.md, "avoidable"); then the lower stage is the
@@ -53,13 +56,15 @@ def evaluate(ctx) -> list:
         return []
     ag = ctx.views("all_gather")
     bwd = [v for v in ag if v.phase == "backward"]
+    bwd_bytes = sum(v.bytes for v in bwd)
+    if ag and bwd_bytes <= 0:
+        return []  # measured: nothing is gathered again in backward (already ZeRO-2-like)
     step = ctx.step_seconds
     avoidable = sum(v.avoidable_seconds for v in ag)
     frac = avoidable / step if step else 0.0
     comm = sum(v.avoidable_seconds for v in ctx.views())
     ratio = comm / ctx.compute_seconds if ctx.compute_seconds else 0.0
     saving = sum(v.avoidable_seconds for v in bwd)
-    bwd_bytes = sum(v.bytes for v in bwd)
     costly = frac >= t.exposed_fraction_warn or ratio >= t.comm_compute_ratio_warn
     severity = Severity.WARNING if costly else Severity.INFO
     bwd_exposed = sum(v.exposed_seconds for v in bwd)
@@ -70,6 +75,9 @@ def evaluate(ctx) -> list:
         how = f"all-gathers expose {pct(frac)} of the step"
     else:
         how = f"exposed communication is {ratio:.2f}x the compute"
+    low = p.lowest_fitting_stage
+    lowest = (f"; the lowest stage that fits is {p.stage(low).label} ({p.stage(low).pytorch})"
+              if low not in (None, "zero2", "zero3") else "")
     return [finding(
         CODE, NAME, severity,
         f"ZeRO-3 while ZeRO-2 fits with {pct(z2_free / cap)} free: {how}",
@@ -91,5 +99,5 @@ def evaluate(ctx) -> list:
         predicted=(f"{z2.label} ({z2.pytorch}): {nbytes(z2_peak)} peak per rank, fits "
                    f"({nbytes(z2_free)} free); traffic {z3.comm_psi}Ψ -> {z2.comm_psi}Ψ per "
                    f"step: no backward all-gathers ({nbytes(bwd_bytes)}/step, "
-                   f"{secs(bwd_exposed)}/step exposed now)"),
+                   f"{secs(bwd_exposed)}/step exposed now){lowest}"),
         cost_seconds_per_step=saving)]
