@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from .clihelp import DefaultsHelpFormatter
 from .errors import UserError
 
 DIR_HELP = "dashboards directory (default: the dashboards installed with zerodoc)"
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     ls.add_argument("--dir", default=None, help=DIR_HELP)
     push = s.add_parser(
         "push", help="create or update the dashboards on a Grafana server",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     push.add_argument("--url", required=True, help="Grafana base URL, e.g. http://grafana:3000")
     push.add_argument("--token-env", default="GRAFANA_TOKEN",
                       help="environment variable holding a service account token")

@@ -7,6 +7,8 @@ import signal
 import sys
 import time
 
+from .clihelp import DefaultsHelpFormatter
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -17,7 +19,7 @@ def add_parser(sub) -> None:
         "Alertmanager (if installed: `alertmanager` or Debian's `prometheus-alertmanager`) "
         "with zerodoc's exporters/alertmanager.yml or --alertmanager-config. Targets follow "
         "the runs as they start and end. Ctrl-C stops everything.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("runs", nargs="?", default="zerodoc-runs", metavar="RUNS",
                    help="run directory or folder of run directories")
     p.add_argument("--port", type=int, default=9090, help="Prometheus port on 127.0.0.1")

@@ -28,8 +28,9 @@ def add_parser(sub) -> None:
 
 
 def validate(args) -> None:
-    if not args.refresh > 0 or args.refresh > 3600:
-        raise UserError(f"--refresh must be between 0 and 3600 seconds, not {args.refresh:g}")
+    if not 0 < args.refresh <= 3600:  # NaN fails too
+        raise UserError(f"--refresh must be more than 0 and at most 3600 seconds, "
+                        f"not {args.refresh:g}")
     if args.window < 0:
         raise UserError(f"--window must be >= 0 steps (0: all), not {args.window}")
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
-
+from ..clihelp import DefaultsHelpFormatter
 from . import frameworks
 from .frameworks import WRAPS
 
@@ -14,7 +13,7 @@ def add_parser(sub) -> None:
         description="Start a small transformer on N local ranks (gloo, FSDP2 fully_shard), "
         "instrumented by zerodoc: each rank serves /metrics and appends to a run log, and "
         "a live summary is printed per step. Flags reproduce real (mis)configurations.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--ranks", type=int, default=2, help="local ranks (processes)")
     p.add_argument("--framework", choices=frameworks.names(), default="fsdp2",
                    help="sharding stack to run the demo model under")
