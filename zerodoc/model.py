@@ -51,7 +51,8 @@ class CommTotals:
 
 
 def busbw(algbw: float, collective: str, n: int) -> float:
-    """Bus bandwidth from algorithm bandwidth, nccl-tests conventions (shared/DOMAIN.md)."""
+    """Bus bandwidth from algorithm bandwidth, nccl-tests conventions (docs/rules.md, "The
+    numbers, and how they are defined")."""
     if n <= 1:
         return 0.0
     if collective == "all_reduce":

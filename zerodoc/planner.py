@@ -4,7 +4,7 @@ Pure Python (stdlib only, no torch), so the CLI, the rules engine and tests can 
 Every quantity is kept in base units (bytes, parameter counts); GB (10^9 bytes) and GiB
 (2^30 bytes) exist only in `format_bytes` / `format_table`, always labelled.
 
-The model (ZeRO paper, shared/DOMAIN.md), Ψ = params, N = sharding degree, p/g = bytes per
+The model (the ZeRO paper; docs/planner.md), Ψ = params, N = sharding degree, p/g = bytes per
 stored parameter/gradient, K = optimizer bytes per parameter, s = ceil(Ψ/N) (a rank's shard;
 FSDP pads to a multiple of N, so the shard is rounded up)::
 

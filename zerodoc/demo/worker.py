@@ -4,8 +4,9 @@ Started by `zerodoc.demo.launch` with RANK / LOCAL_RANK / WORLD_SIZE / MASTER_AD
 MASTER_PORT set. SPEC_JSON holds {"model": DemoConfig fields, "steps": N, "attach": attach()
 options, "lr": float, "profile": {"dir", "wait", "warmup", "active", "gzip"} (optional: record
 PyTorch profiler traces of steps wait+warmup+1 ... wait+warmup+active, one file per rank,
-`<dir>/rank-N.json[.gz]`, ProfilerStep#K being zerodoc's step K+1)}. Ends with destroy_process_group() and os._exit(): gloo jobs whose ranks
-exit at different times otherwise abort at interpreter exit (see shared/PROBES.md).
+`<dir>/rank-N.json[.gz]`, ProfilerStep#K being zerodoc's step K+1)}. Ends with
+destroy_process_group() and os._exit(): gloo jobs whose ranks exit at different times
+otherwise abort at interpreter exit now and then (gloo teardown).
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ FSDP at call time and restored by the undo):
 Handles the adapter does not know (another model) pass through untouched. On CUDA the
 switches open and close the exposure windows of `cuda.py` (pre-forward, pre-backward; the
 end-of-backward wait on the post-backward stream from an autograd callback queued behind
-FSDP's final callback). Hook points: see `hookpoints.py`. Strategy -> equivalent ZeRO stage: shared/DOMAIN.md.
+FSDP's final callback). Hook points: see `hookpoints.py`. Strategy -> equivalent ZeRO
+stage: docs/frameworks.md.
 """
 
 from __future__ import annotations

@@ -128,6 +128,7 @@ class Monitor:
             problems.append(guards.problem("no-sharded-units", guards.no_units_message(model),
                                            guards.ATTACH_AFTER))
         opt_problem = guards.optimizer_problem(model, optimizer, self.adapter.framework)
+        self._warned_optimizer = bool(opt_problem)
         if opt_problem:
             problems.append(guards.problem("optimizer-holds-no-model-parameters", opt_problem,
                                            guards.OPTIMIZER_FIX))
@@ -510,15 +511,21 @@ class Monitor:
             except (OSError, ValueError) as e:
                 self.registry.error("runlog", e)
         self._pending_self_s = perf_counter() - now
-        if self.step_index == 1 and self.adapter.framework == "none":
+        if self.step_index == 1 and self.rank == 0:
             self._first_step_checks()
 
     def _first_step_checks(self) -> None:
-        """A model sharded after attach() shows its units only now: say so (rank 0)."""
-        if self.rank == 0:
+        """Mistakes that show only once the job runs (rank 0, once): a model sharded after
+        attach() (its units appear now), an optimizer that no longer holds the model's
+        parameters (sharding replaced them after the optimizer was built)."""
+        if self.adapter.framework == "none":
             msg = guards.sharded_after_attach(self)
             if msg:
-                warnings.warn(msg, stacklevel=2)
+                guards.say(f"zerodoc: warning: {msg.removeprefix('zerodoc: ')}")
+        if not self._warned_optimizer:
+            msg = guards.optimizer_problem(self.model, self.optimizer, self.adapter.framework)
+            if msg:
+                guards.say(f"zerodoc: warning: {msg.removeprefix('zerodoc: ')}")
 
     def _memory(self) -> dict[str, int]:
         st = self._mem_static

@@ -7,7 +7,7 @@ thousands of small calls, low bus bandwidth, and exposure that no link upgrade f
 Evidence: number of units, median all-gather size, all-gathers per step, their bus bandwidth
 against the large ones (or the link's), exposed time of the small ones. The title calls them
 latency-bound only when the evidence shows it: their bus bandwidth below
-`slow_link_busbw_fraction` of the reference; otherwise it names the count of calls.
+LATENCY_BOUND_FRACTION (half) of the reference; otherwise it names the count of calls.
 Fix: wrap at block granularity (`fully_shard` each block of the model's block list, named
 from the run, not each Linear).
 """
@@ -25,6 +25,9 @@ NAME = "wrap-too-fine"
 SEVERITY = Severity.WARNING
 TIER = 0
 EXPLAINS = ("ZD003", "ZD004", "ZD006")
+# The title says "latency-bound" when the small all-gathers reach less than this share of the
+# reference bus bandwidth (the large all-gathers', or the link's). Wording, not firing.
+LATENCY_BOUND_FRACTION = 0.5
 
 
 def _parent(name: str) -> str:
@@ -66,7 +69,7 @@ def evaluate(ctx) -> list:
                 "small_all_gather_exposed_seconds_per_step": r6(exposed)}
     # "Latency-bound" is a claim about the evidence: the small all-gathers reach only a
     # fraction of the bandwidth the large ones (or the link) reach.
-    latency_bound = ref_bw > 0 and small_bw < t.slow_link_busbw_fraction * ref_bw
+    latency_bound = ref_bw > 0 and small_bw < LATENCY_BOUND_FRACTION * ref_bw
     if ref_bw > 0:
         evidence["small_to_reference_busbw_ratio"] = r6(small_bw / ref_bw)
     if latency_bound:
@@ -80,8 +83,7 @@ def evaluate(ctx) -> list:
         f"{len(units)} sharded units with a median all-gather of {nbytes(median)}: {why}",
         evidence=evidence,
         threshold={"wrap_fine_min_units": t.wrap_fine_min_units,
-                   "wrap_fine_median_bytes": t.wrap_fine_median_bytes,
-                   "slow_link_busbw_fraction": t.slow_link_busbw_fraction},
+                   "wrap_fine_median_bytes": t.wrap_fine_median_bytes},
         fix=(f"Wrap at block granularity: `for block in {ctx.blocks_expr()}: "
              "fully_shard(block)`, then `fully_shard(model)`, instead of every Linear; a "
              "block's layers are then gathered in one collective."),

@@ -15,8 +15,9 @@ exposed fraction of the step >= exposed_fraction_warn, or avoidable exposed comm
 compute >= comm_compute_ratio_warn (docs/rules.md, "avoidable"); then the lower stage is the
 first fix. INFO otherwise (the stage costs traffic but no measurable time), e.g. a healthy
 gloo run on CPU, whose synchronous all-gathers run at the link's speed.
-Fix: the lowest stage that fits: FSDP2 `reshard_after_forward=False` (ZeRO-2-like), FSDP1
-`SHARD_GRAD_OP`, DeepSpeed stage 2.
+Fix: step down to ZeRO-2: FSDP2 `reshard_after_forward=False` (ZeRO-2-like), FSDP1
+`SHARD_GRAD_OP`, DeepSpeed stage 2; the prediction also names the lowest stage that fits,
+as `zerodoc plan --run` does.
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ def evaluate(ctx) -> list:
     ag = ctx.views("all_gather")
     bwd = [v for v in ag if v.phase == "backward"]
     bwd_bytes = sum(v.bytes for v in bwd)
-    if ag and bwd_bytes <= 0:
-        return []  # measured: nothing is gathered again in backward (already ZeRO-2-like)
+    if bwd_bytes <= 0:
+        # Measured: nothing is gathered again in backward (already ZeRO-2-like, e.g. a
+        # root-only FSDP2 wrap), or no all-gather was measured at all: nothing to say.
+        return []
     step = ctx.step_seconds
     avoidable = sum(v.avoidable_seconds for v in ag)
     frac = avoidable / step if step else 0.0
@@ -92,10 +95,11 @@ def evaluate(ctx) -> list:
         threshold={"overstaging_headroom_fraction": t.overstaging_headroom_fraction,
                    "exposed_fraction_warn": t.exposed_fraction_warn,
                    "comm_compute_ratio_warn": t.comm_compute_ratio_warn},
-        fix=("Use the lowest stage that fits: FSDP2 `fully_shard(..., "
+        fix=("Step down to ZeRO-2, which fits: FSDP2 `fully_shard(..., "
              "reshard_after_forward=False)` (ZeRO-2-like: parameters stay gathered from "
              "forward to backward), FSDP1 `ShardingStrategy.SHARD_GRAD_OP`, DeepSpeed "
-             "`zero_optimization.stage: 2`. `zerodoc plan` shows every stage."),
+             "`zero_optimization.stage: 2`. `zerodoc plan --run RUN_DIR` shows every stage "
+             "and the lowest that fits."),
         predicted=(f"{z2.label} ({z2.pytorch}): {nbytes(z2_peak)} peak per rank, fits "
                    f"({nbytes(z2_free)} free); traffic {z3.comm_psi}Ψ -> {z2.comm_psi}Ψ per "
                    f"step: no backward all-gathers ({nbytes(bwd_bytes)}/step, "

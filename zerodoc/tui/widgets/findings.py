@@ -34,6 +34,8 @@ class FindingsView(Vertical):
         self._frame = frame
         table = views.finding_table(frame)
         cap = table.caption
+        if frame.data_problems:
+            cap += f" · NO DATA, not an all-clear: {frame.data_problems[0].message}"
         if frame.diagnose_error:
             cap += f" · {frame.diagnose_error}"
         self.query_one("#findings-caption", Static).update(Text(cap))

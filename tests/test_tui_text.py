@@ -1,0 +1,102 @@
+"""What the TUI shows as text: literally what the rules and the run say (no Rich markup eats
+"[...]"), nested evidence converted with units, a finished run shown as ended, a run with
+no data said so. Textual `run_test()` on synthetic run logs (zerodoc.tui.synthetic), text
+read off the screen as a terminal would show it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from zerodoc.diagnosis.findings import Finding, Severity
+from zerodoc.model import RankFacts
+from zerodoc.runlog import RunLogWriter
+from zerodoc.sources import open_source
+
+pytest.importorskip("textual")
+
+from zerodoc.tui.app import ZerodocApp  # noqa: E402
+from zerodoc.tui.synthetic import rank_facts, write_run  # noqa: E402
+from zerodoc.tui.textshot import screen_text  # noqa: E402
+
+SIZE = (140, 40)
+
+
+async def _first_frame(app, pilot):
+    for _ in range(400):
+        if app.frame is not None:
+            break
+        await pilot.pause(0.05)
+    assert app.frame is not None
+    await pilot.pause()
+
+
+def _zd004(fix: str) -> Finding:
+    return Finding(
+        code="ZD004", name="exposed-all-gather", severity=Severity.WARNING,
+        title="all-gathers of [blocks.3] wait: prefetch [off]",
+        evidence={"all_gather_exposed_seconds_per_step": 0.0123,
+                  "worst": [{"unit": "blocks.3", "phase": "backward",
+                             "exposed_seconds_per_step": 0.0032,
+                             "exposed_ratio": 0.91}]},
+        threshold={"exposed_fraction_warn": 0.1}, fix=fix,
+        predicted="exposed all-gather 12.3 ms -> ~2 ms per step [estimate]",
+        units=("blocks.3",), doc="docs/rules.md#zd004")
+
+
+async def test_brackets_and_nested_evidence_are_shown_as_they_are(tmp_path):
+    """Bug: `set_modules_to_forward_prefetch([next_block])` showed as
+    `set_modules_to_forward_prefetch()`, and ZD004's nested `worst` showed
+    `exposed_seconds_per_step: 0.00` where the report says 3.2 ms."""
+    run = write_run(tmp_path / "r", ranks=2, units=4, steps=3, end=True)
+    fix = ("`block.set_modules_to_forward_prefetch([next_block])`, "
+           "`block.set_modules_to_backward_prefetch([prev_block])`; [bold]not bold[/bold]")
+    app = ZerodocApp(open_source(str(run)), refresh=None, diagnose=lambda s: [_zd004(fix)])
+    async with app.run_test(size=SIZE) as pilot:
+        await _first_frame(app, pilot)
+        assert "all-gathers of [blocks.3] wait: prefetch [off]" in screen_text(app)  # overview
+        await pilot.press("3")
+        await pilot.pause()
+        text = " ".join(screen_text(app).split())
+    for words in ("set_modules_to_forward_prefetch([next_block])",
+                  "set_modules_to_backward_prefetch([prev_block])",
+                  "[bold]not bold[/bold]", "~2 ms per step [estimate]",
+                  "exposed: 3.20 ms/step", "unit: blocks.3", "phase: backward"):
+        assert words in text, words
+    assert "exposed_seconds_per_step: 0.00" not in text
+
+
+def _ended_without_steps(run_dir) -> None:
+    for rank in range(2):
+        w = RunLogWriter(run_dir, rank)
+        facts: RankFacts = rank_facts(rank, 2, 3, started_unix=time.time() - 5)
+        w.write_header(facts)
+        w.close(0)  # a clean end, no step
+
+
+async def test_a_finished_run_shows_ended_not_live(tmp_path):
+    """A cleanly finished run showed "● live"; one that ended before its first step waited
+    for that step forever and said "No findings"."""
+    run = write_run(tmp_path / "done", ranks=2, units=3, steps=4, end=True)
+    app = ZerodocApp(open_source(str(run)), refresh=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await _first_frame(app, pilot)
+        text = screen_text(app)
+    assert "■ ended" in text and "● live" not in text
+
+    empty = tmp_path / "empty"
+    _ended_without_steps(empty)
+    app = ZerodocApp(open_source(str(empty)), refresh=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await _first_frame(app, pilot)
+        text = screen_text(app)
+        await pilot.press("3")
+        await pilot.pause()
+        findings = screen_text(app)
+    assert "■ ended" in text
+    assert "the run ended without a completed step" in text
+    assert "waiting for the first step" not in text
+    assert "No data" in text and "No findings" not in text
+    assert "not an all-clear" in " ".join(findings.split())
