@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.widgets import Footer, TabbedContent, TabPane
 
 from . import views
@@ -126,7 +127,10 @@ class ZerodocApp(App):
             frame = await loop.run_in_executor(self._executor, self.feed.fetch)
         finally:
             self._fetching = False
-        self.apply_frame(frame)
+        try:
+            self.apply_frame(frame)
+        except NoMatches:  # the app quit while this fetch ran: its widgets are gone
+            return None
         return frame
 
     def apply_frame(self, frame: Frame, force: bool = False) -> None:
