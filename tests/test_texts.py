@@ -7,6 +7,7 @@ its fix.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -194,3 +195,30 @@ def test_tui_refresh_zero_says_what_is_allowed():
 
     with pytest.raises(UserError, match=r"more than 0 and at most 3600 seconds, not 0"):
         validate(Args)
+
+
+# --- a report with no data ----------------------------------------------------------------
+
+def test_report_with_no_steps_is_no_data_and_fails_fail_on(tmp_path, capsys):
+    """0 steps printed "no findings" and exited 0 under --fail-on."""
+    units = tuple(UnitFacts(name=name, params=10, param_bytes=40, gather_bytes=40,
+                            sharded_bytes=20, reshard_after_forward=False, group_size=2)
+                  for name in ("(root)", "blocks.0", "blocks.1"))
+    for rank in range(2):
+        facts = RankFacts(rank=rank, local_rank=rank, world_size=2, local_world_size=2,
+                          node="n0", run_id="empty", framework="fsdp2",
+                          framework_version="2.13", torch_version="2.13.0", device_type="cpu",
+                          backend="gloo", zero_stage=2, mesh_shape=(2,), mesh_dim_names=None,
+                          param_dtype="float32", reduce_dtype="float32", units=units,
+                          device_capacity_bytes=GB, started_unix=time.time(), pid=1)
+        w = RunLogWriter(tmp_path, rank)
+        w.write_header(facts)
+        w.close(0)
+    capsys.readouterr()
+    assert zerodoc_main(["report", str(tmp_path), "--fail-on", "critical"]) == 1
+    out = capsys.readouterr().out
+    assert "NO DATA" in out and "the run ended without a completed step" in out
+    assert "not an all-clear" in out and "nothing the rules know of is wrong" not in out
+    assert zerodoc_main(["report", str(tmp_path), "--json"]) == 0  # no --fail-on: 0
+    assert [p["kind"] for p in json.loads(capsys.readouterr().out)["data_problems"]] == \
+        ["no-steps"]

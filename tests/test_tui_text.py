@@ -100,3 +100,45 @@ async def test_a_finished_run_shows_ended_not_live(tmp_path):
     assert "waiting for the first step" not in text
     assert "No data" in text and "No findings" not in text
     assert "not an all-clear" in " ".join(findings.split())
+
+
+class _Scripted:
+    """Snapshots, then an exception: a finished job whose endpoints went away."""
+
+    description = "endpoints 127.0.0.1:1,127.0.0.1:2"
+
+    def __init__(self, script):
+        self.script, self.calls = list(script), 0
+
+    def snapshot(self):
+        item = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+async def test_an_ended_run_whose_source_went_away_stays_ended(tmp_path):
+    """Over endpoints, a cleanly finished run turned into a red "source error" with every
+    rank STALE once the job's /metrics servers were gone. A source that reported the ranks'
+    clean end (`RunSnapshot.ended_ranks`) keeps them ended."""
+    from zerodoc.runlog import load_run
+
+    run = write_run(tmp_path / "r", ranks=2, units=3, steps=4, end=True,
+                    started_unix=time.time() - 10)
+    ended = load_run(run)
+    assert ended.ended_ranks == {0, 1}  # the run-dir reader sets it from the "end" records
+    live = load_run(run)
+    live.ended_ranks = set()
+    gone = ConnectionRefusedError(111, "Connection refused")
+    app = ZerodocApp(_Scripted([live, ended, gone]), refresh=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await _first_frame(app, pilot)
+        assert "● live" in screen_text(app)
+        await app.refresh_now()
+        await app.refresh_now()
+        await pilot.pause()
+        text = screen_text(app)
+        assert app.frame.source_error and not app.frame.stale
+    assert "■ ended" in text and "⚠ source error" not in text and "STALE" not in text
+    assert "· source: ConnectionRefusedError" in " ".join(text.split())
