@@ -102,26 +102,11 @@ async def test_a_finished_run_shows_ended_not_live(tmp_path):
     assert "not an all-clear" in " ".join(findings.split())
 
 
-class _Scripted:
-    """Snapshots, then an exception: a finished job whose endpoints went away."""
-
-    description = "endpoints 127.0.0.1:1,127.0.0.1:2"
-
-    def __init__(self, script):
-        self.script, self.calls = list(script), 0
-
-    def snapshot(self):
-        item = self.script[min(self.calls, len(self.script) - 1)]
-        self.calls += 1
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-
 async def test_an_ended_run_whose_source_went_away_stays_ended(tmp_path):
     """Over endpoints, a cleanly finished run turned into a red "source error" with every
     rank STALE once the job's /metrics servers were gone. A source that reported the ranks'
     clean end (`RunSnapshot.ended_ranks`) keeps them ended."""
+    from tests.test_tui import ScriptedSource
     from zerodoc.runlog import load_run
 
     run = write_run(tmp_path / "r", ranks=2, units=3, steps=4, end=True,
@@ -131,7 +116,7 @@ async def test_an_ended_run_whose_source_went_away_stays_ended(tmp_path):
     live = load_run(run)
     live.ended_ranks = set()
     gone = ConnectionRefusedError(111, "Connection refused")
-    app = ZerodocApp(_Scripted([live, ended, gone]), refresh=None)
+    app = ZerodocApp(ScriptedSource([live, ended, gone]), refresh=None)
     async with app.run_test(size=SIZE) as pilot:
         await _first_frame(app, pilot)
         assert "● live" in screen_text(app)
