@@ -132,9 +132,9 @@ def test_healthy_run_is_diagnosed_clean(runs, capsys):
     rep = json.loads(out)
     loud = [(f["severity"], f["code"], f["title"]) for f in rep["findings"]
             if f["severity"] != "info"]
-    if loud and all(c == "ZD010" for _s, c, _t in loud):
-        # Two shared cores can hand one rank a real noisy neighbour (see test_rules.py):
-        # then, and only then, run it again.
+    if loud and all(c in ("ZD005", "ZD010") for _s, c, _t in loud):
+        # Two shared cores can hand one rank a real noisy neighbour, or slow every
+        # collective down (see test_rules.py): then, and only then, run it again.
         launch(run_dir.parent / "healthy2", "--wrap", "block")
         code, out = report(run_dir.parent / "healthy2", capsys, "--json", "--fail-on",
                            "warning")
@@ -167,8 +167,13 @@ def test_root_only_wrap_is_found_and_the_fix_names_their_blocks(runs, capsys):
     code, out = report(run_dir, capsys, "--json", "--fail-on", "warning")
     rep = json.loads(out)
     assert code == 1
-    top = rep["findings"][0]
-    assert top["code"] == "ZD001" and top["severity"] == "warning", rep["findings"]
+    codes = [f["code"] for f in rep["findings"]]
+    (top,) = [f for f in rep["findings"] if f["code"] == "ZD001"]
+    assert top["severity"] == "warning", rep["findings"]
+    # The top finding, unless the shared 2-core host itself was measured slow (a slow link,
+    # ZD005, or a straggler, ZD010, under a load average of 10+): those are measurements of
+    # that moment, ranked by their cost, not a misdiagnosis of the wrap.
+    assert set(codes[:codes.index("ZD001")]) <= {"ZD005", "ZD010"}, codes
     assert "for block in model.blocks: fully_shard(block)" in top["fix"]
     assert "model.layers" not in json.dumps(rep["findings"])
     assert "ZD003" not in {f["code"] for f in rep["findings"]}  # no false over-staging
