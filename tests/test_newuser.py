@@ -25,6 +25,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -97,8 +98,6 @@ def test_the_script_uses_only_what_the_readme_says():
     assert text.splitlines()[:5] == ["# zerodoc", "", "```bash", "make demo", "make test"]
     pip = re.findall(r"pip install [^\n`]*zerodoc[^\n`]*", text)
     assert pip, "no pip install line for zerodoc in the README"
-    import tomllib
-
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert {"tui", "gpu", "grafana", "deepspeed", "dev"} <= set(extras)
