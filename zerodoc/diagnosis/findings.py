@@ -23,6 +23,36 @@ class Severity(IntEnum):
                             f"{', '.join(s.name.lower() for s in cls)}") from None
 
 
+DIRECTIONS = ("down", "up")
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """One machine-readable predicted effect of a finding's fix (`zerodoc compare` checks it
+    against the run after the fix; docs/compare.md).
+
+    `metric` names an observable (`zerodoc.diagnosis.observables.OBSERVABLES`, base units);
+    `direction` is how the fix moves it; `value` the value predicted after the fix (None: only
+    the direction is predicted); `now` the value the rule read, so the predicted change is
+    `value - now`. `cost`: a price the fix is expected to exact (more memory held), not the
+    benefit it is applied for."""
+
+    metric: str
+    direction: str  # "down" | "up"
+    value: float | None = None
+    now: float | None = None
+    cost: bool = False
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"Predicted.direction must be one of {DIRECTIONS}, "
+                             f"not {self.direction!r}")
+
+    def as_dict(self) -> dict:
+        return {"metric": self.metric, "direction": self.direction, "value": self.value,
+                "now": self.now, "cost": self.cost}
+
+
 @dataclass(frozen=True)
 class Finding:
     code: str  # stable rule code, e.g. "ZD004"
@@ -32,7 +62,8 @@ class Finding:
     evidence: dict[str, object]  # the numbers that triggered it (base units)
     threshold: dict[str, object]  # the threshold(s) it applied
     fix: str  # what to change
-    predicted: str | None = None  # predicted effect of the fix, where the planner can say
+    predicted: str | None = None  # predicted effect of the fix, in words
+    effects: tuple[Predicted, ...] = ()  # the same, machine-readable (first: the main benefit)
     ranks: tuple[int, ...] = ()  # ranks concerned (empty: the run)
     units: tuple[str, ...] = ()  # units concerned
     doc: str = ""  # docs anchor, e.g. "docs/rules.md#zd004"

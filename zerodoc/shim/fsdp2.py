@@ -373,7 +373,8 @@ class FSDP2Adapter(Adapter):
             units=[u.facts for u in self.units if u.facts is not None],
             zero_stage=info.zero_stage, mesh_shape=info.mesh_shape,
             mesh_dim_names=info.mesh_dim_names, param_dtype=info.param_dtype,
-            reduce_dtype=info.reduce_dtype)
+            reduce_dtype=info.reduce_dtype,
+            extra={"prefetch": hp.fsdp2_prefetch_facts([u.module for u in self.units])})
 
     def instrument(self, rec, timer, on_root_forward, slow_link_s: float) -> list:
         return instrument(self.units, rec, timer, self.registry, on_root_forward, slow_link_s)

@@ -26,6 +26,7 @@ and zerodoc exports what still works.
 | `FSDPParamGroup._is_hsdp`           | no      | whether a unit replicates (HSDP)          | 2.13    |
 | `FSDPState._auto_reshard_after_forward` | no  | a root keeps its parameters after forward | 2.13    |
 |   (absent before: the root never reshards) |  |   unless `reshard_after_forward` was given |         |
+| `FSDPState._states_to_forward_prefetch` / `_states_to_backward_prefetch`, `FSDPParamGroup.unshard_async_op` | no | prefetch facts (compare) | 2.13 |
 | `dist.Work` subclassing + `Work.get_future()` | yes | exposed time of async all-gathers     | 2.13    |
 | `Optimizer.register_step_pre_hook/post_hook` | yes | step boundaries, optimizer time     | 2.13    |
 | `nn.Module.register_forward_pre_hook(prepend=)` / `register_forward_hook(prepend=)` | yes | forward compute per unit | 2.13 |
@@ -198,6 +199,22 @@ def fsdp2_set_unshard_async(model: Any, enabled: bool) -> bool:
         return False
     fn(enabled)
     return True
+
+
+def fsdp2_prefetch_facts(modules: list) -> dict | None:
+    """How many units prefetch explicitly (forward / backward) and whether unshard is
+    asynchronous: facts `zerodoc compare` reads. None when this torch does not say."""
+    fwd = bwd = 0
+    async_op = False
+    try:
+        for m in modules:
+            st = m._get_fsdp_state()
+            fwd += bool(getattr(st, "_states_to_forward_prefetch", None))
+            bwd += bool(getattr(st, "_states_to_backward_prefetch", None))
+            async_op |= any(getattr(g, "unshard_async_op", False) for g in fsdp2_param_groups(m))
+    except AttributeError:
+        return None
+    return {"forward": fwd, "backward": bwd, "unshard_async": async_op}
 
 
 def fsdp2_collectives_module():

@@ -3,7 +3,9 @@
 A rule module has CODE (stable, "ZD0nn"), NAME (slug), SEVERITY (its usual severity),
 TIER (0: a cause, 1: a configuration choice, 2: a symptom; orders equal-severity findings),
 EXPLAINS (codes of findings this one, when it fires at WARNING or above, is the cause of), a
-docstring (title line, why, evidence, fix) and ``evaluate(ctx) -> list[Finding]``.
+docstring (title line, why, evidence, fix) and ``evaluate(ctx) -> list[Finding]``; and where
+the fix shows in the configuration, ``applied(before, after) -> str | None`` over two runs'
+`observables.config_facts()` (what changed, or None), used by `zerodoc compare`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from . import (
     zd001_wrap_too_coarse, zd002_wrap_too_fine, zd003_over_staging, zd004_exposed_all_gather,
     zd005_slow_link, zd006_comm_bound, zd007_low_headroom, zd008_layer_too_big,
     zd009_dtype_mismatch, zd010_straggler, zd011_offload_crawl, zd012_fragmentation,
+    zd013_rank_stopped,
     zd014_launch_bound,
 )
 
@@ -31,6 +34,7 @@ class Rule:
     explains: tuple[str, ...]
     evaluate: Callable
     module: str
+    applied: Callable | None = None  # (facts before, facts after) -> what changed, or None
 
     @property
     def doc(self) -> str:
@@ -40,7 +44,7 @@ class Rule:
     def of(cls, mod: ModuleType) -> "Rule":
         title = (mod.__doc__ or "").strip().splitlines()[0] if mod.__doc__ else mod.NAME
         return cls(mod.CODE, mod.NAME, mod.SEVERITY, title, mod.TIER, tuple(mod.EXPLAINS),
-                   mod.evaluate, mod.__name__)
+                   mod.evaluate, mod.__name__, getattr(mod, "applied", None))
 
 
 RULES: tuple[Rule, ...] = tuple(Rule.of(m) for m in (
@@ -56,6 +60,7 @@ RULES: tuple[Rule, ...] = tuple(Rule.of(m) for m in (
     zd010_straggler,
     zd011_offload_crawl,
     zd012_fragmentation,
+    zd013_rank_stopped,
     zd014_launch_bound,
 ))
 

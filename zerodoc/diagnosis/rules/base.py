@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
-from ..findings import Finding, Severity
+from ..findings import Finding, Predicted, Severity
+from ..observables import observe
 
 
 def finding(code: str, name: str, severity: Severity, title: str, *,
             evidence: dict, threshold: dict, fix: str, predicted: str | None = None,
-            ranks=(), units=(), cost_seconds_per_step: float = 0.0, **extra) -> Finding:
+            effects=(), ranks=(), units=(), cost_seconds_per_step: float = 0.0,
+            **extra) -> Finding:
     """A Finding; `cost_seconds_per_step` (the time per step it costs, where a rule can say)
-    orders findings of equal severity, and is kept in `extra`."""
+    orders findings of equal severity, and is kept in `extra`. `effects`: the predicted
+    effects of the fix, machine-readable (`effect()`); None entries are dropped."""
     return Finding(code=code, name=name, severity=severity, title=title, evidence=evidence,
                    threshold=threshold, fix=fix, predicted=predicted,
+                   effects=tuple(e for e in effects if e is not None),
                    ranks=tuple(sorted(ranks)), units=tuple(units),
                    doc=f"docs/rules.md#{code.lower()}",
                    extra={"cost_seconds_per_step": float(max(0.0, cost_seconds_per_step)),
                           **extra})
+
+
+def effect(ctx, metric: str, direction: str, value: float | None = None, *,
+           cost: bool = False) -> Predicted | None:
+    """A predicted effect on an observable: `now` is read from the run the way `zerodoc
+    compare` reads it, so predicted and observed changes are measured alike. None when the
+    run does not show the metric."""
+    now = observe(ctx, metric)
+    if now is None:
+        return None
+    return Predicted(metric, direction, None if value is None else r6(max(0.0, value)), r6(now),
+                     cost)
 
 
 def grade(value: float, warn: float, crit: float | None = None, *, below: bool = False,

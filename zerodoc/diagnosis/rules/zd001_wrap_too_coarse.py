@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..findings import Severity
 from ..fmt import nbytes, pct
-from .base import finding, r6
+from .base import effect, finding, r6
 
 CODE = "ZD001"
 NAME = "wrap-too-coarse"
@@ -61,4 +61,16 @@ def evaluate(ctx) -> list:
         fix=(f"Shard per block, then the root: `for block in {ctx.blocks_expr()}: "
              "fully_shard(block)` followed by `fully_shard(model)`; each block becomes its own "
              "all-gather, prefetched behind the previous block's compute."),
-        predicted=predicted, units=(name,), cost_seconds_per_step=cost)]
+        predicted=predicted, units=(name,), cost_seconds_per_step=cost,
+        effects=(effect(ctx, "largest_unit_param_fraction", "down"),
+                 effect(ctx, "largest_unit_gather_bytes", "down"),
+                 effect(ctx, "peak_memory_bytes", "down")))]
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """The fix shows as more units with a smaller largest one (observables.config_facts)."""
+    b, a = before.get("largest_unit_param_fraction"), after.get("largest_unit_param_fraction")
+    if b is not None and a is not None and a < b and after.get("units", 0) > before.get("units", 0):
+        return (f"units {before['units']} -> {after['units']}, largest unit holds "
+                f"{pct(b)} -> {pct(a)} of the parameters")
+    return None

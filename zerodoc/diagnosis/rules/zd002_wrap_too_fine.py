@@ -10,6 +10,10 @@ latency-bound only when the evidence shows it: their bus bandwidth below
 LATENCY_BOUND_FRACTION (half) of the reference; otherwise it names the count of calls.
 Fix: wrap at block granularity (`fully_shard` each block of the model's block list, named
 from the run, not each Linear).
+Predicted: wrapping by parent module (the unit names' parents) gives that many units; each
+collective is modelled as a fixed latency plus its bytes at the reference bus bandwidth (the
+large collectives', else the link's), the latency fitted to the measured time, so the
+all-gather and reduce-scatter time after the fix is calls x latency + bytes / bandwidth.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from __future__ import annotations
 import statistics
 
 from ..findings import Severity
-from ..fmt import nbytes, rate
-from .base import finding, r6
+from ..fmt import nbytes, rate, secs
+from .base import effect, finding, r6
 
 CODE = "ZD002"
 NAME = "wrap-too-fine"
@@ -32,6 +36,17 @@ LATENCY_BOUND_FRACTION = 0.5
 
 def _parent(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else "(root)"
+
+
+def latency_model(views, group_size: int, ref_busbw: float) -> tuple[float, float] | None:
+    """(latency per call, bandwidth part per step) fitted to the measured time of `views`:
+    time = calls x latency + bytes x (n-1)/n / busbw (all-gather / reduce-scatter)."""
+    calls = sum(v.count for v in views)
+    if not calls or ref_busbw <= 0 or group_size < 2:
+        return None
+    seconds = sum(v.seconds for v in views)
+    bw_part = sum(v.bytes for v in views) * (group_size - 1) / group_size / ref_busbw
+    return max(0.0, (seconds - bw_part) / calls), min(bw_part, seconds)
 
 
 def evaluate(ctx) -> list:
@@ -78,6 +93,26 @@ def evaluate(ctx) -> list:
         why = f"{calls:.0f} all-gathers per step, each paying its fixed per-call cost"
     if ctx.step_seconds:
         evidence["small_all_gather_exposed_fraction"] = r6(exposed / ctx.step_seconds)
+    keep = len(parents) / len(units)  # share of the calls left after wrapping by parent
+    effects, saved_exposed, timing = [], 0.0, ""
+    for coll in ("all_gather", "reduce_scatter"):
+        views = [v for v in ctx.views(coll) if v.count]
+        fit = latency_model(views, ctx.group_size, ref_bw)
+        if fit is None:
+            continue
+        lat, bw_part = fit
+        now = sum(v.seconds for v in views)
+        after = sum(v.count for v in views) * keep * lat + bw_part
+        ratio = sum(v.exposed_seconds for v in views) / now if now else 0.0
+        saved_exposed += max(0.0, now - after) * ratio
+        effects.append(effect(ctx, f"{coll}_seconds_per_step", "down", after))
+        if coll == "all_gather":
+            evidence["all_gather_latency_seconds"] = r6(lat)
+            timing = f"; all-gather time {secs(now)} -> about {secs(after)} per step"
+    ex_now = sum(v.exposed_seconds for v in ctx.views() if v.count)
+    effects += [effect(ctx, "exposed_comm_seconds_per_step", "down", ex_now - saved_exposed),
+                effect(ctx, "all_gathers_per_step", "down", calls * keep),
+                effect(ctx, "median_all_gather_bytes", "up", per_parent)]
     return [finding(
         CODE, NAME, SEVERITY,
         f"{len(units)} sharded units with a median all-gather of {nbytes(median)}: {why}",
@@ -89,6 +124,14 @@ def evaluate(ctx) -> list:
              "block's layers are then gathered in one collective."),
         predicted=(f"wrapping by parent module: {len(units)} -> {len(parents)} units, "
                    f"about {nbytes(per_parent)} per all-gather instead of {nbytes(median)}, "
-                   f"{calls:.0f} -> about {calls * len(parents) / len(units):.0f} all-gathers "
-                   f"per step"),
-        units=tuple(u.name for u in units[:8]), cost_seconds_per_step=cost)]
+                   f"{calls:.0f} -> about {calls * keep:.0f} all-gathers per step{timing}"),
+        effects=effects, units=tuple(u.name for u in units[:8]), cost_seconds_per_step=cost)]
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """The fix shows as fewer, larger units."""
+    bu, au = before.get("units"), after.get("units")
+    bm, am = before.get("median_unit_params"), after.get("median_unit_params")
+    if bu and au and au < bu and bm and am and am > bm:
+        return f"units {bu} -> {au}, median unit {bm:,} -> {am:,} parameters"
+    return None

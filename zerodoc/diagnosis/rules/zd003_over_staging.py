@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ..findings import Severity
 from ..fmt import nbytes, pct, secs
-from .base import finding, r6
+from .base import effect, finding, r6
 
 CODE = "ZD003"
 NAME = "over-staging"
@@ -104,4 +104,20 @@ def evaluate(ctx) -> list:
                    f"({nbytes(z2_free)} free); traffic {z3.comm_psi}Ψ -> {z2.comm_psi}Ψ per "
                    f"step: no backward all-gathers ({nbytes(bwd_bytes)}/step, "
                    f"{secs(bwd_exposed)}/step exposed now){lowest}"),
-        cost_seconds_per_step=saving)]
+        cost_seconds_per_step=saving,
+        effects=(effect(ctx, "backward_all_gather_bytes_per_step", "down", 0.0),
+                 effect(ctx, "backward_all_gather_exposed_seconds_per_step", "down", 0.0),
+                 effect(ctx, "exposed_comm_seconds_per_step", "down",
+                        sum(v.exposed_seconds for v in ctx.views() if v.count) - bwd_exposed),
+                 effect(ctx, "peak_memory_bytes", "up", z2_peak, cost=True)))]
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """The fix shows as a lower stage: fewer units resharded after forward (FSDP2
+    reshard_after_forward=False, FSDP1 SHARD_GRAD_OP, DeepSpeed stage 2)."""
+    if before.get("stage") == "zero3" and after.get("stage") != "zero3":
+        return f"stage {before['stage']} -> {after.get('stage')}"
+    b, a = before.get("resharded_unit_fraction"), after.get("resharded_unit_fraction")
+    if b and a is not None and a < b:
+        return f"share of units resharded after forward {pct(b)} -> {pct(a)}"
+    return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..findings import Severity
 from ..fmt import nbytes, pct, secs
-from .base import finding, grade, r6, top
+from .base import effect, finding, grade, r6, top
 
 CODE = "ZD004"
 NAME = "exposed-all-gather"
@@ -88,20 +88,40 @@ def evaluate(ctx) -> list:
                "if it fits (ZD003); HSDP (shard within a node, replicate across) when the "
                "shard group spans nodes.")
         fix = FRAMEWORK_FIX.get(framework, fix)
-    predicted = None
+    predicted, effects = None, ()
     if ctx.sync:
         hide = min(exposed, ctx.compute_seconds)
         predicted = (f"with async unshard and prefetch, up to {secs(hide)}/step of all-gather "
                      f"time can overlap with compute")
+        effects = (effect(ctx, "all_gather_exposed_seconds_per_step", "down", exposed - hide),)
     elif late:
         saved = sum(v.avoidable_seconds for v in late)
         predicted = (f"reshard_after_forward=False on {', '.join(sorted(late_units))}: "
                      f"about {secs(saved)}/step less exposed time for {nbytes(late_bytes)} "
                      f"more memory held from forward to backward")
+        peak = effect(ctx, "peak_memory_bytes", "up", None, cost=True)
+        effects = (effect(ctx, "all_gather_exposed_seconds_per_step", "down", exposed - saved),
+                   peak and effect(ctx, "peak_memory_bytes", "up", peak.now + late_bytes,
+                                   cost=True))
     return [finding(
         CODE, NAME, severity, title, evidence=evidence,
         threshold={"exposed_fraction_warn": t.exposed_fraction_warn,
                    "exposed_fraction_crit": t.exposed_fraction_crit,
                    "unit_exposed_ratio_warn": t.unit_exposed_ratio_warn},
         fix=fix, predicted=predicted, units=tuple(dict.fromkeys(v.unit for v in worst)),
-        cost_seconds_per_step=avoidable)]
+        cost_seconds_per_step=avoidable, effects=effects)]
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """The fix shows as more prefetching, asynchronous all-gathers where they were
+    synchronous, or fewer units resharded after forward."""
+    for key in ("prefetch_forward", "prefetch_backward"):
+        b, a = before.get(key) or 0, after.get(key) or 0
+        if a > b:
+            return f"{key.replace('_', ' ')} {b} -> {a} units"
+    if before.get("synchronous_all_gathers") and after.get("synchronous_all_gathers") is False:
+        return "all-gathers synchronous -> asynchronous"
+    b, a = before.get("resharded_unit_fraction"), after.get("resharded_unit_fraction")
+    if b and a is not None and a < b:
+        return f"share of units resharded after forward {pct(b)} -> {pct(a)}"
+    return None

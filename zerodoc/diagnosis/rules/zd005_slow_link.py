@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..findings import Severity
 from ..fmt import pct, rate
-from .base import finding, r6
+from .base import effect, finding, r6
 
 CODE = "ZD005"
 NAME = "slow-link"
@@ -73,4 +73,18 @@ def evaluate(ctx) -> list:
              f"the bus{hsdp}. If the link class is wrong, pass --link."),
         predicted=(f"at the expected {rate(ctx.link_busbw)} the large collectives would expose "
                    f"about {pct(cost_frac)} less of the step"),
-        cost_seconds_per_step=cost, link=ctx.link)]
+        cost_seconds_per_step=cost, link=ctx.link,
+        effects=(effect(ctx, "exposed_comm_seconds_per_step", "down",
+                        sum(v.exposed_seconds for v in ctx.views() if v.count) - cost),
+                 effect(ctx, "large_collective_busbw_bytes_per_second", "up",
+                        ctx.link_busbw)))]
+
+LINK_FACTS = ("link", "mesh_shape", "local_world_size", "backend", "simulated_link_latency_s")
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """The fix shows as a different path for the collectives: link class, mesh (HSDP),
+    ranks per node, backend (or, in the demo and tests, a different simulated latency)."""
+    changed = [f"{k} {before.get(k)} -> {after.get(k)}" for k in LINK_FACTS
+               if before.get(k) != after.get(k)]
+    return "; ".join(changed) or None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..findings import Severity
 from ..fmt import secs
-from .base import finding, grade, r6
+from .base import effect, finding, grade, r6
 
 CODE = "ZD006"
 NAME = "comm-bound"
@@ -57,4 +57,16 @@ def evaluate(ctx) -> list:
              "(a lower ZeRO stage if it fits, ZD003), or a faster link / HSDP."),
         predicted=(f"doubling the micro-batch roughly doubles compute per step for the same "
                    f"traffic: ratio about {shown / 2:.2f}"),
-        cost_seconds_per_step=avoidable)]
+        cost_seconds_per_step=avoidable,
+        effects=(effect(ctx, "comm_compute_ratio", "down", raw / 2),))]
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """Fewer bytes (a lower stage) or a faster path show in the facts; a bigger micro-batch
+    does not (declare it: `zerodoc compare --applied ZD006`)."""
+    if before.get("stage") != after.get("stage"):
+        return f"stage {before.get('stage')} -> {after.get('stage')}"
+    for k in ("link", "mesh_shape", "simulated_link_latency_s"):
+        if before.get(k) != after.get(k):
+            return f"{k} {before.get(k)} -> {after.get(k)}"
+    return None

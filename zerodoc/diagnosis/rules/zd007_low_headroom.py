@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..findings import Severity
 from ..fmt import nbytes, pct
-from .base import finding, r6
+from .base import effect, finding, r6
 
 CODE = "ZD007"
 NAME = "low-headroom"
@@ -60,11 +60,13 @@ def evaluate(ctx) -> list:
         bits.append(f"{ooms} OOMs")
     low = [x[0] for x in rows if (x[3] is not None and x[3] < t.headroom_fraction_warn)
            or x[4] or x[5]]
-    predicted = None
+    predicted, effects = None, ()
     if cap and peak is not None and peak > (1 - t.headroom_fraction_warn) * cap:
         need = peak - (1 - t.headroom_fraction_warn) * cap
         predicted = (f"{nbytes(need)} must come off rank {r}'s peak for "
                      f"{pct(t.headroom_fraction_warn)} headroom")
+        effects = (effect(ctx, "min_headroom_fraction", "up", t.headroom_fraction_warn),
+                   effect(ctx, "peak_memory_bytes", "down", peak - need))
         inp = ctx.plan_input()
         if inp is not None and ctx.stage != "zero3" and ctx.group_size > 1:
             from ...planner import plan
@@ -82,4 +84,15 @@ def evaluate(ctx) -> list:
         fix=("Lower the peak: shard more (a higher stage, more ranks), activation "
              "checkpointing, a smaller micro-batch; look at fragmentation (ZD012) first if "
              "reserved is far above allocated. `zerodoc plan` shows each stage's memory."),
-        predicted=predicted, ranks=low)]
+        predicted=predicted, ranks=low, effects=effects)]
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """More sharding shows in the facts (a higher stage, more ranks); activation
+    checkpointing or a smaller micro-batch do not (declare them with --applied)."""
+    order = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+    if order.get(after.get("stage"), 0) > order.get(before.get("stage"), 0):
+        return f"stage {before.get('stage')} -> {after.get('stage')}"
+    if (after.get("world_size") or 0) > (before.get("world_size") or 0):
+        return f"world size {before.get('world_size')} -> {after.get('world_size')}"
+    return None

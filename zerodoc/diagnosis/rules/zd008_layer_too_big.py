@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..findings import Severity
 from ..fmt import nbytes, pct
-from .base import finding, r6
+from .base import effect, finding, r6
 
 CODE = "ZD008"
 NAME = "layer-too-big"
@@ -64,4 +64,12 @@ def evaluate(ctx) -> list:
         predicted=(f"tensor parallelism of degree 2 halves the gathered unit to "
                    f"{nbytes(big.gather_bytes)} (x2 with prefetch); even infinitely many "
                    f"ZeRO-3 ranks leave {nbytes(floor)} per rank"),
-        ranks=(r,), units=(name,))]
+        ranks=(r,), units=(name,),
+        effects=(effect(ctx, "largest_unit_gather_bytes", "down", big.gather_bytes / 2),))]
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """Tensor parallelism shows as a new mesh dimension or a smaller largest unit."""
+    if before.get("mesh_shape") != after.get("mesh_shape"):
+        return f"mesh {before.get('mesh_shape')} -> {after.get('mesh_shape')}"
+    return None

@@ -16,7 +16,8 @@ with autocast.
 from __future__ import annotations
 
 from ..findings import Severity
-from .base import finding, r6
+from ..observables import observe
+from .base import effect, finding, r6
 
 CODE = "ZD009"
 NAME = "dtype-mismatch"
@@ -88,6 +89,17 @@ def evaluate(ctx) -> list:
     evidence["measured_to_configured_bytes_ratio"] = measured
     if not problems:
         return []
+    effects = ()
+    ag_ratio = measured.get("all_gather")
+    if ag_ratio and ag_ratio >= t.dtype_traffic_ratio_warn:
+        now = effect(ctx, "all_gather_bytes_per_step", "down")
+        effects = (now and effect(ctx, "all_gather_bytes_per_step", "down",
+                                  now.now / ag_ratio),)
+    elif cdt and _size(cdt) and wider:
+        u = wider[0]
+        effects = (effect(ctx, "all_gather_bytes_per_step", "down",
+                          (observe(ctx, "all_gather_bytes_per_step") or 0.0)
+                          * _size(cdt) / _size(u.param_dtype)),)
     return [finding(
         CODE, NAME, severity, "dtype mismatch: " + "; ".join(problems),
         evidence=evidence,
@@ -96,4 +108,14 @@ def evaluate(ctx) -> list:
              "reduce_dtype=torch.float32)` (or your chosen pair) to every `fully_shard` call, "
              "with param_dtype equal to the autocast dtype; reduce in fp32 only where its "
              "traffic is affordable."),
-        units=tuple(u.name for u in (narrow or wide)[:8]))]
+        units=tuple(u.name for u in (narrow or wide)[:8]), effects=effects)]
+
+
+DTYPE_FACTS = ("param_dtype", "reduce_dtype", "compute_dtype")
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """The fix shows as different parameter / reduce / compute dtypes."""
+    changed = [f"{k} {before.get(k)} -> {after.get(k)}" for k in DTYPE_FACTS
+               if before.get(k) != after.get(k)]
+    return "; ".join(changed) or None

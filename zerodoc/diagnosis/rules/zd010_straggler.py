@@ -20,7 +20,7 @@ import statistics
 
 from ..findings import Severity
 from ..fmt import secs
-from .base import finding, r6
+from .base import effect, finding, r6
 
 CODE = "ZD010"
 NAME = "straggler"
@@ -67,4 +67,12 @@ def evaluate(ctx) -> list:
              "a slow data loader worker), thermal / power throttling (`nvidia-smi -q -d "
              "PERFORMANCE`), other processes on its cores or GPU, a degraded link on its node."),
         predicted=f"at the others' speed every rank gets back about {secs(wait)} per step",
-        ranks=(worst,), cost_seconds_per_step=wait)]
+        ranks=(worst,), cost_seconds_per_step=wait,
+        effects=(effect(ctx, "peer_wait_seconds_per_step", "down", 0.0),
+                 effect(ctx, "step_seconds", "down", step_s - wait)))]
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """What makes one rank slow (inputs, throttling, neighbours) is not a configuration fact:
+    declare the fix with `zerodoc compare --applied ZD010`."""
+    return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..context import HOST_TRANSFERS
 from ..findings import Severity
 from ..fmt import nbytes, pct
-from .base import finding, r6
+from .base import effect, finding, r6
 
 CODE = "ZD011"
 NAME = "offload-crawl"
@@ -54,4 +54,13 @@ def evaluate(ctx) -> list:
              "more ranks). If offload stays: pinned host memory, overlapped transfers "
              "(DeepSpeed `overlap_comm`, `pin_memory: true`), a fast CPU optimizer "
              "(DeepSpeedCPUAdam)."),
-        predicted=predicted, cost_seconds_per_step=opt + host)]
+        predicted=predicted, cost_seconds_per_step=opt + host,
+        effects=(effect(ctx, "optimizer_and_host_seconds_per_step", "down"),
+                 effect(ctx, "step_seconds", "down")))]
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """The fix shows as offload switched off."""
+    if before.get("offload") and not after.get("offload"):
+        return "offload on -> off"
+    return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..findings import Severity
 from ..fmt import nbytes, pct
-from .base import finding, r6
+from .base import effect, finding, r6
 
 CODE = "ZD012"
 NAME = "fragmentation"
@@ -64,4 +64,14 @@ def evaluate(ctx) -> list:
              "(pad variable sequence lengths to a few buckets); `torch.cuda.empty_cache()` "
              "only hides it."),
         predicted=f"up to {nbytes(reserved - allocated)} back as headroom on rank {r}",
-        ranks=(r,))]
+        ranks=(r,),
+        effects=(effect(ctx, "fragmentation_ratio", "down"),
+                 effect(ctx, "min_headroom_fraction", "up")))]
+
+
+def applied(before: dict, after: dict) -> str | None:
+    """The fix shows when the run reports its allocator settings (`config["alloc_conf"]`,
+    PYTORCH_CUDA_ALLOC_CONF); otherwise declare it with --applied ZD012."""
+    if before.get("alloc_conf") != after.get("alloc_conf"):
+        return f"allocator settings {before.get('alloc_conf')} -> {after.get('alloc_conf')}"
+    return None

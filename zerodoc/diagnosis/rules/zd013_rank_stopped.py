@@ -1,0 +1,153 @@
+"""Rank stopped: a rank died or hangs, and the others are left waiting for it.
+
+Why: the worst runs at 2 a.m. are not slow but stuck. Data-parallel ranks meet at every
+collective, so when one rank dies (killed, OOM-killed, a segfault) or blocks (a deadlock, a
+data loader that never returns, a layer that never finishes) every other rank waits in its
+next collective until a timeout, and their logs all look alike. What matters is which rank
+stopped first and where: that is the one to look at.
+
+Evidence: per rank, the watchdog's last record (`snapshot.stalls`: stuck or failed, with
+the step, unit, phase, the collective it waits in, since when, the innermost frame), the
+clean closes (`snapshot.ended_ranks`), the stale ranks, each rank's last step. The rank
+that stopped first is, in order: a rank stuck or failed *outside* a collective (it is what
+the others wait for); else a rank that left no trace at all (no record and no clean close:
+the process died, or hangs holding the interpreter lock) and made no step since the others
+stopped; else the rank stuck in a collective since the earliest time. Ranks stuck or failed
+inside a collective are the ones left waiting.
+Severity: CRITICAL when a rank is stuck, failed or stale; WARNING when the only sign is a
+missing clean close after every rank reached the same last step.
+Fix: look at that rank first: its own output, the kernel log (OOM killer), its Python stack
+(`py-spy dump --pid PID`) if it still runs; the waiting ranks are symptoms.
+"""
+
+from __future__ import annotations
+
+from ..findings import Severity
+from ..fmt import secs
+from .base import finding
+
+CODE = "ZD013"
+NAME = "rank-stopped"
+SEVERITY = Severity.CRITICAL
+TIER = 0
+EXPLAINS = ("ZD004", "ZD006", "ZD010")  # the waits of a stuck run look like exposure
+
+ACTIVE = ("stuck", "failed")
+
+
+def _where(s: dict) -> str:
+    unit = s.get("unit") or "(outside the sharded units)"
+    phase = s.get("phase") or "?"
+    if s.get("collective"):
+        return f"{s['collective'].replace('_', '-')} of {unit} ({phase})"
+    kind = s.get("in") or "compute"
+    what = {"compute": "compute or user code, not in a collective",
+            "framework": "the framework's hooks", "optimizer": "the optimizer step",
+            "outside units": "code outside the sharded units"}.get(kind, kind)
+    return f"{unit} ({phase}, {what})"
+
+
+def _frame(s: dict) -> str | None:
+    stack = s.get("stack") or []
+    return stack[-1] if stack else None
+
+
+def evaluate(ctx) -> list:
+    snap = ctx.snapshot
+    ranks = snap.ranks
+    if not ranks:
+        return []
+    ended = set(snap.ended_ranks)
+    current = {r: s for r, s in snap.stalls.items() if r in ranks and s.get("state") in ACTIVE}
+    stale = {r for r in snap.stale_ranks if r in ranks and r not in ended}
+    silent = [r for r in ranks if r not in ended and r not in current]
+
+    def last_seen(r: int) -> float:
+        w = ranks[r]
+        return w.updated_unix or w.facts.started_unix or 0.0
+
+    latest = max((float(s.get("since_unix") or 0.0) for s in current.values()), default=None)
+
+    def stopped_silently(r: int) -> bool:
+        others = [q for q in ranks if q != r]
+        done = bool(others) and all(q in ended or q in current or q in stale for q in others)
+        behind = latest is not None and last_seen(r) <= latest
+        return r in stale or done or behind
+
+    gone = [r for r in silent if stopped_silently(r)]
+    if not current and not gone:
+        return []
+    outside = sorted((r for r, s in current.items() if not s.get("collective")),
+                     key=lambda r: (float(current[r].get("since_unix") or 0.0), r))
+    inside = sorted((r for r, s in current.items() if s.get("collective")),
+                    key=lambda r: (int(current[r].get("step") or 0),
+                                   float(current[r].get("since_unix") or 0.0), r))
+    by_progress = sorted(gone, key=lambda r: (r not in stale, ranks[r].last_step,
+                                              last_seen(r), r))
+    first = (outside or by_progress or inside)[0]
+    waiting = sorted(r for r in inside if r != first)
+    also = sorted(r for r in [*outside, *gone] if r != first)
+
+    if first in current:
+        s = current[first]
+        state = s["state"]
+        where = _where(s)
+        head = (f"rank {first} stopped first: {'failed' if state == 'failed' else 'stuck'} in "
+                f"{where}, step {s.get('step', '?')}")
+        if state == "stuck" and s.get("stalled_s") is not None:
+            head += f", no progress for {secs(float(s['stalled_s']))} when seen"
+    else:
+        state = "stale" if first in stale else "gone"
+        last = ranks[first].last_step
+        head = (f"rank {first} stopped first: no clean close and no watchdog record after step "
+                f"{last} (killed, crashed, or hung holding the interpreter lock)")
+    tail = ""
+    if waiting:
+        w0 = current[waiting[0]]
+        same = all(_where(current[r]) == _where(w0) for r in waiting)
+        how = "failed waiting" if all(current[r]["state"] == "failed" for r in waiting) \
+            else "wait"
+        tail = (f"; rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} "
+                f"{how} for it in {_where(w0) if same else 'their next collective'}"
+                f" (step {w0.get('step', '?')})")
+    only_unclosed = (not current and not stale and
+                     len({ranks[r].last_step for r in ranks}) == 1)
+    severity = Severity.WARNING if only_unclosed else Severity.CRITICAL
+    evidence = {
+        "rank": first, "state": state,
+        "step": current[first].get("step") if first in current else ranks[first].last_step + 1,
+        "last_step": ranks[first].last_step,
+        "since_unix": float(current[first].get("since_unix") or 0.0) if first in current
+        else last_seen(first),
+        "in": current[first].get("in") if first in current else None,
+        "unit": current[first].get("unit") if first in current else None,
+        "phase": current[first].get("phase") if first in current else None,
+        "collective": (current[first].get("collective") or None) if first in current else None,
+        "frame": _frame(current[first]) if first in current else None,
+        "error": current[first].get("error") if first in current else None,
+        "waiting_ranks": waiting,
+        "waiting": [{"rank": r, "state": current[r]["state"], "step": current[r].get("step"),
+                     "unit": current[r].get("unit"), "phase": current[r].get("phase"),
+                     "collective": current[r].get("collective"),
+                     "since_unix": current[r].get("since_unix"),
+                     "error": current[r].get("error")} for r in waiting],
+        "also_stopped_ranks": also,
+        "ended_ranks": sorted(ended),
+        "stale_ranks": sorted(stale),
+    }
+    if first in current:
+        fix = (f"Look at rank {first} first: it is stuck in {_where(current[first])}"
+               + (f" at {evidence['frame']}" if evidence["frame"] else "")
+               + f"; dump its Python stack (`py-spy dump --pid PID`, pid in its run log "
+               f"header) and its output. The other ranks only wait for it.")
+    else:
+        fix = (f"Look at rank {first} first: its output (stderr, exit code), the node's kernel "
+               f"log for the OOM killer (`dmesg | grep -i kill`), the scheduler's record of the "
+               f"process; if it still runs, `py-spy dump --pid PID`. The other ranks only "
+               f"waited for it.")
+    return [finding(
+        CODE, NAME, severity, head + tail, evidence=evidence,
+        threshold={"stale_after_seconds": ctx.t.stale_after_seconds},
+        fix=fix, ranks=(first,),
+        units=(evidence["unit"],) if evidence["unit"] else (),
+        cost_seconds_per_step=0.0)]
