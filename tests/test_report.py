@@ -67,8 +67,9 @@ def test_json_report_is_stable_and_complete():
     rep = json.loads(r.stdout)
     assert rep["schema"] == 1
     assert list(rep) == ["schema", "generator", "generated_unix", "source", "run", "link",
-                         "window", "ranks", "stale_ranks", "summary", "findings", "units",
-                         "steps", "thresholds", "ended_ranks", "data_problems"]
+                         "window", "ranks", "stale_ranks", "stopped", "summary", "findings",
+                         "units", "steps", "thresholds", "ended_ranks", "data_problems"]
+    assert rep["stopped"] is None
     assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10}
     assert rep["link"] == {"class": "gloo-cpu", "expected_busbw_bytes_per_second": 1.2e8}
     assert rep["summary"]["top"] == "ZD002" and rep["summary"]["worst_severity"] == "warning"
@@ -77,8 +78,9 @@ def test_json_report_is_stable_and_complete():
     assert sev == sorted(sev, key=order.index)
     f = rep["findings"][0]
     assert set(f) == {"code", "name", "severity", "title", "evidence", "threshold", "fix",
-                      "predicted", "ranks", "units", "doc", "cost_seconds_per_step",
-                      "explains", "explained_by", "extra"}
+                      "predicted", "predicted_effects", "history", "ranks", "units", "doc",
+                      "cost_seconds_per_step", "explains", "explained_by", "extra"}
+    assert f["predicted_effects"][0]["metric"] == "all_gather_seconds_per_step"
     assert f["evidence"]["units"] == 18 and f["threshold"]["wrap_fine_min_units"] == 16
     assert len(rep["units"]) == 18 and all(set(u) == UNIT_KEYS for u in rep["units"])
     assert [s["rank"] for s in rep["steps"]] == [0, 1]

@@ -19,6 +19,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("demo", "zerodoc.demo.cli"),
     ("plan", "zerodoc.plan_cli"),
     ("report", "zerodoc.report_cli"),
+    ("compare", "zerodoc.compare_cli"),
     ("tui", "zerodoc.tui_cli"),
     ("targets", "zerodoc.targets_cli"),
     ("dashboards", "zerodoc.dashboards_cli"),

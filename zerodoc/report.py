@@ -30,7 +30,8 @@ def finding_dict(f: Finding) -> dict:
     return {
         "code": f.code, "name": f.name, "severity": f.severity.name.lower(), "title": f.title,
         "evidence": f.evidence, "threshold": f.threshold, "fix": f.fix,
-        "predicted": f.predicted, "ranks": list(f.ranks), "units": list(f.units),
+        "predicted": f.predicted, "predicted_effects": [e.as_dict() for e in f.effects],
+        "history": extra.pop("history", None), "ranks": list(f.ranks), "units": list(f.units),
         "doc": f.doc,
         "cost_seconds_per_step": _r(float(extra.pop("cost_seconds_per_step", 0.0))),
         "explains": list(extra.pop("explains", [])),
@@ -135,6 +136,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
                    "last_step": max((w.last_step for w in snap.ranks.values()), default=0)},
         "ranks": sorted(snap.ranks),
         "stale_ranks": sorted(snap.stale_ranks),
+        "stopped": stopped(findings),
         "summary": {"worst_severity": worst.name.lower() if worst is not None else None,
                     "counts": counts, "top": findings[0].code if findings else None},
         "findings": [finding_dict(x) for x in findings],
@@ -146,6 +148,18 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "data_problems": [{"kind": p.kind, "message": p.message, "fix": p.fix}
                           for p in data_problems(snap)],
     }
+
+
+def stopped(findings: list[Finding]) -> dict | None:
+    """The banner of a run whose ranks stopped (rule ZD013), or None."""
+    f = next((x for x in findings if x.code == "ZD013"), None)
+    if f is None:
+        return None
+    e = f.evidence
+    return {"title": f.title, "severity": f.severity.name.lower(), "rank": e.get("rank"),
+            "state": e.get("state"), "step": e.get("step"), "unit": e.get("unit"),
+            "phase": e.get("phase"), "collective": e.get("collective"),
+            "waiting_ranks": e.get("waiting_ranks", [])}
 
 
 def render_json(rep: dict) -> str:
@@ -211,6 +225,8 @@ def _header(rep: dict) -> list[str]:
     if rep["stale_ranks"]:
         lines.append(f"stale ranks (stopped reporting): "
                      f"{', '.join(map(str, rep['stale_ranks']))}")
+    if rep.get("stopped"):
+        lines.append(f"RUN STOPPED: {rep['stopped']['title']}")
     return lines
 
 
@@ -248,6 +264,8 @@ def render_text(rep: dict) -> str:
         lines.append(f"           fix: {f['fix']}")
         if f["predicted"]:
             lines.append(f"           predicted: {f['predicted']}")
+        if f.get("history"):
+            lines.append(f"           history: {f['history']['text']}")
         lines.append(f"           docs: {f['doc']}")
     if not rep["findings"]:
         lines.append(f"  {_no_findings(rep)}")
@@ -281,6 +299,8 @@ def render_markdown(rep: dict) -> str:
         lines.append(f"- **fix**: {f['fix']}")
         if f["predicted"]:
             lines.append(f"- **predicted**: {f['predicted']}")
+        if f.get("history"):
+            lines.append(f"- **history**: {f['history']['text']}")
         lines.append(f"- **docs**: [{f['doc']}]({f['doc']})")
         lines.append("")
     if not rep["findings"]:

@@ -49,22 +49,30 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run, format="text")
 
 
-def run(args) -> int:
-    from .diagnosis import Severity, diagnose
+def diagnosis_options(args):
+    """--window, --link, --threshold, --device-memory checked and parsed (report, compare):
+    (window or None, link or None, Thresholds, device memory bytes or None)."""
     from .errors import UserError
     from .planner import parse_size
-    from .report import RENDERERS, build_report
-    from .sources import open_source
     from .thresholds import LINK_BUSBW, Thresholds
 
-    fail_on = Severity.parse(args.fail_on) if args.fail_on else None
     if args.window < 0:
         raise UserError(f"--window must be >= 0 (0: all steps), not {args.window}")
     if args.link is not None and args.link not in LINK_BUSBW:
         raise UserError(f"unknown link class {args.link!r}; known: {', '.join(LINK_BUSBW)}")
     thresholds = Thresholds.with_overrides(args.threshold)
     device_memory = parse_size(args.device_memory) if args.device_memory else None
-    window = args.window or None
+    return args.window or None, args.link, thresholds, device_memory
+
+
+def run(args) -> int:
+    from .diagnosis import Severity, diagnose
+    from .errors import UserError
+    from .report import RENDERERS, build_report
+    from .sources import open_source
+
+    fail_on = Severity.parse(args.fail_on) if args.fail_on else None
+    window, _link, thresholds, device_memory = diagnosis_options(args)
     from .trace import facts_from_args
 
     source = open_source(args.source, window=window, trace_facts=facts_from_args(args))
@@ -72,6 +80,9 @@ def run(args) -> int:
     if not snap.ranks:
         raise UserError(f"{source.description}: no ranks to report on")
     findings = diagnose(snap, thresholds, link=args.link, device_memory_bytes=device_memory)
+    from .compare_history import annotate, history_path
+
+    findings = annotate(findings, snap, history_path(args.source))
     from .diagnosis.context import infer_link
 
     link = args.link or infer_link(snap.any_rank.facts)

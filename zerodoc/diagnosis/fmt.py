@@ -58,6 +58,10 @@ def value(key: str, v: object) -> str:
     if not isinstance(v, (int, float)):
         return str(v)
     key = key.removesuffix("_per_step")
+    if key.endswith("_unix"):
+        import time
+
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v)) if v > 0 else "-"
     if key.endswith("_bytes_per_second"):
         return rate(v)
     if key.endswith("_bytes"):

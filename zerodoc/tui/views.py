@@ -268,11 +268,22 @@ def finding_detail(f) -> list[tuple[str, str]]:
     lines.append(("fix", f.fix))
     if f.predicted:
         lines.append(("predicted", f.predicted))
+    hist = f.extra.get("history") if isinstance(f.extra, dict) else None
+    if hist:
+        lines.append(("history", hist["text"]))
     if f.units or f.ranks:
         lines.append(("where", _where(f)))
     if f.doc:
         lines.append(("docs", f.doc))
     return lines
+
+
+def stopped_banner(frame: Frame | None) -> str | None:
+    """The stopped-run finding (ZD013) as one line for the top of every view, or None."""
+    if frame is None:
+        return None
+    f = next((x for x in frame.findings if x.code == "ZD013"), None)
+    return f"STOPPED: {f.title}" if f is not None else None
 
 
 def _mark(columns: tuple[Column, ...], sort: Column, reverse: bool) -> tuple[Column, ...]:

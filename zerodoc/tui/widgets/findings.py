@@ -13,7 +13,7 @@ from ..feed import Frame
 from .table import SEVERITY_STYLES, ZTable
 
 LABEL_STYLES = {"evidence": "cyan", "threshold": "magenta", "fix": "bold green",
-                "predicted": "green", "where": "", "docs": "dim"}
+                "predicted": "green", "history": "yellow", "where": "", "docs": "dim"}
 
 
 class FindingsView(Vertical):

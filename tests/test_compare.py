@@ -1,0 +1,286 @@
+"""`zerodoc compare`: predicted vs observed, verdicts, the history fed back into findings, and
+the demo loop run for real (`zerodoc demo --wrap linear` -> ZD002 -> `--wrap block` ->
+`zerodoc compare` confirms it). Recorded runs are real demo runs (tests/data/scenarios);
+the witness of "applied" and of the outcome is the run after the fix, measured, never the
+rule's own prediction."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import LiveDemo
+from zerodoc import compare_history as history
+from zerodoc.compare import (
+    CONFIRMED, NOT_CONFIRMED, PARTLY, UNKNOWN, WORSE, compare, judge, overall, side,
+)
+from zerodoc.diagnosis import diagnose
+from zerodoc.diagnosis.findings import Predicted
+from zerodoc.diagnosis.observables import OBSERVABLES
+from zerodoc.diagnosis.testdata import load_case
+from zerodoc.runlog import load_run
+
+DATA = Path(__file__).parent / "data"
+SCEN = DATA / "scenarios"
+DOCS = Path(__file__).parent.parent / "docs" / "compare.md"
+
+
+def zerodoc(*args, timeout=300, **kw):
+    return subprocess.run([sys.executable, "-m", "zerodoc", *args], capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+def recorded(name: str):
+    snap = load_run(SCEN / name, window=None, stale_after_s=float("inf"))
+    return side(snap, f"run log {name}")
+
+
+# --- judging one effect ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pred,before,after,verdict", [
+    (Predicted("step_seconds", "down", 0.6, 1.0), 1.0, 0.62, CONFIRMED),   # 95 % of it
+    (Predicted("step_seconds", "down", 0.6, 1.0), 1.0, 0.5, CONFIRMED),    # more than predicted
+    (Predicted("step_seconds", "down", 0.6, 1.0), 1.0, 0.8, PARTLY),       # 50 %
+    (Predicted("step_seconds", "down", 0.6, 1.0), 1.0, 0.93, NOT_CONFIRMED),  # 17 %
+    (Predicted("step_seconds", "down", 0.6, 1.0), 1.0, 0.98, NOT_CONFIRMED),  # within noise
+    (Predicted("step_seconds", "down", 0.6, 1.0), 1.0, 1.2, WORSE),
+    (Predicted("median_all_gather_bytes", "up", 3e6, 1e6), 1e6, 3.2e6, CONFIRMED),
+    (Predicted("median_all_gather_bytes", "up", 3e6, 1e6), 1e6, 0.5e6, WORSE),
+    (Predicted("peak_memory_bytes", "down", None, 5e9), 5e9, 4e9, CONFIRMED),  # direction only
+    (Predicted("peak_memory_bytes", "down", None, 5e9), 5e9, 5.1e9, NOT_CONFIRMED),
+    (Predicted("peak_memory_bytes", "up", 6e9, 5e9, cost=True), 5e9, 5.9e9, CONFIRMED),  # cost
+    (Predicted("peak_memory_bytes", "up", 6e9, 5e9, cost=True), 5e9, 7e9, WORSE),  # costlier
+    (Predicted("step_seconds", "down", 0.6, 1.0), None, 0.6, UNKNOWN),
+])
+def test_judge(pred, before, after, verdict):
+    assert judge(pred, before, after)["verdict"] == verdict
+
+
+def test_overall_verdict_follows_the_main_effect():
+    e = lambda v, cost=False: {"verdict": v, "cost": cost}  # noqa: E731
+    assert overall([e(CONFIRMED), e(CONFIRMED), e(WORSE, cost=True)]) == CONFIRMED
+    assert overall([e(CONFIRMED), e(NOT_CONFIRMED)]) == PARTLY
+    assert overall([e(WORSE), e(CONFIRMED)]) == WORSE
+    assert overall([e(NOT_CONFIRMED), e(CONFIRMED)]) == PARTLY
+    assert overall([e(NOT_CONFIRMED)]) == NOT_CONFIRMED
+    assert overall([e(UNKNOWN, cost=True)]) == UNKNOWN
+
+
+def test_every_predicted_effect_names_an_observable():
+    """Across every rule's fail cases: the structured predictions use the observables that
+    compare reads, with their value now as compare reads it."""
+    seen = set()
+    for path in sorted((DATA / "rules").glob("*/fail-*.json")):
+        case = load_case(path)
+        for f in diagnose(case.snapshot, case.thresholds, link=case.link,
+                          device_memory_bytes=case.device_memory_bytes):
+            for e in f.effects:
+                assert e.metric in OBSERVABLES, (path.name, f.code, e.metric)
+                assert e.now is not None
+                seen.add(f.code)
+    assert {"ZD001", "ZD002", "ZD003", "ZD004", "ZD005", "ZD007", "ZD010"} <= seen, seen
+
+
+# --- recorded real runs -------------------------------------------------------------------
+
+
+def _fix(doc, code):
+    return next(f for f in doc["fixes"] if f["code"] == code)
+
+
+def test_wrap_fix_on_recorded_runs_is_applied_and_confirmed():
+    doc = compare(recorded("wrap-linear"), recorded("healthy-block"))
+    f = _fix(doc, "ZD002")
+    assert f["applied_by"] == "facts" and "units 18 -> 5" in f["applied"]
+    count = next(e for e in f["effects"] if e["metric"] == "all_gathers_per_step")
+    assert (count["now"], count["value"], count["observed_after"]) == (36, 10, 10)
+    assert count["verdict"] == CONFIRMED
+    assert f["verdict"] == CONFIRMED and not f["still_present"]
+    assert doc["findings"]["resolved"] == ["ZD002"]
+    facts = {c["fact"]: c for c in doc["configuration"]}
+    assert facts["units"]["changed"] and not facts["world_size"]["changed"]
+    # the stage did not change: ZD003's fix is not claimed applied
+    assert not _fix(doc, "ZD003")["applied"]
+
+
+def test_coarse_wrap_and_slow_link_fixes_on_recorded_runs():
+    doc = compare(recorded("wrap-root"), recorded("healthy-block"))
+    assert _fix(doc, "ZD001")["verdict"] == CONFIRMED
+    doc = compare(recorded("slow-link-50ms"), recorded("healthy-block"))
+    f = _fix(doc, "ZD005")
+    assert "simulated_link_latency_s 0.05 -> 0.0" in f["applied"]
+    assert f["verdict"] == CONFIRMED
+
+
+def test_undoing_a_fix_is_a_new_finding_and_slower_step_is_worse():
+    doc = compare(recorded("healthy-block"), recorded("wrap-linear"))
+    assert "ZD002" in doc["findings"]["new"]
+    assert not [f for f in doc["fixes"] if f["applied"]]
+    ag = next(m for m in doc["measurements"] if m["metric"] == "all_gathers_per_step")
+    assert (ag["before"], ag["after"], ag["judgement"]) == (10, 36, "worse")
+
+
+def test_declared_fix_is_judged():
+    doc = compare(recorded("wrap-linear"), recorded("healthy-block"), applied={"ZD006"})
+    f = _fix(doc, "ZD006")
+    assert f["applied_by"] == "user" and f["verdict"] in (CONFIRMED, PARTLY, NOT_CONFIRMED,
+                                                           WORSE)
+
+
+# --- the history fed back ------------------------------------------------------------------
+
+
+def _doc(ratio, verdict):
+    eff = {"metric": "all_gather_seconds_per_step", "direction": "down", "value": 0.2,
+           "now": 0.4, "cost": False, "observed_before": 0.4, "observed_after": 0.4 - 0.2 * ratio,
+           "ratio": ratio, "verdict": verdict}
+    return {"before": {"source": "b"}, "after": {"source": "a"},
+            "fixes": [{"code": "ZD002", "applied": "units 18 -> 5", "verdict": verdict,
+                       "effects": [eff]}]}
+
+
+def test_history_note_only_when_outcomes_keep_differing_one_way(tmp_path, monkeypatch):
+    monkeypatch.delenv("ZERODOC_HISTORY", raising=False)
+    snap = load_run(SCEN / "wrap-linear", window=None, stale_after_s=float("inf"))
+    findings = diagnose(snap)
+    path = tmp_path / history.HISTORY_NAME
+
+    def noted():
+        f = next(f for f in history.annotate(findings, snap, path) if f.code == "ZD002")
+        return f.extra.get("history")
+
+    history.record(path, _doc(0.4, PARTLY), snap)
+    assert noted() is None  # one outcome is not a pattern
+    history.record(path, _doc(0.5, PARTLY), snap)
+    note = noted()
+    assert note["side"] == "less" and note["compares"] == 2
+    assert note["text"].startswith("last time on this run: predicted all-gather time / step "
+                                   "400 ms -> 200 ms, got 400 ms -> 300 ms")
+    history.record(path, _doc(1.0, CONFIRMED), snap)  # then it came true
+    assert noted() is None
+    history.record(path, _doc(2.0, CONFIRMED), snap)
+    history.record(path, _doc(2.5, CONFIRMED), snap)
+    assert noted() is None  # the last 5 are not all on one side
+    for _ in range(3):
+        history.record(path, _doc(2.2, CONFIRMED), snap)
+    assert noted()["side"] == "more"
+    other = load_run(SCEN / "wrap-root", window=None, stale_after_s=float("inf"))
+    assert all("history" not in f.extra for f in history.annotate(diagnose(other), other, path))
+    path.write_text(path.read_text() + "not json\n")
+    assert noted()["side"] == "more"  # a torn line is skipped
+
+
+def test_history_is_bounded_and_can_be_turned_off(tmp_path, monkeypatch):
+    path = tmp_path / "h.jsonl"
+    snap = load_run(SCEN / "wrap-linear", window=None, stale_after_s=float("inf"))
+    monkeypatch.setattr(history, "MAX_ENTRIES", 10)
+    for _ in range(25):
+        history.record(path, _doc(0.5, PARTLY), snap)
+    assert len(path.read_text().splitlines()) == 10
+    monkeypatch.setenv("ZERODOC_HISTORY", "off")
+    assert history.history_path(tmp_path) is None
+    monkeypatch.setenv("ZERODOC_HISTORY", str(tmp_path / "x.jsonl"))
+    assert history.history_path(None) == tmp_path / "x.jsonl"
+    monkeypatch.delenv("ZERODOC_HISTORY")
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    assert history.history_path(run) == (tmp_path / "runs" / history.HISTORY_NAME).resolve()
+
+
+def test_report_shows_the_history_note(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("wrap-linear", "healthy-block"):
+        shutil.copytree(SCEN / name, runs / name)
+    snap = load_run(runs / "wrap-linear", window=None, stale_after_s=float("inf"))
+    path = runs / history.HISTORY_NAME
+    for r in (0.4, 0.5):
+        history.record(path, _doc(r, PARTLY), snap)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "ZERODOC_HISTORY"}
+    out = zerodoc("report", str(runs / "wrap-linear"), "--window", "0", env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "history: last time on this run: predicted" in out.stdout
+    rep = json.loads(zerodoc("report", str(runs / "wrap-linear"), "--json", env=env,
+                             timeout=120).stdout)
+    f = next(f for f in rep["findings"] if f["code"] == "ZD002")
+    assert f["history"]["side"] == "less" and f["predicted_effects"][0]["metric"]
+
+
+# --- the command line ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["/nonexistent/a", str(SCEN / "wrap-linear")], "no run directory"),
+    ([str(SCEN / "wrap-linear"), str(SCEN / "healthy-block"), "--applied", "ZD999"],
+     "not a rule code"),
+    ([str(SCEN / "wrap-linear"), str(SCEN / "healthy-block"), "--noise", "2"], "--noise"),
+])
+def test_bad_input_is_one_line(args, msg):
+    out = zerodoc("compare", *args, timeout=120, env={**__import__("os").environ,
+                                                      "ZERODOC_HISTORY": "off"})
+    assert out.returncode == 2 and msg in out.stderr and "Traceback" not in out.stderr
+
+
+def test_json_schema_is_documented():
+    doc = compare(recorded("wrap-linear"), recorded("healthy-block"))
+    text = DOCS.read_text()
+    keys = set(doc) | set(doc["summary"]) | set(doc["fixes"][0]) | \
+        set(doc["fixes"][0]["effects"][0]) | set(doc["measurements"][0]) | \
+        set(doc["configuration"][0]) | set(doc["units"]) | set(doc["findings"])
+    missing = sorted(k for k in keys if f"`{k}`" not in text)
+    assert not missing, missing
+    facts = {c["fact"] for c in doc["configuration"]}
+    assert not sorted(f for f in facts if f"`{f}`" not in text)
+
+
+# --- for real: the demo loop, and a live endpoint source ----------------------------------------
+
+
+def test_demo_loop_confirms_the_wrap_fix(tmp_path):
+    runs = tmp_path / "zerodoc-runs"
+    common = ["--headless", "--steps", "8", "--port", "0"]
+    out = zerodoc("demo", *common, "--wrap", "linear", "--run-dir", str(runs / "before"))
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(zerodoc("report", str(runs / "before"), "--json").stdout)
+    assert rep["findings"][0]["code"] == "ZD002", [f["code"] for f in rep["findings"]]
+    out = zerodoc("demo", *common, "--wrap", "block", "--run-dir", str(runs / "after"))
+    assert out.returncode == 0, out.stderr
+    out = zerodoc("compare", str(runs / "before"), str(runs / "after"), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    f = _fix(doc, "ZD002")
+    assert f["applied_by"] == "facts" and not f["still_present"]
+    by = {e["metric"]: e for e in f["effects"]}
+    assert by["all_gathers_per_step"]["verdict"] == CONFIRMED
+    assert by["all_gathers_per_step"]["observed_after"] == by["all_gathers_per_step"]["value"]
+    assert by["all_gather_seconds_per_step"]["verdict"] in (CONFIRMED, PARTLY), by
+    assert f["verdict"] in (CONFIRMED, PARTLY)
+    lines = (runs / history.HISTORY_NAME).read_text().splitlines()
+    assert [json.loads(x)["code"] for x in lines] == ["ZD002"]
+    md = zerodoc("compare", str(runs / "before"), str(runs / "after"), "--markdown",
+                 "--no-history").stdout
+    assert re.search(r"\*\*ZD002 `wrap-too-fine`: (confirmed|partly)\*\*", md), md
+    assert "| effect | predicted | observed | verdict |" in md
+    assert len((runs / history.HISTORY_NAME).read_text().splitlines()) == 1
+
+
+def test_compare_reads_live_endpoints(tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(SCEN / "wrap-linear", runs / "wrap-linear")
+    with LiveDemo(tmp_path, steps=10**6) as demo:
+        demo.wait_steps(4)
+        out = zerodoc("compare", str(runs / "wrap-linear"), ",".join(demo.endpoints),
+                      "--json", "--no-history", timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["after"]["source"].startswith("endpoints ")
+    f = _fix(doc, "ZD002")
+    assert "units 18 -> 5" in f["applied"]
+    count = next(e for e in f["effects"] if e["metric"] == "all_gathers_per_step")
+    assert count["observed_after"] == 10 and count["verdict"] == CONFIRMED
