@@ -155,6 +155,14 @@ CATALOG: tuple[Metric, ...] = (
     Metric("zerodoc_unit_dtype", "info", "",
            "A unit's all-gather (parameter) dtype and gradient reduce dtype.",
            ("unit", "param_dtype", "reduce_dtype"), scope="run", per="units"),
+    # --- the watchdog (stuck ranks) -----------------------------------------------------
+    Metric("zerodoc_stalls_total", "counter", "",
+           "Stalls the watchdog detected on this rank: no progress for the stall threshold "
+           "and no step for 3x the slowest step."),
+    Metric("zerodoc_stall_since_timestamp_seconds", "gauge", "seconds",
+           "Unix time this rank stopped making progress, present only while it is stuck; "
+           "unit, phase and collective say where (collective empty: not inside a collective, "
+           "i.e. the rank others wait for).", ("unit", "phase", "collective"), per="stalled"),
     # --- zerodoc's own health -----------------------------------------------------------
     Metric("zerodoc_self_seconds_total", "counter", "seconds",
            "Time zerodoc itself spent at step boundaries (bookkeeping, run log, memory "

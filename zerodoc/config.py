@@ -61,6 +61,10 @@ class AttachConfig:
     metrics_unit_ranks: int = detail.DEFAULT_UNIT_RANKS
     """Coarse mode: how many ranks, spread evenly over the job (rank 0 first), keep their
     per-unit series (0: none). Not given: $ZERODOC_METRICS_UNIT_RANKS, else 8."""
+    stall_after_s: float = 120.0
+    """Watchdog: a rank with no progress for this long (and no step for 3x its slowest step)
+    records where it is stuck, once per stall; 0 turns the watchdog thread off. Also
+    $ZERODOC_STALL_AFTER_S."""
 
     def __post_init__(self) -> None:
         # Types first, each error naming the key: these come from user code or the environment.
@@ -90,6 +94,10 @@ class AttachConfig:
             raise ValueError(f"zerodoc.attach(): memory_every must be >= 1, "
                              f"not {self.memory_every}")
         detail.check(self.metrics_detail, self.metrics_unit_ranks)
+        if not isinstance(self.stall_after_s, (int, float)) or isinstance(self.stall_after_s, bool) \
+                or not 0 <= self.stall_after_s < float("inf"):
+            raise ValueError(f"zerodoc: stall_after_s must be a number of seconds >= 0 "
+                             f"(0: no watchdog), not {self.stall_after_s!r}")
 
     @classmethod
     def from_options(cls, **options) -> "AttachConfig":
@@ -112,6 +120,8 @@ class AttachConfig:
                     raise ValueError(f"ZERODOC_PORT={raw!r} is not a port number") from None
             else:
                 options["port"] = DEFAULT_PORT
+        if "stall_after_s" not in options:
+            options["stall_after_s"] = _env_float("ZERODOC_STALL_AFTER_S", 120.0)
         if "inject_latency_s" not in options:
             from .shim.faults import from_env  # stdlib only: no torch import
 

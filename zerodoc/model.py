@@ -198,6 +198,10 @@ class RunSnapshot:
     stale_ranks: set[int] = field(default_factory=set)  # ranks that stopped reporting
     # Ranks whose run recorded a clean close (run log "end"; the exporter's "closed" signal).
     ended_ranks: set[int] = field(default_factory=set)
+    # rank -> the watchdog's last record for it ({"type": "stall", "state": "stuck" |
+    # "resumed" | "failed", "step", "since_unix", "unit", "phase", "collective", ...};
+    # zerodoc/shim/watchdog.py); ranks with none are absent
+    stalls: dict[int, dict] = field(default_factory=dict)
 
     @property
     def any_rank(self) -> RankWindow | None:

@@ -19,6 +19,8 @@ Line types (schema 1):
   — one per completed step, written and flushed at the step's end,
   so a crashed job leaves every completed step on disk.
 - ``{"type": "end", "end_unix": t, "steps": N}`` — written by a clean `close()`.
+- any other type (``{"type": "stall", ...}``: the watchdog, zerodoc/shim/watchdog.py) is kept
+  as it is in `RankLog.events` (the newest `MAX_EVENTS`).
 
 `load_run()` turns a run directory into a `RunSnapshot` (totals over the last K steps);
 `read_rank_log()` gives the per-step records.
@@ -39,6 +41,7 @@ from .model import CommTotals, RankFacts, RankWindow, RunSnapshot, UnitFacts
 
 SCHEMA = 1
 DEFAULT_ROOT = "zerodoc-runs"
+MAX_EVENTS = 256  # non-step records kept per rank by the readers
 
 
 class RunLogError(UserError):
@@ -69,10 +72,12 @@ class RunLogWriter:
     def write(self, record: dict) -> None:
         self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
 
-    def close(self, steps: int) -> None:
+    def close(self, steps: int, *, end: bool = True) -> None:
+        """Close the file; `end` False (the job failed) leaves out the clean-close record."""
         if self._f.closed:
             return
-        self.write({"type": "end", "end_unix": time.time(), "steps": steps})
+        if end:
+            self.write({"type": "end", "end_unix": time.time(), "steps": steps})
         self._f.close()
 
 
@@ -104,6 +109,12 @@ class RankLog:
     steps: list[StepRecord] = field(default_factory=list)
     ended: bool = False  # a clean close was recorded
     bad_lines: int = 0  # truncated or malformed lines skipped
+    events: list[dict] = field(default_factory=list)  # other record types, in order
+
+    def add_event(self, rec: dict) -> None:
+        self.events.append(rec)
+        if len(self.events) > MAX_EVENTS:
+            del self.events[:-MAX_EVENTS]
 
 
 def facts_from_dict(d: dict) -> RankFacts:
@@ -184,6 +195,8 @@ def read_rank_log(path: str | os.PathLike) -> RankLog:
                     log.steps.append(_step_from_dict(rec, names))
                 elif kind == "end":
                     log.ended = True
+                elif isinstance(kind, str):
+                    log.add_event(rec)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError,
                     AttributeError):
                 log.bad_lines += 1
@@ -251,7 +264,18 @@ def load_run(run_dir: str | os.PathLike, window: int | None = 20,
             snap.ended_ranks.add(log.facts.rank)
         elif now - last > stale_after_s:
             snap.stale_ranks.add(log.facts.rank)
+        stall = last_stall(log.events)
+        if stall is not None:
+            snap.stalls[log.facts.rank] = stall
     return snap
+
+
+def last_stall(events: list[dict]) -> dict | None:
+    """The watchdog's newest record among a rank's events (None: it recorded none)."""
+    for rec in reversed(events):
+        if rec.get("type") == "stall":
+            return rec
+    return None
 
 
 def latest_run(root: str | os.PathLike = DEFAULT_ROOT) -> Path:
@@ -313,6 +337,8 @@ class RunFollower:
                         new.append((log.facts.rank, s))
                     elif kind == "end":
                         log.ended = True
+                    elif isinstance(kind, str):
+                        log.add_event(rec)
         if self.keep:
             for log in self.logs.values():
                 if len(log.steps) > self.keep:
@@ -324,6 +350,14 @@ class RunFollower:
         for rank, log in sorted(self.logs.items()):
             steps = log.steps[-window:] if window else log.steps
             snap.ranks[rank] = window_from_steps(log.facts, steps)
+        self.annotate(snap)
+        return snap
+
+    def annotate(self, snap: RunSnapshot) -> None:
+        """Clean closes and the watchdog's records of the followed ranks, into `snap`."""
+        for rank, log in self.logs.items():
             if log.ended:
                 snap.ended_ranks.add(rank)
-        return snap
+            stall = last_stall(log.events)
+            if stall is not None:
+                snap.stalls[rank] = stall

@@ -4,9 +4,10 @@ Started by `zerodoc.demo.launch` with RANK / LOCAL_RANK / WORLD_SIZE / MASTER_AD
 MASTER_PORT set. SPEC_JSON holds {"model": DemoConfig fields, "steps": N, "attach": attach()
 options, "lr": float, "profile": {"dir", "wait", "warmup", "active", "gzip"} (optional: record
 PyTorch profiler traces of steps wait+warmup+1 ... wait+warmup+active, one file per rank,
-`<dir>/rank-N.json[.gz]`, ProfilerStep#K being zerodoc's step K+1)}. Ends with
-destroy_process_group() and os._exit(): gloo jobs whose ranks exit at different times
-otherwise abort at interpreter exit now and then (gloo teardown).
+`<dir>/rank-N.json[.gz]`, ProfilerStep#K being zerodoc's step K+1)}; tests may add "hang":
+{"rank_to_hang", "unit", "after_steps"}. Ends with destroy_process_group() and os._exit():
+gloo jobs whose ranks exit at different times otherwise abort at interpreter exit now and
+then (gloo teardown).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def run(spec: dict) -> int:
     cfg = DemoConfig(**spec.get("model", {}))
     built = frameworks.build(spec.get("framework", "fsdp2"), cfg, spec)
     monitor = zerodoc.attach(built.target, built.optimizer, **spec.get("attach", {}))
+    if spec.get("hang"):  # tests: one rank blocks forever in one unit's forward
+        _hang(built.model, rank, **spec["hang"])
     steps = int(spec.get("steps", 20))
     losses = []
     prof = _profiler(spec.get("profile"), rank)
@@ -72,6 +75,24 @@ def _profiler(opts: dict | None, rank: int):
         on_trace_ready=lambda p: p.export_chrome_trace(out))
     prof.start()
     return prof
+
+
+def _hang(model, rank: int, *, rank_to_hang: int, unit: str, after_steps: int = 2) -> None:
+    """A forward pre-hook on `unit` of rank `rank_to_hang` that sleeps forever from its
+    `after_steps`-th call on (registered after attach: it runs inside the unit's forward)."""
+    if rank != rank_to_hang:
+        return
+    import time
+
+    calls = [0]
+
+    def block(module, args):
+        calls[0] += 1
+        if calls[0] > after_steps:
+            while True:
+                time.sleep(3600)
+
+    model.get_submodule(unit).register_forward_pre_hook(block)
 
 
 def _break(dotted: str) -> None:

@@ -155,6 +155,18 @@ class ZerodocCollector:
         g.add_metric(rl, facts.local_world_size)
         yield g
 
+        wd = getattr(m, "watchdog", None)
+        if wd is not None:
+            c = _family("zerodoc_stalls_total")
+            c.add_metric(rl, wd.count)
+            yield c
+            cur = wd.current
+            g = _family("zerodoc_stall_since_timestamp_seconds")
+            if cur is not None:
+                g.add_metric(rl + [cur.get("unit") or "", cur.get("phase") or "",
+                                   cur.get("collective") or ""], cur["since_unix"])
+            yield g
+
         errs = _family("zerodoc_errors_total")
         for hook, n in list(m.registry.errors.items()):
             errs.add_metric(rl + [hook], n)

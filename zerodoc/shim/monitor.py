@@ -13,6 +13,7 @@ import atexit
 import bisect
 import os
 import socket
+import sys
 import time
 import warnings
 from time import perf_counter
@@ -211,6 +212,11 @@ class Monitor:
         self.hist_counts = [0] * len(STEP_BUCKETS)
         if self._writer is not None:
             self._writer.write_header(self.facts)
+        from .watchdog import Watchdog  # records stalls, and failures at close
+
+        self.watchdog = Watchdog(self, cfg.stall_after_s)
+        if cfg.stall_after_s > 0:
+            self.watchdog.start()
         if self.endpoint:
             # Prometheus file_sd target for this rank; removed again by a clean close() (or
             # at interpreter exit), so a rank that dies leaves its target behind and its `up`
@@ -353,25 +359,42 @@ class Monitor:
             self.registry.error("monitor.step", e)
 
     def close(self) -> None:
-        """Undo all instrumentation, close the run log, stop the /metrics server."""
-        self._shutdown(undo=True)
+        """Undo all instrumentation, close the run log, stop the /metrics server. Called
+        while an exception propagates (a `finally:`), it first records where the rank failed
+        (a "failed" stall record: the "end" that follows is not a clean close)."""
+        self._shutdown(undo=True, exc=sys.exc_info()[1])
 
     def _at_exit(self) -> None:
         """Interpreter exit without close(): end the run log and remove the target, unless
-        an uncaught exception ended the program (a crash: the log stays without an end and
-        the target stays, so the rank shows as down). Instrumentation is left in place: the
-        process is ending, and the process group may already be destroyed."""
+        an uncaught exception ended the program (a crash: the log gets the watchdog's record
+        of where it failed and no end, and the target stays, so the rank shows as down).
+        Instrumentation is left in place: the process is ending, and the process group may
+        already be destroyed."""
         if self._closed:
             return
-        if guards.uncaught_exception() is not None:
+        exc = guards.uncaught_exception()
+        if exc is not None:
+            self._record_failure(exc)
             self._closed = True
             guards.unregister(self)
             return
         self._shutdown(undo=False)
 
-    def _shutdown(self, undo: bool) -> None:
+    def _record_failure(self, exc: BaseException | None) -> None:
+        """Stop the watchdog; if `exc` ended the training, record where (zerodoc/shim/
+        watchdog.py, `failed`). A `SystemExit(0)` is a clean exit."""
+        self.watchdog.stop()
+        if exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0)):
+            return
+        try:
+            self.watchdog.failed(exc)
+        except Exception as e:
+            self.registry.error("watchdog", e)
+
+    def _shutdown(self, undo: bool, exc: BaseException | None = None) -> None:
         if self._closed:
             return
+        self._record_failure(exc)
         self._closed = True
         guards.unregister(self)
         try:
@@ -407,8 +430,8 @@ class Monitor:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._shutdown(undo=True, exc=exc)
 
     # --- step end ------------------------------------------------------------------
     def flush(self) -> int:

@@ -180,8 +180,8 @@ class Feed:
             return self.source.snapshot(), set()  # no header yet: the source says why
         snap = RunSnapshot(source=self.description)
         snap.ranks = self._windows.update(logs)
-        ended = {r for r, log in logs.items() if log.ended}
-        snap.ended_ranks = set(ended)
+        self._follower.annotate(snap)  # clean closes, the watchdog's stall records
+        ended = set(snap.ended_ranks)
         return snap, ended
 
     def _trim_follower(self) -> None:
@@ -239,7 +239,7 @@ class Feed:
         ended &= set(ranks) - set(stale)
         full = RunSnapshot(source=snap.source or self.description,
                            ranks=dict(sorted(ranks.items())), stale_ranks=set(stale),
-                           ended_ranks=set(ended))
+                           ended_ranks=set(ended), stalls=dict(snap.stalls))
 
         self._history_update(full)
         self._trim_follower()
@@ -272,16 +272,29 @@ class Feed:
         if self.diagnose is None:
             return [], self._no_engine
         key = (tuple((r, w.steps, w.last_step, w.updated_unix) for r, w in snap.ranks.items()),
-               tuple(sorted(snap.stale_ranks)))
+               tuple(sorted(snap.stale_ranks)), tuple(sorted(snap.ended_ranks)),
+               tuple(sorted((r, s.get("state"), s.get("since_unix"))
+                            for r, s in snap.stalls.items())))
         if key == self._diag_key:  # same numbers, same findings: skip the rules
             return self._findings, self._diag_error
         try:
             findings = list(self.diagnose(snap) or ())
             err = None
+            findings = self._with_history(findings, snap)
         except Exception as e:  # noqa: BLE001 - a rule bug must not take the UI down
             findings, err = self._findings, f"diagnosis failed: {_error_text(e)}"
         self._diag_key, self._findings, self._diag_error = key, findings, err
         return findings, err
+
+    def _with_history(self, findings: list, snap: RunSnapshot) -> list:
+        """What `zerodoc compare` learned about these rules' predictions (a note per
+        finding); never an error."""
+        try:
+            from ..compare_history import annotate, history_path
+
+            return annotate(findings, snap, history_path(getattr(self.source, "run_dir", None)))
+        except Exception:  # noqa: BLE001 - the history is a bonus, never a failure
+            return findings
 
     def _unit_totals(self, snap: RunSnapshot) -> dict[int, dict[str, UnitTotals]]:
         out = {}

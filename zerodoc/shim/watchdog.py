@@ -1,0 +1,278 @@
+"""The watchdog: notices when this rank stops making progress, and records where it is stuck.
+
+A daemon thread wakes every `poll_s` (at most 5 s) and reads what the training thread
+already maintains, nothing more: `Recorder.last` (the clock of the last bucket switch; every
+unit hook, collective wait and optimizer step moves it), `Monitor.step_index`, the end of the
+last step (`Monitor._step_start`) and the slowest step so far (`totals.max_step_seconds`).
+The training thread runs no watchdog code at all.
+
+A rank is **stuck** when nothing moved for `stall_after_s` *and* no step ended for
+max(`stall_after_s`, `STEP_FACTOR` x the slowest step so far): a run whose steps take five
+minutes, with a three-minute layer, is slow, not stuck. Then, once per stall, the watchdog
+works out where the rank is: from the recorder, the unit and phase (the innermost unit
+bucket on its stack, and whether the top is a collective wait, unit compute, the framework's
+hooks, the optimizer or code outside the units); from the training threads' Python stacks
+(`sys._current_frames()`), the collective being waited on (a zerodoc timing frame: its unit
+and collective) and the innermost frames; on a GPU, the oldest collective the device has not
+finished (a CUDA event query, no sync). It writes one run-log record and publishes it for
+the exporter; when progress comes back it writes a "resumed" record.
+
+When `Monitor.close()` runs while an exception propagates (a collective raised because a
+peer died: gloo's "Connection reset by peer"), `failed()` records where from the traceback,
+and the monitor writes no clean "end".
+
+Records (run log, docs/report.md "Stalls")::
+
+    {"type": "stall", "state": "stuck", "rank", "step", "since_unix", "detected_unix",
+     "stalled_s", "in", "unit", "phase", "collective", "in_collective_s", "stack",
+     "threshold_s", "slowest_step_s"}
+    {"type": "stall", "state": "resumed", "rank", "step", "since_unix", "resumed_unix",
+     "stalled_s"}
+    {"type": "stall", "state": "failed", "rank", "step", "since_unix", "error", "in",
+     "unit", "phase", "collective", "stack"}
+
+Nothing here signals, raises into or synchronises the job; every error is counted
+(`zerodoc_errors_total{hook="watchdog"}`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from time import perf_counter
+
+from .recorder import B_FRAMEWORK, B_OPTIMIZER, B_WAIT, COLLECTIVES, PHASES, _FIRST_UNIT_BUCKET
+
+STEP_FACTOR = 3.0  # no step for this many times the slowest step: not just a slow step
+STACK_FRAMES = 12
+
+
+def poll_interval(stall_after_s: float) -> float:
+    return min(5.0, max(0.05, stall_after_s / 10.0))
+
+
+def _unit_name(names: list[str], u) -> str | None:
+    return names[u] if isinstance(u, int) and 0 <= u < len(names) else None
+
+
+def _collective_of(frame, names: list[str]) -> dict | None:
+    """A zerodoc timing frame (`HostTimer.sync_call`, `TimedWork.wait`, the CUDA and
+    DeepSpeed equivalents): the collective it times, and since when."""
+    if not str(frame.f_globals.get("__name__", "")).startswith("zerodoc.shim"):
+        return None
+    try:
+        loc = frame.f_locals
+    except Exception:  # noqa: BLE001 - a frame we cannot read is not one of ours
+        return None
+    unit, coll, t0 = loc.get("unit"), loc.get("coll"), loc.get("t0")
+    me = loc.get("self")
+    if not (isinstance(unit, int) and isinstance(coll, int)) and me is not None:
+        unit, coll = getattr(me, "_unit", None), getattr(me, "_coll", None)
+        t0 = loc.get("t_wait", getattr(me, "_t_issue", None))
+    if isinstance(unit, int) and isinstance(coll, int) and 0 <= coll < len(COLLECTIVES):
+        return {"unit": _unit_name(names, unit), "collective": COLLECTIVES[coll],
+                "t0": t0 if isinstance(t0, float) else None}
+    return None
+
+
+def _describe(frames: list, names: list[str]) -> tuple[dict | None, list[str]]:
+    """(collective found in the frames, innermost-last "file:line function" lines)."""
+    found = None
+    for fr in reversed(frames):  # innermost first: the wait that is blocking
+        found = _collective_of(fr, names)
+        if found is not None:
+            break
+    lines = [f"{fr.f_code.co_filename}:{fr.f_lineno} {fr.f_code.co_name}"
+             for fr in frames[-STACK_FRAMES:]]
+    return found, lines
+
+
+def _chain(frame) -> list:
+    out = []
+    while frame is not None:
+        out.append(frame)
+        frame = frame.f_back
+    return out[::-1]  # outermost first
+
+
+class Watchdog:
+    """One per monitor; `start()` launches the thread, `stop()` ends it."""
+
+    def __init__(self, monitor, stall_after_s: float, *, poll_s: float | None = None,
+                 clock=perf_counter, wall=time.time):
+        self.m = monitor
+        self.stall_after_s = float(stall_after_s)
+        self.poll_s = poll_s if poll_s is not None else poll_interval(self.stall_after_s)
+        self.clock, self.wall = clock, wall
+        self.thread_id = threading.get_ident()  # attach() runs on the training thread
+        self.current: dict | None = None  # the stall in progress (the exporter reads it)
+        self.count = 0  # stalls detected since attach
+        self._mark: tuple | None = None  # (progress clock, step) when the stall was seen
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def start(self) -> "Watchdog":
+        self._thread = threading.Thread(target=self._run, name="zerodoc-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=1.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.check()
+            except Exception as e:  # noqa: BLE001 - never into the job
+                self.m.registry.error("watchdog", e)
+
+    # --- detection ----------------------------------------------------------------------
+    def _progress(self) -> tuple[float, float, int]:
+        """(clock of the last bucket switch or step end, clock of the last step end, step)."""
+        m = self.m
+        step_end = m._step_start if m._step_start is not None else m._t_attach
+        return max(m.rec.last, step_end), step_end, m.step_index
+
+    def check(self) -> dict | None:
+        """One look; returns the record written, if any."""
+        if getattr(self.m, "_closed", False):
+            return None
+        progress, step_end, step = self._progress()
+        now = self.clock()
+        if self.current is not None:
+            if (progress, step) != self._mark:
+                return self._resumed(now, step)
+            return None
+        slowest = float(self.m.totals.max_step_seconds or 0.0)
+        limit = max(self.stall_after_s, STEP_FACTOR * slowest)
+        if now - progress < self.stall_after_s or now - step_end < limit:
+            return None
+        rec = self.stuck(now, progress, step, slowest)
+        self._mark = (progress, step)
+        self.current = rec
+        self.count += 1
+        self._write(rec)
+        return rec
+
+    def _unix(self, t: float, now: float) -> float:
+        return round(self.wall() - (now - t), 3)
+
+    def _position(self) -> dict:
+        """Where the recorder says the training thread is."""
+        rec, names = self.m.rec, self.m.unit_names
+        stack = list(rec.stack)
+        top = stack[-1] if stack else 0
+        phase = PHASES[rec.phase] if 0 <= rec.phase < len(PHASES) else str(rec.phase)
+        unit = None
+        for b in reversed(stack):
+            if b >= _FIRST_UNIT_BUCKET:
+                unit = _unit_name(names, (b - _FIRST_UNIT_BUCKET) // 3)
+                break
+        where = {B_WAIT: "collective", B_FRAMEWORK: "framework",
+                 B_OPTIMIZER: "optimizer"}.get(top, "compute" if top >= _FIRST_UNIT_BUCKET
+                                                 else "outside units")
+        return {"in": where, "unit": unit, "running_unit": unit, "phase": phase}
+
+    def _gpu_collective(self) -> dict | None:
+        """CUDA: the oldest collective whose completion event has not fired (query only)."""
+        timer = getattr(self.m, "timer", None)
+        pending = list(getattr(timer, "_ready", ()) or ())
+        for lst in list((getattr(timer, "_unpaired_ag", None) or {}).values()):
+            pending.extend(lst)
+        for p in pending:
+            try:
+                if not p.e_done.query():
+                    return {"unit": _unit_name(self.m.unit_names, p.unit),
+                            "collective": COLLECTIVES[p.coll],
+                            "phase": PHASES[p.phase] if 0 <= p.phase < 3 else str(p.phase)}
+            except Exception:  # noqa: BLE001
+                return None
+        return None
+
+    def _locate(self, frames_by_thread: dict, now: float) -> dict:
+        pos = self._position()
+        names = self.m.unit_names
+        coll, lines = None, []
+        ordered = [self.thread_id] + [t for t in frames_by_thread if t != self.thread_id]
+        for tid in ordered:
+            frame = frames_by_thread.get(tid)
+            if frame is None:
+                continue
+            found, stack = _describe(_chain(frame), names)
+            if tid == self.thread_id or (found and coll is None):
+                lines = stack
+            if found and coll is None:
+                coll = found
+        out = {**pos, "collective": "", "in_collective_s": None, "stack": lines}
+        if coll is not None:
+            out.update(collective=coll["collective"], unit=coll["unit"] or pos["unit"],
+                       **{"in": "collective"})
+            if coll["t0"] is not None:
+                out["in_collective_s"] = round(max(0.0, now - coll["t0"]), 3)
+        elif pos["in"] != "collective":
+            gpu = self._gpu_collective()
+            if gpu is not None:
+                out.update(collective=gpu["collective"], unit=gpu["unit"], phase=gpu["phase"],
+                           **{"in": "gpu collective"})
+        return out
+
+    def stuck(self, now: float, progress: float, step: int, slowest: float) -> dict:
+        frames = {tid: f for tid, f in sys._current_frames().items()
+                  if tid != threading.get_ident()}
+        where = self._locate(frames, now)
+        return {"type": "stall", "state": "stuck", "rank": self.m.rank, "step": step + 1,
+                "since_unix": self._unix(progress, now), "detected_unix": round(self.wall(), 3),
+                "stalled_s": round(now - progress, 3), **where,
+                "threshold_s": self.stall_after_s, "slowest_step_s": round(slowest, 6)}
+
+    def _resumed(self, now: float, step: int) -> dict:
+        cur = self.current or {}
+        rec = {"type": "stall", "state": "resumed", "rank": self.m.rank, "step": cur.get("step"),
+               "since_unix": cur.get("since_unix"), "resumed_unix": round(self.wall(), 3),
+               "stalled_s": round(self.wall() - float(cur.get("since_unix") or self.wall()), 3),
+               "steps_done": step}
+        self.current = None
+        self._mark = None
+        self._write(rec)
+        return rec
+
+    def failed(self, exc: BaseException) -> dict:
+        """Where the rank was when `exc` ended its training (called from close())."""
+        now = self.clock()
+        frames = []
+        tb = exc.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        pos = self._position()
+        found, lines = _describe(frames, self.m.unit_names)
+        out = {"type": "stall", "state": "failed", "rank": self.m.rank,
+               "step": self.m.step_index + 1, "since_unix": round(self.wall(), 3),
+               "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[:500],
+               **pos, "collective": "", "stack": lines}
+        if found is not None:
+            out.update(collective=found["collective"], unit=found["unit"] or pos["unit"],
+                       **{"in": "collective"})
+            if found["t0"] is not None:
+                out["since_unix"] = self._unix(found["t0"], now)
+        self.current = None
+        self._write(out)
+        return out
+
+    def _write(self, rec: dict) -> None:
+        w = getattr(self.m, "_writer", None)
+        if w is None:
+            return
+        try:
+            w.write(rec)
+        except Exception as e:  # noqa: BLE001
+            self.m.registry.error("watchdog", e)
+
+
+__all__ = ["Watchdog", "STEP_FACTOR", "poll_interval"]
