@@ -5,6 +5,10 @@ job-level recording rules, which compute the engine's own numbers, with the engi
 thresholds and comparisons (`>=` where the engine grades with `>=`). WARNING maps to
 severity `warning`, ERROR to `critical`; the engine's INFO notes have no alert.
 
+ZD013 (a stopped run) reads the watchdog's gauge `zerodoc_stall_since_timestamp_seconds` and
+`up`, and names the rank that stopped first and, with a query in its description, the ranks
+waiting for it.
+
 Not expressible in PromQL from the exported series, so engine-only: ZD001 / ZD002 / ZD003 /
 ZD008 / ZD009 (static configuration and planner checks, shown on the dashboards where a
 series exists) and ZD011 (CPU offload is a configuration fact, not a series).
@@ -19,6 +23,7 @@ from __future__ import annotations
 from ..thresholds import DEFAULT, LINK_BUSBW, Thresholds
 
 RUNBOOKS = "docs/runbooks.md"
+DEFAULT_STALL_AFTER_S = 120.0  # zerodoc.config.AttachConfig.stall_after_s (the shim's default)
 WHO = "rank {{ $labels.rank }} ({{ $labels.instance }}, node {{ $labels.node }})"
 RUN = "run {{ $labels.run_id }} (job {{ $labels.job }})"
 
@@ -128,6 +133,39 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
           f"{t.slow_link_min_bytes} bytes at {{{{ $value | humanize }}}}B/s bus bandwidth "
           f"(link-attributable), below {_pct(t.slow_link_busbw_fraction)} of the "
           f"{_gbps(link_bw)} expected for link class {link}.")
+    # ZD013 rank stopped: the rank that stopped first, and the ranks left waiting for it.
+    # First choice: a rank stuck outside any collective (what the others wait for); else a
+    # rank whose exporter is down while others wait in collectives (it died, or hangs holding
+    # the interpreter lock); else the rank stuck earliest.
+    stall = "zerodoc_stall_since_timestamp_seconds"
+    waiters = (f'{{{{ range $i, $w := printf "{stall}{{job=\\"%s\\",run_id=\\"%s\\",'
+               'rank!=\\"%s\\",collective!=\\"\\"}" $labels.job $labels.run_id $labels.rank '
+               '| query | sortByLabel "rank" }}{{ if $i }}, {{ end }}rank {{ $w.Labels.rank }} '
+               '({{ $w.Labels.collective }} of {{ $w.Labels.unit }}, {{ $w.Labels.phase }})'
+               '{{ else }}none recorded{{ end }}')
+    alert("ZerodocRankStopped",
+          f'bottomk by (job, run_id) (1, {stall}{{collective=""}})\n'
+          "or on (job, run_id)\n"
+          '(\n  up{run_id!=""} == 0\n  and on (job, run_id)\n'
+          f'  count by (job, run_id) ({stall}{{collective!=""}}) > 0\n)\n'
+          "or on (job, run_id)\n"
+          f"bottomk by (job, run_id) (1, {stall})",
+          "critical", "ZD013",
+          "Run {{ $labels.run_id }} stopped: rank {{ $labels.rank }} stopped first"
+          "{{ if $labels.unit }} in {{ $labels.unit }} ({{ $labels.phase }}"
+          "{{ if $labels.collective }}, {{ $labels.collective }}{{ end }}){{ end }}",
+          f"{_cap(WHO)} of {RUN} stopped first: "
+          "{{ if $labels.phase }}no progress since {{ $value | humanizeTimestamp }}"
+          "{{ if $labels.collective }} inside {{ $labels.collective }} (every stopped rank "
+          "waits in a collective: look at the one stuck earliest){{ else }} outside any "
+          "collective (compute, data loading or user code){{ end }}"
+          "{{ else }}its exporter does not answer while other ranks wait in collectives (the "
+          "process died, or hangs holding the interpreter lock){{ end }}. "
+          f"Ranks waiting for it: {waiters}. (A rank's watchdog reports a stall after "
+          f"{DEFAULT_STALL_AFTER_S:g} s without progress by default, ZERODOC_STALL_AFTER_S.) "
+          "`zerodoc report` on the run directory shows where each rank is, with its stack.",
+          for_="0m")
+
     # zerodoc's own health
     alert("ZerodocInternalErrors",
           f"increase(zerodoc_errors_total[{w}]) > 0\nor\n"

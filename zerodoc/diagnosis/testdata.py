@@ -17,7 +17,9 @@ bytes of a rank are *per step*; the loader multiplies them by the rank's `steps`
                  "comm": [["(root)", "forward", "all_gather", 1, 19000000, 0.01, 0.01, 0]],
                  "memory": {"capacity": 80e9, "headroom": 60e9}}],
       "copies": 2,
-      "stale_ranks": []
+      "stale_ranks": [],
+      "ended_ranks": [0, 1],
+      "stalls": {"1": {"type": "stall", "state": "stuck", "step": 11, "unit": "layers.0", ...}}
     }
 
 `expect.fires` false: the rule gives no finding at all; true: it does, with `severity` if
@@ -141,6 +143,8 @@ def snapshot_from_dict(d: dict) -> RunSnapshot:
         facts = RankFacts(rank=i, units=units, **{k: v for k, v in run.items() if k != "rank"})
         snap.ranks[i] = _window(facts, r)
     snap.stale_ranks = set(d.get("stale_ranks", ()))
+    snap.ended_ranks = set(d.get("ended_ranks", ()))
+    snap.stalls = {int(k): dict(v) for k, v in d.get("stalls", {}).items()}
     return snap
 
 
@@ -186,10 +190,15 @@ def case_from_snapshot(snap: RunSnapshot, code: str = "ZD000") -> dict:
             "comm": [[u, p, c, g(t.count, n), g(t.bytes, n), g(t.seconds, n),
                       g(t.exposed_seconds, n), g(t.hidden_seconds, n)]
                      for (u, p, c), t in w.comm.items()],
-            "memory": dict(w.memory)})
-    return {"description": f"recorded from {snap.source}",
-            "expect": {"code": code, "fires": True}, "run": run, "units": units,
-            "ranks": ranks}
+            "memory": dict(w.memory), "updated_unix": w.updated_unix})
+    out = {"description": f"recorded from {snap.source}",
+           "expect": {"code": code, "fires": True}, "run": run, "units": units,
+           "ranks": ranks}
+    if snap.ended_ranks:
+        out["ended_ranks"] = sorted(snap.ended_ranks)
+    if snap.stalls:
+        out["stalls"] = {str(r): s for r, s in sorted(snap.stalls.items())}
+    return out
 
 
 if __name__ == "__main__":  # python -m zerodoc.diagnosis.testdata RUN_DIR [CODE]

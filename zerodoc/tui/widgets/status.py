@@ -11,7 +11,8 @@ from ..feed import Frame
 
 class TitleBar(Static):
     DEFAULT_CSS = """
-    TitleBar { height: 1; background: $primary 40%; color: $text; padding: 0 1; }
+    TitleBar { height: auto; max-height: 3; background: $primary 40%; color: $text;
+               padding: 0 1; }
     """
 
     def show(self, description: str, frame: Frame | None) -> None:
@@ -24,6 +25,10 @@ class TitleBar(Static):
             stage = f" ZeRO-{f.zero_stage}" if f.zero_stage is not None else ""
             t.append(f" · {f.framework}{stage} · {f.world_size} ranks · "
                      f"{f.device_type}/{f.backend}", style="dim")
+        banner = views.stopped_banner(frame)
+        if banner:  # a rank died or hangs: said on every view, above everything else
+            t.append("\n")
+            t.append(f"■ {banner}", style="bold white on red")
         self.update(t)
 
 
