@@ -195,7 +195,7 @@ def test_engine_codes_exist():
     from zerodoc.diagnosis import BY_CODE
 
     codes = {r["labels"].get("zerodoc_rule") for r in alerts.alerting_rules()} - {None}
-    assert codes == {"ZD004", "ZD005", "ZD006", "ZD007", "ZD010", "ZD012"}
+    assert codes == {"ZD004", "ZD005", "ZD006", "ZD007", "ZD010", "ZD012", "ZD013"}
     assert codes <= set(BY_CODE)
 
 
