@@ -27,7 +27,7 @@ def spec(run_dir: Path, **extra) -> dict:
             "attach": {"run_dir": str(run_dir), "port": 0, "stall_after_s": 2.0}, **extra}
 
 
-def report(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+def report(run_dir: Path | str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "zerodoc", "report", str(run_dir), *args],
                           capture_output=True, text=True, timeout=120)
 
@@ -117,6 +117,8 @@ def test_hung_rank_is_named_with_its_unit_while_the_job_hangs(tmp_path):
         assert len(gauge) == 1 and 'unit="blocks.2"' in gauge[0] and 'collective=""' in \
             gauge[0] and 'phase="forward"' in gauge[0], gauge
         out = report(run, "--json")  # on the live, hung run
+        eps = ",".join(_endpoint(run, r) for r in range(RANKS))
+        live = report(eps, "--json")  # the same from the ranks' /metrics (stall gauges)
     finally:
         job.stop(grace=1)
     assert out.returncode == 0, out.stderr
@@ -132,5 +134,33 @@ def test_hung_rank_is_named_with_its_unit_while_the_job_hangs(tmp_path):
     assert ev["waiting_ranks"] == [0, 2]
     assert {(w["unit"], w["collective"]) for w in ev["waiting"]} == {("blocks.3", "all_gather")}
     assert top["units"] == ["blocks.2"]
+    assert live.returncode == 0, live.stderr
+    ltop = json.loads(live.stdout)["findings"][0]
+    assert ltop["code"] == "ZD013" and (ltop["evidence"]["rank"], ltop["evidence"]["unit"]) == \
+        (1, "blocks.2") and ltop["evidence"]["waiting_ranks"] == [0, 2], ltop
     time.sleep(0.3)
     assert gone(pids)
+
+
+async def test_tui_shows_the_stopped_rank_above_every_view():
+    """The recorded hung-rank run (tests/data/scenarios/hung-rank) in the TUI: a banner on
+    the title bar names the rank and unit on every view, and ZD013 is the first finding."""
+    from zerodoc.sources import open_source
+    from zerodoc.tui.app import ZerodocApp
+    from zerodoc.tui.textshot import screen_text
+
+    run = Path(__file__).parent / "data" / "scenarios" / "hung-rank"
+    app = ZerodocApp(open_source(str(run)), refresh=None)
+    async with app.run_test(size=(160, 40)) as pilot:
+        deadline = time.monotonic() + 30
+        while app.frame is None and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        await pilot.pause()
+        assert app.frame is not None and app.frame.findings[0].code == "ZD013"
+        for key in ("1", "2", "3", "4"):
+            await pilot.press(key)
+            await pilot.pause()
+            text = screen_text(app)
+            assert "STOPPED: rank 1 stopped first: stuck in blocks.2" in text, (key, text[:600])
+            if key == "3":  # the findings view: ZD013 first, in detail
+                assert "CRITICAL  ZD013" in text and "evidence    unit = blocks.2" in text, text

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .model import CommTotals, RankFacts, RankWindow, RunSnapshot, UnitFacts
+from .stalls import last_stall
 
 SCHEMA = 1
 DEFAULT_ROOT = "zerodoc-runs"
@@ -269,13 +270,6 @@ def load_run(run_dir: str | os.PathLike, window: int | None = 20,
             snap.stalls[log.facts.rank] = stall
     return snap
 
-
-def last_stall(events: list[dict]) -> dict | None:
-    """The watchdog's newest record among a rank's events (None: it recorded none)."""
-    for rec in reversed(events):
-        if rec.get("type") == "stall":
-            return rec
-    return None
 
 
 def latest_run(root: str | os.PathLike = DEFAULT_ROOT) -> Path:

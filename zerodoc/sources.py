@@ -38,6 +38,7 @@ from .catalog import RANK_TOTAL_UNIT
 from .errors import UserError
 from .model import CommTotals, RankFacts, RankWindow, RunSnapshot, UnitFacts
 from .runlog import RunFollower, RunLogError, latest_run, rank_logs, read_rank_log
+from .stalls import STALL_GAUGE, stall_from_gauge
 from .thresholds import DEFAULT
 
 STALE_AFTER_S = DEFAULT.stale_after_seconds
@@ -109,7 +110,7 @@ LEVELS = ("zerodoc_last_step", "zerodoc_last_step_seconds", "zerodoc_last_step_t
           "zerodoc_unit_parameters", "zerodoc_unit_parameter_bytes",
           "zerodoc_unit_reshard_after_forward", "zerodoc_unit_index", "zerodoc_unit_group_size",
           "zerodoc_unit_sharded_bytes", "zerodoc_unit_stored_parameter_bytes",
-          "zerodoc_unit_dtype_info")
+          "zerodoc_unit_dtype_info", STALL_GAUGE)
 _SCALARS = {"zerodoc_optimizer_seconds_total": "optimizer_seconds",
             "zerodoc_other_seconds_total": "other_seconds",
             "zerodoc_framework_seconds_total": "framework_seconds",
@@ -145,6 +146,11 @@ class Cumulative:
     hooks: dict = field(default_factory=dict)
     units: dict = field(default_factory=dict)  # unit -> {params, gather_bytes, ...}
     endpoint: str | None = None
+    stall: tuple | None = None  # (labels, since_unix) of the watchdog's gauge, while stuck
+
+    def stall_record(self) -> dict | None:
+        return stall_from_gauge(self.rank, self.stall[0], self.stall[1],
+                                int(self.scalars.get("last_step", 0))) if self.stall else None
 
     @property
     def steps(self) -> int:
@@ -187,6 +193,8 @@ def add_sample(out: dict[int, Cumulative], name: str, labels: dict, value: float
                          if k not in ("rank", "job", "instance", "__name__")})
     elif name in _UNIT:
         c.units.setdefault(labels["unit"], {})[_UNIT[name]] = value
+    elif name == STALL_GAUGE:
+        c.stall = (labels, value)
     elif name == "zerodoc_unit_dtype_info":
         u = c.units.setdefault(labels["unit"], {})
         u["param_dtype"], u["reduce_dtype"] = labels.get("param_dtype", ""), \
@@ -376,6 +384,8 @@ class EndpointsSource:
                 hist.clear()
             hist.append(cur)
             snap.ranks[rank] = self._last[rank] = window_of(facts_of(cur), cur, base)
+            if cur.stall_record():
+                snap.stalls[rank] = cur.stall_record()
         now = time.time()
         for rank, w in self._last.items():
             if rank not in got:
@@ -477,6 +487,8 @@ class PrometheusSource:
         snap = RunSnapshot(source=self.description)
         for rank, c in sorted(got.items()):
             snap.ranks[rank] = window_of(facts_of(c), c)
+            if c.stall_record():
+                snap.stalls[rank] = c.stall_record()
         up = {m.get("instance"): v for m, v in self._query("up")}
         now = time.time()
         for rank, c in got.items():
@@ -495,6 +507,8 @@ class PrometheusSource:
         for name in WINDOWED + LEVELS:
             if span is not None and name in WINDOWED:
                 expr = f"increase({name}[{int(span + 0.999)}s])"
+            elif name == STALL_GAUGE:  # present only while a rank is stuck: now, not lately
+                expr = name
             else:
                 expr = f"last_over_time({name}[{self.lookback}])"
             for m, v in self._query(expr):
