@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from .diagnosis.fmt import pct, value
+from .diagnosis.fmt import pct, secs, value
 
 LABELS = {
     "step_seconds": "step time",
@@ -105,14 +105,17 @@ def _units_line(u: dict) -> str:
 
 
 def _unit_rows(u: dict, n: int = 8) -> list[tuple]:
+    """The units in both runs whose exposed all-gather time changed most."""
+    def compute(side: dict) -> float:
+        return side["compute_forward_seconds_per_step"] + side["compute_backward_seconds_per_step"]
+
+    def pair(r: dict, get) -> str:
+        return f"{secs(get(r['before']))} -> {secs(get(r['after']))}"
+
     key = "all_gather_exposed_seconds_per_step"
     kept = sorted(u["kept"], key=lambda r: -abs(r["after"][key] - r["before"][key]))[:n]
-    return [(r["unit"] or "(root)",
-             f"{fmt(key, r['before'][key])} -> {fmt(key, r['after'][key])}",
-             f"{fmt('s_seconds', r['before']['all_gather_seconds_per_step'])} -> "
-             f"{fmt('s_seconds', r['after']['all_gather_seconds_per_step'])}",
-             f"{fmt('s_seconds', r['before']['compute_forward_seconds_per_step'] + r['before']['compute_backward_seconds_per_step'])} -> "  # noqa: E501
-             f"{fmt('s_seconds', r['after']['compute_forward_seconds_per_step'] + r['after']['compute_backward_seconds_per_step'])}")  # noqa: E501
+    return [(r["unit"] or "(root)", pair(r, lambda s: s[key]),
+             pair(r, lambda s: s["all_gather_seconds_per_step"]), pair(r, compute))
             for r in kept]
 
 
