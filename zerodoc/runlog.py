@@ -73,12 +73,10 @@ class RunLogWriter:
     def write(self, record: dict) -> None:
         self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
 
-    def close(self, steps: int, *, end: bool = True) -> None:
-        """Close the file; `end` False (the job failed) leaves out the clean-close record."""
+    def close(self, steps: int) -> None:
         if self._f.closed:
             return
-        if end:
-            self.write({"type": "end", "end_unix": time.time(), "steps": steps})
+        self.write({"type": "end", "end_unix": time.time(), "steps": steps})
         self._f.close()
 
 
@@ -196,7 +194,7 @@ def read_rank_log(path: str | os.PathLike) -> RankLog:
                     log.steps.append(_step_from_dict(rec, names))
                 elif kind == "end":
                     log.ended = True
-                elif isinstance(kind, str):
+                elif isinstance(kind, str) and kind != "header":
                     log.add_event(rec)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError,
                     AttributeError):
@@ -261,15 +259,19 @@ def load_run(run_dir: str | os.PathLike, window: int | None = 20,
         w = window_from_steps(log.facts, steps)
         snap.ranks[log.facts.rank] = w
         last = w.updated_unix or log.facts.started_unix
-        if log.ended:
-            snap.ended_ranks.add(log.facts.rank)
-        elif now - last > stale_after_s:
+        if not log.ended and now - last > stale_after_s:
             snap.stale_ranks.add(log.facts.rank)
         stall = last_stall(log.events)
         if stall is not None:
             snap.stalls[log.facts.rank] = stall
+        if log.ended and not _failed(stall):
+            snap.ended_ranks.add(log.facts.rank)
     return snap
 
+
+def _failed(stall: dict | None) -> bool:
+    """The rank closed while an exception propagated (its "end" is not a clean close)."""
+    return stall is not None and stall.get("state") == "failed"
 
 
 def latest_run(root: str | os.PathLike = DEFAULT_ROOT) -> Path:
@@ -350,8 +352,8 @@ class RunFollower:
     def annotate(self, snap: RunSnapshot) -> None:
         """Clean closes and the watchdog's records of the followed ranks, into `snap`."""
         for rank, log in self.logs.items():
-            if log.ended:
-                snap.ended_ranks.add(rank)
             stall = last_stall(log.events)
             if stall is not None:
                 snap.stalls[rank] = stall
+            if log.ended and not _failed(stall):
+                snap.ended_ranks.add(rank)

@@ -13,10 +13,21 @@ STALL_GAUGE = "zerodoc_stall_since_timestamp_seconds"
 
 
 def last_stall(events: list[dict]) -> dict | None:
-    """The watchdog's newest record among a rank's run-log events (None: it recorded none)."""
+    """The watchdog's newest record among a rank's run-log events (None: it recorded none).
+    A trainer integration's `{"type": "exception"}` record (training raised) counts as a
+    failure where it is the newest (it says what, not where)."""
     for rec in reversed(events):
-        if rec.get("type") == "stall":
+        kind = rec.get("type")
+        if kind == "stall":
             return rec
+        if kind == "exception":
+            step = rec.get("step")
+            return {"type": "stall", "state": "failed", "rank": rec.get("rank"),
+                    "step": step + 1 if isinstance(step, int) else None,
+                    "since_unix": rec.get("end_unix"), "in": "exception", "unit": None,
+                    "phase": None, "collective": "",
+                    "error": f"{rec.get('error', '')}: {rec.get('message', '')}".strip(": "),
+                    "integration": rec.get("integration"), "stack": []}
     return None
 
 

@@ -18,8 +18,9 @@ finished (a CUDA event query, no sync). It writes one run-log record and publish
 the exporter; when progress comes back it writes a "resumed" record.
 
 When `Monitor.close()` runs while an exception propagates (a collective raised because a
-peer died: gloo's "Connection reset by peer"), `failed()` records where from the traceback,
-and the monitor writes no clean "end".
+peer died: gloo's "Connection reset by peer"), `failed()` records where from the traceback;
+the "end" record that follows is then not a clean close (sources leave the rank out of
+`RunSnapshot.ended_ranks`).
 
 Records (run log, docs/report.md "Stalls")::
 

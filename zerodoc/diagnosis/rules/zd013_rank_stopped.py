@@ -36,6 +36,8 @@ ACTIVE = ("stuck", "failed")
 
 
 def _where(s: dict) -> str:
+    if s.get("in") == "exception":  # a trainer integration saw training raise
+        return f"an exception ({str(s.get('error') or '?')[:120]})"
     unit = s.get("unit") or "(outside the sharded units)"
     phase = s.get("phase") or "?"
     if s.get("collective"):
