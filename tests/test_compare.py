@@ -284,3 +284,19 @@ def test_compare_reads_live_endpoints(tmp_path):
     assert "units 18 -> 5" in f["applied"]
     count = next(e for e in f["effects"] if e["metric"] == "all_gathers_per_step")
     assert count["observed_after"] == 10 and count["verdict"] == CONFIRMED
+
+
+def test_tui_feed_findings_carry_the_history_note(tmp_path, monkeypatch):
+    """The TUI's feed annotates its findings from the history beside the followed run."""
+    from zerodoc.sources import open_source
+    from zerodoc.tui.feed import Feed
+
+    monkeypatch.delenv("ZERODOC_HISTORY", raising=False)
+    runs = tmp_path / "runs"
+    shutil.copytree(SCEN / "wrap-linear", runs / "wrap-linear")
+    snap = load_run(runs / "wrap-linear", window=None, stale_after_s=float("inf"))
+    for r in (0.3, 0.6):
+        history.record(runs / history.HISTORY_NAME, _doc(r, PARTLY), snap)
+    frame = Feed(open_source(str(runs / "wrap-linear"))).fetch()
+    f = next(f for f in frame.findings if f.code == "ZD002")
+    assert f.extra["history"]["side"] == "less" and f.extra["history"]["compares"] == 2

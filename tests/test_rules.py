@@ -72,7 +72,7 @@ def test_thresholds_are_applied():
 
 def test_registry_is_explicit_and_documented():
     codes = [r.code for r in RULES]
-    assert codes == sorted(codes) and len(set(codes)) == len(codes) == 13
+    assert codes == sorted(codes) and len(set(codes)) == len(codes) == 14
     docs = DOCS.read_text()
     for r in RULES:
         assert re.fullmatch(r"ZD\d{3}", r.code) and re.fullmatch(r"[a-z0-9-]+", r.name)

@@ -177,9 +177,15 @@ def test_gpu_collective_the_device_has_not_finished():
     named (event queries only, no sync)."""
     clock = Clock()
     m = fake_monitor(clock)
-    pend = [SimpleNamespace(unit=1, phase=FORWARD, coll=ALL_GATHER, e_done=FakeEvent(True)),
-            SimpleNamespace(unit=2, phase=BACKWARD, coll=ALL_GATHER, e_done=FakeEvent(False))]
-    m.timer = SimpleNamespace(_ready=pend, _unpaired_ag={})
+    def coll(unit, phase, done, seconds=None):
+        return SimpleNamespace(unit=unit, phase=phase, coll=ALL_GATHER, seconds=seconds,
+                               e1=SimpleNamespace(ev=FakeEvent(done)))
+
+    pend = [coll(0, FORWARD, True, seconds=0.01),  # read back
+            coll(1, FORWARD, True),  # finished on the device, not read back yet
+            coll(2, BACKWARD, False),  # the one the device is still in
+            coll(1, BACKWARD, False)]
+    m.timer = SimpleNamespace(_pending=pend)
     wd = Watchdog(m, 1.0, clock=clock)
     clock.t += 2
     got = wd.check()
@@ -204,8 +210,8 @@ def test_poll_interval_and_config(monkeypatch):
     monkeypatch.setenv("ZERODOC_STALL_AFTER_S", "7.5")
     assert AttachConfig.from_options().stall_after_s == 7.5
     assert AttachConfig.from_options(stall_after_s=0).stall_after_s == 0
-    for bad in (-1, float("inf"), "soon"):
-        with pytest.raises(ValueError, match="stall_after_s"):
+    for bad in (-1, float("inf"), "soon", True):
+        with pytest.raises((TypeError, ValueError), match="stall_after_s"):
             AttachConfig(stall_after_s=bad)
     monkeypatch.setenv("ZERODOC_STALL_AFTER_S", "soon")
     with pytest.raises(ValueError, match="ZERODOC_STALL_AFTER_S"):

@@ -19,6 +19,16 @@ def _bad(key: str, expected: str, value: object) -> None:
                     f"({type(value).__name__})")
 
 
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+
+
 @dataclass(kw_only=True)
 class AttachConfig:
     run_dir: str | None = None
@@ -94,9 +104,11 @@ class AttachConfig:
             raise ValueError(f"zerodoc.attach(): memory_every must be >= 1, "
                              f"not {self.memory_every}")
         detail.check(self.metrics_detail, self.metrics_unit_ranks)
-        if not isinstance(self.stall_after_s, (int, float)) or isinstance(self.stall_after_s, bool) \
-                or not 0 <= self.stall_after_s < float("inf"):
-            raise ValueError(f"zerodoc: stall_after_s must be a number of seconds >= 0 "
+        if isinstance(self.stall_after_s, bool) or \
+                not isinstance(self.stall_after_s, (int, float)):
+            _bad("stall_after_s", "a number of seconds (0: no watchdog)", self.stall_after_s)
+        if not 0 <= self.stall_after_s < float("inf"):
+            raise ValueError(f"zerodoc.attach(): stall_after_s must be a finite number >= 0 "
                              f"(0: no watchdog), not {self.stall_after_s!r}")
 
     @classmethod
@@ -121,7 +133,7 @@ class AttachConfig:
             else:
                 options["port"] = DEFAULT_PORT
         if "stall_after_s" not in options:
-            options["stall_after_s"] = _env_float("ZERODOC_STALL_AFTER_S", 120.0)
+            options["stall_after_s"] = _env_seconds("ZERODOC_STALL_AFTER_S", 120.0)
         if "inject_latency_s" not in options:
             from .shim.faults import from_env  # stdlib only: no torch import
 

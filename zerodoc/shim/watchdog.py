@@ -181,17 +181,19 @@ class Watchdog:
         return {"in": where, "unit": unit, "running_unit": unit, "phase": phase}
 
     def _gpu_collective(self) -> dict | None:
-        """CUDA: the oldest collective whose completion event has not fired (query only)."""
+        """CUDA: the oldest collective the device has not finished (`CudaTimer._pending`, in
+        issue order: no end event yet, or one that has not fired; event queries only)."""
         timer = getattr(self.m, "timer", None)
-        pending = list(getattr(timer, "_ready", ()) or ())
-        for lst in list((getattr(timer, "_unpaired_ag", None) or {}).values()):
-            pending.extend(lst)
-        for p in pending:
+        for c in list(getattr(timer, "_pending", ()) or ()):
             try:
-                if not p.e_done.query():
-                    return {"unit": _unit_name(self.m.unit_names, p.unit),
-                            "collective": COLLECTIVES[p.coll],
-                            "phase": PHASES[p.phase] if 0 <= p.phase < 3 else str(p.phase)}
+                if getattr(c, "seconds", None) is not None:
+                    continue  # read back already
+                end = getattr(c, "e1", None)
+                ev = getattr(end, "ev", end)  # a devclock Mark, or a bare event
+                if ev is None or not ev.query():
+                    return {"unit": _unit_name(self.m.unit_names, c.unit),
+                            "collective": COLLECTIVES[c.coll],
+                            "phase": PHASES[c.phase] if 0 <= c.phase < 3 else str(c.phase)}
             except Exception:  # noqa: BLE001
                 return None
         return None
