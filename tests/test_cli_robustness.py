@@ -34,6 +34,8 @@ PRINTING = {
     "plan": ["-m", "zerodoc", "plan", "--params", "70B", "-N", "64"],
     "report": ["-m", "zerodoc", "report", RUN],
     "report --json": ["-m", "zerodoc", "report", RUN, "--json"],
+    "compare": ["-m", "zerodoc", "compare", RUN,
+                str(ROOT / "tests" / "data" / "scenarios" / "healthy-block"), "--no-history"],
     "targets": ["-m", "zerodoc", "targets", RUN, "--include-ended"],
     "dashboards list": ["-m", "zerodoc", "dashboards", "list"],
     "export --list": ["-m", "zerodoc", "export", "--list"],

@@ -300,3 +300,26 @@ def test_tui_feed_findings_carry_the_history_note(tmp_path, monkeypatch):
     frame = Feed(open_source(str(runs / "wrap-linear"))).fetch()
     f = next(f for f in frame.findings if f.code == "ZD002")
     assert f.extra["history"]["side"] == "less" and f.extra["history"]["compares"] == 2
+
+
+def test_compare_reads_profiler_traces(tmp_path_factory, tmp_path, capsys, monkeypatch):
+    """Both sides PyTorch profiler traces (the shared profiled runs of the trace tests:
+    FSDP2's synchronous all-gathers, then async unshard + prefetch): the async run's overlap
+    shows as a configuration change and as less exposed all-gather time."""
+    from tests.helpers import profiled
+    from zerodoc.cli import main
+
+    monkeypatch.setenv("ZERODOC_HISTORY", str(tmp_path / "h.jsonl"))
+    _, sync = profiled(tmp_path_factory, "sync")
+    _, asyn = profiled(tmp_path_factory, "async")
+    assert main(["compare", str(sync), str(asyn), "--json", "--window", "0"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "trace" in doc["before"]["source"].lower() and "trace" in doc["after"]["source"].lower()
+    facts = {c["fact"]: c for c in doc["configuration"]}
+    assert (facts["synchronous_all_gathers"]["before"],
+            facts["synchronous_all_gathers"]["after"]) == (True, False)
+    m = next(x for x in doc["measurements"] if x["metric"] == "all_gather_exposed_seconds_per_step")
+    assert m["judgement"] == "better", m
+    for f in doc["fixes"]:
+        if f["code"] == "ZD004":
+            assert f["applied"] == "all-gathers synchronous -> asynchronous", f

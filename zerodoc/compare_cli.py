@@ -10,7 +10,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "compare", help="compare two runs: what changed, and did each fix do what was predicted",
         description="Diagnose BEFORE and AFTER (each a run directory, rank endpoints "
-        "host:port[,...] or a Prometheus URL) and show what changed in the configuration and "
+        "host:port[,...], a Prometheus URL or PyTorch profiler traces) and show what changed in the configuration and "
         "in the measurements, and, for each finding of BEFORE whose fix shows in AFTER's "
         "configuration, the predicted effect against the observed one with a verdict "
         "(confirmed, partly, not confirmed, made worse). Outcomes are appended to a history "
@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
                    help="do not append the outcomes to the history file")
     p.add_argument("--fail-on-worse", action="store_true",
                    help="exit 1 when a fix made things worse or the step time got worse")
+    from .trace import add_arguments
+
+    add_arguments(p)  # facts profiler traces lack: applied to the side(s) that are traces
     p.set_defaults(func=run, format="text")
 
 
@@ -53,6 +56,7 @@ def run(args) -> int:
     from .errors import UserError
     from .report_cli import diagnosis_options
     from .sources import open_source
+    from .trace import facts_from_args, is_trace_spec, refuse_facts
 
     window, link, thresholds, memory = diagnosis_options(args)
     if not 0 <= args.noise < 1:
@@ -62,9 +66,13 @@ def run(args) -> int:
     if unknown:
         raise UserError(f"--applied {', '.join(unknown)}: not a rule code "
                         f"(known: {', '.join(sorted(BY_CODE))})")
+    trace_facts = facts_from_args(args)
+    if not any(is_trace_spec(s) for s in (args.before, args.after)):
+        refuse_facts(trace_facts)
     sides = []
     for name, spec in (("BEFORE", args.before), ("AFTER", args.after)):
-        source = open_source(spec, window=window)
+        source = open_source(spec, window=window,
+                             trace_facts=trace_facts if is_trace_spec(spec) else None)
         snap = source.snapshot()
         if not snap.ranks:
             raise UserError(f"{name} {source.description}: no ranks to compare")
