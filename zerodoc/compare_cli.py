@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from .clihelp import DefaultsHelpFormatter
 
 
 def add_parser(sub) -> None:
@@ -17,7 +18,7 @@ def add_parser(sub) -> None:
         "file beside the run directories, which `zerodoc report` and the TUI read back. "
         "Exit status: 0, or 1 with --fail-on-worse when a fix made things worse or the step "
         "got slower, 2 on bad input.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("before", metavar="BEFORE", help="the run before the fix")
     p.add_argument("after", metavar="AFTER", help="the run with the fix")
     fmt = p.add_mutually_exclusive_group()
