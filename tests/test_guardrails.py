@@ -233,3 +233,7 @@ def test_exit_without_close(rank0, tmp_path):
         else:
             assert not log.ended and len(targets) == 1
             assert "the job crashed" in outs[how][1]
+            # the watchdog's record of where the uncaught exception ended the rank
+            failed = [e for e in log.events if e.get("type") == "stall"]
+            assert failed and failed[-1]["state"] == "failed", log.events
+            assert "RuntimeError: the job crashed" in failed[-1]["error"]
