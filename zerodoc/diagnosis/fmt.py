@@ -34,6 +34,8 @@ def secs(s: float | None) -> str:
     """"12.3 ms", "1.25 s", "85 us"."""
     if s is None:
         return "-"
+    if s == 0:
+        return "0 s"
     a = abs(s)
     if a >= 1.0:
         return f"{s:.3g} s"
