@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/tui_render.py [--ranks 64] [--units 128] [--refreshes 20]
 
-Writes a synthetic run directory (zerodoc.runlog.RunLogWriter, schema 1) to a temp dir,
+Writes a synthetic run directory (through the real run-log writer) to a temp dir,
 opens it with `zerodoc.sources.open_source` like `zerodoc tui` does, runs the app headless
 (`App.run_test`) and times the full refresh path: source snapshot + diagnose + widget update
 + the screen settling. Before each timed refresh one new step per rank is appended (as a

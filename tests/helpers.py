@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 
 from zerodoc.demo.launch import Job
-from zerodoc.runlog import RankLog, read_rank_log
+from zerodoc.runlog import RankLog, read_rank_log, read_rank_tail
 
 # Small but real: 4 transformer blocks, steps of ~0.1-0.3 s on 2 CPU cores.
 SMALL_MODEL = {"blocks": 4, "hidden": 256, "heads": 4, "vocab": 1024, "seq": 128, "batch": 4}
@@ -74,7 +74,7 @@ class LiveDemo:
                 p = self.run_dir / f"rank-{r:05d}.jsonl"
                 if p.exists() and p.stat().st_size:
                     try:
-                        eps[r] = read_rank_log(p).facts.metrics_endpoint
+                        eps[r] = read_rank_tail(p, 1, detail=False).facts.metrics_endpoint
                     except Exception:
                         pass
             if len(eps) == self.nprocs and all(eps.values()):
@@ -95,8 +95,8 @@ class LiveDemo:
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            done = [len(read_rank_log(self.run_dir / f"rank-{r:05d}.jsonl").steps)
-                    for r in range(self.nprocs)]
+            done = [read_rank_tail(self.run_dir / f"rank-{r:05d}.jsonl", 1,
+                                   detail=False).last_step for r in range(self.nprocs)]
             if min(done) >= n:
                 return
             time.sleep(0.3)

@@ -105,17 +105,23 @@ def test_run_log_round_trips(tmp_path):
     raw = (tmp_path / "rt" / "rank-00001.jsonl").read_text().splitlines()
     header = json.loads(raw[0])
     assert header["type"] == "header" and header["rank"] == 1 and header["world_size"] == 2
+    assert header["schema"] == 2 and header["segment"] == 0
     steps = [json.loads(line) for line in raw[1:] if json.loads(line)["type"] == "step"]
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    assert not any("comm" in s for s in steps)  # step lines: totals only
+    detail = (tmp_path / "rt" / "detail" / "00001-a.jsonl").read_text().splitlines()
+    full = [json.loads(line) for line in detail[1:]]
+    assert [s["step"] for s in full] == [1, 2, 3, 4]
     log = logs[1]
     assert log.ended and log.bad_lines == 0
     # Parsed numbers equal the raw JSON numbers, row by row.
     names = [u["name"] for u in header["units"]]
-    for rec, parsed in zip(steps, log.steps):
-        assert parsed.step_seconds == rec["step_s"]
+    for light, rec, parsed in zip(steps, full, log.steps):
+        assert parsed.step_seconds == rec["step_s"] == light["step_s"]
         for u, phase, coll, n, b, s, ex, hid in rec["comm"]:
             t = parsed.comm[(names[u], phase, coll)]
             assert (t.count, t.bytes, t.seconds, t.exposed_seconds) == (n, b, s, ex)
+        assert light["exposed_s"] == pytest.approx(parsed.exposed_seconds, rel=1e-12)
     # Totals over the window are the sums of the steps.
     snap = load_run(tmp_path / "rt", window=None)
     w = snap.ranks[1]
@@ -126,10 +132,18 @@ def test_crashed_job_keeps_completed_steps_and_torn_line_is_skipped(tmp_path):
     logs = run_demo(tmp_path, "crash", nprocs=2, steps=3)
     path = tmp_path / "crash" / "rank-00000.jsonl"
     lines = path.read_text().splitlines()
-    # Simulate a crash mid-write: drop the end line, tear the last step line in half.
-    path.write_text("\n".join(lines[:-2]) + "\n" + lines[-2][: len(lines[-2]) // 2])
+    # Simulate a crash mid-write of step 3: no per-unit lines and no end (a clean close
+    # writes them), step 3 torn in half in the log and in the detail file.
+    keep = [x for x in lines if json.loads(x)["type"] in ("header", "step")]
+    path.write_text("\n".join(keep[:-1]) + "\n" + keep[-1][: len(keep[-1]) // 2])
+    det = tmp_path / "crash" / "detail" / "00000-a.jsonl"
+    dl = det.read_text().splitlines()
+    det.write_text("\n".join(dl[:-1]) + "\n" + dl[-1][: len(dl[-1]) // 2])
     log = read_rank_log(path)
-    assert [s.step for s in log.steps] == [1, 2] and log.bad_lines == 1 and not log.ended
+    assert [s.step for s in log.totals] == [1, 2] and [s.step for s in log.steps] == [1, 2]
+    assert log.bad_lines == 2 and not log.ended
+    snap = load_run(tmp_path / "crash", window=None, stale_after_s=0)
+    assert snap.ranks[0].steps == 2 and snap.stale_ranks == {0} and snap.ended_ranks == {1}
     assert logs[0].ended
 
 

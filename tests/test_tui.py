@@ -54,9 +54,19 @@ def recorded(tmp_path_factory) -> Path:
 
 
 def raw_log(path: Path) -> tuple[dict, list[dict], bool]:
-    """Header, step lines and whether it ended, straight from the JSON lines (no zerodoc)."""
+    """Header, full step records and whether it ended, straight from the JSON lines (no
+    zerodoc): the header and the end from the rank's log, the steps with their per-unit
+    rows from its detail files (run log schema 2, docs/runlog.md)."""
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return lines[0], [x for x in lines if x["type"] == "step"], lines[-1]["type"] == "end"
+    rank = lines[0]["rank"]
+    steps = {}
+    for name in (f"{rank:05d}-a.jsonl", f"{rank:05d}-b.jsonl"):
+        det = path.parent / "detail" / name
+        if det.exists():
+            for x in det.read_text().splitlines()[1:]:
+                rec = json.loads(x)
+                steps[rec["step"]] = rec
+    return lines[0], [steps[k] for k in sorted(steps)], lines[-1]["type"] == "end"
 
 
 def expected_units(run_dir: Path, rank: int, window: int = WINDOW) -> dict[str, dict]:
@@ -350,17 +360,24 @@ async def test_findings_view_shows_evidence_threshold_fix(recorded):
 
 
 def make_stale_copy(recorded: Path, dest: Path) -> Path:
-    """Rank 0 as recorded (ended); rank 1 stops after 4 steps, no end line, an hour old."""
+    """Rank 0 as recorded (ended); rank 1 stops after 4 steps, no end line, an hour old:
+    its first 4 recorded steps written again through the real writer, shifted an hour back,
+    and left the way a killed job leaves its log."""
+    from zerodoc.runlog import RunLogWriter, facts_from_dict
+    from zerodoc.runlog.replay import Replay
+
     shutil.copytree(recorded, dest, ignore=shutil.ignore_patterns("logs"))
-    p = dest / "rank-00001.jsonl"
-    lines = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
-    head, steps = lines[0], [x for x in lines if x["type"] == "step"][:4]
+    head, steps, _ = raw_log(recorded / "rank-00001.jsonl")
+    (dest / "rank-00001.jsonl").unlink()
+    for p in (dest / "detail").glob("00001-*"):
+        p.unlink()
     head["started_unix"] -= 3600
-    for s in steps:
-        s["end_unix"] -= 3600
-    p.write_text("".join(json.dumps(x) + "\n" for x in [head, *steps]))
+    rep = Replay(RunLogWriter(dest, 1), facts_from_dict(head))
+    for rec in steps[:4]:
+        rep.step({**rec, "end_unix": rec["end_unix"] - 3600})
+    rep.close(end=False)
     old = time.time() - 3600
-    os.utime(p, (old, old))
+    os.utime(dest / "rank-00001.jsonl", (old, old))
     return dest
 
 

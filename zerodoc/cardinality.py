@@ -44,6 +44,7 @@ class Shape:
     pcie_directions: int = 0  # 2 on a GPU run with NVML
     omit_reasons: int = 2  # zerodoc_exporter_omitted_series{reason}
     stalled: int = 0  # 1 while the watchdog says the rank is stuck (its stall gauge)
+    closed: int = 0  # 1 once the rank closed cleanly (its closed signal, while it lingers)
 
     @property
     def unit_phase_keys(self) -> int:

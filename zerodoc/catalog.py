@@ -44,6 +44,12 @@ class Metric:
     scope: str = "rank"  # rank | unit | run (see the module docstring)
     per: str = ""
     """What its number of series per rank grows with: a `cardinality.Shape` field ("": one)."""
+    into: str = ""
+    """Where the sources (`zerodoc.sources`) file its samples in the run model: `scalar:ATTR`
+    (a per-rank number; counters are windowed, gauges are levels), `histogram:SUM,COUNT`,
+    `compute` (per unit, phase), `comm:FIELD` (per unit, phase, collective), `memory:KEY`
+    (`memory:{population}`: keyed by that label), `errors`, `hooks`, `info` (labels of
+    the rank's facts), `unit:FIELD` / `unit_info` (per-unit facts), `closed`; "" not read."""
 
     @property
     def series_names(self) -> tuple[str, ...]:
@@ -58,49 +64,49 @@ class Metric:
 CATALOG: tuple[Metric, ...] = (
     # --- per step, per rank -------------------------------------------------------------
     Metric("zerodoc_step_duration_seconds", "histogram", "seconds",
-           "Wall time of training steps (optimizer step to optimizer step)."),
+           "Wall time of training steps (optimizer step to optimizer step).", into="histogram:step_seconds,steps"),
     Metric("zerodoc_last_step", "gauge", "",
-           "Index of the last completed step."),
+           "Index of the last completed step.", into="scalar:last_step"),
     Metric("zerodoc_last_step_seconds", "gauge", "seconds",
-           "Wall time of the last completed step."),
+           "Wall time of the last completed step.", into="scalar:last_step_seconds"),
     Metric("zerodoc_last_step_timestamp_seconds", "gauge", "seconds",
-           "Unix time at which the last step completed (staleness check)."),
+           "Unix time at which the last step completed (staleness check).", into="scalar:updated_unix"),
     Metric("zerodoc_optimizer_seconds_total", "counter", "seconds",
-           "Time spent in optimizer.step()."),
+           "Time spent in optimizer.step().", into="scalar:optimizer_seconds"),
     Metric("zerodoc_other_seconds_total", "counter", "seconds",
            "Step time outside sharded units, collective waits and the optimizer "
-           "(data loading, loss, FSDP bookkeeping)."),
+           "(data loading, loss, FSDP bookkeeping).", into="scalar:other_seconds"),
     Metric("zerodoc_framework_seconds_total", "counter", "seconds",
-           "Time inside the sharding framework's own hooks, excluding collective waits."),
+           "Time inside the sharding framework's own hooks, excluding collective waits.", into="scalar:framework_seconds"),
     # --- per unit, per phase --------------------------------------------------------------
     Metric("zerodoc_compute_seconds_total", "counter", "seconds",
            "Compute time of a sharded unit's own layers (children units excluded); on GPU the "
            "device time on the compute stream between the unit's hook points.",
-           ("unit", "phase"), scope="unit", per="unit_phase_keys"),
+           ("unit", "phase"), scope="unit", per="unit_phase_keys", into="compute"),
     Metric("zerodoc_compute_host_seconds_total", "counter", "seconds",
            "Host (CPU) time spent launching the units' compute. On GPU beside the device time "
            "of zerodoc_compute_seconds_total (launch time close to device time: a "
-           "launch-bound job); on CPU equal to it."),
+           "launch-bound job); on CPU equal to it.", into="scalar:host_compute_seconds"),
     Metric("zerodoc_launch_segments_total", "counter", "",
            "GPU: unit compute segments probed for launch-boundness (one per unit, phase and "
-           "stretch of its own compute)."),
+           "stretch of its own compute).", into="scalar:launch_checks"),
     Metric("zerodoc_launch_caught_up_total", "counter", "",
            "GPU: probed segments the device had already started before the host finished "
-           "launching them (the device was keeping pace with the host)."),
+           "launching them (the device was keeping pace with the host).", into="scalar:launch_caught_up"),
     Metric("zerodoc_collective_calls_total", "counter", "",
            "Collectives issued for a sharded unit.", ("unit", "phase", "collective"),
-           scope="unit", per="unit_collective_keys"),
+           scope="unit", per="unit_collective_keys", into="comm:count"),
     Metric("zerodoc_collective_bytes_total", "counter", "bytes",
            "Bytes of the collective's full buffer (nccl-tests size: all-gather output, "
            "reduce-scatter input).", ("unit", "phase", "collective"), scope="unit",
-           per="unit_collective_keys"),
+           per="unit_collective_keys", into="comm:bytes"),
     Metric("zerodoc_collective_seconds_total", "counter", "seconds",
            "Collective time on its own stream (GPU: the device, from the stream reaching it to "
            "its end; CPU: issue to completion).", ("unit", "phase", "collective"),
-           scope="unit", per="unit_collective_keys"),
+           scope="unit", per="unit_collective_keys", into="comm:seconds"),
     Metric("zerodoc_collective_exposed_seconds_total", "counter", "seconds",
            "Part of the collective's time the compute had to wait for (not hidden).",
-           ("unit", "phase", "collective"), scope="unit", per="unit_collective_keys"),
+           ("unit", "phase", "collective"), scope="unit", per="unit_collective_keys", into="comm:exposed_seconds"),
     # --- memory -------------------------------------------------------------------------
     Metric("zerodoc_memory_bytes", "gauge", "bytes",
            "Memory by population: sharded_parameters, gradients, optimizer_state, "
@@ -108,18 +114,18 @@ CATALOG: tuple[Metric, ...] = (
            "inactive_split and peak_allocated / peak_reserved: the allocator's peaks since "
            "the job started or last reset them; per-step peaks only with the attach option "
            "reset_peak_memory).",
-           ("population",), per="populations"),
+           ("population",), per="populations", into="memory:{population}"),
     Metric("zerodoc_device_memory_capacity_bytes", "gauge", "bytes",
            "Memory available to this rank: the GPU's total memory, or on CPU an equal share "
-           "of host memory per local rank."),
+           "of host memory per local rank.", into="memory:capacity"),
     Metric("zerodoc_memory_headroom_bytes", "gauge", "bytes",
-           "Capacity minus peak reserved (GPU) or peak resident (CPU) memory."),
+           "Capacity minus peak reserved (GPU) or peak resident (CPU) memory.", into="memory:headroom"),
     # --- GPU (CUDA allocator, NVML); absent on CPU runs ----------------------------------
     Metric("zerodoc_gpu_alloc_retries_total", "counter", "",
            "CUDA caching-allocator retries (cudaMalloc failed, cache flushed, retried).",
-           per="gpu"),
+           per="gpu", into="memory:alloc_retries"),
     Metric("zerodoc_gpu_ooms_total", "counter", "",
-           "CUDA out-of-memory errors raised by the caching allocator.", per="gpu"),
+           "CUDA out-of-memory errors raised by the caching allocator.", per="gpu", into="memory:ooms"),
     Metric("zerodoc_gpu_utilization_ratio", "gauge", "ratio",
            "GPU utilisation reported by NVML (0-1).", per="gpu"),
     Metric("zerodoc_gpu_pcie_bytes_per_second", "gauge", "bytes_per_second",
@@ -129,32 +135,32 @@ CATALOG: tuple[Metric, ...] = (
            "Static facts of the run: framework, versions, device, dtypes, mesh.",
            ("framework", "framework_version", "torch_version", "device_type", "backend",
             "zero_stage", "param_dtype", "reduce_dtype", "mesh_shape", "run_id", "link",
-            "metrics_detail")),
-    Metric("zerodoc_world_size", "gauge", "", "Number of ranks in the job."),
+            "metrics_detail"), into="info"),
+    Metric("zerodoc_world_size", "gauge", "", "Number of ranks in the job.", into="scalar:world_size"),
     Metric("zerodoc_unit_parameters", "gauge", "",
-           "Parameters of a sharded unit (unsharded count).", ("unit",), scope="run", per="units"),
+           "Parameters of a sharded unit (unsharded count).", ("unit",), scope="run", per="units", into="unit:params"),
     Metric("zerodoc_unit_parameter_bytes", "gauge", "bytes",
            "Unsharded parameter bytes of a unit in its gathered dtype.", ("unit",),
-           scope="run", per="units"),
+           scope="run", per="units", into="unit:gather_bytes"),
     Metric("zerodoc_unit_reshard_after_forward", "gauge", "",
            "1 if the unit frees its gathered parameters after forward (ZeRO-3-like), "
-           "0 if it keeps them for backward (ZeRO-2-like).", ("unit",), scope="run", per="units"),
-    Metric("zerodoc_local_world_size", "gauge", "", "Number of ranks on this rank's node."),
+           "0 if it keeps them for backward (ZeRO-2-like).", ("unit",), scope="run", per="units", into="unit:reshard"),
+    Metric("zerodoc_local_world_size", "gauge", "", "Number of ranks on this rank's node.", into="scalar:local_world_size"),
     Metric("zerodoc_unit_index", "gauge", "",
            "Position of the unit in the model's module order (0: outermost).", ("unit",),
-           scope="run", per="units"),
+           scope="run", per="units", into="unit:index"),
     Metric("zerodoc_unit_group_size", "gauge", "",
            "Ranks in the unit's all-gather / reduce-scatter group.", ("unit",), scope="run",
-           per="units"),
+           per="units", into="unit:group_size"),
     Metric("zerodoc_unit_sharded_bytes", "gauge", "bytes",
            "Rank 0's shard of the unit's parameters, in their stored dtype (other ranks' "
-           "shards differ by padding at most).", ("unit",), scope="run", per="units"),
+           "shards differ by padding at most).", ("unit",), scope="run", per="units", into="unit:sharded_bytes"),
     Metric("zerodoc_unit_stored_parameter_bytes", "gauge", "bytes",
            "Unsharded parameter bytes of a unit in its stored (original) dtype.", ("unit",),
-           scope="run", per="units"),
+           scope="run", per="units", into="unit:param_bytes"),
     Metric("zerodoc_unit_dtype", "info", "",
            "A unit's all-gather (parameter) dtype and gradient reduce dtype.",
-           ("unit", "param_dtype", "reduce_dtype"), scope="run", per="units"),
+           ("unit", "param_dtype", "reduce_dtype"), scope="run", per="units", into="unit_info"),
     # --- the watchdog (stuck ranks) -----------------------------------------------------
     Metric("zerodoc_stalls_total", "counter", "",
            "Stalls the watchdog detected on this rank: no progress for the stall threshold "
@@ -162,20 +168,28 @@ CATALOG: tuple[Metric, ...] = (
     Metric("zerodoc_stall_since_timestamp_seconds", "gauge", "seconds",
            "Unix time this rank stopped making progress, present only while it is stuck; "
            "unit, phase and collective say where (collective empty: not inside a collective, "
-           "i.e. the rank others wait for).", ("unit", "phase", "collective"), per="stalled"),
+           "i.e. the rank others wait for).", ("unit", "phase", "collective"), per="stalled",
+           into="stall"),
     # --- zerodoc's own health -----------------------------------------------------------
     Metric("zerodoc_self_seconds_total", "counter", "seconds",
            "Time zerodoc itself spent at step boundaries (bookkeeping, run log, memory "
-           "sampling)."),
+           "sampling).", into="scalar:self_seconds"),
     Metric("zerodoc_injected_latency_seconds", "gauge", "seconds",
            "Fault injection in force: the delay given to every parameter all-gather (0: "
            "none). Non-zero only in tests and demos (attach option inject_latency_s)."),
     Metric("zerodoc_errors_total", "counter", "",
            "Internal zerodoc errors caught and counted (the training job carried on).",
-           ("hook",), per="errors"),
+           ("hook",), per="errors", into="errors"),
+    Metric("zerodoc_run_closed_timestamp_seconds", "gauge", "seconds",
+           "Unix time of the rank's clean close(); served only once closed (the exporter "
+           "stays up until one more scrape, a few seconds at most, so scrapers see it).",
+           per="closed", into="closed"),
+    Metric("zerodoc_runlog_dropped_records_total", "counter", "",
+           "Run-log records dropped because the writer's queue was full (a slow filesystem); "
+           "the training step never waits for the run log."),
     Metric("zerodoc_hook_available", "gauge", "",
            "1 if a torch hook point zerodoc relies on was found, 0 if missing.", ("hook",),
-           per="hooks"),
+           per="hooks", into="hooks"),
     Metric("zerodoc_exporter_omitted_series", "gauge", "",
            "Series this rank leaves out of its scrape, by reason: unit_facts (per-unit facts, "
            "served by rank 0 only), unit_detail (coarse mode: per-unit series folded into "

@@ -53,6 +53,16 @@ class AttachConfig:
     """Walk parameters / gradients / optimizer state for memory bytes every N steps."""
     run_log: bool = True
     """Write the per-rank JSON-lines run log."""
+    run_log_every: int = 100
+    """Run log: per-unit totals are written as one interval line every this many steps ..."""
+    run_log_every_seconds: float = 300.0
+    """... or every this many seconds, whichever comes first."""
+    run_log_detail: bool = True
+    """Run log: also keep the steps of the current and the previous interval with their full
+    per-unit detail (bounded files under <run_dir>/detail/)."""
+    run_log_queue: int = 1024
+    """Run log: records the hand-over queue holds; when a slow filesystem fills it, records
+    are dropped and counted (zerodoc_runlog_dropped_records_total), never waited for."""
     memory_history: bool = False
     """GPU: record allocator history (bounded) so an OOM dumps a memory snapshot into the
     run directory. Off by default: recording history costs time."""
@@ -110,6 +120,20 @@ class AttachConfig:
         if not 0 <= self.stall_after_s < float("inf"):
             raise ValueError(f"zerodoc.attach(): stall_after_s must be a finite number >= 0 "
                              f"(0: no watchdog), not {self.stall_after_s!r}")
+        for key in ("run_log_every", "run_log_queue"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int):
+                _bad(key, "an int >= 1", v)
+            if v < 1:
+                raise ValueError(f"zerodoc.attach(): {key} must be >= 1, not {v}")
+        v = self.run_log_every_seconds
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            _bad("run_log_every_seconds", "a number of seconds", v)
+        if not 0 < v < float("inf"):
+            raise ValueError(f"zerodoc.attach(): run_log_every_seconds must be a finite "
+                             f"number > 0, not {v!r}")
+        if not isinstance(self.run_log_detail, bool):
+            _bad("run_log_detail", "True or False", self.run_log_detail)
 
     @classmethod
     def from_options(cls, **options) -> "AttachConfig":

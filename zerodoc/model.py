@@ -143,15 +143,32 @@ class RankWindow:
     memory: dict[str, int] = field(default_factory=dict)  # population -> bytes (latest)
     errors: dict[str, int] = field(default_factory=dict)  # hook -> count (cumulative)
     step_times: list[float] = field(default_factory=list)  # per step, when the source has them
+    # Sources that know the totals without the per-unit detail (run-log step lines, a
+    # Prometheus sum over units) set these; None: summed from `compute` / `comm`.
+    compute_total: float | None = None
+    exposed_total: float | None = None
+    # Steps the per-unit `compute` / `comm` totals cover, when not the same steps as the rest
+    # (a run log read at scale: per-unit numbers of the latest interval, step totals of the
+    # last `steps` steps). None: `steps`.
+    unit_steps: int | None = None
 
     # --- derived numbers everyone wants -----------------------------------------------
     @property
     def compute_seconds(self) -> float:
+        if self.compute_total is not None:
+            return self.compute_total
         return sum(self.compute.values())
 
     @property
     def exposed_seconds(self) -> float:
+        if self.exposed_total is not None:
+            return self.exposed_total
         return sum(c.exposed_seconds for c in self.comm.values())
+
+    @property
+    def per_unit_steps(self) -> int:
+        """The steps to divide the per-unit totals by (see `unit_steps`)."""
+        return self.steps if self.unit_steps is None else self.unit_steps
 
     @property
     def comm_seconds(self) -> float:
@@ -195,13 +212,17 @@ class RunSnapshot:
 
     source: str  # run dir path, endpoint list, or Prometheus URL
     ranks: dict[int, RankWindow] = field(default_factory=dict)
-    stale_ranks: set[int] = field(default_factory=set)  # ranks that stopped reporting
+    stale_ranks: set[int] = field(default_factory=set)  # stopped reporting, no clean end
     # Ranks whose run recorded a clean close (run log "end"; the exporter's "closed" signal).
     ended_ranks: set[int] = field(default_factory=set)
+    missing_ranks: set[int] = field(default_factory=set)  # world_size promises, none shows
     # rank -> the watchdog's last record for it ({"type": "stall", "state": "stuck" |
     # "resumed" | "failed", "step", "since_unix", "unit", "phase", "collective", ...};
     # zerodoc/shim/watchdog.py); ranks with none are absent
     stalls: dict[int, dict] = field(default_factory=dict)
+    # Per-unit numbers across ranks, when the source aggregated them (zerodoc.unitstats);
+    # None: computed from the ranks' own per-unit totals when needed.
+    unit_stats: object | None = None
 
     @property
     def any_rank(self) -> RankWindow | None:
@@ -211,3 +232,51 @@ class RunSnapshot:
     def units(self) -> list[str]:
         r = self.any_rank
         return [u.name for u in r.facts.units] if r else []
+
+
+class LazyRankWindow(RankWindow):
+    """A RankWindow whose per-unit dicts are built when first read: from `unit_arrays`
+    (compute keys, seconds, comm keys, [count, bytes, seconds, exposed, hidden] rows; the
+    run log read at scale) or by `loader()` -> (compute, comm) (one rank's series fetched
+    from Prometheus). Readers that aggregate over ranks use `unit_arrays` directly."""
+
+    def __init__(self, *a, loader=None, unit_arrays=None, **kw):
+        super().__init__(*a, **kw)
+        self._loader = loader
+        self.unit_arrays = unit_arrays
+        if unit_arrays is not None:
+            self._compute = self._comm = None
+
+    def _load(self) -> None:
+        if self._loader is not None:
+            loader, self._loader = self._loader, None
+            self._compute, self._comm = loader()
+        elif self.unit_arrays is not None and self._comm is None:
+            ck, cv, mk, mv = self.unit_arrays
+            self._compute = dict(zip(ck, cv.tolist()))
+            self._comm = {k: CommTotals(int(r[0]), int(r[1]), r[2], r[3], r[4])
+                          for k, r in zip(mk, mv.tolist())}
+            self.unit_arrays = None  # the dicts are the truth now (a reader may change them)
+
+    @property
+    def compute(self) -> dict[UnitPhase, float]:
+        self._load()
+        return self._compute
+
+    @compute.setter
+    def compute(self, v) -> None:
+        self._compute = v
+
+    @property
+    def comm(self) -> dict[UnitPhaseColl, CommTotals]:
+        self._load()
+        return self._comm
+
+    @comm.setter
+    def comm(self, v) -> None:
+        self._comm = v
+
+    def set_arrays(self, arrays) -> None:
+        """Per-unit totals from arrays (the dicts follow on first read)."""
+        self.unit_arrays = arrays
+        self._compute = self._comm = None

@@ -42,28 +42,26 @@ def finding_dict(f: Finding) -> dict:
 
 def unit_rows(snap: RunSnapshot) -> list[dict]:
     """Per unit, per step, mean over the fresh ranks (all ranks when every one is stale)."""
-    ranks = [w for r, w in snap.ranks.items() if r not in snap.stale_ranks and w.steps] or \
-        [w for w in snap.ranks.values() if w.steps]
+    from .unitstats import unit_stats
+
+    ranks = [r for r, w in snap.ranks.items() if r not in snap.stale_ranks and w.steps] or \
+        [r for r, w in snap.ranks.items() if w.steps]
     first = snap.any_rank
     if first is None:
         return []
+    stats = unit_stats(snap, ranks).units if ranks else {}
     rows = []
     for u in first.facts.units:
-        acc = dict.fromkeys(("ag_n", "ag_b", "ag_s", "ag_e", "fwd", "bwd", "rs_s", "rs_e"), 0.0)
-        for w in ranks:
-            n = w.steps
-            ag = w.unit_comm(u.name, "all_gather")
-            rs = w.unit_comm(u.name, "reduce_scatter")
-            acc["ag_n"] += ag.count / n
-            acc["ag_b"] += ag.bytes / n
-            acc["ag_s"] += ag.seconds / n
-            acc["ag_e"] += ag.exposed_seconds / n
-            acc["rs_s"] += rs.seconds / n
-            acc["rs_e"] += rs.exposed_seconds / n
-            acc["fwd"] += w.unit_compute(u.name, "forward") / n
-            acc["bwd"] += w.unit_compute(u.name, "backward") / n
-        k = max(1, len(ranks))
-        a = {key: v / k for key, v in acc.items()}
+        st = stats.get(u.name, {})
+
+        def mean(f: str) -> float:
+            s = st.get(f)
+            return s.mean if s is not None and s.n else 0.0
+
+        a = {k: mean(f) for k, f in (("ag_n", "ag_count"), ("ag_b", "ag_bytes"),
+                                     ("ag_s", "ag_seconds"), ("ag_e", "ag_exposed_seconds"),
+                                     ("rs_s", "rs_seconds"), ("rs_e", "rs_exposed_seconds"),
+                                     ("fwd", "compute_forward"), ("bwd", "compute_backward"))}
         rows.append({
             "unit": u.name, "params": u.params,
             "all_gather_count_per_step": _r(a["ag_n"]),
@@ -147,6 +145,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "ended_ranks": sorted(snap.ended_ranks),
         "data_problems": [{"kind": p.kind, "message": p.message, "fix": p.fix}
                           for p in data_problems(snap)],
+        "missing_ranks": sorted(snap.missing_ranks),
     }
 
 
@@ -227,7 +226,26 @@ def _header(rep: dict) -> list[str]:
                      f"{', '.join(map(str, rep['stale_ranks']))}")
     if rep.get("stopped"):
         lines.append(f"RUN STOPPED: {rep['stopped']['title']}")
+    if rep.get("missing_ranks"):
+        lines.append(f"missing ranks (the world size has them, the source shows none): "
+                     f"{_ranges(rep['missing_ranks'])}")
     return lines
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5" (a thousand missing ranks stay one line)."""
+    out, start, prev = [], None, None
+    for r in ranks:
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            out.append(f"{start}-{prev}" if prev > start else str(start))
+            start = prev = r
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev > start else str(start))
+    return ", ".join(out)
 
 
 def _summary(rep: dict) -> str:

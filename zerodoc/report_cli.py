@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from .clihelp import DefaultsHelpFormatter
@@ -32,6 +33,12 @@ def add_parser(sub) -> None:
     p.add_argument("--window", type=int, default=20, metavar="STEPS",
                    help="steps to diagnose (the last N; 0: all). Endpoints give everything "
                         "since the start on a one-shot report")
+    p.add_argument("--run-id", default=argparse.SUPPRESS, metavar="ID",
+                   help="Prometheus: the run to show when the server holds several (default: "
+                        "the one with the newest step; also http://host:9090#run=ID)")
+    p.add_argument("--segment", type=int, default=argparse.SUPPRESS, metavar="N",
+                   help="run directory: an older segment of a reused run directory (0, 1, ...; "
+                        "-2: the one before the newest; default: the newest)")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="override a threshold (repeatable), e.g. exposed_fraction_warn=0.2")
     p.add_argument("--link", default=None, metavar="CLASS",
@@ -75,7 +82,9 @@ def run(args) -> int:
     window, _link, thresholds, device_memory = diagnosis_options(args)
     from .trace import facts_from_args
 
-    source = open_source(args.source, window=window, trace_facts=facts_from_args(args))
+    source = open_source(args.source, window=window, trace_facts=facts_from_args(args),
+                         run_id=getattr(args, "run_id", None),
+                         segment=getattr(args, "segment", None))
     snap = source.snapshot()
     if not snap.ranks:
         raise UserError(f"{source.description}: no ranks to report on")

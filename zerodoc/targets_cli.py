@@ -33,6 +33,8 @@ def add_parser(sub) -> None:
 
 def read_header(path: Path) -> tuple[dict, bool]:
     """The header dict of a rank log, and whether the log has a clean end record."""
+    from .runlog.scan import newest_head
+
     try:
         with open(path, "rb") as f:
             first = f.readline()
@@ -40,10 +42,11 @@ def read_header(path: Path) -> tuple[dict, bool]:
             size = f.tell()
             f.seek(max(0, size - 4096))
             tail = f.read().decode("utf-8", "replace")
+            newest = newest_head(f, size)  # a reused run directory: the newest segment's
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from None
     try:
-        head = json.loads(first)
+        head = newest[1] if newest is not None else json.loads(first)
     except json.JSONDecodeError:
         raise UserError(f"{path}: first line is not a zerodoc header") from None
     if not isinstance(head, dict) or head.get("type") != "header":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from .errors import UserError
@@ -24,6 +25,12 @@ def add_parser(sub) -> None:
     from .trace import add_arguments
 
     add_arguments(p)
+    p.add_argument("--run-id", default=argparse.SUPPRESS, metavar="ID",
+                   help="Prometheus: the run to show when the server holds several (default: "
+                        "the one with the newest step; also http://host:9090#run=ID)")
+    p.add_argument("--segment", type=int, default=argparse.SUPPRESS, metavar="N",
+                   help="run directory: an older segment of a reused run directory (0, 1, ...; "
+                        "-2: the one before the newest; default: the newest)")
     p.set_defaults(func=run)
 
 
@@ -42,7 +49,8 @@ def run(args) -> int:
     from .trace import facts_from_args
 
     source = open_source(args.source, window=args.window or None,
-                         trace_facts=facts_from_args(args))
+                         trace_facts=facts_from_args(args), run_id=getattr(args, "run_id", None),
+                         segment=getattr(args, "segment", None))
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UserError("needs an interactive terminal (stdin and stdout are not a TTY); "
                         "`zerodoc report` prints the same diagnosis as text")

@@ -183,36 +183,32 @@ class Context:
         return x / w.steps if w.steps else 0.0
 
     @cached_property
+    def unit_stats(self):
+        """Per-unit numbers across the active ranks (zerodoc.unitstats), computed once."""
+        from ..unitstats import unit_stats
+
+        return unit_stats(self.snapshot, list(self.active))
+
+    @cached_property
     def sync(self) -> bool:
         """All-gathers are synchronous: not one second of them was ever hidden."""
-        seen = False
-        for w in self.active.values():
-            for (_u, _p, c), t in w.comm.items():
-                if c != "all_gather" or t.seconds <= 0:
-                    continue
-                seen = True
-                if t.hidden_seconds > 0.01 * t.seconds + 1e-6:
-                    return False
-        return seen
+        return self.unit_stats.sync
 
     @cached_property
     def _views(self) -> list[CommView]:
         groups = {u.name: u.group_size for u in self.units}
-        keys = sorted({k for w in self.active.values() for k in w.comm})
+        stats = self.unit_stats.comm
         out = []
-        for key in keys:
+        for key in sorted(stats):
             unit, phase, coll = key
             if unit == RANK_TOTAL_UNIT:  # a coarse rank's totals: no unit to attribute
                 continue
-            per = [(w.comm[key], w.steps) for w in self.active.values() if key in w.comm]
-            if not per:
+            s = stats[key]
+            if s["count"].n == 0:
                 continue
             n = groups.get(unit) or (self.facts.world_size if self.facts else 1)
-            count = self.median(t.count / s for t, s in per)
-            nbytes = self.median(t.bytes / s for t, s in per)
-            seconds = min(t.seconds / s for t, s in per)
-            exposed = min(t.exposed_seconds / s for t, s in per)
-            hidden = min(t.hidden_seconds / s for t, s in per)
+            count, nbytes = s["count"].median, s["bytes"].median
+            seconds, exposed, hidden = s["seconds"].min, s["exposed"].min, s["hidden"].min
             expected = None
             if self.link_busbw and n > 1:
                 expected = nbytes * busbw_factor(coll, n) / self.link_busbw

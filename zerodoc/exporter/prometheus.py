@@ -21,6 +21,7 @@ from prometheus_client.core import (  # noqa: E402
 from .. import __version__  # noqa: E402
 from ..catalog import BY_NAME, RANK_LABELS, STEP_BUCKETS  # noqa: E402
 from . import detail  # noqa: E402
+from .closing import CloseSignal  # noqa: E402
 
 # Keys of the memory dict that are not byte populations, and where they go.
 GPU_SERIES = {
@@ -52,6 +53,9 @@ class ZerodocCollector:
 
     def __init__(self, monitor):
         self.m = monitor
+        if getattr(monitor, "close_signal", None) is None:
+            monitor.close_signal = CloseSignal()
+        self.closing = monitor.close_signal
 
     def describe(self):
         return []  # no collect() at registration time
@@ -65,6 +69,15 @@ class ZerodocCollector:
             level, facts.rank, facts.world_size,
             getattr(cfg, "metrics_unit_ranks", detail.DEFAULT_UNIT_RANKS))
         rl = [str(facts.rank), str(facts.local_rank), facts.node]
+        if self.closing.closed_unix is not None:
+            g = _family("zerodoc_run_closed_timestamp_seconds")
+            g.add_metric(rl, self.closing.closed_unix)
+            yield g
+        writer = getattr(m, "_writer", None)
+        if writer is not None:
+            c = _family("zerodoc_runlog_dropped_records_total")
+            c.add_metric(rl, writer.dropped)
+            yield c
 
         h = HistogramMetricFamily("zerodoc_step_duration_seconds",
                                   BY_NAME["zerodoc_step_duration_seconds"].help, labels=RANK_LABELS)
@@ -185,6 +198,7 @@ class ZerodocCollector:
         build.add_metric(rl, {"version": __version__,
                               "python_version": platform.python_version()})
         yield build
+        self.closing.scraped()  # the page is complete (a closing rank waits for one)
 
 
 def _per_unit(rl: list[str], compute: list, comm: list):

@@ -167,7 +167,10 @@ class Monitor:
         self._unwritable: str | None = None  # why the run directory cannot be written
         if cfg.run_log:
             try:
-                self._writer = RunLogWriter(self.run_dir, self.rank)
+                self._writer = RunLogWriter(
+                    self.run_dir, self.rank, every_steps=cfg.run_log_every,
+                    every_seconds=cfg.run_log_every_seconds, detail=cfg.run_log_detail,
+                    queue_size=cfg.run_log_queue, on_error=self.registry.error)
             except OSError as e:  # the user's configuration, not a zerodoc error
                 self._unwritable = e.strerror or str(e)
                 self._config_warning(
@@ -410,10 +413,13 @@ class Monitor:
             self.nvml.stop()
         if self._writer is not None:
             try:
-                self._writer.close(self.step_index)
+                self._writer.close(self.step_index, self.totals)
             except OSError as e:
                 self.registry.error("runlog", e)
         if self._server is not None:
+            signal = getattr(self, "close_signal", None)
+            if signal is not None:  # scrapers see the clean close (bounded, exporter/closing.py)
+                signal.close()
             if self._target is not None:
                 try:
                     os.unlink(self._target)
@@ -530,7 +536,9 @@ class Monitor:
             if self.registry.errors:
                 rec["errors"] = dict(self.registry.errors)
             try:
-                self._writer.write(rec)
+                self._writer.write(rec)  # a hand-over to the writer thread: no file I/O here
+                if self._writer.units_due(self.step_index):
+                    self._writer.write_units(tot)
             except (OSError, ValueError) as e:
                 self.registry.error("runlog", e)
         self._pending_self_s = perf_counter() - now

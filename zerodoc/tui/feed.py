@@ -17,7 +17,6 @@ from ..model import RankWindow, RunSnapshot, busbw
 from ..thresholds import DEFAULT as DEFAULT_THRESHOLDS
 from .fmt import duration
 from .history import History, Series
-from .windows import SlidingWindows
 
 Diagnose = Callable[[RunSnapshot], list]
 
@@ -42,7 +41,7 @@ class UnitTotals:
 
 def unit_totals(w: RankWindow) -> dict[str, UnitTotals]:
     """Per-unit, per-step numbers of one rank in one pass over its window."""
-    n = w.steps or 1
+    n = w.per_unit_steps or 1
     out: dict[str, UnitTotals] = {u.name: UnitTotals() for u in w.facts.units}
     for (unit, _phase, coll), t in w.comm.items():
         u = out.get(unit)
@@ -76,6 +75,52 @@ def unit_totals(w: RankWindow) -> dict[str, UnitTotals]:
     return out
 
 
+class LazyUnits(dict):
+    """rank -> that rank's `unit_totals`, computed when first asked for (a view aggregated
+    over ranks reads `zerodoc.unitstats` instead, so at a thousand ranks none are)."""
+
+    def __init__(self, snap: RunSnapshot, cache: dict):
+        super().__init__()
+        self._snap, self._cache = snap, cache
+
+    def _get(self, r):
+        w = self._snap.ranks.get(r)
+        if w is None:
+            return None
+        hit = self._cache.get(r)
+        if hit is None or hit[0] is not w:
+            hit = self._cache[r] = (w, unit_totals(w))
+        return hit[1]
+
+    def get(self, r, default=None):
+        got = self._get(r)
+        return default if got is None else got
+
+    def __getitem__(self, r):
+        got = self._get(r)
+        if got is None:
+            raise KeyError(r)
+        return got
+
+    def __contains__(self, r) -> bool:
+        return r in self._snap.ranks
+
+    def __iter__(self):
+        return iter(self._snap.ranks)
+
+    def __len__(self) -> int:
+        return len(self._snap.ranks)
+
+    def keys(self):
+        return self._snap.ranks.keys()
+
+    def items(self):
+        return ((r, self[r]) for r in self._snap.ranks)
+
+    def values(self):
+        return (self[r] for r in self._snap.ranks)
+
+
 @dataclass
 class Frame:
     """Everything one refresh shows. Treat as immutable once built."""
@@ -90,6 +135,7 @@ class Frame:
     stale: dict[int, str] = field(default_factory=dict)  # rank -> why
     ended: set[int] = field(default_factory=set)  # ranks whose run recorded a clean end
     data_problems: list = field(default_factory=list)  # what the rules cannot see (coverage)
+    missing: set[int] = field(default_factory=set)  # world size has them, no source shows
     history: dict[int, Series] = field(default_factory=dict)
     units: dict[int, dict[str, UnitTotals]] = field(default_factory=dict)
     window: int | None = None
@@ -151,12 +197,7 @@ class Feed:
         self.stale_after_s = stale_after_s if stale_after_s is not None else \
             getattr(source, "stale_after_s", DEFAULT_THRESHOLDS.stale_after_seconds)
         self.history = History(history)
-        # A run dir source is followed here with incremental windows (see windows.py).
-        follower = getattr(source, "follower", None)
-        self._follower = follower if hasattr(follower, "logs") and hasattr(follower, "poll") \
-            else None
         self.window = getattr(source, "window", None)
-        self._windows = SlidingWindows(self.window) if self._follower is not None else None
         self._known: dict[int, RankWindow] = {}  # last window of every rank ever seen
         self._ended: set[int] = set()  # ranks whose run recorded a clean end
         self._good_unix: float | None = None
@@ -164,35 +205,17 @@ class Feed:
         self._diag_error: str | None = self._no_engine
         self._diag_key: tuple | None = None
         self._units: dict[int, tuple[RankWindow, dict[str, UnitTotals]]] = {}
+        self._points = getattr(source, "take_points", None)
         self.refreshes = 0
 
     # -- the source ------------------------------------------------------------------
     def _snapshot(self) -> tuple[RunSnapshot, set[int]]:
-        if self._follower is None:
-            snap = self.source.snapshot()
-            if not isinstance(snap, RunSnapshot) or not isinstance(snap.ranks, dict) or \
-                    not all(isinstance(w, RankWindow) for w in snap.ranks.values()):
-                raise TypeError(f"source returned {type(snap).__name__}, not a RunSnapshot")
-            return snap, set(getattr(snap, "ended_ranks", ()))
-        self._follower.poll()
-        logs = self._follower.logs
-        if not logs:
-            return self.source.snapshot(), set()  # no header yet: the source says why
-        snap = RunSnapshot(source=self.description)
-        snap.ranks = self._windows.update(logs)
-        self._follower.annotate(snap)  # clean closes, the watchdog's stall records
-        ended = set(snap.ended_ranks)
-        return snap, ended
+        snap = self.source.snapshot()
+        if not isinstance(snap, RunSnapshot) or not isinstance(snap.ranks, dict) or \
+                not all(isinstance(w, RankWindow) for w in snap.ranks.values()):
+            raise TypeError(f"source returned {type(snap).__name__}, not a RunSnapshot")
+        return snap, set(getattr(snap, "ended_ranks", ()) or ())
 
-    def _trim_follower(self) -> None:
-        """Drop the follower's records once the windows and the history took them: it keeps
-        every step, megabytes per step at 64 ranks x 128 units, and a big heap makes the
-        garbage collector stall refreshes. The windows keep their own compact copy."""
-        if self._follower is None:
-            return
-        for log in self._follower.logs.values():
-            if len(log.steps) > 1:
-                del log.steps[:-1]
 
     def fetch(self) -> Frame:
         now = self.clock()
@@ -220,14 +243,14 @@ class Feed:
             ranks[r] = self._known[r]
             if r not in ended:
                 stale[r] = "stopped reporting" if source_error is None else "source unreachable"
-        for r in snap.stale_ranks - ended:
-            stale.setdefault(r, "source marks it stale")
         for r, w in ranks.items():
             if r in stale or r in ended:
                 continue
             last = w.updated_unix or w.facts.started_unix
-            if last and now - last > self.stale_after_s and self._follower is not None:
+            if last and now - last > self.stale_after_s and self._points is not None:
                 stale[r] = f"no step for {duration(now - last)}"
+        for r in snap.stale_ranks - ended:
+            stale.setdefault(r, "source marks it stale")
         # Another rank far ahead in wall-clock time also means this one stopped.
         newest = max((w.updated_unix for w in ranks.values()), default=0.0)
         for r, w in ranks.items():
@@ -239,13 +262,13 @@ class Feed:
         ended &= set(ranks) - set(stale)
         full = RunSnapshot(source=snap.source or self.description,
                            ranks=dict(sorted(ranks.items())), stale_ranks=set(stale),
-                           ended_ranks=set(ended), stalls=dict(snap.stalls))
+                           ended_ranks=set(ended), stalls=dict(snap.stalls),
+                           missing_ranks=set(snap.missing_ranks), unit_stats=snap.unit_stats)
 
         self._history_update(full)
-        self._trim_follower()
         findings, diag_error = self._diagnose(full)
         problems = _data_problems(full) if source_error is None or full.ranks else []
-        units = self._unit_totals(full)
+        units = LazyUnits(full, self._units)
         sig = (
             tuple((r, w.steps, w.last_step, w.updated_unix) for r, w in full.ranks.items()),
             tuple(sorted(stale.items())), tuple(sorted(ended)), source_error, diag_error,
@@ -255,14 +278,16 @@ class Feed:
             description=self.description, snapshot=full, findings=findings,
             fetched_unix=now, good_unix=self._good_unix, source_error=source_error,
             diagnose_error=diag_error, stale=stale, ended=ended, data_problems=problems,
+            missing=set(full.missing_ranks),
             history={r: self.history.series(r) for r in full.ranks}, units=units,
             window=self.window, signature=sig)
 
     # -- pieces ----------------------------------------------------------------------
     def _history_update(self, snap: RunSnapshot) -> None:
-        if self._follower is not None:
-            for r, log in self._follower.logs.items():
-                self.history.add_records(r, log.steps)
+        take = getattr(self.source, "take_points", None)
+        if take is not None:  # a run directory: the per-step lines are the history
+            for r, pts in take().items():
+                self.history.add_points(r, pts)
         else:
             for r, w in snap.ranks.items():
                 if r not in snap.stale_ranks:
@@ -295,16 +320,3 @@ class Feed:
             return annotate(findings, snap, history_path(getattr(self.source, "run_dir", None)))
         except Exception:  # noqa: BLE001 - the history is a bonus, never a failure
             return findings
-
-    def _unit_totals(self, snap: RunSnapshot) -> dict[int, dict[str, UnitTotals]]:
-        out = {}
-        cache = {}
-        for r, w in snap.ranks.items():
-            hit = self._units.get(r)
-            if hit is not None and hit[0] is w:
-                cache[r] = hit
-            else:
-                cache[r] = (w, unit_totals(w))
-            out[r] = cache[r][1]
-        self._units = cache
-        return out

@@ -53,17 +53,21 @@ class History:
 
     def add_records(self, rank: int, records: list[StepRecord]) -> None:
         """Take the records of a rank's run log newer than the last one taken."""
-        from .windows import new_records
+        self.add_points(rank, [(s.step, s.step_seconds, s.exposed_seconds, s.compute_seconds)
+                               for s in records])
 
+    def add_points(self, rank: int, points: list[tuple[int, float, float, float]]) -> None:
+        """(step, step s, exposed s, compute s) per step, oldest first, newer than the last
+        point taken (a step number going back means the rank restarted)."""
         r = self._rank(rank)
-        if records and r.last_step is not None and records[-1].step < r.last_step:
+        if points and r.last_step is not None and points[-1][0] < r.last_step:
             r.points.clear()  # the log restarted
             r.last_step = None
-        for s in new_records(records, r.last_step)[-self.length:]:
-            exposed = sum(t.exposed_seconds for t in s.comm.values())
-            self._put(r, s.step, (s.step_seconds, exposed, sum(s.compute.values())))
-        if records:
-            r.last_step = records[-1].step
+        for step, step_s, exposed, compute in points[-self.length:]:
+            if r.last_step is None or step > r.last_step:
+                self._put(r, step, (step_s, exposed, compute))
+        if points:
+            r.last_step = max(points[-1][0], r.last_step or 0)
 
     def add_window(self, rank: int, w: RankWindow) -> None:
         """Derive a point from a window when the rank advanced since the last one."""

@@ -1,7 +1,8 @@
 """A deterministic synthetic run log, for the render benchmark, snapshot tests and docs.
 
-Written with `RunLogWriter`, so it is a valid schema-1 run directory that every reader
-accepts. The numbers follow a shape an operator would recognise: the last layers' all-gathers
+Written through the real run-log writer (`zerodoc.runlog.replay.Replay`), so it is the
+run directory a job would leave (schema 2) and every reader accepts it. A run written with
+`end=False` stays open: `append_steps` continues its writers, as a live job would. The numbers follow a shape an operator would recognise: the last layers' all-gathers
 are the most exposed, one rank (the straggler) computes slower, memory has some headroom.
 Plain Python, no Textual.
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from ..model import RankFacts, UnitFacts
 from ..runlog import RunLogWriter
+from ..runlog.replay import Replay
 
 GIB = 1 << 30
 
@@ -44,7 +46,8 @@ def rank_facts(rank: int, world: int, units: int, *, run_id: str = "synthetic",
 
 def step_record(step: int, rank: int, world: int, units: int, end_unix: float,
                 straggler: int | None = None) -> tuple[dict, float]:
-    """One step line (run log schema 1) and its step seconds. Deterministic in its inputs."""
+    """One full step record (the shape the shim hands to the run-log writer) and its step
+    seconds. Deterministic in its inputs."""
     slow = 1.3 if rank == straggler else 1.0
     wobble = 1.0 + 0.05 * math.sin(step * 0.7 + rank)  # visible in the sparklines
     compute, comm = [], []
@@ -71,7 +74,8 @@ def step_record(step: int, rank: int, world: int, units: int, end_unix: float,
     rec = {
         "type": "step", "step": step, "end_unix": end_unix, "step_s": step_s,
         "optimizer_s": optimizer, "framework_s": 0.01, "other_s": 0.01, "self_s": 0.001,
-        "compute": compute, "comm": comm,
+        "compute_s": total_compute, "exposed_s": total_exposed, "compute": compute,
+        "comm": comm,
         "mem": {"sharded_parameters": 7 * GIB // world * 2, "gradients": 7 * GIB // world * 2,
                 "optimizer_state": 7 * GIB // world * 12, "device_allocated": reserved - GIB,
                 "device_reserved": reserved, "capacity": 80 * GIB,
@@ -81,48 +85,67 @@ def step_record(step: int, rank: int, world: int, units: int, end_unix: float,
     return rec, step_s
 
 
+# Open synthetic runs (end=False): append_steps continues their writers.
+_OPEN: dict[Path, dict[int, Replay]] = {}
+
+
 def write_run(run_dir: str | os.PathLike, *, ranks: int = 64, units: int = 128,
               steps: int = 20, straggler: int | None = 3, started_unix: float = 1_700_000_000.0,
-              end: bool = True, stop_rank_after: dict[int, int] | None = None) -> Path:
+              end: bool = True, stop_rank_after: dict[int, int] | None = None,
+              every_steps: int = 100, detail: bool = True) -> Path:
     """Write a synthetic run dir; returns its path.
 
-    `end`: write each rank's clean "end" line. `stop_rank_after`: {rank: steps} makes those
-    ranks stop early without an end line (a hung or crashed rank).
+    `end`: close each rank cleanly (its "end" line); otherwise the run stays open for
+    `append_steps`. `stop_rank_after`: {rank: steps} makes those ranks stop early without an
+    end line (a hung or crashed rank).
     """
     run_dir = Path(run_dir)
     stop = stop_rank_after or {}
+    replays = {}
     for r in range(ranks):
-        w = RunLogWriter(run_dir, r)
-        w.write_header(rank_facts(r, ranks, units, run_id=run_dir.name, started_unix=started_unix))
+        rep = Replay(RunLogWriter(run_dir, r, every_steps=every_steps, detail=detail,
+                                  queue_size=1 << 20),
+                     rank_facts(r, ranks, units, run_id=run_dir.name, started_unix=started_unix))
         t = started_unix
         last = stop.get(r, steps)
         for s in range(1, last + 1):
             rec, step_s = step_record(s, r, ranks, units, t, straggler)
             t += step_s
             rec["end_unix"] = t
-            w.write(rec)
-        if end and r not in stop:
-            w.close(last)
+            rep.step(rec)
+        if r in stop:
+            rep.close(end=False)
+        elif end:
+            rep.close(end=True)
         else:
-            _close_without_end(w)
+            replays[r] = rep
+    for rep in replays.values():
+        rep.writer.flush(60)
+    if replays:
+        _OPEN[run_dir.resolve()] = replays
     return run_dir
 
 
 def append_steps(run_dir: str | os.PathLike, *, ranks: int, units: int, first_step: int,
                  count: int = 1, end_unix: float | None = None,
                  straggler: int | None = 3) -> None:
-    """Append `count` step lines to each rank's log (a live run advancing)."""
+    """Append `count` steps to each rank of an open synthetic run (a live run advancing)."""
     import time
 
+    replays = _OPEN.get(Path(run_dir).resolve())
+    if replays is None:
+        raise ValueError(f"{run_dir} is not an open synthetic run (write_run(..., end=False))")
     t = end_unix if end_unix is not None else time.time()
     for r in range(ranks):
-        w = RunLogWriter(run_dir, r)
+        rep = replays[r]
         for s in range(first_step, first_step + count):
             rec, _ = step_record(s, r, ranks, units, t, straggler)
-            w.write(rec)
-        _close_without_end(w)
+            rep.step(rec)
+    for r in range(ranks):
+        replays[r].writer.flush(60)
 
 
-def _close_without_end(w: RunLogWriter) -> None:
-    # RunLogWriter.close() always records a clean end; a hung rank must not have one.
-    w._f.close()
+def close_run(run_dir: str | os.PathLike, end: bool = True) -> None:
+    """Close an open synthetic run (with the clean end lines, or as a killed job)."""
+    for rep in _OPEN.pop(Path(run_dir).resolve(), {}).values():
+        rep.close(end=end)

@@ -103,33 +103,53 @@ UNIT_SORTS = ("exposed_ms", "ag_ms", "ag_mb", "busbw", "compute_ms", "exposed_pc
 
 
 def unit_values(frame: Frame, scope: Scope) -> dict[str, dict[str, float | None]]:
-    """Per unit: the numbers of the unit table in base units, aggregated over `scope`."""
+    """Per unit: the numbers of the unit table in base units, aggregated over `scope`
+    (mean / worst over ranks from `zerodoc.unitstats`, computed once per frame)."""
     ranks = scope_ranks(frame, scope)
-    per_rank = [frame.units.get(r, {}) for r in ranks]
-    names: list[str] = []
-    seen = set()
-    for r in ranks:
-        for u in frame.snapshot.ranks[r].facts.units:
-            if u.name not in seen:
-                seen.add(u.name)
-                names.append(u.name)
-        for name in frame.units.get(r, {}):
-            if name not in seen:
-                seen.add(name)
-                names.append(name)
+    if isinstance(scope, int):
+        return _rank_unit_values(frame, ranks)
+    if not ranks:
+        return {}
+    from ..unitstats import unit_stats
+
+    stats = unit_stats(frame.snapshot, ranks)
+    how = "mean" if scope == MEAN else "max"
     out = {}
-    empty = UnitTotals()
-    for name in names:
-        ts = [p.get(name, empty) for p in per_rank]
+    for name in stats.order:
+        st = stats.units.get(name, {})
+
+        def agg(f: str, worst: str = "max") -> float | None:
+            s = st.get(f)
+            if s is None or s.n == 0:
+                return None
+            return s.get("min" if how == "max" and worst == "min" else how)
+
         out[name] = {
-            "ag_bytes": _agg([t.ag_bytes for t in ts], scope),
-            "ag_seconds": _agg([t.ag_seconds for t in ts], scope),
-            "ag_exposed_seconds": _agg([t.ag_exposed_seconds for t in ts], scope),
-            "ag_exposed_fraction": _agg([t.ag_exposed_fraction for t in ts], scope),
-            "ag_busbw": _agg([t.ag_busbw for t in ts], scope, worst="min"),
-            "compute_seconds": _agg([t.compute_seconds for t in ts], scope),
-            "rs_seconds": _agg([t.rs_seconds for t in ts], scope),
+            "ag_bytes": agg("ag_bytes"), "ag_seconds": agg("ag_seconds"),
+            "ag_exposed_seconds": agg("ag_exposed_seconds"),
+            "ag_exposed_fraction": agg("ag_exposed_fraction"),
+            "ag_busbw": agg("ag_busbw", worst="min"),
+            "compute_seconds": agg("compute_seconds"), "rs_seconds": agg("rs_seconds"),
         }
+    return out
+
+
+def _rank_unit_values(frame: Frame, ranks: list[int]) -> dict[str, dict[str, float | None]]:
+    """One rank's own per-unit numbers."""
+    out = {}
+    for r in ranks:
+        names = [u.name for u in frame.snapshot.ranks[r].facts.units]
+        totals = frame.units.get(r, {})
+        names += [n for n in totals if n not in names]
+        empty = UnitTotals()
+        for name in names:
+            t = totals.get(name, empty)
+            out[name] = {
+                "ag_bytes": t.ag_bytes, "ag_seconds": t.ag_seconds,
+                "ag_exposed_seconds": t.ag_exposed_seconds,
+                "ag_exposed_fraction": t.ag_exposed_fraction, "ag_busbw": t.ag_busbw,
+                "compute_seconds": t.compute_seconds, "rs_seconds": t.rs_seconds,
+            }
     return out
 
 
@@ -190,6 +210,23 @@ def rank_state(frame: Frame, r: int) -> str:
     return "live"
 
 
+RANK_ROWS = 256  # the rank table shows at most this many rows (the first by its sort)
+
+
+def _rank_cells(frame: Frame, r: int, w, sortv: dict) -> tuple[str, ...]:
+    n, head = w.steps, sortv["headroom"]
+    state = rank_state(frame, r)
+    if r in frame.stale and w.updated_unix and frame.fetched_unix > w.updated_unix:
+        state += f" {fmt.duration(frame.fetched_unix - w.updated_unix)}"  # since its step
+    return (
+        str(r), w.facts.node or "-", state, str(w.last_step) if n else "-",
+        fmt.ms_num(sortv["step_ms"]), fmt.ms_num(sortv["compute_ms"]),
+        fmt.ms_num(sortv["exposed_ms"]), fmt.pct_num(sortv["exposed_pct"]),
+        fmt.num(sortv["ratio"]), fmt.num(sortv["vs_median"]),
+        fmt.gb_num(head),
+    )
+
+
 def rank_table(frame: Frame, sort: str = "rank", reverse: bool = False) -> Table:
     snap = frame.snapshot
     comp = {r: w.compute_seconds / w.steps for r, w in snap.ranks.items() if w.steps}
@@ -208,21 +245,15 @@ def rank_table(frame: Frame, sort: str = "rank", reverse: bool = False) -> Table
             "vs_median": comp[r] / med if r in comp and med > 0 else None,
             "headroom": head,
         }
-        state = rank_state(frame, r)
-        if r in frame.stale and w.updated_unix and frame.fetched_unix > w.updated_unix:
-            state += f" {fmt.duration(frame.fetched_unix - w.updated_unix)}"  # since its step
-        cells = (
-            str(r), w.facts.node or "-", state, str(w.last_step) if n else "-",
-            fmt.ms_num(sortv["step_ms"]), fmt.ms_num(sortv["compute_ms"]),
-            fmt.ms_num(sortv["exposed_ms"]), fmt.pct_num(sortv["exposed_pct"]),
-            fmt.num(sortv["ratio"]), fmt.num(sortv["vs_median"]),
-            fmt.gb_num(head),
-        )
-        rows.append((str(r), cells, sortv))
+        rows.append((str(r), w, sortv))
     col = next(c for c in RANK_COLUMNS if c.key == sort)
     rows = _sorted(rows, col, reverse)
+    total = len(rows)
+    rows = [(k, _rank_cells(frame, int(k), w, v), v)  # formatted: only the rows shown
+            for k, w, v in rows[:RANK_ROWS]]  # a thousand rows are not read: the first are
+    shown = f"the first {len(rows)} of {total} by this sort; " if total > len(rows) else ""
     stale = len(frame.stale)
-    cap = (f"{len(rows)} ranks{f', {stale} stale' if stale else ''} · per step over the last "
+    cap = (f"{shown}{total} ranks{f', {stale} stale' if stale else ''} · per step over the last "
            f"{_window_text(frame)} · sorted by {col.label} {_arrow(col, reverse)} · "
            f"enter: show this rank in Units")
     return Table(_mark(RANK_COLUMNS, col, reverse), tuple((k, c) for k, c, _ in rows), cap)
@@ -417,20 +448,27 @@ def headroom_per_rank(frame: Frame) -> list[tuple[int, int | None, int | None, f
 
 
 def sparkline_series(frame: Frame, scope: Scope) -> dict[str, list[float]]:
-    """Per step, oldest first: step time, exposed comm and compute, aggregated over scope."""
+    """Per step, oldest first: step time, exposed comm and compute, aggregated over scope
+    (numpy over every rank's points at once: a thousand ranks x 120 steps)."""
+    import numpy as np
+
     ranks = scope_ranks(frame, scope)
-    by_step: dict[int, list[tuple[float, float, float]]] = {}
-    for r in ranks:
-        s = frame.history.get(r)
-        if s is None:
-            continue
-        for i, step in enumerate(s.steps):
-            by_step.setdefault(step, []).append(
-                (s.step_seconds[i], s.exposed_seconds[i], s.compute_seconds[i]))
-    out = {"step": [], "exposed": [], "compute": []}
-    for step in sorted(by_step):
-        pts = by_step[step]
-        out["step"].append(_agg([p[0] for p in pts], scope))
-        out["exposed"].append(_agg([p[1] for p in pts], scope))
-        out["compute"].append(_agg([p[2] for p in pts], scope))
+    series = [s for s in (frame.history.get(r) for r in ranks) if s is not None and s.steps]
+    out: dict[str, list[float]] = {"step": [], "exposed": [], "compute": []}
+    if not series:
+        return out
+    steps = np.concatenate([np.asarray(s.steps, np.int64) for s in series])
+    vals = np.concatenate([np.array((s.step_seconds, s.exposed_seconds, s.compute_seconds),
+                                    np.float64).T for s in series])
+    order = np.argsort(steps, kind="stable")
+    steps, vals = steps[order], vals[order]
+    uniq, first = np.unique(steps, return_index=True)
+    if scope == MEAN:
+        agg = np.add.reduceat(vals, first, axis=0) / np.diff(
+            np.append(first, len(steps)))[:, None]
+    elif scope == WORST:
+        agg = np.maximum.reduceat(vals, first, axis=0)
+    else:  # one rank: its own points
+        agg = vals[first]
+    out["step"], out["exposed"], out["compute"] = (agg[:, i].tolist() for i in range(3))
     return out

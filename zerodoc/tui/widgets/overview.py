@@ -118,9 +118,21 @@ def _top_finding(frame: Frame) -> Text:
     return t
 
 
+HEADROOM_CELLS = 64  # beyond this many ranks, the grid shows the lowest ones (and says so)
+
+
 def _headroom_grid(frame: Frame):
     cells = []
-    for r, head, cap, frac in views.headroom_per_rank(frame):
+    per = views.headroom_per_rank(frame)
+    note = None
+    if len(per) > HEADROOM_CELLS:  # a thousand bars are not read at 2 a.m.: the lowest are
+        stale = [p for p in per if p[0] in frame.stale]
+        known = sorted((p for p in per if p[0] not in frame.stale and p[3] is not None),
+                       key=lambda p: p[3])
+        keep = (stale + known)[:HEADROOM_CELLS]
+        note = Text(f"the {len(keep)} lowest of {len(per)} ranks (stale first)", style="dim")
+        per = sorted(keep, key=lambda p: p[0])
+    for r, head, cap, frac in per:
         t = Text(f"r{r:<3} ", style="bold")
         if r in frame.stale:
             t.append("STALE".ljust(17), style="bold red")
@@ -136,4 +148,9 @@ def _headroom_grid(frame: Frame):
         cells.append(t)
     if not cells:
         return Text("no ranks yet", style="dim")
-    return Columns(cells, padding=(0, 2), equal=True)
+    grid = Columns(cells, padding=(0, 2), equal=True)
+    if note is None:
+        return grid
+    from rich.console import Group
+
+    return Group(note, grid)

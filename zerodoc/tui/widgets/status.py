@@ -79,5 +79,8 @@ class StatusLine(Static):
             t.append(f" · {n} rank{'s' if n != 1 else ''}")
             if s:
                 t.append(f", {s} stale", style="bold red")
+            missing = len(getattr(frame, "missing", ()) or ())
+            if missing:  # the world size has them, the source shows none
+                t.append(f", {missing} missing", style="bold red")
             t.append(f" · {views.scope_label(scope, frame)}", style="dim")
         self.update(t)

@@ -1,0 +1,242 @@
+"""bench/scale.py's series and Prometheus sections (see its docstring)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES, EVERY = 10, 15.0  # backfilled samples per series, seconds apart
+
+
+def _get(url: str, timeout: float = 60, accept: str | None = None) -> bytes:
+    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read()
+
+
+def series_section(tmp: Path, units: int, budget) -> dict[int, str] | None:
+    """A real 2-rank job with `units - 1` blocks: each rank's scrape (OpenMetrics text)."""
+    from zerodoc.demo.launch import Job
+    from zerodoc.runlog import read_rank_tail
+
+    print(f"\n== series per rank (a real 2-rank job, {units} units)")
+    run = tmp / "series"
+    spec = {"model": {"blocks": units - 1, "hidden": 64, "heads": 4, "vocab": 256, "seq": 16,
+                      "batch": 2}, "steps": 10**6, "attach": {"run_dir": str(run), "port": 0}}
+    job = Job(2, spec, log_dir=str(run / "logs")).start()
+    try:
+        deadline = time.monotonic() + 300
+        eps: dict[int, str] = {}
+        while time.monotonic() < deadline:
+            if not job.running():
+                print("  the job failed:", (run / "logs" / "rank-0.out").read_text()[-800:])
+                return None
+            for r in (0, 1):
+                p = run / f"rank-{r:05d}.jsonl"
+                try:
+                    log = read_rank_tail(p, 1, detail=False)
+                except Exception:  # noqa: BLE001 - not written yet
+                    continue
+                if log.last_step >= 3 and log.facts.metrics_endpoint:
+                    eps[r] = log.facts.metrics_endpoint
+            if len(eps) == 2:
+                break
+            time.sleep(0.5)
+        else:
+            print("  the job did not reach step 3 in time")
+            return None
+        texts = {r: _get(f"http://{ep}/metrics",
+                         accept="application/openmetrics-text; version=1.0.0").decode()
+                 for r, ep in eps.items()}
+    finally:
+        job.stop()
+    for r, text in sorted(texts.items()):
+        n = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+        names = {re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0)
+                 for line in text.splitlines() if line and not line.startswith("#")}
+        print(f"  rank {r}: {n:,} series ({len(names)} names)")
+        budget(f"Prometheus series per rank (rank {r}, {units} units)", f"{n:,} <= 1,200",
+               n <= 1200)
+    return texts
+
+
+def _families(text: str) -> list[tuple[str, list[str], list[str]]]:
+    """(type, header lines, sample lines) per metric family of an OpenMetrics page."""
+    out: list[tuple[str, list[str], list[str]]] = []
+    for line in text.splitlines():
+        if not line or line == "# EOF":
+            continue
+        if line.startswith("# TYPE "):
+            out.append((line.split()[3], [line], []))
+        elif line.startswith("#"):
+            if out and not out[-1][2]:
+                out[-1][1].append(line)
+            else:
+                out.append(("unknown", [line], []))
+        elif out:
+            out[-1][2].append(line)
+    return out
+
+
+_LABEL = re.compile(r'(rank|local_rank|node)="[^"]*"')
+
+
+def _relabel(line: str, r: int) -> tuple[str, str, float]:
+    head, _, value = line.rpartition(" ")
+    name, brace, rest = head.partition("{")
+    sub = {"rank": str(r), "local_rank": str(r % 8), "node": f"node{r // 8:03d}"}
+    labels = _LABEL.sub(lambda m: f'{m.group(1)}="{sub[m.group(1)]}"', rest[:-1]) if brace \
+        else ""
+    extra = f'job="zerodoc",instance="node{r // 8:03d}:{9730 + r % 8}"'
+    if 'run_id="' in labels:
+        labels = re.sub(r'run_id="[^"]*"', 'run_id="bench"', labels)
+    else:
+        extra += ',run_id="bench"'
+    labels = f"{extra},{labels}" if labels else extra
+    return name, labels, float(value)
+
+
+def write_openmetrics(path: Path, scrapes: dict[int, str], ranks: int, end: float) -> int:
+    """The series of `ranks` ranks (rank 0's page for rank 0, rank 1's for the others),
+    SAMPLES samples each ending at `end`; counters grow linearly. Returns the series."""
+    fams = {r: _families(t) for r, t in scrapes.items()}
+    series = 0
+    with open(path, "w") as f:
+        for i, (ftype, header, _s) in enumerate(fams[0]):
+            f.write("\n".join(header) + "\n")
+            for r in range(ranks):
+                src = fams[0] if r == 0 else fams[1]
+                if i >= len(src) or src[i][1][0] != header[0]:
+                    match = [x for x in src if x[1][0] == header[0]]
+                    if not match:
+                        continue
+                    samples = match[0][2]
+                else:
+                    samples = src[i][2]
+                for line in samples:
+                    name, labels, v = _relabel(line, r)
+                    series += 1
+                    grows = ftype in ("counter", "histogram")
+                    for k in range(SAMPLES):
+                        ts = end - (SAMPLES - 1 - k) * EVERY
+                        val = v * (k + 1) / SAMPLES if grows else v
+                        if name == "zerodoc_last_step_timestamp_seconds":
+                            val = ts
+                        f.write(f"{name}{{{labels}}} {val!r} {ts:.3f}\n")
+        f.write("# EOF\n")
+    return series
+
+
+def _queries() -> list[tuple[str, str]]:
+    out = []
+    for p in sorted((ROOT / "dashboards").glob("*.json")):
+        d = json.loads(p.read_text())
+        stack = list(d.get("panels", []))
+        while stack:
+            pan = stack.pop(0)
+            stack += pan.get("panels", [])
+            for t in pan.get("targets", []):
+                if t.get("expr"):
+                    out.append((f"{p.stem}: {pan.get('title', '?')} {t.get('refId', '')}",
+                                t["expr"]))
+    return out
+
+
+def _rules() -> list[tuple[str, str]]:
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "rules" / "zerodoc-recording.yml").read_text())
+    return [(f"rule {r['record']}", r["expr"]) for g in doc["groups"] for r in g["rules"]
+            if "record" in r]
+
+
+def _subst(expr: str) -> str:
+    for var, val in (("$__rate_interval", "1m"), ("$__interval", "15s"), ("$__range", "2m"),
+                     ("${datasource}", "")):
+        expr = expr.replace(var, val)
+    return re.sub(r"\$\{?[a-z_]+\}?", ".*", expr)
+
+
+def prometheus_section(tmp: Path, scrapes: dict[int, str], ranks: int, budget,
+                       report_time) -> None:
+    from zerodoc.demo.launch import free_port
+
+    print(f"\n== Prometheus ({ranks} ranks' series, backfilled)")
+    promtool, prometheus = shutil.which("promtool"), shutil.which("prometheus")
+    if not (promtool and prometheus):
+        print("  promtool / prometheus not installed (make prometheus): skipped")
+        return
+    end = time.time() - 5
+    om = tmp / "series.om"
+    t = time.perf_counter()
+    n = write_openmetrics(om, scrapes, ranks, end)
+    print(f"  {n:,} series x {SAMPLES} samples ({om.stat().st_size / 2**20:,.0f} MiB of "
+          f"OpenMetrics) in {time.perf_counter() - t:.0f} s", flush=True)
+    data = tmp / "tsdb"
+    t = time.perf_counter()
+    r = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(om),
+                        str(data)], capture_output=True, text=True)
+    om.unlink()
+    if r.returncode:
+        print("  promtool failed:", (r.stderr or r.stdout)[-800:])
+        return
+    print(f"  backfilled with promtool in {time.perf_counter() - t:.0f} s", flush=True)
+    port = free_port()
+    cfg = tmp / "prometheus.yml"
+    cfg.write_text("global: {scrape_interval: 15s}\n")
+    log = open(tmp / "prometheus.log", "w")
+    proc = subprocess.Popen([prometheus, f"--config.file={cfg}", f"--storage.tsdb.path={data}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log,
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if _get(f"{url}/-/ready", 2):
+                    break
+            except OSError:
+                time.sleep(0.3)
+        lat = []
+        for where, expr in _queries() + _rules():
+            q = urllib.parse.urlencode({"query": _subst(expr), "start": f"{end - 120:.3f}",
+                                        "end": f"{end:.3f}", "step": "15"})
+            times = []
+            for _ in range(3):
+                t = time.perf_counter()
+                body = json.loads(_get(f"{url}/api/v1/query_range?{q}", 120))
+                times.append(time.perf_counter() - t)
+            ok = body.get("status") == "success"
+            got = len(body.get("data", {}).get("result", [])) if ok else 0
+            lat.append((statistics.median(times), where, got, ok))
+        rss = _rss(proc.pid)
+        lat.sort(reverse=True)
+        print(f"  {len(lat)} queries (every dashboard panel and recording rule, 2 min range, "
+              f"15 s step, median of 3): median {statistics.median(x[0] for x in lat) * 1e3:.0f}"
+              f" ms; slowest:")
+        for secs, where, got, ok in lat[:5]:
+            print(f"    {secs * 1e3:7.0f} ms  {where} ({got} series{'' if ok else ', ERROR'})")
+        print(f"  Prometheus resident memory after the queries: {rss / 2**20:,.0f} MiB")
+        budget(f"Prometheus panel query, slowest ({ranks} ranks)", f"{lat[0][0]:.2f} s", None)
+        budget(f"Prometheus resident memory ({ranks} ranks, {n:,} series)",
+               f"{rss / 2**20:,.0f} MiB", None)
+        report_time(url, f"from Prometheus, {ranks} ranks")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0

@@ -1,0 +1,74 @@
+"""Rewrite a schema-1 run directory as schema 2, through the real writer.
+
+    python -m zerodoc.runlog.convert SRC_RUN_DIR DST_RUN_DIR [--every N]
+
+Each rank's step records are replayed (`zerodoc.runlog.replay.Replay`): the per-step
+totals, interval and total lines and the detail files are what the shim would have written
+for those steps; nothing is recomputed by hand. A log with a clean end gets one; a log
+without one (a killed job) does not. Used to regenerate tests/data/scenarios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+from .reader import rank_logs
+from .records import check_header, facts_from_dict
+from .replay import Replay
+from .writer import RunLogWriter
+
+
+def convert_log(src: Path, dst_dir: Path, every: int) -> int:
+    """Convert one schema-1 rank log; returns the number of steps written."""
+    lines = [x for x in src.read_text(encoding="utf-8").splitlines() if x.strip()]
+    head = check_header(json.loads(lines[0]), str(src))
+    if head.get("schema") != 1:
+        raise UserError(f"{src}: schema {head.get('schema')}, not a schema-1 log")
+    facts = facts_from_dict(head)
+    writer = RunLogWriter(dst_dir, facts.rank, every_steps=every)
+    rep = Replay(writer, facts)
+    ended = False
+    n = 0
+    for raw in lines[1:]:
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError:
+            continue  # a torn line: a schema-1 reader skipped it too
+        if rec.get("type") == "step":
+            rep.step(rec)
+            n += 1
+        elif rec.get("type") == "end":
+            ended = True
+        elif rec.get("type") != "header":
+            writer.write(rec)
+    rep.close(end=ended)
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    ap.add_argument("--every", type=int, default=100, help="steps per interval line")
+    args = ap.parse_args(argv)
+    src, dst = Path(args.src), Path(args.dst)
+    paths = rank_logs(src)
+    if not paths:
+        print(f"{src}: no rank-*.jsonl run logs", file=sys.stderr)
+        return 2
+    if rank_logs(dst):
+        print(f"{dst} already holds run logs; convert into an empty directory",
+              file=sys.stderr)
+        return 2
+    for p in paths:
+        n = convert_log(p, dst, args.every)
+        print(f"{p.name}: {n} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Following a live run directory: each `poll()` reads only what was appended since the
+last one (the first poll reads each log's tail, never a whole week-long file).
+
+Two modes. With `detail` (small runs) the full per-unit records of new steps are read from
+the `detail/` files, so windows are exact over the last steps. Without it (big runs: a
+thousand ranks' per-step detail is too much to parse twice a second) only the step lines
+and the per-unit interval lines are read; windows then take step-level numbers from the
+last steps and per-unit numbers from the newest interval (see `log_window`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..model import RunSnapshot
+from .reader import _take, log_window, rank_logs, read_rank_tail
+from .records import RankLog, RunLogError, StepRecord, StepTotals, step_from_dict
+from .scan import kind_of
+from .segments import pick_segment
+from .writer import DETAIL_DIR, detail_names
+
+
+class _Tail:
+    """Where one rank's files were read up to."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.log: RankLog | None = None
+        self.names: list[str] = []
+        self.detail_pos: dict[int, tuple[int, int]] = {}  # slot -> (inode, read offset)
+
+
+class RunFollower:
+    """Follows a run directory. `logs` holds each rank's newest segment as far as read,
+    bounded: the last `keep` step records and step lines (None: all read), and the newest
+    per-unit lines (the newest `total` and the intervals after it)."""
+
+    def __init__(self, run_dir: str | os.PathLike, keep: int | None = None, *,
+                 detail: bool = True, window: int | None = 20):
+        self.run_dir = Path(run_dir)
+        self.keep = keep
+        self.detail = detail
+        self.window = window
+        self.logs: dict[int, RankLog] = {}
+        self._tails: dict[Path, _Tail] = {}
+
+    # -- reading -------------------------------------------------------------------------
+    def poll(self) -> list[tuple[int, StepRecord | StepTotals]]:
+        """New steps since the last poll as (rank, record): full records with `detail`,
+        step totals without."""
+        new: list[tuple[int, StepRecord | StepTotals]] = []
+        for p in rank_logs(self.run_dir):
+            t = self._tails.get(p)
+            if t is None:
+                t = self._tails[p] = _Tail(p)
+            try:
+                new += self._poll_one(t)
+            except (OSError, RunLogError):
+                continue  # not readable yet (no header): the next poll tries again
+        current = {id(x) for x in pick_segment([t.log for t in self._tails.values()
+                                                if t.log is not None])}
+        self.logs = {t.log.facts.rank: t.log for t in self._tails.values()
+                     if t.log is not None and id(t.log) in current}
+        return [(r, s) for r, s in new if r in self.logs]
+
+    def _poll_one(self, t: _Tail) -> list:
+        size = os.stat(t.path).st_size
+        if t.log is None or size < t.log.read_to:
+            if size == 0:
+                return []
+            fresh = t.log is None
+            t.log = read_rank_tail(t.path, self._tail_window(), detail=self.detail)
+            t.names = [u.name for u in t.log.facts.units]
+            t.detail_pos = {}
+            if t.log.torn:
+                t.log.bad_lines -= 1  # a line still being written: read it next time
+            new = [(t.log.facts.rank, s) for s in
+                   (t.log.steps if self.detail else t.log.totals)] if fresh else []
+            if self.detail:
+                self._poll_detail(t)  # positions after what the tail read took
+            self._trim(t.log)
+            return new
+        log = t.log
+        out: list = []
+        if size > log.read_to:
+            with open(t.path, "rb") as f:
+                f.seek(log.read_to)
+                chunk = f.read(size - log.read_to)
+            end = chunk.rfind(b"\n")
+            if end >= 0:
+                off = log.read_to
+                for line in chunk[:end].split(b"\n"):
+                    at = off
+                    off += len(line) + 1
+                    if not line.strip():
+                        continue
+                    if kind_of(line) == "header":  # the rank restarted: a new segment
+                        t.log = read_rank_tail(t.path, self._tail_window(), detail=self.detail)
+                        t.names = [u.name for u in t.log.facts.units]
+                        t.detail_pos = {}
+                        if self.detail:
+                            self._poll_detail(t)
+                        self._trim(t.log)
+                        del at
+                        return [(t.log.facts.rank, s) for s in
+                                (t.log.steps if self.detail else t.log.totals)]
+                    n = len(log.totals)
+                    _take(log, line, t.names)
+                    if not self.detail and len(log.totals) > n:
+                        out.append((log.facts.rank, log.totals[-1]))
+                log.read_to += end + 1
+        if self.detail:
+            out += [(log.facts.rank, s) for s in self._poll_detail(t)]
+        self._trim(log)
+        return out
+
+    def _tail_window(self) -> int | None:
+        if self.keep is None:
+            return None if self.window is None else max(self.window, 1)
+        return max(self.keep, self.window or 0) or None
+
+    def _poll_detail(self, t: _Tail) -> list[StepRecord]:
+        """New full records from the detail files of the current segment."""
+        log = t.log
+        last = log.steps[-1].step if log.steps else 0
+        got: list[StepRecord] = []
+        for slot, name in enumerate(detail_names(log.facts.rank)):
+            p = self.run_dir / DETAIL_DIR / name
+            try:
+                st = os.stat(p)
+                f = open(p, "rb")
+            except OSError:
+                continue
+            with f:
+                inode, pos = t.detail_pos.get(slot, (None, 0))
+                if inode != st.st_ino or st.st_size < pos or pos == 0:
+                    tag = f.readline()
+                    try:
+                        d = json.loads(tag)
+                    except (ValueError, UnicodeDecodeError):
+                        continue
+                    if not isinstance(d, dict) or d.get("header_at") != log.header_at:
+                        t.detail_pos[slot] = (st.st_ino, 0)
+                        continue
+                    pos = len(tag)
+                f.seek(pos)
+                chunk = f.read(st.st_size - pos)
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                t.detail_pos[slot] = (st.st_ino, pos)
+                continue
+            t.detail_pos[slot] = (st.st_ino, pos + end + 1)
+            for line in chunk[:end].split(b"\n"):
+                if not line.strip():
+                    continue
+                try:
+                    s = step_from_dict(json.loads(line), t.names)
+                except (ValueError, KeyError, TypeError, IndexError):
+                    log.bad_lines += 1
+                    continue
+                if s.step > last:
+                    got.append(s)
+        got.sort(key=lambda s: s.step)
+        for s in got:
+            if not log.steps or s.step > log.steps[-1].step:
+                log.steps.append(s)
+        return got
+
+    def _trim(self, log: RankLog) -> None:
+        if self.keep:
+            if len(log.steps) > self.keep:
+                del log.steps[:-self.keep]
+            if len(log.totals) > self.keep:
+                del log.totals[:-self.keep]
+        totals = [i for i, b in enumerate(log.blocks) if b.kind == "total"]
+        if totals and totals[-1] > 0:
+            cut = max(0, min(totals[-1], len(log.blocks) - 8))
+            del log.blocks[:cut]
+        if len(log.blocks) > 64:
+            del log.blocks[:-64]
+
+    # -- windows -------------------------------------------------------------------------
+    def snapshot(self, window: int | None = 20) -> RunSnapshot:
+        snap = RunSnapshot(source=str(self.run_dir))
+        for rank, log in sorted(self.logs.items()):
+            snap.ranks[rank] = log_window(log, window, detail=self.detail)
+        self.annotate(snap)
+        return snap
+
+    def annotate(self, snap: RunSnapshot, stale_after_s: float = float("inf")) -> None:
+        """Clean closes, stale and missing ranks and the watchdog's stall records of the
+        followed ranks, into `snap`."""
+        import time
+
+        from .reader import annotate
+
+        annotate(snap, list(self.logs.values()), stale_after_s, time.time())

@@ -1,0 +1,510 @@
+"""Reading run logs: one segment in full, or only the tail a window needs (seek from the
+end), and the windows (`RankWindow`) built from what was read."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..model import CommTotals, LazyRankWindow, RankFacts, RankWindow, RunSnapshot
+from .records import (
+    RankLog, RunLogError, StepRecord, StepTotals, UnitsBlock, block_from_dict, check_header,
+    facts_from_dict, rank_log_name, step_from_dict, totals_from_dict, totals_of,
+)
+from .scan import kind_of, reverse_lines, segment_heads
+from .writer import DETAIL_DIR, detail_names
+
+DEFAULT_ROOT = "zerodoc-runs"
+_BAD = (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, AttributeError,
+        UnicodeDecodeError)
+
+
+def rank_logs(run_dir: str | os.PathLike) -> list[Path]:
+    return sorted(Path(run_dir).glob("rank-*.jsonl"))
+
+
+def _open(path: Path):
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise RunLogError(f"cannot read run log {path}: {e.strerror or e}") from e
+
+
+def _segment(f, path: Path, segment: int | None) -> tuple[int, int, dict, int, int]:
+    """(start, end, header, segment number, segment count) of the wanted segment."""
+    size = os.fstat(f.fileno()).st_size
+    if size == 0:
+        raise RunLogError(f"{path}: empty run log (the rank wrote no header yet)")
+    heads = segment_heads(f, size)
+    if not heads:
+        f.seek(0)
+        first = f.readline()
+        try:
+            head = json.loads(first)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RunLogError(f"{path}: first line is not JSON ({e})") from e
+        check_header(head, str(path))
+        heads = [(0, head)]
+    numbers = [int(h.get("segment", i)) for i, (_o, h) in enumerate(heads)]
+    if segment is None:
+        i = len(heads) - 1
+    elif segment < 0 and -segment <= len(heads):
+        i = len(heads) + segment
+    elif segment in numbers:
+        i = numbers.index(segment)
+    else:
+        raise RunLogError(f"{path}: no segment {segment} (segments: "
+                          f"{', '.join(map(str, numbers))})")
+    start, head = heads[i]
+    end = heads[i + 1][0] if i + 1 < len(heads) else size
+    check_header(head, f"{path} (segment {numbers[i]})")
+    return start, end, head, numbers[i], len(heads)
+
+
+def _new_log(path: Path, head: dict, number: int, count: int, start: int) -> RankLog:
+    return RankLog(facts=facts_from_dict(head), segment=number, segments=count,
+                   schema=int(head.get("schema", 1)), path=str(path), header_at=start)
+
+
+def _open_segment(f, path: Path, segment: int | None):
+    """(start, end, an empty RankLog, unit names, offset after the header); `f` is left
+    just after the header."""
+    start, end, head, number, count = _segment(f, path, segment)
+    log = _new_log(path, head, number, count, start)
+    f.seek(start)
+    body = start + len(f.readline())
+    return start, end, log, [u.name for u in log.facts.units], body
+
+
+def _take(log: RankLog, line: bytes, names: list[str], parse_steps: bool = True) -> None:
+    """Fold one line of the segment (oldest first) into `log`."""
+    try:
+        rec = json.loads(line)
+        kind = rec.get("type")
+        if kind == "step":
+            if not parse_steps:
+                return
+            if log.schema == 1:
+                s = step_from_dict(rec, names)
+                log.steps.append(s)
+                log.totals.append(totals_of(s))
+            else:
+                log.totals.append(totals_from_dict(rec))
+        elif kind in ("interval", "total"):
+            log.blocks.append(block_from_dict(rec, names))
+        elif kind == "end":
+            log.ended = True
+            log.dropped = max(log.dropped, int(rec.get("dropped", 0)))
+        elif kind == "header":
+            pass
+        else:
+            if kind == "dropped":
+                log.dropped = max(log.dropped, int(rec.get("total", 0)))
+            log.add_event(rec)
+    except _BAD:
+        log.bad_lines += 1
+
+
+def read_detail(run_dir: Path, rank: int, header_at: int, names: list[str],
+                last: int | None = None) -> tuple[list[StepRecord], int]:
+    """The full-detail steps of the segment whose header is at `header_at` (the newest
+    segment only keeps them), oldest first; `last`: only the newest N. (records, bad)."""
+    out: dict[int, StepRecord] = {}
+    bad = 0
+    for name in detail_names(rank):
+        p = run_dir / DETAIL_DIR / name
+        try:
+            f = open(p, "rb")
+        except OSError:
+            continue
+        with f:
+            tag = f.readline()
+            try:
+                t = json.loads(tag)
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if not isinstance(t, dict) or t.get("header_at") != header_at:
+                continue
+            start = len(tag)
+            size = os.fstat(f.fileno()).st_size
+            got = 0
+            for _off, line in reverse_lines(f, size, start):
+                try:
+                    s = step_from_dict(json.loads(line), names)
+                except _BAD:
+                    bad += 1
+                    continue
+                out.setdefault(s.step, s)
+                got += 1
+                if last is not None and got >= last:
+                    break
+    steps = [out[k] for k in sorted(out)]
+    return (steps[-last:] if last else steps), bad
+
+
+def read_rank_log(path: str | os.PathLike, segment: int | None = None, *,
+                  detail: bool = True) -> RankLog:
+    """One segment of one rank's log, every line of it (the newest segment by default;
+    `segment` a number, or -2 for the one before the newest). Torn or malformed lines are
+    skipped and counted. Reads the whole segment: use `read_rank_tail` for big logs."""
+    path = Path(path)
+    with _open(path) as f:
+        start, end, log, names, body = _open_segment(f, path, segment)
+        data = f.read(end - body)
+    lines = data.split(b"\n")
+    torn = lines.pop() if lines else b""
+    for line in lines:
+        if line.strip():
+            _take(log, line, names)
+    log.read_to = end - len(torn)
+    if torn.strip():
+        log.torn = True
+        _take(log, torn, names)
+    if detail and log.schema >= 2 and log.segment == log.segments - 1:
+        log.steps, bad = read_detail(path.parent, log.facts.rank, start, names)
+        log.bad_lines += bad
+    return log
+
+
+def read_rank_tail(path: str | os.PathLike, window: int | None = 20,
+                   segment: int | None = None, *, detail: bool = True) -> RankLog:
+    """What a window of the last `window` steps (None: all) needs of one segment, read from
+    the end: the newest `window` step lines, the per-unit lines back to where they cover
+    the window (for all steps: back to the newest `total` line), and with `detail` the
+    newest `window` steps in full. Time and memory do not grow with the log."""
+    path = Path(path)
+    with _open(path) as f:
+        start, end, log, names, body = _open_segment(f, path, segment)
+        number, count = log.segment, log.segments
+        f.seek(end - 1)
+        log.torn = end > body and f.read(1) != b"\n"
+        if log.schema == 1:  # full per-step lines: the whole segment
+            f.seek(body)
+            data = f.read(end - body)
+            lines = data.split(b"\n")
+            log.read_to = end - len(lines[-1])
+            for line in lines:
+                if line.strip():
+                    _take(log, line, names)
+            if window:
+                log.steps = log.steps[-window:]
+                log.totals = log.totals[-window:]
+            return log
+        picked: list[bytes] = []  # newest first
+        step_lines = covered = 0
+        seen_block = False
+        newest_total = None
+        log.read_to = end
+        for off, line in reverse_lines(f, end, body):
+            if log.torn and off + len(line) == end:
+                log.read_to = off
+            kind = kind_of(line)
+            if kind == "step":
+                if (window is None and not seen_block) or \
+                        (window is not None and step_lines < window):
+                    picked.append(line)
+                step_lines += 1
+            elif kind == "interval":
+                picked.append(line)
+                seen_block = True
+                try:
+                    covered += int(json.loads(line).get("steps", 0))
+                except _BAD:
+                    pass
+            elif kind == "total":
+                if window is None:
+                    picked.append(line)
+                    break
+                newest_total = newest_total or line  # used only if no interval covers
+            else:
+                picked.append(line)
+            if window is not None and step_lines >= window and covered >= window:
+                break
+    if window is not None and covered < window and newest_total is not None:
+        picked.append(newest_total)  # the segment's totals: better than no per-unit numbers
+    for line in reversed(picked):
+        _take(log, line, names)
+    if detail and number == count - 1:
+        log.steps, bad = read_detail(path.parent, log.facts.rank, start, names, last=window)
+        log.bad_lines += bad
+    return log
+
+
+# --------------------------------------------------------------------------------------
+# windows
+
+
+def window_from_steps(facts: RankFacts, steps: Iterable[StepRecord],
+                      errors: dict[str, int] | None = None) -> RankWindow:
+    """Fold full step records into one RankWindow (totals over those steps)."""
+    w = RankWindow(facts=facts)
+    for s in steps:
+        if w.steps == 0:
+            w.first_step = s.step
+        w.steps += 1
+        w.last_step = s.step
+        w.step_seconds += s.step_seconds
+        w.last_step_seconds = s.step_seconds
+        w.max_step_seconds = max(w.max_step_seconds, s.step_seconds)
+        w.optimizer_seconds += s.optimizer_seconds
+        w.framework_seconds += s.framework_seconds
+        w.other_seconds += s.other_seconds
+        w.self_seconds += s.self_seconds
+        w.host_compute_seconds += s.host_compute_seconds
+        w.launch_checks += s.launch_checks
+        w.launch_caught_up += s.launch_caught_up
+        w.updated_unix = s.end_unix
+        w.step_times.append(s.step_seconds)
+        for k, v in s.compute.items():
+            w.compute[k] = w.compute.get(k, 0.0) + v
+        for k, t in s.comm.items():
+            w.comm.setdefault(k, CommTotals()).add(t)
+        if s.memory:
+            w.memory = dict(s.memory)
+        if s.errors:
+            w.errors = dict(s.errors)
+    if errors:
+        w.errors = dict(errors)
+    return w
+
+
+def _scalars_from_totals(w: RankWindow, totals: list[StepTotals]) -> None:
+    """Step-level numbers of `w` from step lines (replacing what was there)."""
+    w.steps = len(totals)
+    w.first_step, w.last_step = totals[0].step, totals[-1].step
+    w.step_seconds = sum(t.step_seconds for t in totals)
+    w.optimizer_seconds = sum(t.optimizer_seconds for t in totals)
+    w.framework_seconds = sum(t.framework_seconds for t in totals)
+    w.other_seconds = sum(t.other_seconds for t in totals)
+    w.self_seconds = sum(t.self_seconds for t in totals)
+    w.compute_total = sum(t.compute_seconds for t in totals)
+    w.exposed_total = sum(t.exposed_seconds for t in totals)
+    w.host_compute_seconds = sum(t.host_compute_seconds for t in totals)
+    w.launch_checks = sum(t.launch_checks for t in totals)
+    w.launch_caught_up = sum(t.launch_caught_up for t in totals)
+    w.step_times = [t.step_seconds for t in totals]
+    w.last_step_seconds = totals[-1].step_seconds
+    w.max_step_seconds = max(w.step_times)
+    w.updated_unix = totals[-1].end_unix
+
+
+def _add_block(w: RankWindow, b: UnitsBlock, first: bool) -> None:
+    """Add a block's step-level sums to `w` (its per-unit totals: `merge_arrays`)."""
+    if first:
+        w.first_step = b.first_step
+    w.steps += b.steps
+    w.last_step = b.last_step
+    w.step_seconds += b.step_seconds
+    w.optimizer_seconds += b.optimizer_seconds
+    w.framework_seconds += b.framework_seconds
+    w.other_seconds += b.other_seconds
+    w.self_seconds += b.self_seconds
+    w.host_compute_seconds += b.host_compute_seconds
+    w.launch_checks += b.launch_checks
+    w.launch_caught_up += b.launch_caught_up
+    w.max_step_seconds = max(w.max_step_seconds, b.max_step_seconds)
+    w.updated_unix = max(w.updated_unix, b.end_unix)
+
+
+def merge_arrays(parts: list[tuple]) -> tuple:
+    """The sum of unit arrays (keys in first-seen order; equal key tuples: one numpy add)."""
+    import numpy as np
+
+    ck, cv, mk, mv = parts[0]
+    cv, mv = cv.copy(), mv.copy()
+    for bck, bcv, bmk, bmv in parts[1:]:
+        if bck is ck or bck == ck:
+            cv += bcv
+        else:
+            pos = {k: i for i, k in enumerate(ck)}
+            new = [k for k in bck if k not in pos]
+            ck = ck + tuple(new)
+            cv = np.concatenate((cv, np.zeros(len(new))))
+            pos.update({k: len(pos) + i for i, k in enumerate(new)})
+            cv[[pos[k] for k in bck]] += bcv
+        if bmk is mk or bmk == mk:
+            mv += bmv
+        else:
+            pos = {k: i for i, k in enumerate(mk)}
+            new = [k for k in bmk if k not in pos]
+            mk = mk + tuple(new)
+            mv = np.concatenate((mv, np.zeros((len(new), 5))))
+            pos.update({k: len(pos) + i for i, k in enumerate(new)})
+            mv[[pos[k] for k in bmk]] += bmv
+    return ck, cv, mk, mv
+
+
+def _latest(log: RankLog, attr: str) -> dict:
+    best: tuple[int, dict] = (-1, {})
+    for src in (log.totals[-1:], log.steps[-1:]):
+        for s in src:
+            v = getattr(s, attr)
+            if v and s.step > best[0]:
+                best = (s.step, dict(v))
+    if not best[1] and attr == "memory":
+        for s in reversed(log.totals):
+            if s.memory:
+                return dict(s.memory)
+    return best[1]
+
+
+def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True) -> RankWindow:
+    """One rank's totals over its last `window` steps (None: all steps of the segment).
+
+    With `detail` and enough full-detail steps, exactly those steps. Otherwise per-unit
+    numbers come from the newest interval lines that cover the window (all steps: the
+    newest total line and the intervals after it) plus any full-detail steps after them;
+    when `detail` is off, the step-level numbers are the last `window` step lines and
+    `unit_steps` says how many steps the per-unit numbers cover."""
+    facts = log.facts
+    det = log.steps if detail else []
+    # the whole window in full detail: the last `window` steps, or every step of a young
+    # segment (its detail starts at step 1 and reaches the newest per-unit line)
+    newest_block = max((b.last_step for b in log.blocks), default=0)
+    if det and ((window and len(det) >= window) or
+                (det[0].step == 1 and det[-1].step >= newest_block)):
+        w = window_from_steps(facts, det[-window:] if window else det)
+        w.memory = _latest(log, "memory") or w.memory
+        return w
+    intervals = [b for b in log.blocks if b.kind == "interval"]
+    totals = [b for b in log.blocks if b.kind == "total"]
+    cut = intervals[-1].last_step if intervals else (totals[-1].last_step if totals else 0)
+    tail = [s for s in det if s.step > cut]
+    pieces: list = []
+    if window is None:
+        base = totals[-1] if totals else None
+        if base is not None:
+            pieces.append(base)
+            pieces += [b for b in intervals if b.first_step > base.last_step]
+        else:
+            pieces += intervals
+    else:
+        covered = len(tail)
+        for b in reversed(intervals):
+            if covered >= window:
+                break
+            pieces.insert(0, b)
+            covered += b.steps
+        if covered < window and totals and not intervals:
+            pieces.insert(0, totals[-1])
+    if tail:  # full-detail steps after the blocks (small runs): dicts
+        part = window_from_steps(facts, tail)
+        w = part
+        if pieces:
+            w = RankWindow(facts=facts)
+            for i, b in enumerate(pieces):
+                _add_block(w, b, i == 0)
+            comp, comm = part.compute, part.comm
+            for b in pieces:
+                for k, v in b.compute.items():
+                    comp[k] = comp.get(k, 0.0) + v
+                for k, t in b.comm.items():
+                    comm.setdefault(k, CommTotals()).add(t)
+            w.steps += part.steps
+            w.last_step = part.last_step
+            for k in ("step_seconds", "optimizer_seconds", "framework_seconds",
+                      "other_seconds", "self_seconds", "host_compute_seconds",
+                      "launch_checks", "launch_caught_up"):
+                setattr(w, k, getattr(w, k) + getattr(part, k))
+            w.max_step_seconds = max(w.max_step_seconds, part.max_step_seconds)
+            w.updated_unix = part.updated_unix
+            w.compute, w.comm = comp, comm
+    else:  # blocks only: per-unit totals stay arrays until someone reads the dicts
+        w = LazyRankWindow(facts=facts, unit_arrays=merge_arrays(
+            [b.unit_arrays for b in pieces]) if pieces else None)
+        for i, b in enumerate(pieces):
+            _add_block(w, b, i == 0)
+    lines = log.totals
+    if lines:
+        if not detail and window is not None:
+            # step-level numbers: exactly the last `window` step lines, fresh; per-unit: the
+            # intervals above, over `unit_steps` steps
+            unit_steps = w.steps if (pieces or tail) else 0
+            _scalars_from_totals(w, lines[-window:])
+            w.unit_steps = unit_steps
+        else:
+            inside = [t for t in lines if w.first_step <= t.step <= w.last_step]
+            if w.steps == 0 and not pieces:
+                _scalars_from_totals(w, lines if window is None else lines[-window:])
+                w.unit_steps = 0
+            else:
+                if len(inside) == w.steps:
+                    w.step_times = [t.step_seconds for t in inside]
+                if inside:
+                    w.last_step_seconds = inside[-1].step_seconds
+                    w.updated_unix = max(w.updated_unix, inside[-1].end_unix)
+    w.memory = _latest(log, "memory")
+    w.errors = _latest(log, "errors")
+    return w
+
+
+# --------------------------------------------------------------------------------------
+# run directories
+
+
+def load_run(run_dir: str | os.PathLike, window: int | None = 20,
+             stale_after_s: float = 30.0, *, segment: int | None = None) -> RunSnapshot:
+    """A RunSnapshot from a run directory: each rank's totals over its last `window` steps
+    (all steps when None) of the newest segment (or `segment`). Ranks whose log has no
+    clean end and no step for `stale_after_s` seconds are stale; ranks the world size
+    promises and no log shows are missing."""
+    from .segments import pick_segment
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunLogError(f"no run directory at {run_dir}")
+    paths = rank_logs(run_dir)
+    if not paths:
+        raise RunLogError(f"{run_dir} holds no rank-*.jsonl run logs")
+    logs = pick_segment([read_rank_tail(p, window, segment) for p in paths], segment)
+    snap = RunSnapshot(source=str(run_dir))
+    now = time.time()
+    for log in logs:
+        snap.ranks[log.facts.rank] = log_window(log, window)
+    annotate(snap, logs, stale_after_s, now)
+    return snap
+
+
+def annotate(snap: RunSnapshot, logs, stale_after_s: float, now: float) -> None:
+    """Ended, stale and missing ranks and the watchdog's stall records of these logs, into
+    `snap`. A log whose newest watchdog record says the rank failed (closed while an
+    exception propagated) is not a clean end."""
+    from ..stalls import last_stall
+
+    for log in logs:
+        rank = log.facts.rank
+        stall = last_stall(log.events)
+        if stall is not None:
+            snap.stalls[rank] = stall
+        failed = stall is not None and stall.get("state") == "failed"
+        if log.ended and not failed:
+            snap.ended_ranks.add(rank)
+        elif not log.ended and now - log.last_unix > stale_after_s:
+            snap.stale_ranks.add(rank)
+    snap.missing_ranks = missing(snap)
+
+
+def missing(snap: RunSnapshot) -> set[int]:
+    """Ranks below the world size that the snapshot does not show."""
+    if not snap.ranks:
+        return set()
+    world = max(w.facts.world_size for w in snap.ranks.values())
+    return set(range(world)) - set(snap.ranks)
+
+
+def latest_run(root: str | os.PathLike = DEFAULT_ROOT) -> Path:
+    """The most recently written run directory under `root`."""
+    root = Path(root)
+    candidates = [d for d in root.glob("*") if d.is_dir() and rank_logs(d)] if root.is_dir() else []
+    if not candidates:
+        raise RunLogError(f"no zerodoc runs under {root.resolve()} "
+                          "(run `zerodoc demo`, or pass a run directory)")
+    return max(candidates, key=lambda d: max(p.stat().st_mtime for p in rank_logs(d)))
+
+
+__all__ = ["DEFAULT_ROOT", "RankLog", "RunLogError", "StepRecord", "latest_run", "load_run",
+           "log_window", "rank_log_name", "rank_logs", "read_detail", "read_rank_log",
+           "read_rank_tail", "window_from_steps"]

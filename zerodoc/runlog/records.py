@@ -1,0 +1,342 @@
+"""Run-log records as Python objects, and the parsing of one JSON line into them.
+
+Plain Python (stdlib only): the writer runs inside training jobs, the readers everywhere.
+The format itself is described in `zerodoc.runlog` (and docs/runlog.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..errors import UserError
+from ..model import CommTotals, RankFacts, UnitFacts
+
+SCHEMA = 2
+READS = (1, 2)  # schemas this zerodoc reads
+MAX_EVENTS = 256  # non-step records kept per rank by the readers (RankLog.events)
+
+# Scalar fields of step / interval / total records: (JSON key, attribute name).
+SCALARS = (("step_s", "step_seconds"), ("optimizer_s", "optimizer_seconds"),
+           ("framework_s", "framework_seconds"), ("other_s", "other_seconds"),
+           ("self_s", "self_seconds"))
+
+
+class RunLogError(UserError):
+    """A run directory or run log that cannot be read; the message says why."""
+
+
+def rank_log_name(rank: int) -> str:
+    return f"rank-{rank:05d}.jsonl"
+
+
+@dataclass
+class StepRecord:
+    """One step with its full per-unit detail (schema 1 step lines; schema 2 detail files)."""
+
+    step: int
+    end_unix: float
+    step_seconds: float
+    optimizer_seconds: float
+    framework_seconds: float
+    other_seconds: float
+    self_seconds: float
+    compute: dict[tuple[str, str], float]
+    comm: dict[tuple[str, str, str], CommTotals]
+    memory: dict[str, int]
+    errors: dict[str, int]
+    host_compute_seconds: float = 0.0  # GPU: the host's launch time of the compute rows
+    launch_checks: int = 0  # GPU launch-bound probe: segments checked ...
+    launch_caught_up: int = 0  # ... and how many found the device already caught up
+
+    @property
+    def compute_seconds(self) -> float:
+        return sum(self.compute.values())
+
+    @property
+    def exposed_seconds(self) -> float:
+        return sum(t.exposed_seconds for t in self.comm.values())
+
+
+@dataclass(slots=True)
+class StepTotals:
+    """One step's totals (a schema-2 step line): no per-unit detail."""
+
+    step: int
+    end_unix: float
+    step_seconds: float
+    optimizer_seconds: float
+    framework_seconds: float
+    other_seconds: float
+    self_seconds: float
+    compute_seconds: float
+    exposed_seconds: float
+    memory: dict[str, int] | None
+    errors: dict[str, int] | None
+    host_compute_seconds: float = 0.0
+    launch_checks: int = 0
+    launch_caught_up: int = 0
+
+
+class UnitsBlock:
+    """Per-unit totals over a run of steps: an `interval` line (steps first..last) or a
+    `total` line (every step of the segment up to `last_step`).
+
+    Kept as arrays (`unit_arrays`: compute keys and seconds, comm keys and [count, bytes,
+    seconds, exposed, hidden] rows; key tuples shared between ranks), so a thousand ranks'
+    intervals are added and compared with numpy; `compute` / `comm` give the dicts."""
+
+    __slots__ = ("kind", "first_step", "last_step", "steps", "end_unix", "step_seconds",
+                 "optimizer_seconds", "framework_seconds", "other_seconds", "self_seconds",
+                 "max_step_seconds", "unit_arrays", "_dicts", "host_compute_seconds",
+                 "launch_checks", "launch_caught_up")
+
+    def __init__(self, kind, first_step, last_step, steps, end_unix, step_seconds,
+                 optimizer_seconds, framework_seconds, other_seconds, self_seconds,
+                 max_step_seconds, unit_arrays):
+        self.kind, self.first_step, self.last_step, self.steps = kind, first_step, last_step, steps
+        self.end_unix, self.step_seconds = end_unix, step_seconds
+        self.optimizer_seconds, self.framework_seconds = optimizer_seconds, framework_seconds
+        self.other_seconds, self.self_seconds = other_seconds, self_seconds
+        self.max_step_seconds = max_step_seconds
+        self.unit_arrays = unit_arrays
+        self._dicts = None
+        self.host_compute_seconds = 0.0
+        self.launch_checks = self.launch_caught_up = 0
+
+    def _make(self):
+        if self._dicts is None:
+            self._dicts = dicts_of(self.unit_arrays)
+        return self._dicts
+
+    @property
+    def compute(self) -> dict[tuple[str, str], float]:
+        return self._make()[0]
+
+    @property
+    def comm(self) -> dict[tuple[str, str, str], CommTotals]:
+        return self._make()[1]
+
+
+@dataclass
+class RankLog:
+    """One segment of one rank's run log, as far as it was read."""
+
+    facts: RankFacts
+    steps: list[StepRecord] = field(default_factory=list)  # full per-unit detail (recent)
+    totals: list[StepTotals] = field(default_factory=list)  # step lines read (all or a tail)
+    blocks: list[UnitsBlock] = field(default_factory=list)  # interval / total lines read
+    ended: bool = False  # a clean close was recorded
+    bad_lines: int = 0  # truncated or malformed lines skipped
+    events: list[dict] = field(default_factory=list)  # record types the reader does not use
+    segment: int = 0
+    segments: int = 1  # segments in this rank's file
+    schema: int = SCHEMA
+    dropped: int = 0  # records the writer dropped (queue full), as the log says
+    path: str = ""
+    header_at: int = 0  # byte offset of this segment's header in the file
+    read_to: int = 0  # byte offset after the last complete line read
+    torn: bool = False  # the last line read had no newline (counted in bad_lines)
+
+    def add_event(self, rec: dict) -> None:
+        self.events.append(rec)
+        if len(self.events) > MAX_EVENTS:
+            del self.events[:-MAX_EVENTS]
+
+    @property
+    def last_step(self) -> int:
+        """The newest step this log shows (0 before the first one)."""
+        cands = [0]
+        if self.totals:
+            cands.append(self.totals[-1].step)
+        if self.steps:
+            cands.append(self.steps[-1].step)
+        if self.blocks:
+            cands.append(self.blocks[-1].last_step)
+        return max(cands)
+
+    @property
+    def last_unix(self) -> float:
+        """When the newest step ended (the header's start time before the first step)."""
+        best = (0, self.facts.started_unix)
+        if self.totals:
+            best = max(best, (self.totals[-1].step, self.totals[-1].end_unix))
+        if self.steps:
+            best = max(best, (self.steps[-1].step, self.steps[-1].end_unix))
+        return best[1]
+
+
+# --------------------------------------------------------------------------------------
+# parsing
+
+
+_UNIT_FACTS: dict[int, tuple] = {}
+
+
+def _unit_facts(units: list) -> tuple[UnitFacts, ...]:
+    """UnitFacts of a header's `units` (shared between ranks whose headers share the list)."""
+    hit = _UNIT_FACTS.get(id(units))
+    if hit is not None and hit[0] is units:
+        return hit[1]
+    out = tuple(UnitFacts(**u) for u in units)
+    if len(_UNIT_FACTS) > 256:
+        _UNIT_FACTS.clear()
+    _UNIT_FACTS[id(units)] = (units, out)
+    return out
+
+
+def facts_from_dict(d: dict) -> RankFacts:
+    """RankFacts from a header dict (run log header, or a cached scrape)."""
+    try:
+        units = _unit_facts(d["units"])
+        names = {f.name for f in dataclasses.fields(RankFacts)}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["units"] = units
+        kw["mesh_shape"] = tuple(kw.get("mesh_shape") or ())
+        if kw.get("mesh_dim_names") is not None:
+            kw["mesh_dim_names"] = tuple(kw["mesh_dim_names"])
+        return RankFacts(**kw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise RunLogError(f"run log header is not a zerodoc schema-{d.get('schema', SCHEMA)} "
+                          f"header: {e}") from e
+
+
+def check_header(head: object, where: str) -> dict:
+    """The header dict, or a RunLogError saying precisely what is wrong with it."""
+    if not isinstance(head, dict) or head.get("type") != "header":
+        raise RunLogError(f"{where}: first line is not a zerodoc header")
+    schema = head.get("schema")
+    if schema not in READS:
+        newer = isinstance(schema, int) and schema > SCHEMA
+        raise RunLogError(
+            f"{where}: run log schema {schema!r}; this zerodoc reads schemas "
+            f"{', '.join(map(str, READS))}"
+            + (" (written by a newer zerodoc: upgrade zerodoc to read it)" if newer else ""))
+    return head
+
+
+def step_from_dict(d: dict, unit_names: list[str]) -> StepRecord:
+    """A full step record (compute / comm rows refer to units by index)."""
+    compute: dict[tuple[str, str], float] = {}
+    for u, phase, s in d.get("compute", ()):
+        key = (unit_names[u], phase)
+        compute[key] = compute.get(key, 0.0) + float(s)
+    comm: dict[tuple[str, str, str], CommTotals] = {}
+    for u, phase, coll, n, b, s, ex, hid in d.get("comm", ()):
+        key = (unit_names[u], phase, coll)
+        t = comm.get(key)
+        if t is None:  # the common case: one row per key
+            comm[key] = CommTotals(int(n), int(b), float(s), float(ex), float(hid))
+        else:
+            t.add(CommTotals(int(n), int(b), float(s), float(ex), float(hid)))
+    return StepRecord(
+        step=int(d["step"]), end_unix=float(d["end_unix"]), step_seconds=float(d["step_s"]),
+        optimizer_seconds=float(d.get("optimizer_s", 0.0)),
+        framework_seconds=float(d.get("framework_s", 0.0)),
+        other_seconds=float(d.get("other_s", 0.0)), self_seconds=float(d.get("self_s", 0.0)),
+        compute=compute, comm=comm,
+        memory={k: int(v) for k, v in d.get("mem", {}).items()},
+        errors={k: int(v) for k, v in d.get("errors", {}).items()},
+        host_compute_seconds=float(d.get("host_compute_s", sum(compute.values()))),
+        launch_checks=int(d.get("launch", (0, 0))[0]),
+        launch_caught_up=int(d.get("launch", (0, 0))[1]))
+
+
+def totals_from_dict(d: dict) -> StepTotals:
+    """A step line's totals (schema 2 step line, or a schema 1 step line's totals)."""
+    mem = d.get("mem")
+    errs = d.get("errors")
+    launch = d.get("launch") or (0, 0)
+    compute = float(d.get("compute_s", 0.0))
+    return StepTotals(
+        int(d["step"]), float(d["end_unix"]), float(d["step_s"]),
+        float(d.get("optimizer_s", 0.0)), float(d.get("framework_s", 0.0)),
+        float(d.get("other_s", 0.0)), float(d.get("self_s", 0.0)),
+        compute, float(d.get("exposed_s", 0.0)),
+        {k: int(v) for k, v in mem.items()} if mem else None,
+        {k: int(v) for k, v in errs.items()} if errs else None,
+        float(d.get("host_compute_s", compute)), int(launch[0]), int(launch[1]))
+
+
+def totals_of(s: StepRecord) -> StepTotals:
+    return StepTotals(s.step, s.end_unix, s.step_seconds, s.optimizer_seconds,
+                      s.framework_seconds, s.other_seconds, s.self_seconds, s.compute_seconds,
+                      s.exposed_seconds, s.memory or None, s.errors or None,
+                      s.host_compute_seconds, s.launch_checks, s.launch_caught_up)
+
+
+_INTERN: dict[tuple, tuple] = {}
+
+
+def _intern(keys: tuple) -> tuple:
+    """One tuple object for equal key tuples (every rank's blocks share their keys)."""
+    got = _INTERN.get(keys)
+    if got is None:
+        if len(_INTERN) > 4096:
+            _INTERN.clear()
+            _KEYS.clear()  # keyed by the ids of interned tuples
+        got = _INTERN[keys] = keys
+    return got
+
+
+_KEYS: dict[tuple, list] = {}
+
+
+def _keys(names: tuple, units: list[int], rest: tuple) -> list:
+    """[(unit name, *rest) for each unit index], the same tuples for every rank."""
+    k = (id(names), rest, tuple(units))
+    got = _KEYS.get(k)
+    if got is None:
+        if len(_KEYS) > 4096:
+            _KEYS.clear()
+        got = _KEYS[k] = [(names[u], *rest) for u in units]
+    return got
+
+
+def arrays_from_columns(units: dict, unit_names: list[str]) -> tuple:
+    """(compute keys, seconds array, comm keys, [K, 5] array) from the columnar `units`
+    object of interval / total lines."""
+    import numpy as np
+
+    names = _intern(tuple(unit_names))
+    ck, cv = [], []
+    for g in units.get("compute", ()):
+        phase = g["phase"]
+        ck += _keys(names, g["unit"], (phase,))
+        cv += g["seconds"]
+    mk, cols = [], [[], [], [], [], []]
+    for g in units.get("comm", ()):
+        phase, coll = g["phase"], g["collective"]
+        mk += _keys(names, g["unit"], (phase, coll))
+        for i, f in enumerate(("count", "bytes", "seconds", "exposed", "hidden")):
+            cols[i] += g[f]
+    mv = np.array(cols, np.float64).T.reshape(len(mk), 5) if mk else np.zeros((0, 5))
+    return _intern(tuple(ck)), np.array(cv, np.float64), _intern(tuple(mk)), mv
+
+
+def dicts_of(arrays: tuple) -> tuple[dict, dict]:
+    """(compute, comm) dicts from unit arrays."""
+    ck, cv, mk, mv = arrays
+    compute = dict(zip(ck, cv.tolist()))
+    comm = {k: CommTotals(int(r[0]), int(r[1]), r[2], r[3], r[4])
+            for k, r in zip(mk, mv.tolist())}
+    return compute, comm
+
+
+def units_from_columns(units: dict, unit_names: list[str]) -> tuple[dict, dict]:
+    """(compute, comm) dicts from the columnar `units` object."""
+    return dicts_of(arrays_from_columns(units, unit_names))
+
+
+def block_from_dict(d: dict, unit_names: list[str]) -> UnitsBlock:
+    arrays = arrays_from_columns(d.get("units", {}), unit_names)
+    kind = d["type"]
+    last = int(d["last"] if kind == "interval" else d["step"])
+    first = int(d["first"]) if kind == "interval" else 1
+    b = UnitsBlock(kind, first, last, int(d["steps"]), float(d.get("end_unix", 0.0)),
+                   *(float(d.get(k, 0.0)) for k, _ in SCALARS),
+                   float(d.get("max_step_s", 0.0)), arrays)
+    launch = d.get("launch") or (0, 0)
+    b.host_compute_seconds = float(d.get("host_compute_s", float(arrays[1].sum())))
+    b.launch_checks, b.launch_caught_up = int(launch[0]), int(launch[1])
+    return b

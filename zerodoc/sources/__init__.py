@@ -1,0 +1,96 @@
+"""Where a RunSnapshot comes from: a run directory, rank endpoints, or a Prometheus server.
+
+Every front end (report, TUI, demo) asks `open_source(spec)` for a `Source` and calls
+`snapshot()` whenever it wants fresh numbers. The same run gives the same findings from each
+source (tests/test_sources.py), because all three build the same `RankWindow`s:
+
+- `RunDirSource` (`rundir.py`): the run logs, read from their end; the window is each
+  rank's last `window` steps.
+- `EndpointsSource` (`endpoints.py`): each rank's `/metrics`; a window is the difference
+  between two scrapes of the cumulative counters.
+- `PrometheusSource` (`prometheus.py`): the same series through the HTTP API, the run
+  selected and the ranks aggregated on the server.
+
+Which series are read and where each goes is the metric catalog's `into` column
+(`samples.py`). Every snapshot says which ranks stopped reporting (`stale_ranks`), which
+closed cleanly (`ended_ranks`) and which the world size promises but no source shows
+(`missing_ranks`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import UserError
+from ..model import RunSnapshot
+from ..runlog import latest_run
+from .endpoints import EndpointsSource, is_endpoint_spec, parse_endpoints, parse_exposition
+from .prometheus import PrometheusSource
+from .rundir import STALE_AFTER_S, RunDirSource
+from .samples import (
+    LEVELS, WINDOWED, Cumulative, add_sample, facts_of, share_unit_facts, window_of,
+)
+
+
+class Source(Protocol):
+    description: str
+
+    def snapshot(self) -> RunSnapshot:
+        """Current numbers: each rank's totals over the recent window."""
+
+
+def open_source(spec: str | None, window: int | None = 20, *,
+                stale_after_s: float = STALE_AFTER_S, trace_facts: dict | None = None,
+                run_id: str | None = None, segment: int | None = None) -> Source:
+    """A source from a command-line SOURCE: a run directory; `http(s)://...` a Prometheus
+    server; `host:port[,host:port...]` or `host:first-last` rank endpoints; PyTorch profiler
+    traces (a directory of them, a file, files separated by commas; `trace_facts`: see
+    `zerodoc.trace.TraceFacts`); None the latest local run (under ./zerodoc-runs). `run_id`:
+    which run of a Prometheus server holding several (also `http://host:9090#run=ID`);
+    `segment`: an older segment of a run directory."""
+    from .. import trace  # profiler traces: zerodoc/trace (no heavy import until opened)
+
+    if spec is not None and trace.is_trace_spec(spec.strip()):
+        if run_id is not None or segment is not None:
+            raise UserError("--run-id and --segment are not for profiler traces")
+        return trace.open_traces(spec.strip(), window, **(trace_facts or {}))
+    trace.refuse_facts(trace_facts)
+    is_dir = spec is None or Path(spec.strip()).is_dir()
+    if run_id is not None and is_dir:
+        raise UserError("--run-id chooses a run of a Prometheus server; a run directory is "
+                        "one run (use --segment for an older segment of it)")
+    if segment is not None and not is_dir:
+        raise UserError("--segment is for a run directory (a Prometheus server or rank "
+                        "endpoints show the live run)")
+    if spec is None:
+        return RunDirSource(latest_run(), window, stale_after_s=stale_after_s,
+                            segment=segment)
+    spec = spec.strip()
+    if Path(spec).is_dir():
+        return RunDirSource(spec, window, stale_after_s=stale_after_s, segment=segment)
+    if spec.startswith(("http://", "https://")):
+        url, _, frag = spec.partition("#")
+        if frag:
+            key, _, val = frag.partition("=")
+            if key != "run" or not val:
+                raise UserError(f"{spec!r}: the part after # must be run=RUN_ID")
+            if run_id is not None and run_id != val:
+                raise UserError(f"two runs asked for: #run={val} and --run-id {run_id}")
+            run_id = val
+        return PrometheusSource(url, window, stale_after_s=stale_after_s, run_id=run_id)
+    if is_endpoint_spec(spec):
+        if run_id is not None:
+            raise UserError("--run-id chooses a run of a Prometheus server; rank endpoints "
+                            "serve one run")
+        return EndpointsSource(spec, window, stale_after_s=stale_after_s)
+    if "/" in spec or spec.startswith("."):
+        raise UserError(f"no run directory at {spec}")
+    raise UserError(f"{spec!r} is neither a run directory, a Prometheus URL (http://...) "
+                    "nor rank endpoints (host:port, host:port,host:port or host:9730-9737)")
+
+
+__all__ = ["Cumulative", "EndpointsSource", "LEVELS", "PrometheusSource", "RunDirSource",
+           "STALE_AFTER_S", "Source", "WINDOWED", "add_sample", "facts_of",
+           "is_endpoint_spec", "open_source", "parse_endpoints", "parse_exposition",
+           "share_unit_facts", "window_of"]

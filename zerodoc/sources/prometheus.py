@@ -1,0 +1,441 @@
+"""The Prometheus source: a server that scrapes the ranks (for clusters), read through its
+HTTP API with the work done server-side.
+
+- **One run, selected on the server.** The runs are `count by (run_id)` of
+  `zerodoc_run_info`; the one shown is `run_id` (`--run-id`) or the one whose last step is
+  newest. Its series are then selected with a matcher in every query: `run_id="..."` when
+  the series carry the label (the file_sd targets zerodoc writes, or a relabelled
+  remote-write), else the run's `instance`s.
+- **Aggregated over ranks in PromQL.** Per rank only its step-level numbers (a few series
+  each; compute and exposed time summed over units with `sum by (rank)`); per unit, phase
+  and collective the min / median / mean / max of the per-step numbers over ranks
+  (`zerodoc.unitstats`). A rank's own per-unit numbers are fetched only if a front end asks
+  for them (one rank's series).
+- **Windows.** `increase(...[W])` with W about `window` steps long (at least four scrape
+  intervals), evaluated at the run's last sample: a run that ended shows its last steps,
+  as the run log does. `window` None: the cumulative counters (all steps).
+- **Ended and missing ranks.** Ended: the rank served the exporter's closed signal, or its
+  target left service discovery (a clean close removes the file_sd target) while it was
+  up. Stale: its target is down, or no step for `stale_after_s`. Missing: below the world
+  size and not in Prometheus at all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import UserError
+from ..model import CommTotals, RankWindow, RunSnapshot
+from ..runlog import missing
+from ..unitstats import FIELDS, NONE, UNIT_FIELDS, Stat, UnitStats
+from .endpoints import fetch, why
+from .rundir import STALE_AFTER_S
+from .samples import (
+    ROUTES, Cumulative, add_sample, facts_of, series_of, share_unit_facts,
+)
+
+_STEPS = series_of("scalar", "steps")[0]  # the step histogram's _count
+_STEP_SUM = series_of("scalar", "step_seconds")[0]
+_TIMESTAMP = series_of("scalar", "updated_unix")[0]
+_RUN_INFO = series_of("info")[0]
+_CLOSED = series_of("closed")[0]
+_COMPUTE = series_of("compute")[0]
+_COMM = {ROUTES[n][1]: n for n in series_of("comm")}  # field -> series
+_STAT_AGGS = {"min": "min", "mean": "avg", "max": "max", "median": "quantile"}
+# per field, the aggregations the rules, report and TUI read (zerodoc.unitstats)
+_NEEDED = {"count": ("median", "mean", "max"), "bytes": ("median", "mean", "max"),
+           "seconds": ("min", "mean", "max"), "exposed": ("min", "mean", "max"),
+           "hidden": ("min", "max")}
+
+
+def _duration(text: str) -> float | None:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text.strip())
+    if not m:
+        return None
+    return float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _quote(v: str) -> str:
+    return json.dumps(v)  # a PromQL string literal: double quotes, backslash escapes
+
+
+class LazyRankWindow(RankWindow):
+    """A RankWindow whose per-unit dicts are fetched when first read (one rank's series)."""
+
+    def __init__(self, *a, loader=None, **kw):
+        super().__init__(*a, **kw)
+        self._loader = loader
+
+    def _load(self):
+        if self._loader is not None:
+            loader, self._loader = self._loader, None
+            self._compute, self._comm = loader()
+
+    @property
+    def compute(self):
+        self._load()
+        return self._compute
+
+    @compute.setter
+    def compute(self, v):
+        self._compute = v
+
+    @property
+    def comm(self):
+        self._load()
+        return self._comm
+
+    @comm.setter
+    def comm(self, v):
+        self._comm = v
+
+
+class PrometheusSource:
+    """A Prometheus server that scrapes the ranks (see the module docstring)."""
+
+    def __init__(self, url: str, window: int | None = 20, *, timeout_s: float = 10.0,
+                 stale_after_s: float = STALE_AFTER_S, lookback: str = "15m",
+                 run_id: str | None = None):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise UserError(f"{url!r} is not an http(s) URL of a Prometheus server")
+        if _duration(lookback) is None:
+            raise UserError(f"lookback {lookback!r}: expected a duration like 15m or 2h")
+        self.url = url.rstrip("/")
+        self.window = window
+        self.timeout_s = timeout_s
+        self.stale_after_s = stale_after_s
+        self.lookback = lookback
+        self.run_id = run_id
+        self.description = f"Prometheus {self.url}" + (f" run {run_id}" if run_id else "")
+        self.queries = 0  # HTTP queries made (the bench reports them)
+        self._check()
+
+    # -- HTTP --------------------------------------------------------------------------
+    def _get(self, path: str, **params) -> dict:
+        url = f"{self.url}/api/v1/{path}"
+        body_data = urllib.parse.urlencode(params).encode() if params else None
+        not_prom = f"{self.url} does not look like a Prometheus server (/api/v1/{path}: "
+        self.queries += 1
+        try:  # POST: a run's instance list can make a long query
+            body = json.loads(fetch(url, self.timeout_s, data=body_data)
+                              if body_data else fetch(url, self.timeout_s))
+        except urllib.error.HTTPError as e:
+            detail = ""
+            try:
+                detail = json.loads(e.read()).get("error", "")
+            except (ValueError, OSError, AttributeError):
+                pass
+            if e.code == 400 and detail:
+                raise UserError(f"Prometheus {self.url} rejected a query: {detail}") from None
+            raise UserError(f"{not_prom}HTTP {e.code}); for a rank's own /metrics pass "
+                            "host:port without http://") from None
+        except ValueError:
+            raise UserError(f"{not_prom}not JSON)") from None
+        except OSError as e:
+            raise UserError(f"cannot reach Prometheus at {self.url}: {why(e)}") from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            raise UserError(f"{not_prom}{str(body)[:120]})")
+        return body["data"]
+
+    def _check(self) -> None:
+        self._get("status/buildinfo")
+
+    def _query(self, expr: str, at: float | None = None) -> list[tuple[dict, float]]:
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        data = self._get("query", **params)
+        return [(r["metric"], float(r["value"][1])) for r in data.get("result", ())]
+
+    def _many(self, exprs: dict, at: float | None) -> dict:
+        with ThreadPoolExecutor(max_workers=min(8, len(exprs))) as pool:
+            futs = {k: pool.submit(self._query, e, at) for k, e in exprs.items()}
+            return {k: f.result() for k, f in futs.items()}
+
+    def _scrape_interval(self, sel: str) -> float:
+        """Seconds between two samples of the run's series (one series' last samples)."""
+        for extra in (', rank="0"', ""):  # one series is enough: rank 0's, if it has one
+            try:
+                data = self._get("query", query=f"{_TIMESTAMP}{{{sel}{extra}}}[5m]")
+            except UserError:
+                return 15.0
+            for r in data.get("result", ())[:1]:
+                ts = [float(t) for t, _v in r.get("values", ())]
+                gaps = sorted(b - a for a, b in zip(ts, ts[1:]) if b > a)
+                if gaps:
+                    return gaps[len(gaps) // 2]
+        return 15.0
+
+    # -- which run -----------------------------------------------------------------------
+    def runs(self) -> dict[str, int]:
+        """run_id -> ranks, for every run with series in the lookback."""
+        lb = self.lookback
+        return {m.get("run_id", ""): int(v) for m, v in
+                self._query(f"count by (run_id) (last_over_time({_RUN_INFO}[{lb}]))")}
+
+    def _selector(self, run: str) -> str:
+        """A matcher selecting the run's series on the server."""
+        lb, q = self.lookback, _quote(run)
+        labelled = self._query(f"count(last_over_time({_TIMESTAMP}{{run_id={q}}}[{lb}]))")
+        if labelled and labelled[0][1] > 0:
+            return f"run_id={q}"
+        inst = sorted({m.get("instance", "") for m, _v in
+                       self._query(f"last_over_time({_RUN_INFO}{{run_id={q}}}[{lb}])")})
+        return "instance=~" + _quote("|".join(re.escape(i) for i in inst))
+
+    def _pick_run(self) -> tuple[str, str]:
+        runs = self.runs()
+        if not runs:
+            raise UserError(f"no zerodoc series in Prometheus {self.url} over the last "
+                            f"{self.lookback} (is it scraping the ranks' /metrics?)")
+        if self.run_id is not None:
+            if self.run_id not in runs:
+                raise UserError(f"run {self.run_id!r} not in Prometheus {self.url} "
+                                f"(runs: {', '.join(sorted(runs))})")
+            return self.run_id, self._selector(self.run_id)
+        if len(runs) == 1:
+            run = next(iter(runs))
+            return run, self._selector(run)
+        best = None
+        for run in runs:
+            sel = self._selector(run)
+            ts = self._query(f"max(last_over_time({_TIMESTAMP}{{{sel}}}[{self.lookback}]))")
+            t = ts[0][1] if ts else 0.0
+            if best is None or t > best[0]:
+                best = (t, run, sel)
+        return best[1], best[2]
+
+    # -- snapshot ------------------------------------------------------------------------
+    def snapshot(self) -> RunSnapshot:
+        lb = self.lookback
+        run, sel = self._pick_run()
+        head = self._many({
+            "end": f"max(last_over_time({_TIMESTAMP}{{{sel}}}[{lb}]))",
+            "sum": f"sum(last_over_time({_STEP_SUM}{{{sel}}}[{lb}]))",
+            "count": f"sum(last_over_time({_STEPS}{{{sel}}}[{lb}]))",
+        }, None)
+        last = head["end"][0][1] if head["end"] else time.time()
+        cnt = head["count"][0][1] if head["count"] else 0.0
+        mean = head["sum"][0][1] / cnt if cnt else 1.0
+        interval = self._scrape_interval(sel)
+        now = time.time()
+        # evaluate where the run's samples end (one scrape after its last step): a live run's
+        # latest steps, an ended run's last ones, whenever asked
+        at = min(now, last + interval)
+        span = None
+        if self.window:
+            span = int(max(self.window * mean, 4 * interval) + 0.999)
+
+        def rng(name: str, extra: str = "") -> str:
+            s = f"{name}{{{sel}{extra}}}"
+            return f"increase({s}[{span}s])" if span else f"last_over_time({s}[{lb}])"
+
+        def level(name: str, extra: str = "") -> str:
+            return f"last_over_time({name}{{{sel}{extra}}}[{lb}])"
+
+        exprs = {}
+        for name, (kind, _arg, windowed) in ROUTES.items():
+            if kind in ("compute", "comm", "unit", "unit_info", "stall"):
+                continue  # per unit: aggregated below; unit facts from one rank; stalls: now
+            exprs[name] = rng(name) if windowed else level(name)
+        exprs["compute_total"] = f"sum by (rank) ({rng(_COMPUTE)})"
+        exprs["exposed_total"] = f"sum by (rank) ({rng(_COMM['exposed_seconds'])})"
+        res = self._many(exprs, at)
+        got: dict[int, Cumulative] = {}
+        for name in ROUTES:
+            for m, v in res.get(name, ()):
+                add_sample(got, name, m, v)
+                r = m.get("rank", "")
+                if r.isdigit() and int(r) in got and m.get("instance"):
+                    got[int(r)].endpoint = m["instance"]
+        got = {r: c for r, c in got.items() if "run_id" in c.labels}
+        if not got:
+            raise UserError(f"run {run!r} in Prometheus {self.url}: no zerodoc series over "
+                            f"the last {lb}")
+        lowest = min(got)
+        units = self._many({n: level(n, f', rank="{lowest}"')
+                            for n, (k, _a, _w) in ROUTES.items() if k in ("unit", "unit_info")},
+                           at)
+        for name, rows in units.items():
+            for m, v in rows:
+                add_sample(got, name, m, v)
+        share_unit_facts(got)
+        for name in series_of("stall"):  # present only while a rank is stuck: now, not lately
+            for m, v in self._query(f"{name}{{{sel}}}"):
+                add_sample(got, name, m, v)
+        totals = {k: {int(m["rank"]): v for m, v in res[k] if m.get("rank", "").isdigit()}
+                  for k in ("compute_total", "exposed_total")}
+
+        snap = RunSnapshot(source=self.description)
+        for rank, c in sorted(got.items()):
+            snap.ranks[rank] = self._window(c, sel, span, at, totals, rank)
+            if c.stall_record():
+                snap.stalls[rank] = c.stall_record()
+        snap.unit_stats = self._unit_stats(sel, rng, at, tuple(sorted(
+            r for r, w in snap.ranks.items() if w.steps)), snap)
+        self._states(snap, got, sel, at, now, interval)
+        snap.missing_ranks = missing(snap)
+        return snap
+
+    def _window(self, c: Cumulative, sel: str, span, at, totals, rank) -> RankWindow:
+        from .samples import window_of
+
+        facts = facts_of(c)
+        base = window_of(facts, c)
+        w = LazyRankWindow(facts=facts, loader=lambda: self._rank_units(sel, span, at, rank))
+        for f in ("steps", "first_step", "last_step", "step_seconds", "last_step_seconds",
+                  "max_step_seconds", "optimizer_seconds", "framework_seconds",
+                  "other_seconds", "self_seconds", "updated_unix", "memory", "errors"):
+            setattr(w, f, getattr(base, f))
+        w.compute_total = totals["compute_total"].get(rank, 0.0)
+        w.exposed_total = totals["exposed_total"].get(rank, 0.0)
+        return w
+
+    def _rank_units(self, sel: str, span, at, rank: int):
+        """One rank's per-unit numbers (when a front end asks for them)."""
+        extra = f', rank="{rank}"'
+
+        def rng(name: str) -> str:
+            s = f"{name}{{{sel}{extra}}}"
+            return f"increase({s}[{span}s])" if span else f"last_over_time({s}[{self.lookback}])"
+
+        names = [_COMPUTE, *_COMM.values()]
+        res = self._many({n: rng(n) for n in names}, at)
+        c: dict[int, Cumulative] = {}
+        for n in names:
+            for m, v in res[n]:
+                add_sample(c, n, m, v)
+        cur = c.get(rank)
+        if cur is None:
+            return {}, {}
+        from .samples import window_of
+
+        w = window_of(facts_of(cur), cur)
+        return w.compute, w.comm
+
+    def _unit_stats(self, sel: str, rng, at, ranks: tuple, snap: RunSnapshot) -> UnitStats:
+        """Per (unit, phase, collective): per-step numbers' stats over ranks, in PromQL."""
+        steps = f"on (rank) group_left () {rng(_STEPS)}"
+        per = {f: f"({rng(_COMM[a])}) / {steps}" for f, a in
+               (("count", "count"), ("bytes", "bytes"), ("seconds", "seconds"),
+                ("exposed", "exposed_seconds"))}
+        per["hidden"] = f"({rng(_COMM['seconds'])} - {rng(_COMM['exposed_seconds'])}) / {steps}"
+        by = "by (unit, phase, collective)"
+        exprs = {}
+        for f, aggs in _NEEDED.items():
+            for a in aggs:
+                fn = _STAT_AGGS[a]
+                exprs[(f, a)] = f"{fn} {by} (0.5, {per[f]})" if a == "median" else \
+                    f"{fn} {by} ({per[f]})"
+        exprs[("n", "")] = f"count {by} ({per['count']})"
+        cper = f"({rng(_COMPUTE)}) / {steps}"
+        exprs[("compute", "mean")] = f"avg by (unit, phase) ({cper})"
+        exprs[("compute", "max")] = f"max by (unit, phase) ({cper})"
+        ag = ', collective="all_gather"'
+        secs, exposed = rng(_COMM["seconds"], ag), rng(_COMM["exposed_seconds"], ag)
+        exprs[("hidden_any", "")] = f"count(({secs} - {exposed}) > (0.01 * {secs} + 1e-6))"
+        res = self._many(exprs, at)
+        vals: dict[tuple, dict] = {}
+        for (f, a), rows in res.items():
+            if f in ("compute", "hidden_any"):
+                continue
+            for m, v in rows:
+                key = (m.get("unit", ""), m.get("phase", ""), m.get("collective", ""))
+                vals.setdefault(key, {})[(f, a)] = v
+        out = UnitStats(ranks=ranks)
+        for key, d in vals.items():
+            n = int(d.get(("n", ""), 0))
+            out.comm[key] = {f: Stat(d.get((f, "min"), d.get((f, "median"), 0.0)),
+                                     d.get((f, "median"), d.get((f, "mean"), 0.0)),
+                                     d.get((f, "mean"), 0.0), d.get((f, "max"), 0.0), n)
+                             for f in FIELDS}
+        comp: dict[tuple, dict] = {}
+        for a in ("mean", "max"):
+            for m, v in res[("compute", a)]:
+                comp.setdefault((m.get("unit", ""), m.get("phase", "")), {})[a] = v
+        timed = any(k[2] == "all_gather" and s["seconds"].max > 0 for k, s in out.comm.items())
+        hidden = res[("hidden_any", "")]
+        out.sync = timed and not (hidden and hidden[0][1] > 0)
+        first = snap.any_rank
+        order = [u.name for u in first.facts.units] if first else []
+        groups = {u.name: u.group_size for u in first.facts.units} if first else {}
+        out.units = _unit_table(out.comm, comp, order, groups,
+                                first.facts.world_size if first else 1)
+        out.order = tuple(order)
+        return out
+
+    def _states(self, snap: RunSnapshot, got: dict, sel: str, at: float, now: float,
+                interval: float) -> None:
+        """ended / stale per rank (see the module docstring)."""
+        lb = self.lookback
+        res = self._many({"last_up": f"last_over_time(up{{{sel}}}[{lb}])",
+                          "up": f"up{{{sel}}}"}, None)
+        last_up = {m.get("instance"): v for m, v in res["last_up"]}
+        up_now = {m.get("instance"): v for m, v in res["up"]}
+        for rank, c in got.items():
+            w = snap.ranks[rank]
+            inst = c.endpoint
+            if c.closed_unix is not None or (inst not in up_now and last_up.get(inst) == 1.0):
+                snap.ended_ranks.add(rank)
+            elif up_now.get(inst, 1.0) == 0 or (
+                    w.updated_unix and now - w.updated_unix > self.stale_after_s):
+                snap.stale_ranks.add(rank)
+
+
+def _unit_table(comm: dict, comp: dict, order: list[str], groups: dict,
+                world: int) -> dict[str, dict[str, Stat]]:
+    """Per-unit table values from per-key stats (means add up over phases exactly; the
+    worst of a unit is taken as the sum of its keys' worst, an upper bound)."""
+    from ..model import busbw
+
+    acc: dict[str, dict[str, list[float]]] = {}
+
+    def add(u: str, f: str, mean: float, mx: float) -> None:
+        a = acc.setdefault(u, {}).setdefault(f, [0.0, 0.0])
+        a[0] += mean
+        a[1] += mx
+
+    for (u, _p, c), s in comm.items():
+        if c == "all_gather":
+            add(u, "ag_count", s["count"].mean, s["count"].max)
+            add(u, "ag_bytes", s["bytes"].mean, s["bytes"].max)
+            add(u, "ag_seconds", s["seconds"].mean, s["seconds"].max)
+            add(u, "ag_exposed_seconds", s["exposed"].mean, s["exposed"].max)
+        elif c == "reduce_scatter":
+            add(u, "rs_seconds", s["seconds"].mean, s["seconds"].max)
+            add(u, "rs_exposed_seconds", s["exposed"].mean, s["exposed"].max)
+    for (u, p), d in comp.items():
+        add(u, "compute_seconds", d.get("mean", 0.0), d.get("max", 0.0))
+        if p in ("forward", "backward"):
+            add(u, f"compute_{p}", d.get("mean", 0.0), d.get("max", 0.0))
+    out: dict[str, dict[str, Stat]] = {}
+    for u in list(order) + [x for x in acc if x not in order]:
+        a = acc.get(u, {})
+        row = {}
+        for f in UNIT_FIELDS:
+            if f in a:
+                mean, mx = a[f]
+                row[f] = Stat(mean, mean, mean, mx, 1)
+            else:
+                row[f] = NONE if f in ("ag_exposed_fraction", "ag_busbw") else \
+                    Stat(0.0, 0.0, 0.0, 0.0, 1)
+        sec, exp, b = a.get("ag_seconds"), a.get("ag_exposed_seconds"), a.get("ag_bytes")
+        if sec and sec[0] > 0:
+            frac = exp[0] / sec[0] if exp else 0.0
+            row["ag_exposed_fraction"] = Stat(frac, frac, frac, frac, 1)
+            bw = busbw(b[0] / sec[0], "all_gather", groups.get(u, world)) if b else 0.0
+            worst = busbw(b[0] / sec[1], "all_gather", groups.get(u, world)) \
+                if b and sec[1] > 0 else bw
+            row["ag_busbw"] = Stat(worst, bw, bw, bw, 1)
+        out[u] = row
+    return out
+
+
+__all__ = ["LazyRankWindow", "PrometheusSource"]
+_ = CommTotals  # re-exported type for readers of this module's windows

@@ -1,0 +1,177 @@
+"""The run-directory source: a run's logs, live or finished, followed incrementally.
+
+Reads only what a window needs: each rank's tail on the first snapshot (never a whole
+week-long log), then what was appended. Small runs (up to `DETAIL_MAX_RANKS` ranks) are
+read with full per-step detail, so windows are exactly the last N steps; bigger runs from
+the step lines and the per-unit interval lines (`zerodoc.runlog.follow`): step-level
+numbers over the last N steps, per-unit numbers over the newest interval(s)
+(`RankWindow.unit_steps` says how many steps those cover).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UserError
+from ..model import LazyRankWindow, RankWindow, RunSnapshot
+from ..runlog import (
+    DETAIL_DIR, RunFollower, RunLogError, load_run, log_window, rank_logs, read_rank_log,
+)
+from ..runlog.reader import _latest
+from ..thresholds import DEFAULT
+
+STALE_AFTER_S = DEFAULT.stale_after_seconds
+DETAIL_MAX_RANKS = 64
+
+
+class _Running:
+    """Running sums of one rank's last `window` step lines (refolded every `window`
+    evictions, so float drift stays bounded)."""
+
+    def __init__(self, facts, window: int):
+        from collections import deque
+
+        self.facts, self.window = facts, window
+        self.steps: deque = deque()
+        self.sums = [0.0] * 10
+        self.last = 0
+        self.evictions = 0
+
+    @staticmethod
+    def _vals(t) -> tuple:
+        return (t.step_seconds, t.optimizer_seconds, t.framework_seconds, t.other_seconds,
+                t.self_seconds, t.compute_seconds, t.exposed_seconds, t.host_compute_seconds,
+                t.launch_checks, t.launch_caught_up)
+
+    def add(self, totals) -> None:
+        new = [t for t in totals[-self.window:] if t.step > self.last]
+        for t in new:
+            self.steps.append(t)
+            for i, v in enumerate(self._vals(t)):
+                self.sums[i] += v
+            if len(self.steps) > self.window:
+                for i, v in enumerate(self._vals(self.steps.popleft())):
+                    self.sums[i] -= v
+                self.evictions += 1
+        if new:
+            self.last = new[-1].step
+        if self.evictions >= self.window:
+            self.evictions = 0
+            self.sums = [sum(col) for col in zip(*map(self._vals, self.steps))] or [0.0] * 10
+
+    def fill(self, w: RankWindow) -> None:
+        if not self.steps:
+            return
+        s = self.sums
+        w.steps = len(self.steps)
+        w.first_step, w.last_step = self.steps[0].step, self.steps[-1].step
+        (w.step_seconds, w.optimizer_seconds, w.framework_seconds, w.other_seconds,
+         w.self_seconds, w.compute_total, w.exposed_total, w.host_compute_seconds) = s[:8]
+        w.launch_checks, w.launch_caught_up = int(s[8]), int(s[9])
+        w.step_times = [t.step_seconds for t in self.steps]
+        w.last_step_seconds = w.step_times[-1]
+        w.max_step_seconds = max(w.step_times)
+        w.updated_unix = self.steps[-1].end_unix
+
+
+class RunDirSource:
+    """A run directory (live or finished). `segment`: an older segment of a reused run
+    directory (a number, or -2 for the one before the newest); None: the newest.
+    `detail`: read full per-step detail (None: when the run has at most DETAIL_MAX_RANKS
+    ranks)."""
+
+    def __init__(self, run_dir: str | Path, window: int | None = 20, *,
+                 stale_after_s: float = STALE_AFTER_S, segment: int | None = None,
+                 detail: bool | None = None):
+        self.run_dir = Path(run_dir)
+        if not self.run_dir.is_dir():
+            raise UserError(f"no run directory at {self.run_dir}")
+        self.window = window
+        self.stale_after_s = stale_after_s
+        self.segment = segment
+        if detail is None:  # small runs that kept their detail files: read them
+            detail = len(rank_logs(self.run_dir)) <= DETAIL_MAX_RANKS and \
+                any((self.run_dir / DETAIL_DIR).glob("*.jsonl"))
+        self.detail = detail
+        # Bounded memory on long runs: a few windows of step records per rank.
+        self.follower = RunFollower(self.run_dir, keep=4 * window if window else None,
+                                    detail=detail, window=window)
+        self.description = f"run log {self.run_dir}" + \
+            (f" (segment {segment})" if segment is not None else "")
+        self._windows: dict[int, tuple[tuple, RankWindow]] = {}
+        self._units: dict[int, tuple] = {}
+        self._runs: dict[int, _Running] = {}
+        self._sliding = None
+        self._fixed: RunSnapshot | None = None
+        # per-step points (step, step s, exposed s, compute s) since the last snapshot, for
+        # a front end's history (the TUI's sparklines)
+        self.points: dict[int, list[tuple[int, float, float, float]]] = {}
+
+    def snapshot(self) -> RunSnapshot:
+        if self.segment is not None:  # an older segment does not change: read it once
+            if self._fixed is None:
+                self._fixed = load_run(self.run_dir, self.window, float("inf"),
+                                       segment=self.segment)
+            return self._fixed
+        new = self.follower.poll()
+        logs = self.follower.logs
+        if not logs:
+            self._explain_empty()
+        for rank, s in new:
+            self.points.setdefault(rank, []).append(
+                (s.step, s.step_seconds, s.exposed_seconds, s.compute_seconds))
+        snap = RunSnapshot(source=str(self.run_dir))
+        if self.detail and self.window:
+            from ..runlog.sliding import SlidingWindows
+
+            if self._sliding is None:
+                self._sliding = SlidingWindows(self.window)
+            snap.ranks = self._sliding.update(logs)
+            for log in logs.values():  # the windows keep their own compact copy
+                if len(log.steps) > 1:
+                    del log.steps[:-1]
+        else:
+            snap.ranks = {r: self._window(r, log) for r, log in sorted(logs.items())}
+        self.follower.annotate(snap, self.stale_after_s)  # ended / stale / missing, stalls
+        return snap
+
+    def take_points(self) -> dict[int, list[tuple[int, float, float, float]]]:
+        pts, self.points = self.points, {}
+        return pts
+
+    def _window(self, rank: int, log) -> RankWindow:
+        """The rank's window, rebuilt only when its log changed: step-level numbers as
+        running sums over the last `window` step lines, per-unit totals (arrays) kept until
+        a new interval line arrives."""
+        ver = (log.last_step, len(log.totals), len(log.blocks), log.ended,
+               id(log.blocks[-1]) if log.blocks else None, len(log.steps))
+        hit = self._windows.get(rank)
+        if hit is not None and hit[0] == ver:
+            return hit[1]
+        if self.detail or self.window is None:
+            w = log_window(log, self.window, detail=self.detail)
+        else:
+            ukey = (len(log.blocks), id(log.blocks[-1]) if log.blocks else None)
+            u = self._units.get(rank)
+            if u is None or u[0] != ukey:
+                lw = log_window(log, self.window, detail=False)
+                u = self._units[rank] = (ukey, getattr(lw, "unit_arrays", None), lw.unit_steps)
+            run = self._runs.get(rank)
+            if run is None or run.facts is not log.facts:
+                run = self._runs[rank] = _Running(log.facts, self.window)
+            run.add(log.totals)
+            w = LazyRankWindow(facts=log.facts, unit_arrays=u[1])
+            run.fill(w)
+            w.unit_steps = u[2] if u[1] is not None else 0
+            w.memory = _latest(log, "memory")
+            w.errors = _latest(log, "errors")
+        self._windows[rank] = (ver, w)
+        return w
+
+    def _explain_empty(self) -> None:
+        paths = rank_logs(self.run_dir)
+        if not paths:
+            raise RunLogError(f"{self.run_dir} holds no rank-*.jsonl run logs")
+        for p in paths:
+            read_rank_log(p)  # raises the precise reason (empty, not JSON, wrong schema)
+        raise RunLogError(f"{self.run_dir}: no readable run log header yet")
