@@ -273,8 +273,10 @@ def test_windowed_sources_agree_on_a_live_run(live):
     for name, s in snaps.items():
         assert sorted(s.ranks) == [0, 1] and not s.missing_ranks and not s.ended_ranks, name
         assert all(w.first_step > 1 for w in s.ranks.values()), name
-    top = {name: codes(diagnose(s))[0] for name, s in snaps.items()}
-    assert top["run dir"] == top["endpoints"] == top["prometheus"] == ("ZD002", "WARNING"), top
+    # the run's structural finding from every source (a straggler, ZD010, may come and go
+    # with the load on a shared 2-core box: the windows cover slightly different steps)
+    found = {name: codes(diagnose(s)) for name, s in snaps.items()}
+    assert all(("ZD002", "WARNING") in f for f in found.values()), found
 
 
 def test_a_cleanly_closed_run_is_ended_from_every_source(live, tmp_path):

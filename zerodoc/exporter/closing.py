@@ -1,11 +1,11 @@
 """The exporter's "closed" signal: a clean `close()` is visible to the scrapers.
 
 A rank that closes cleanly serves `zerodoc_run_closed_timestamp_seconds` from then on, and
-its /metrics server stays up until one more scrape has seen it, if someone scrapes it:
-sources then report the rank as ended instead of gone (stale). The wait is bounded: at most
-three times the interval the scraper has been keeping (at least a second: a TUI refreshing
-every second waits about a second) and never more than `CLOSE_LINGER_S`; with no scraper,
-none at all. Standard library only.
+its /metrics server stays up until every client that has been scraping it regularly (a
+Prometheus, a TUI polling the endpoints: told apart by address and User-Agent) has fetched
+one page after the close: sources then report the rank as ended instead of gone (stale).
+The wait is bounded: three of that client's scrape intervals (at least a second), never more
+than `CLOSE_LINGER_S`; with no regular scraper, none at all. Standard library only.
 """
 
 from __future__ import annotations
@@ -13,37 +13,48 @@ from __future__ import annotations
 import threading
 import time
 
-CLOSE_LINGER_S = 5.0
-SEND_GRACE_S = 0.25  # after the page was built: time for it to reach the scraper
+CLOSE_LINGER_S = 10.0
+RECENT_S = 120.0  # a client that scraped within this long, twice, counts as regular
 
 
 class CloseSignal:
     def __init__(self, clock=time.time):
         self.clock = clock
         self.closed_unix: float | None = None
-        self._scrapes: list[float] = []  # the last few scrape times
+        self._seen: dict[tuple, list[float]] = {}  # client -> its last scrape times
         self._cond = threading.Condition()
 
-    def scraped(self) -> None:
-        """Called by the collector when it has built a scrape's page."""
+    def scraped(self, client: tuple = ("", "")) -> None:
+        """Called by the HTTP handler once a page went out to `client`."""
         with self._cond:
-            self._scrapes = (self._scrapes + [self.clock()])[-3:]
+            times = self._seen.setdefault(client, [])
+            times.append(self.clock())
+            del times[:-3]
+            if len(self._seen) > 64:  # many one-off clients: keep the recent ones
+                old = sorted(self._seen, key=lambda c: self._seen[c][-1])[:-32]
+                for c in old:
+                    del self._seen[c]
             self._cond.notify_all()
 
     def close(self, linger_s: float = CLOSE_LINGER_S) -> float:
-        """Mark closed; wait (bounded, see the module docstring) for one scrape to see it.
-        Returns the seconds waited."""
+        """Mark closed; wait (bounded, see the module docstring) until the regular scrapers
+        have seen it. Returns the seconds waited."""
         with self._cond:
-            self.closed_unix = self.clock()
-            if len(self._scrapes) < 2:
-                return 0.0  # nobody is scraping regularly
-            interval = self._scrapes[-1] - self._scrapes[-2]
-            if self.closed_unix - self._scrapes[-1] > max(linger_s, 3 * interval):
-                return 0.0  # the scraper went away
-            wait = min(linger_s, max(1.0, 3 * interval))
-            seen = len(self._scrapes), self._scrapes[-1]
+            now = self.closed_unix = self.clock()
+            waits = {}
+            for client, times in self._seen.items():
+                if len(times) >= 2 and now - times[-1] < RECENT_S:
+                    interval = times[-1] - times[-2]
+                    waits[client] = min(linger_s, max(1.0, 3 * interval))
+            if not waits:
+                return 0.0
             t0 = time.monotonic()
-            if self._cond.wait_for(lambda: (len(self._scrapes), self._scrapes[-1]) != seen,
-                                   wait):
-                time.sleep(SEND_GRACE_S)  # the page is built; let it go out before shutdown
+
+            def pending() -> list:
+                return [c for c in waits if self._seen[c][-1] <= now and
+                        time.monotonic() - t0 < waits[c]]
+
+            while pending():
+                left = max(waits[c] for c in pending()) - (time.monotonic() - t0)
+                self._cond.wait(max(0.01, min(left, 0.5)))
             return time.monotonic() - t0

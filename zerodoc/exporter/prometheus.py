@@ -198,7 +198,6 @@ class ZerodocCollector:
         build.add_metric(rl, {"version": __version__,
                               "python_version": platform.python_version()})
         yield build
-        self.closing.scraped()  # the page is complete (a closing rank waits for one)
 
 
 def _per_unit(rl: list[str], compute: list, comm: list):

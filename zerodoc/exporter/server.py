@@ -54,6 +54,9 @@ class _Handler(MetricsHandler):
             self.wfile.write(body)
             return
         super().do_GET()
+        seen = getattr(self.server, "on_scraped", None)
+        if seen is not None:  # the page is out: who scraped (exporter/closing.py)
+            seen((self.client_address[0], self.headers.get("User-Agent", "")))
 
     def end_headers(self) -> None:
         for k, v in self.server.extra_headers.items():
@@ -228,6 +231,9 @@ def serve(monitor, base_port: int | bool | None, host: str):
             if e.errno not in (errno.EADDRINUSE, errno.EACCES):
                 break
             continue
+        signal = getattr(monitor, "close_signal", None)  # set by the collector
+        if signal is not None:
+            server.on_scraped = signal.scraped
         actual = server.server_address[1]
         if base and actual != wanted:
             warnings.warn(f"zerodoc: port {wanted} is in use; rank {monitor.rank} serves "

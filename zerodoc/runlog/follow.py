@@ -117,9 +117,9 @@ class RunFollower:
         return out
 
     def _tail_window(self) -> int | None:
-        if self.keep is None:
-            return None if self.window is None else max(self.window, 1)
-        return max(self.keep, self.window or 0) or None
+        """Steps the first read of a log takes from its end: the window (None: every step
+        through the newest `total` line, never the whole file)."""
+        return None if self.window is None else max(self.window, 1)
 
     def _poll_detail(self, t: _Tail) -> list[StepRecord]:
         """New full records from the detail files of the current segment."""

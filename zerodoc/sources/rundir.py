@@ -94,7 +94,7 @@ class RunDirSource:
                 any((self.run_dir / DETAIL_DIR).glob("*.jsonl"))
         self.detail = detail
         # Bounded memory on long runs: a few windows of step records per rank.
-        self.follower = RunFollower(self.run_dir, keep=4 * window if window else None,
+        self.follower = RunFollower(self.run_dir, keep=4 * window if window else 1024,
                                     detail=detail, window=window)
         self.description = f"run log {self.run_dir}" + \
             (f" (segment {segment})" if segment is not None else "")
