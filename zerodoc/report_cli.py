@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from .clihelp import DefaultsHelpFormatter
@@ -33,12 +32,9 @@ def add_parser(sub) -> None:
     p.add_argument("--window", type=int, default=20, metavar="STEPS",
                    help="steps to diagnose (the last N; 0: all). Endpoints give everything "
                         "since the start on a one-shot report")
-    p.add_argument("--run-id", default=argparse.SUPPRESS, metavar="ID",
-                   help="Prometheus: the run to show when the server holds several (default: "
-                        "the one with the newest step; also http://host:9090#run=ID)")
-    p.add_argument("--segment", type=int, default=argparse.SUPPRESS, metavar="N",
-                   help="run directory: an older segment of a reused run directory (0, 1, ...; "
-                        "-2: the one before the newest; default: the newest)")
+    from .runargs import add_run_arguments
+
+    add_run_arguments(p)
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="override a threshold (repeatable), e.g. exposed_fraction_warn=0.2")
     p.add_argument("--link", default=None, metavar="CLASS",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from .errors import UserError
@@ -25,12 +24,9 @@ def add_parser(sub) -> None:
     from .trace import add_arguments
 
     add_arguments(p)
-    p.add_argument("--run-id", default=argparse.SUPPRESS, metavar="ID",
-                   help="Prometheus: the run to show when the server holds several (default: "
-                        "the one with the newest step; also http://host:9090#run=ID)")
-    p.add_argument("--segment", type=int, default=argparse.SUPPRESS, metavar="N",
-                   help="run directory: an older segment of a reused run directory (0, 1, ...; "
-                        "-2: the one before the newest; default: the newest)")
+    from .runargs import add_run_arguments
+
+    add_run_arguments(p)
     p.set_defaults(func=run)
 
 

@@ -30,7 +30,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import UserError
-from ..model import CommTotals, RankWindow, RunSnapshot
+from ..model import CommTotals, LazyRankWindow, RankWindow, RunSnapshot
 from ..runlog import missing
 from ..unitstats import FIELDS, NONE, UNIT_FIELDS, Stat, UnitStats
 from .endpoints import fetch, why
@@ -62,37 +62,6 @@ def _duration(text: str) -> float | None:
 
 def _quote(v: str) -> str:
     return json.dumps(v)  # a PromQL string literal: double quotes, backslash escapes
-
-
-class LazyRankWindow(RankWindow):
-    """A RankWindow whose per-unit dicts are fetched when first read (one rank's series)."""
-
-    def __init__(self, *a, loader=None, **kw):
-        super().__init__(*a, **kw)
-        self._loader = loader
-
-    def _load(self):
-        if self._loader is not None:
-            loader, self._loader = self._loader, None
-            self._compute, self._comm = loader()
-
-    @property
-    def compute(self):
-        self._load()
-        return self._compute
-
-    @compute.setter
-    def compute(self, v):
-        self._compute = v
-
-    @property
-    def comm(self):
-        self._load()
-        return self._comm
-
-    @comm.setter
-    def comm(self, v):
-        self._comm = v
 
 
 class PrometheusSource:
@@ -437,5 +406,5 @@ def _unit_table(comm: dict, comp: dict, order: list[str], groups: dict,
     return out
 
 
-__all__ = ["LazyRankWindow", "PrometheusSource"]
+__all__ = ["PrometheusSource"]
 _ = CommTotals  # re-exported type for readers of this module's windows
