@@ -118,7 +118,11 @@ def _fmt(x) -> str:
 def _attach(model, opt, run_dir: str):
     import zerodoc
 
-    return zerodoc.attach(model, opt, run_dir=run_dir, port=False, nvml=False)
+    mon = zerodoc.attach(model, opt, run_dir=run_dir, port=False, nvml=False)
+    if not hasattr(mon, "timer"):  # the no-op monitor: attach failed and said why above
+        raise RuntimeError("zerodoc.attach returned the no-op monitor (its warning above "
+                           "says why); nothing to check")
+    return mon
 
 
 def _ours(totals, names: list[str], phase: str) -> dict:

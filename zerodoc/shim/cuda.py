@@ -76,6 +76,21 @@ class _Window:
         self.arrive, self.ready, self.colls, self.bucket = arrive, ready, colls, bucket
 
 
+def timing_event():
+    """A CUDA event that records a timestamp (the factory of every pooled event)."""
+    import torch
+
+    return torch.cuda.Event(enable_timing=True)
+
+
+def device_timing(n_units: int, registry, event_factory=None):
+    """The GPU path's clock and timer for one monitor: a `DeviceRecorder` whose pooled
+    events (`event_factory`, default `timing_event`) mark the bucket switches on the compute
+    stream, and a `CudaTimer` that shares that pool."""
+    rec = DeviceRecorder(n_units, EventPool(event_factory or timing_event))
+    return rec, CudaTimer(rec, registry)
+
+
 class CudaTimer:
     """The timer interface of `comm.HostTimer` (call / sync_call / arrive / ready / collect)
     on CUDA events. With a `DeviceRecorder` the windows use its switch marks."""
@@ -84,10 +99,7 @@ class CudaTimer:
 
     def __init__(self, rec: Recorder, registry, event_factory=None, max_pending: int = 65536):
         if event_factory is None:
-            import torch
-
-            def event_factory():
-                return torch.cuda.Event(enable_timing=True)
+            event_factory = timing_event
         self.rec = rec
         self.registry = registry
         self.pool: EventPool = rec.pool if isinstance(rec, DeviceRecorder) \

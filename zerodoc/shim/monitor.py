@@ -140,11 +140,10 @@ class Monitor:
         self.oom = self.nvml = self.allocator = None
         inject = faults.announce(cfg.inject_latency_s, self.device_type)
         if self.device_type == "cuda":
-            from . import cuda, cuda_memory, devclock
+            from . import cuda, cuda_memory
 
-            self.rec = devclock.DeviceRecorder(len(self.adapter.unit_names),
-                                               devclock.EventPool(cuda.timing_event))
-            self.timer = cuda.CudaTimer(self.rec, self.registry)
+            self.rec, self.timer = cuda.device_timing(len(self.adapter.unit_names),
+                                                      self.registry)
             self.allocator = cuda_memory.AllocatorReader(cfg.reset_peak_memory)
         else:
             self.rec = Recorder(len(self.adapter.unit_names))
