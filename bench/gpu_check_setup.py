@@ -127,6 +127,9 @@ def make_slow_link_class():
             real = _real_group(group)
             name = f"gpu_check::link ({self.fqn})" if self.fqn else "gpu_check::link"
             with torch.profiler.record_function(name):
+                # The issue marker: a minimal kernel on the issuing stream, the witness's
+                # start of the collective (where zerodoc's issue event sits too).
+                torch.cuda._sleep(1)
                 if not async_op:  # current stream = the collective's stream
                     if self.delay_ms > 0:
                         torch.cuda._sleep(int(self.delay_ms * self.cpm))
@@ -175,8 +178,12 @@ def world_size_1_all_gathers():
         FSDPParamGroup._all_gather_process_group = prop
 
 
-def shard_fsdp2(model: Model, setup: str, delays_ms: dict[str, float], cycles_per_ms: float):
-    """fully_shard per block + root; the check's device slow link on every unit."""
+def shard_fsdp2(model: Model, setup: str, delays_ms: dict[str, float], cycles_per_ms: float,
+                base_ms: float = 0.0):
+    """fully_shard per block + root; the check's device slow link on every unit: `delays_ms`
+    for the units named there, `base_ms` for the others. At world size 1 NCCL's in-place
+    all-gather launches no device op, so a unit without a delay has nothing the profiler can
+    see; `base_ms` gives every collective a device op of its own."""
     from torch.distributed.fsdp import fully_shard
 
     from zerodoc.shim import hookpoints as hp
@@ -188,7 +195,7 @@ def shard_fsdp2(model: Model, setup: str, delays_ms: dict[str, float], cycles_pe
     Link = make_slow_link_class()
     fqns = {m: n for n, m in model.named_modules()}  # FSDP's fqns: "" for the root
     for m in [model, *model.blocks]:
-        link = Link(fqns[m], delays_ms.get(fqns[m] or "(root)", 0.0), cycles_per_ms)
+        link = Link(fqns[m], delays_ms.get(fqns[m] or "(root)", base_ms), cycles_per_ms)
         for g in hp.fsdp2_param_groups(m):
             g._all_gather_comm = link
     if setup == "async-explicit":

@@ -241,3 +241,19 @@ def test_attach_builds_the_cuda_path_for_a_cuda_model(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "Monitor CudaTimer DeviceRecorder [True] []", \
         out.stdout[-2000:]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_fast_record_records_on_the_current_stream():
+    from zerodoc.shim.cuda import fast_record
+
+    record = fast_record()
+    assert record is not None
+    side, ev = torch.cuda.Stream(), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # tens of ms on the side stream only
+        record(ev)
+    torch.cuda.current_stream().synchronize()  # the default stream has nothing queued
+    assert not ev.query(), "recorded on the default stream, not the current one"
+    side.synchronize()
+    assert ev.query()

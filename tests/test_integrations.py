@@ -11,8 +11,10 @@ integration as a user writes it. Checked against witnesses independent of zerodo
 - the framework's own step counter equals the run log's step count; the run log ends with an
   `end` record and the rank's file_sd target, present during training, is gone.
 
-With CUDA the same tests run on min(2, GPUs) ranks over NCCL, without the CPU-only patch of
-Accelerate's device gate (see integration_jobs.py); Lightning's FSDPStrategy runs there only.
+With two or more GPUs the same tests run on 2 ranks over NCCL, without the CPU-only patch of
+Accelerate's device gate (see integration_jobs.py); with one GPU they run on CPU over gloo (at
+world size 1 there would be no collective to count). Lightning's FSDPStrategy (FSDP1) needs
+CUDA: it runs on min(2, GPUs) ranks, and is skipped without a GPU.
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA = torch.cuda.is_available()
-NPROCS = min(2, torch.cuda.device_count()) if CUDA else 2
+# Two ranks, so that every collective runs (FSDP2 skips its all-gather / reduce-scatter and the
+# Trainer its DDP wrapper at world size 1). With two GPUs they run over NCCL; with one, NCCL
+# cannot put two ranks on it, so the jobs run on CPU over gloo (the GPUs hidden) and only the
+# Lightning FSDP1 test, which needs CUDA, uses the one GPU (`run_job(..., gpu=True)`).
+MULTI_GPU = CUDA and torch.cuda.device_count() >= 2
+NPROCS = 2
 STEPS = 3
 
 LIGHTNING_FSDP_ON_CPU = (
@@ -47,23 +54,27 @@ LIGHTNING_FSDP_ON_CPU = (
     "_setup_model)")
 
 
-def run_job(tmp: Path, name: str, spec: dict, ok: bool = True):
-    """Run a scenario on NPROCS ranks; return (per-rank results, per-rank run logs, run dir)."""
+def run_job(tmp: Path, name: str, spec: dict, ok: bool = True, gpu: bool = False):
+    """Run a scenario on NPROCS ranks (`gpu`: on min(2, GPUs) ranks, each on its GPU); return
+    (per-rank results, per-rank run logs, run dir)."""
+    nprocs = min(2, torch.cuda.device_count()) if gpu else NPROCS
     run_dir, out = tmp / name / "run", tmp / name / "out"
     spec = {**spec, "run_dir": str(run_dir), "out": str(out)}
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            # Lightning: processes started outside it (as torchrun does)
            "TORCHELASTIC_RUN_ID": f"zdtest-{name}", "GROUP_RANK": "0",
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    job = Job(NPROCS, spec, module="tests.integration_jobs", env=env).start()
+    if not (gpu or MULTI_GPU):
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    job = Job(nprocs, spec, module="tests.integration_jobs", env=env).start()
     try:
         codes = job.wait(240)
     finally:
         job.stop()
     outs = job.outputs()
-    assert codes == [0] * NPROCS, f"ranks exited {codes}: {[e[-3000:] for _, e in outs]}"
-    results = {r: json.loads((out / f"rank-{r}.json").read_text()) for r in range(NPROCS)}
-    logs = {r: read_rank_log(run_dir / f"rank-{r:05d}.jsonl") for r in range(NPROCS)}
+    assert codes == [0] * nprocs, f"ranks exited {codes}: {[e[-3000:] for _, e in outs]}"
+    results = {r: json.loads((out / f"rank-{r}.json").read_text()) for r in range(nprocs)}
+    logs = {r: read_rank_log(run_dir / f"rank-{r:05d}.jsonl") for r in range(nprocs)}
     return results, logs, run_dir
 
 
@@ -171,9 +182,12 @@ def test_lightning_model_parallel_fsdp2_callback(tmp_path, lightning_framework):
                                 "net.blocks.1": (1, 1, 1)})
     for log in logs.values():
         # Lightning steps inside optimizer.step(closure): forward and backward must not be
-        # booked as optimizer time. With it wrongly booked, optimizer_s ~ step_s.
+        # booked as optimizer time. With it wrongly booked, optimizer_s ~ step_s, which holds
+        # the units' compute too; booked apart, optimizer + compute <= step. (A share of the
+        # step is no test: on a fast 16-core host the optimizer alone took 53 % of a step.)
         for s in log.steps[1:]:
-            assert s.optimizer_seconds < 0.5 * s.step_seconds, s
+            assert s.compute_seconds > 0, s
+            assert s.optimizer_seconds + 0.5 * s.compute_seconds < s.step_seconds, s
 
 
 def test_lightning_exception_is_recorded_and_the_monitor_closed(tmp_path, lightning_framework):
@@ -194,7 +208,7 @@ def test_lightning_exception_is_recorded_and_the_monitor_closed(tmp_path, lightn
 def test_lightning_fsdp_strategy_callback_cuda(tmp_path, lightning_framework):
     results, logs, run_dir = run_job(tmp_path, "lightning-fsdp1",
                                      {"scenario": "lightning", "strategy": "fsdp",
-                                      "steps": STEPS})
+                                      "steps": STEPS}, gpu=True)
     check_closed(results, logs, run_dir, STEPS)
     for r, log in logs.items():
         assert log.facts.framework == "fsdp1"

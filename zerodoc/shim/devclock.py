@@ -28,15 +28,21 @@ from __future__ import annotations
 from .recorder import _FIRST_UNIT_BUCKET, Recorder
 
 
+def _plain_record(ev) -> None:
+    ev.record()
+
+
 class EventPool:
-    """Reuses timing events (creating CUDA events is not free)."""
+    """Reuses timing events (creating CUDA events is not free). `record(ev)` records one on
+    the current stream: `cuda.fast_record()` on a GPU, the event's own `record()` otherwise."""
 
-    __slots__ = ("_factory", "_free", "created")
+    __slots__ = ("_factory", "_free", "created", "record")
 
-    def __init__(self, factory):
+    def __init__(self, factory, record=None):
         self._factory = factory
         self._free: list = []
         self.created = 0
+        self.record = record or _plain_record
 
     def get(self):
         if self._free:
@@ -109,7 +115,7 @@ class DeviceRecorder(Recorder):
             self.last_mark = None
             return
         ev = self.pool.get()
-        ev.record()
+        self.pool.record(ev)
         m = Mark(ev, top)
         self.marks.append(m)
         self.last_mark = m

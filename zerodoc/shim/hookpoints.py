@@ -18,6 +18,7 @@ and zerodoc exports what still works.
 | `FSDPParamGroup._reduce_scatter_comm` | no    | same for reduce-scatter                   | 2.13    |
 | `FSDPParamGroup.pre_backward`       | no      | backward start of a unit (instance-wrapped); CUDA: its all-gather wait window | 2.13, 2.11 (read) |
 | `FSDPParamGroup.post_backward`      | no      | backward end of a unit (instance-wrapped); CUDA: its wait for the previous reduce-scatter | 2.13, 2.11 (read) |
+| `FSDPParamGroup._prefetch_unshard` (staticmethod) | no | explicit prefetch booked as framework time, not the current unit's compute (backward prefetch runs after `pre_backward`) | 2.13, 2.11 (run on H100) |
 | `FSDPParamGroup.fsdp_params`        | no      | per-unit parameter facts                  | 2.13    |
 | `FSDPParamGroup.mesh_info` / `post_forward_mesh_info` | no | group size, reshard_after_forward | 2.13 |
 | `FSDPParam._orig_size`, `.param_dtype`, `.orig_dtype`, `.padded_sharded_param_size` | no | unit bytes | 2.13 |
@@ -37,6 +38,7 @@ sources, not yet run on a GPU: "2.11/2.13 (read)"):
 | hook point                          | public? | what for                                  | checked |
 |-------------------------------------|---------|-------------------------------------------|---------|
 | `torch.cuda.Event(enable_timing=True)` `.record()` / `.query()` / `.elapsed_time()` | yes | every device timestamp; `elapsed_time` only after `query()` | 2.11/2.13 (read) |
+| `torch._C._cuda_getCurrentStream(device)` (a `(stream_id, device_index, device_type)` tuple), `torch._C._cuda_getDevice()`, `torch._C._CudaEventBase.record(event, stream)` | no | `cuda.fast_record`: an event on the current stream without `torch.cuda.current_stream()` building a `Stream` per call; missing: `Event.record()` | 2.13 (read), 2.11 (run on H100) |
 | `Work.get_future().then(cb)` (NCCL: future complete at enqueue, `cb` inline on a pool stream that waited for the collective) | yes | done event of `async_op=True` collectives | 2.11/2.13 (read) |
 | ProcessGroupNCCL stream choice (`async_op=False`: current stream since 2.8; `True`: internal stream) and per-communicator ordering | semi (behaviour) | which events bracket a collective; chaining per process group | 2.8-2.13 (read) |
 | `torch.cuda.memory_stats()` (`allocated_bytes.all.*`, `reserved_bytes.all.*`, `inactive_split_bytes.all.current`, `num_alloc_retries`, `num_ooms`) | yes | allocator populations | 2.13 |
@@ -227,6 +229,17 @@ def fsdp2_collectives_module():
             return _fsdp_collectives
         except ImportError:
             return None
+
+
+def fsdp2_param_group_class():
+    """`FSDPParamGroup` (its `_prefetch_unshard` is wrapped; see the FSDP2 table)."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    except ImportError:
+        from torch.distributed._composable.fsdp._fsdp_param_group import (  # 2.4 - 2.5
+            FSDPParamGroup,
+        )
+    return FSDPParamGroup
 
 
 # --- FSDP1 / DDP / ZeRO-1 (tables above) ----------------------------------------------------

@@ -1,0 +1,143 @@
+"""Where zerodoc's cost goes on a GPU step: the overhead section of `gpu_check.py`, split.
+
+    PYTHONPATH=. python bench/gpu_overhead_probe.py [--blocks 6] [--per 4] [--profile]
+
+Same model and setup as the check's overhead section (FSDP2, world size 1 with its
+all-gathers re-enabled, no injected delay). Modes alternate in blocks (A B C C B A ...):
+
+- bare: no zerodoc;
+- zerodoc: attached with the check's options (no HTTP server, no NVML);
+- zerodoc-nolog: the same without the run log (its background writer).
+
+Per mode, medians per step of: wall (synchronised at block ends), host time to enqueue the
+forward + backward (no sync: when it exceeds the device time the job is launch-bound and every
+host microsecond counts), the optimizer step's host time, and the device time of forward +
+backward (two CUDA events on the default stream). `--profile`: one more zerodoc block under
+cProfile, its top functions by own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--blocks", type=int, default=6)
+    ap.add_argument("--per", type=int, default=4)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+
+    if not torch.cuda.is_available():
+        print("gpu_overhead_probe: no CUDA device")
+        return 2
+    import torch.distributed as dist
+
+    import zerodoc
+    from bench.gpu_check import _free_port
+    from bench.gpu_check_setup import (
+        batch, build_model, calibrate_cycles_per_ms, shard_fsdp2, world_size_1_all_gathers,
+    )
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    dev = torch.device("cuda", 0)
+    cpm = calibrate_cycles_per_ms()
+    model = build_model(dev)
+    out = tempfile.mkdtemp(prefix="zd-probe-")
+    stats = {m: {"wall": [], "host_fb": [], "host_opt": [], "dev_fb": []}
+             for m in ("bare", "zerodoc", "zerodoc-nolog")}
+    with world_size_1_all_gathers():
+        shard_fsdp2(model, "implicit", {}, cpm)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+        ids = [batch(dev, i) for i in range(args.per)]
+
+        def step(x, rec):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            e0.record()
+            logits = model(x)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), x.view(-1))
+            loss.backward()
+            e1.record()
+            t1 = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            t2 = time.perf_counter()
+            rec.append((t1 - t0, t2 - t1, e0, e1))
+
+        for x in ids:
+            step(x, [])
+        modes = ["bare", "zerodoc", "zerodoc-nolog"]
+        order = []
+        for i in range(args.blocks):
+            order += modes if i % 2 == 0 else modes[::-1]
+
+        def block(mode, prof=None):
+            mon = None
+            if mode != "bare":
+                mon = zerodoc.attach(model, opt, run_dir=os.path.join(out, mode), port=False,
+                                     nvml=False, run_log=(mode == "zerodoc"))
+                assert hasattr(mon, "timer"), "attach failed"
+            try:
+                step(ids[0], [])
+                torch.cuda.synchronize()
+                rec = []
+                if prof:
+                    prof.enable()
+                t0 = time.perf_counter()
+                for x in ids:
+                    step(x, rec)
+                torch.cuda.synchronize()
+                wall = (time.perf_counter() - t0) / len(ids)
+                if prof:
+                    prof.disable()
+            finally:
+                if mon is not None:
+                    mon.close()
+            return wall, rec
+
+        for mode in order:
+            wall, rec = block(mode)
+            s = stats[mode]
+            s["wall"].append(wall)
+            for h_fb, h_opt, e0, e1 in rec:
+                s["host_fb"].append(h_fb)
+                s["host_opt"].append(h_opt)
+                s["dev_fb"].append(e0.elapsed_time(e1) / 1e3)
+        print(f"gpu_overhead_probe: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+              f"{args.blocks} blocks x {args.per} steps per mode (medians per step, ms)")
+        print(f"{'mode':15} {'wall':>9} {'host f+b':>9} {'host opt':>9} {'device f+b':>11}")
+        base = statistics.median(stats["bare"]["wall"])
+        for m, s in stats.items():
+            med = {k: statistics.median(v) * 1e3 for k, v in s.items()}
+            print(f"{m:15} {med['wall']:9.3f} {med['host_fb']:9.3f} {med['host_opt']:9.3f} "
+                  f"{med['dev_fb']:11.3f}   ratio {med['wall'] / base / 1e3:.4f}")
+        if args.profile:
+            prof = cProfile.Profile()
+            block("zerodoc", prof)
+            for key, n in (("tottime", 35), ("cumulative", 25)):
+                buf = io.StringIO()
+                pstats.Stats(prof, stream=buf).sort_stats(key).print_stats("zerodoc", n)
+                print(f"--- zerodoc's functions by {key} (cProfile, one block)")
+                print(buf.getvalue()[-7000:])
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
