@@ -7,12 +7,13 @@ all-gathers re-enabled, no injected delay). Modes alternate in blocks (A B C C B
 
 - bare: no zerodoc;
 - zerodoc: attached with the check's options (no HTTP server, no NVML);
-- zerodoc-nolog: the same without the run log (its background writer).
+- zerodoc-nolog: the same without the run log (its background writer);
+- zerodoc-nodetail: the run log without its per-step detail files.
 
 Per mode, medians per step of: wall (synchronised at block ends), host time to enqueue the
 forward + backward (no sync: when it exceeds the device time the job is launch-bound and every
 host microsecond counts), the optimizer step's host time, and the device time of forward +
-backward (two CUDA events on the default stream). `--profile`: one more zerodoc block under
+backward and of the optimizer step (CUDA events on the default stream). `--profile`: one more zerodoc block under
 cProfile, its top functions by own time.
 """
 
@@ -59,15 +60,15 @@ def main() -> int:
     cpm = calibrate_cycles_per_ms()
     model = build_model(dev)
     out = tempfile.mkdtemp(prefix="zd-probe-")
-    stats = {m: {"wall": [], "host_fb": [], "host_opt": [], "dev_fb": []}
-             for m in ("bare", "zerodoc", "zerodoc-nolog")}
+    stats = {m: {"wall": [], "host_fb": [], "host_opt": [], "dev_fb": [], "dev_opt": []}
+             for m in ("bare", "zerodoc", "zerodoc-nolog", "zerodoc-nodetail")}
     with world_size_1_all_gathers():
         shard_fsdp2(model, "implicit", {}, cpm)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
         ids = [batch(dev, i) for i in range(args.per)]
 
         def step(x, rec):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             t0 = time.perf_counter()
             e0.record()
             logits = model(x)
@@ -77,12 +78,13 @@ def main() -> int:
             t1 = time.perf_counter()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            e2.record()
             t2 = time.perf_counter()
-            rec.append((t1 - t0, t2 - t1, e0, e1))
+            rec.append((t1 - t0, t2 - t1, e0, e1, e2))
 
         for x in ids:
             step(x, [])
-        modes = ["bare", "zerodoc", "zerodoc-nolog"]
+        modes = ["bare", "zerodoc", "zerodoc-nolog", "zerodoc-nodetail"]
         order = []
         for i in range(args.blocks):
             order += modes if i % 2 == 0 else modes[::-1]
@@ -91,10 +93,12 @@ def main() -> int:
             mon = None
             if mode != "bare":
                 mon = zerodoc.attach(model, opt, run_dir=os.path.join(out, mode), port=False,
-                                     nvml=False, run_log=(mode == "zerodoc"))
+                                     nvml=False, run_log=(mode != "zerodoc-nolog"),
+                                     run_log_detail=(mode == "zerodoc"))
                 assert hasattr(mon, "timer"), "attach failed"
             try:
-                step(ids[0], [])
+                step(ids[0], [])  # attach's first steps (one-off work), not timed
+                step(ids[1 % len(ids)], [])
                 torch.cuda.synchronize()
                 rec = []
                 if prof:
@@ -115,18 +119,21 @@ def main() -> int:
             wall, rec = block(mode)
             s = stats[mode]
             s["wall"].append(wall)
-            for h_fb, h_opt, e0, e1 in rec:
+            for h_fb, h_opt, e0, e1, e2 in rec:
                 s["host_fb"].append(h_fb)
                 s["host_opt"].append(h_opt)
                 s["dev_fb"].append(e0.elapsed_time(e1) / 1e3)
+                s["dev_opt"].append(e1.elapsed_time(e2) / 1e3)
         print(f"gpu_overhead_probe: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
               f"{args.blocks} blocks x {args.per} steps per mode (medians per step, ms)")
-        print(f"{'mode':15} {'wall':>9} {'host f+b':>9} {'host opt':>9} {'device f+b':>11}")
+        print(f"{'mode':17} {'wall':>9} {'host f+b':>9} {'host opt':>9} {'device f+b':>11} "
+              f"{'device opt':>11}")
         base = statistics.median(stats["bare"]["wall"])
         for m, s in stats.items():
             med = {k: statistics.median(v) * 1e3 for k, v in s.items()}
-            print(f"{m:15} {med['wall']:9.3f} {med['host_fb']:9.3f} {med['host_opt']:9.3f} "
-                  f"{med['dev_fb']:11.3f}   ratio {med['wall'] / base / 1e3:.4f}")
+            print(f"{m:17} {med['wall']:9.3f} {med['host_fb']:9.3f} {med['host_opt']:9.3f} "
+                  f"{med['dev_fb']:11.3f} {med['dev_opt']:11.3f}   ratio "
+                  f"{med['wall'] / base / 1e3:.4f}")
         if args.profile:
             prof = cProfile.Profile()
             block("zerodoc", prof)

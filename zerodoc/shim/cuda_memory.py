@@ -21,19 +21,33 @@ def allocator_stats(reset_peaks: bool = False) -> dict[str, int]:
     the job sees per-step values too; the peak since start is kept as `*_since_start`."""
     import torch
 
-    st = torch.cuda.memory_stats()
-    out = {
-        "allocated": st.get("allocated_bytes.all.current", 0),
-        "reserved": st.get("reserved_bytes.all.current", 0),
-        "peak_allocated": st.get("allocated_bytes.all.peak", 0),
-        "peak_reserved": st.get("reserved_bytes.all.peak", 0),
-        "inactive_split": st.get("inactive_split_bytes.all.current", 0),
-        "alloc_retries": st.get("num_alloc_retries", 0),
-        "ooms": st.get("num_ooms", 0),
-    }
+    try:
+        out = _raw_stats(torch)
+    except Exception:  # noqa: BLE001 - the private read changed: the public, slower one
+        st = torch.cuda.memory_stats()
+        out = {
+            "allocated": st.get("allocated_bytes.all.current", 0),
+            "reserved": st.get("reserved_bytes.all.current", 0),
+            "peak_allocated": st.get("allocated_bytes.all.peak", 0),
+            "peak_reserved": st.get("reserved_bytes.all.peak", 0),
+            "inactive_split": st.get("inactive_split_bytes.all.current", 0),
+            "alloc_retries": st.get("num_alloc_retries", 0),
+            "ooms": st.get("num_ooms", 0),
+        }
     if reset_peaks:
         torch.cuda.reset_peak_memory_stats()
     return out
+
+
+def _raw_stats(torch) -> dict[str, int]:
+    """The same numbers from the allocator's nested dict (`torch._C._cuda_memoryStats`, what
+    `torch.cuda.memory_stats()` flattens in Python, every key of it, at each step end)."""
+    st = torch._C._cuda_memoryStats(torch._C._cuda_getDevice())
+    a, r, i = st["allocated_bytes"]["all"], st["reserved_bytes"]["all"], \
+        st["inactive_split_bytes"]["all"]
+    return {"allocated": a["current"], "reserved": r["current"], "peak_allocated": a["peak"],
+            "peak_reserved": r["peak"], "inactive_split": i["current"],
+            "alloc_retries": st.get("num_alloc_retries", 0), "ooms": st.get("num_ooms", 0)}
 
 
 class AllocatorReader:
