@@ -13,7 +13,8 @@ all-gathers re-enabled, no injected delay). Modes alternate in blocks (A B C C B
 Per mode, medians per step of: wall (synchronised at block ends), host time to enqueue the
 forward + backward (no sync: when it exceeds the device time the job is launch-bound and every
 host microsecond counts), the optimizer step's host time, and the device time of forward +
-backward and of the optimizer step (CUDA events on the default stream). `--profile`: one more zerodoc block under
+backward and of the optimizer step (CUDA events on the default stream), and the time in
+Python's garbage collector (`gc.callbacks`) per step. `--profile`: one more zerodoc block under
 cProfile, its top functions by own time.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import os
 import pstats
@@ -60,7 +62,18 @@ def main() -> int:
     cpm = calibrate_cycles_per_ms()
     model = build_model(dev)
     out = tempfile.mkdtemp(prefix="zd-probe-")
-    stats = {m: {"wall": [], "host_fb": [], "host_opt": [], "dev_fb": [], "dev_opt": []}
+    gc_acc = {"t": 0.0, "n": 0, "t0": 0.0}
+
+    def _gc_cb(phase, info):  # the job's own garbage collections, timed
+        if phase == "start":
+            gc_acc["t0"] = time.perf_counter()
+        else:
+            gc_acc["t"] += time.perf_counter() - gc_acc["t0"]
+            gc_acc["n"] += 1
+
+    gc.callbacks.append(_gc_cb)
+    stats = {m: {"wall": [], "host_fb": [], "host_opt": [], "dev_fb": [], "dev_opt": [],
+                 "gc": [], "gcs": []}
              for m in ("bare", "zerodoc", "zerodoc-nolog", "zerodoc-nodetail")}
     with world_size_1_all_gathers():
         shard_fsdp2(model, "implicit", {}, cpm)
@@ -103,22 +116,26 @@ def main() -> int:
                 rec = []
                 if prof:
                     prof.enable()
+                gc_acc["t"], gc_acc["n"] = 0.0, 0
                 t0 = time.perf_counter()
                 for x in ids:
                     step(x, rec)
                 torch.cuda.synchronize()
                 wall = (time.perf_counter() - t0) / len(ids)
+                gcs = (gc_acc["t"] / len(ids), gc_acc["n"] / len(ids))
                 if prof:
                     prof.disable()
             finally:
                 if mon is not None:
                     mon.close()
-            return wall, rec
+            return wall, rec, gcs
 
         for mode in order:
-            wall, rec = block(mode)
+            wall, rec, gcs = block(mode)
             s = stats[mode]
             s["wall"].append(wall)
+            s["gc"].append(gcs[0])
+            s["gcs"].append(gcs[1] / 1e3)  # shown x1000 below: collections per step
             for h_fb, h_opt, e0, e1, e2 in rec:
                 s["host_fb"].append(h_fb)
                 s["host_opt"].append(h_opt)
@@ -127,12 +144,13 @@ def main() -> int:
         print(f"gpu_overhead_probe: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
               f"{args.blocks} blocks x {args.per} steps per mode (medians per step, ms)")
         print(f"{'mode':17} {'wall':>9} {'host f+b':>9} {'host opt':>9} {'device f+b':>11} "
-              f"{'device opt':>11}")
+              f"{'device opt':>11} {'gc ms':>7} {'gc/step':>8}")
         base = statistics.median(stats["bare"]["wall"])
         for m, s in stats.items():
             med = {k: statistics.median(v) * 1e3 for k, v in s.items()}
             print(f"{m:17} {med['wall']:9.3f} {med['host_fb']:9.3f} {med['host_opt']:9.3f} "
-                  f"{med['dev_fb']:11.3f} {med['dev_opt']:11.3f}   ratio "
+                  f"{med['dev_fb']:11.3f} {med['dev_opt']:11.3f} {med['gc']:7.3f} "
+                  f"{med['gcs']:8.2f}   ratio "
                   f"{med['wall'] / base / 1e3:.4f}")
         if args.profile:
             prof = cProfile.Profile()
