@@ -62,3 +62,55 @@ def test_compare_flags_differences_beyond_tolerance():
     rows, ok = compare({"u": {"collective": 0.0110, "exposed": 0.004, "compute": 0.001}},
                        theirs)
     assert not ok and [r[-1] for r in rows] == ["FAIL", "ok", "ok"]
+
+
+def launch_bound_trace():
+    """One unit on a launch-bound stretch: the compute stream runs out of work before the host
+    reaches the unit's post-forward hook; a slow link whose single kernel is longer than all
+    the compute kernels together; an explicit prefetch inside the unit's body."""
+    ev, corr = [], [0]
+
+    def span(name, a, b):
+        ev.append({"ph": "X", "cat": "user_annotation", "name": name, "ts": a, "dur": b - a,
+                   "tid": 1})
+
+    def kernel(stream, launch, start, end, name="k"):
+        corr[0] += 1
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": launch,
+                   "dur": 1, "tid": 1, "args": {"correlation": corr[0]}})
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": start, "dur": end - start,
+                   "tid": stream, "args": {"correlation": corr[0], "stream": stream}})
+
+    span("FSDP::pre_forward", 0, 5)
+    span("FSDP::pre_forward (blocks.0)", 100, 110)
+    span("gpu_check::link (blocks.0)", 101, 103)
+    kernel(AG, 101.5, 102, 102.5, "issue marker")
+    kernel(AG, 102, 102.5, 402.5, "spin")  # 300 us: more time than all the compute
+    kernel(COMPUTE, 108, 403, 405, "copy_out")
+    kernel(COMPUTE, 120, 405, 415, "qkv")
+    span("FSDP::forward_prefetch for blocks.1", 130, 190)
+    kernel(COMPUTE, 150, 415, 420, "copy_in blocks.1")
+    kernel(COMPUTE, 200, 420, 430, "mlp")
+    span("FSDP::post_forward (blocks.0)", 450, 452)  # the stream idle since 430
+    span("FSDP::post_forward", 500, 502)
+    return Trace.from_json({"traceEvents": ev})
+
+
+def test_witness_on_a_launch_bound_stretch():
+    tr = launch_bound_trace()
+    # Counted, not timed: the slow link's one long kernel must not make its stream "compute".
+    assert tr.guess_compute_stream("") == COMPUTE
+    # A device clock at the switches reads up to the host's post-forward hook (450), not to
+    # the last kernel's end (430); the prefetch (415-420 on the device) is not the unit's.
+    assert tr.mark(COMPUTE, 450) == 450 and tr.mark(COMPUTE, 110) == 405
+    w = witness(tr, ["", "blocks.0"], {"": ["blocks.0"]}, "forward", COMPUTE)
+    assert w["blocks.0"]["compute"] == pytest.approx(40e-6)
+    # From the issue marker's start to the link's last kernel's end.
+    assert w["blocks.0"]["collective"] == pytest.approx(300.5e-6)
+
+
+def test_the_root_compute_is_reported_not_judged():
+    rows, ok = compare({"": {"compute": 0.002}}, {"": {"compute": 0.001}})
+    assert ok and rows[0][-1] == "n/j"
+    rows, ok = compare({"blocks.0": {"compute": 0.002}}, {"blocks.0": {"compute": 0.001}})
+    assert not ok
