@@ -128,7 +128,10 @@ CHECKED_TORCH_VERSIONS = ("2.13.0",)
 
 
 class HookRegistry:
-    """Records which hook points were found; warns once per missing one."""
+    """Records which hook points were found; warns once per missing one. Refinements of a
+    hook point's numbers (FSDP2's `_prefetch_unshard`, `cuda.fast_record`) call only
+    `missing`: every hook point reported is a `zerodoc_hook_available` series on every rank,
+    and the series budget counts those of the default path."""
 
     def __init__(self) -> None:
         self.status: dict[str, str] = {}  # hook -> "ok" | reason
