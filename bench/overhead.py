@@ -1,6 +1,7 @@
 """Overhead of the zerodoc shim on a real FSDP2 job (CPU, gloo), measured A/B in one run.
 
-    python bench/overhead.py [--ranks 2] [--blocks 8] [--pairs 120]
+    python bench/overhead.py [--ranks 2] [--blocks 8] [--pairs 120] [--prefetch]
+                             [--scrape-interval 1]
 
 Prints the median step-time ratio instrumented / plain (A and B alternate step by step in the
 same processes, order rotating), the shim's own step-end bookkeeping per step, and the /metrics
@@ -28,15 +29,67 @@ from zerodoc.runlog import read_rank_log  # noqa: E402
 def overhead(args, tmp: Path) -> dict:
     out = tmp / "times.json"
     spec = {"model": {"blocks": args.blocks, "hidden": args.hidden, "seq": args.seq,
-                      "batch": args.batch},
-            "attach": {"run_dir": str(tmp / "run"), "port": 0},
+                      "batch": args.batch, "prefetch": args.prefetch},
+            "attach": {"run_dir": str(tmp / "run"), "port": 0,
+                       "completion_callbacks": not args.no_completion_callbacks},
             "warmup": 5, "pairs": args.pairs, "out": str(out), "device": args.device}
     job = Job(args.ranks, spec, module="bench.overhead_worker",
               env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}).start()
-    codes = job.wait(3600)
+    scraper = Scraper(tmp / "run", args.ranks, args.scrape_interval) \
+        if args.scrape_interval > 0 else None
+    try:
+        codes = job.wait(3600)
+    finally:
+        if scraper is not None:
+            scraper.stop()
     if any(codes):
         raise SystemExit(f"benchmark ranks failed: {job.outputs()}")
-    return json.loads(out.read_text())
+    res = json.loads(out.read_text())
+    res["scrapes"] = scraper.count if scraper is not None else 0
+    return res
+
+
+class Scraper:
+    """What Prometheus does to the ranks during the A/B: every `interval` seconds, fetch each
+    rank's /metrics (endpoints from the run log headers), from this process, not the ranks'."""
+
+    def __init__(self, run_dir: Path, ranks: int, interval: float):
+        import threading
+
+        self.run_dir, self.ranks, self.interval = run_dir, ranks, interval
+        self.count = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _endpoints(self) -> list[str]:
+        eps = []
+        for r in range(self.ranks):
+            p = self.run_dir / f"rank-{r:05d}.jsonl"
+            try:
+                ep = read_rank_log(p).facts.metrics_endpoint
+            except Exception:  # noqa: BLE001 - not written yet
+                return []
+            if ep:
+                eps.append(ep)
+        return eps
+
+    def _run(self) -> None:
+        eps: list[str] = []
+        while not self._stop.wait(self.interval):
+            if not eps:
+                eps = self._endpoints()
+            for ep in eps:
+                try:
+                    with urllib.request.urlopen(f"http://{ep}/metrics", timeout=10) as r:
+                        r.read()
+                    self.count += 1
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(15)
 
 
 def scrape_cost(args, tmp: Path) -> dict:
@@ -80,7 +133,16 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--pairs", type=int, default=120, help="A/B step pairs measured")
-    p.add_argument("--no-scrape", action="store_true")
+    p.add_argument("--no-scrape", action="store_true",
+                   help="skip the separate 128-unit scrape-cost measurement")
+    p.add_argument("--prefetch", action="store_true",
+                   help="async unshard + explicit forward/backward prefetch (both models)")
+    p.add_argument("--no-completion-callbacks", action="store_true",
+                   help="attach with completion_callbacks=False (gloo: no callback per async "
+                        "collective; hidden time of early finishers becomes an upper bound)")
+    p.add_argument("--scrape-interval", type=float, default=0.0, metavar="S",
+                   help="scrape every rank's /metrics every S seconds during the A/B, as "
+                        "Prometheus would (0: no scraper)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: 1 rank (NCCL) on one GPU; use e.g. --blocks 20 --hidden 2048 "
                         "--seq 1024 --batch 4 for a >= 1B-parameter bf16 step")
@@ -94,7 +156,11 @@ def main() -> None:
         a, b = res["times"]["A"], res["times"]["B"]
         ratio = statistics.median(a) / statistics.median(b)
         pair = statistics.median(x / y for x, y in zip(a, b))
-        print(f"FSDP2 {'CUDA/nccl' if args.device == 'cuda' else 'CPU/gloo'}, {args.ranks} ranks, {args.blocks + 1} units, {len(a)} A/B pairs")
+        extra = (", async prefetch" if args.prefetch else "") + \
+            (", no completion callbacks" if args.no_completion_callbacks else "") + \
+            (f", scraped every {args.scrape_interval:g} s ({res['scrapes']} scrapes)"
+             if args.scrape_interval > 0 else "")
+        print(f"FSDP2 {'CUDA/nccl' if args.device == 'cuda' else 'CPU/gloo'}, {args.ranks} ranks, {args.blocks + 1} units, {len(a)} A/B pairs{extra}")
         print(f"  median step: instrumented {statistics.median(a) * 1e3:.1f} ms, "
               f"plain {statistics.median(b) * 1e3:.1f} ms")
         print(f"  step-time ratio (median A / median B): {ratio:.4f}")
