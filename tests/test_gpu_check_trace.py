@@ -12,7 +12,9 @@ from bench.gpu_check_trace import Trace, compare, witness
 COMPUTE, AG = 7, 20
 
 
-def trace():
+def builder():
+    """Events, and the two ways of adding one: an annotation span on the CPU thread; a kernel
+    on a stream with the runtime call that launched it (same correlation id)."""
     ev, corr = [], [0]
 
     def span(name, a, b):
@@ -26,6 +28,11 @@ def trace():
         ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": start, "dur": end - start,
                    "tid": stream, "args": {"correlation": corr[0], "stream": stream}})
 
+    return ev, span, kernel
+
+
+def trace():
+    ev, span, kernel = builder()
     # root: its all-gather (100 us of injected delay) and copy-out, then the embedding
     span("FSDP::pre_forward", 0, 10)
     span("gpu_check::link", 2, 4)
@@ -68,19 +75,7 @@ def launch_bound_trace():
     """One unit on a launch-bound stretch: the compute stream runs out of work before the host
     reaches the unit's post-forward hook; a slow link whose single kernel is longer than all
     the compute kernels together; an explicit prefetch inside the unit's body."""
-    ev, corr = [], [0]
-
-    def span(name, a, b):
-        ev.append({"ph": "X", "cat": "user_annotation", "name": name, "ts": a, "dur": b - a,
-                   "tid": 1})
-
-    def kernel(stream, launch, start, end, name="k"):
-        corr[0] += 1
-        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": launch,
-                   "dur": 1, "tid": 1, "args": {"correlation": corr[0]}})
-        ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": start, "dur": end - start,
-                   "tid": stream, "args": {"correlation": corr[0], "stream": stream}})
-
+    ev, span, kernel = builder()
     span("FSDP::pre_forward", 0, 5)
     span("FSDP::pre_forward (blocks.0)", 100, 110)
     span("gpu_check::link (blocks.0)", 101, 103)
