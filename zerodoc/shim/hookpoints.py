@@ -33,8 +33,9 @@ and zerodoc exports what still works.
 | `nn.Module.register_forward_pre_hook(prepend=)` / `register_forward_hook(prepend=)` | yes | forward compute per unit | 2.13 |
 
 CUDA (the GPU path, `zerodoc/shim/cuda.py`, `devclock.py`; read from the 2.11 and 2.13
-sources: "2.11/2.13 (read)"; every row below ran on an H100 with torch 2.11 on 2026-11-23
-through `bench/gpu_check.py`, world size 1):
+sources: "2.11/2.13 (read)"; on 2026-11-23 `bench/gpu_check.py` exercised these rows on an H100
+with torch 2.11 at world size 1, except `reset_peak_memory_stats` and `_record_memory_history`
+/ `_dump_snapshot` (opt-in, off) and the torch <= 2.7 stream choice):
 
 | hook point                          | public? | what for                                  | checked |
 |-------------------------------------|---------|-------------------------------------------|---------|
