@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ..model import CommTotals, LazyRankWindow, RankFacts, RankWindow, RunSnapshot
 from .records import (
-    RankLog, RunLogError, StepRecord, StepTotals, UnitsBlock, block_from_dict, check_header,
-    facts_from_dict, rank_log_name, step_from_dict, totals_from_dict, totals_of,
+    SUMMED_SCALARS, RankLog, RunLogError, StepRecord, StepTotals, UnitsBlock, block_from_dict,
+    check_header, facts_from_dict, rank_log_name, step_from_dict, totals_from_dict, totals_of,
 )
 from .scan import kind_of, reverse_lines, segment_heads
 from .writer import DETAIL_DIR, detail_names
@@ -246,16 +246,9 @@ def window_from_steps(facts: RankFacts, steps: Iterable[StepRecord],
             w.first_step = s.step
         w.steps += 1
         w.last_step = s.step
-        w.step_seconds += s.step_seconds
+        _add_scalars(w, s)
         w.last_step_seconds = s.step_seconds
         w.max_step_seconds = max(w.max_step_seconds, s.step_seconds)
-        w.optimizer_seconds += s.optimizer_seconds
-        w.framework_seconds += s.framework_seconds
-        w.other_seconds += s.other_seconds
-        w.self_seconds += s.self_seconds
-        w.host_compute_seconds += s.host_compute_seconds
-        w.launch_checks += s.launch_checks
-        w.launch_caught_up += s.launch_caught_up
         w.updated_unix = s.end_unix
         w.step_times.append(s.step_seconds)
         for k, v in s.compute.items():
@@ -271,20 +264,20 @@ def window_from_steps(facts: RankFacts, steps: Iterable[StepRecord],
     return w
 
 
+def _add_scalars(w: RankWindow, src) -> None:
+    """w.<f> += src.<f> for every step-level number that adds up over steps."""
+    for f in SUMMED_SCALARS:
+        setattr(w, f, getattr(w, f) + getattr(src, f))
+
+
 def _scalars_from_totals(w: RankWindow, totals: list[StepTotals]) -> None:
     """Step-level numbers of `w` from step lines (replacing what was there)."""
     w.steps = len(totals)
     w.first_step, w.last_step = totals[0].step, totals[-1].step
-    w.step_seconds = sum(t.step_seconds for t in totals)
-    w.optimizer_seconds = sum(t.optimizer_seconds for t in totals)
-    w.framework_seconds = sum(t.framework_seconds for t in totals)
-    w.other_seconds = sum(t.other_seconds for t in totals)
-    w.self_seconds = sum(t.self_seconds for t in totals)
+    for f in SUMMED_SCALARS:
+        setattr(w, f, sum(getattr(t, f) for t in totals))
     w.compute_total = sum(t.compute_seconds for t in totals)
     w.exposed_total = sum(t.exposed_seconds for t in totals)
-    w.host_compute_seconds = sum(t.host_compute_seconds for t in totals)
-    w.launch_checks = sum(t.launch_checks for t in totals)
-    w.launch_caught_up = sum(t.launch_caught_up for t in totals)
     w.step_times = [t.step_seconds for t in totals]
     w.last_step_seconds = totals[-1].step_seconds
     w.max_step_seconds = max(w.step_times)
@@ -297,14 +290,7 @@ def _add_block(w: RankWindow, b: UnitsBlock, first: bool) -> None:
         w.first_step = b.first_step
     w.steps += b.steps
     w.last_step = b.last_step
-    w.step_seconds += b.step_seconds
-    w.optimizer_seconds += b.optimizer_seconds
-    w.framework_seconds += b.framework_seconds
-    w.other_seconds += b.other_seconds
-    w.self_seconds += b.self_seconds
-    w.host_compute_seconds += b.host_compute_seconds
-    w.launch_checks += b.launch_checks
-    w.launch_caught_up += b.launch_caught_up
+    _add_scalars(w, b)
     w.max_step_seconds = max(w.max_step_seconds, b.max_step_seconds)
     w.updated_unix = max(w.updated_unix, b.end_unix)
 
@@ -405,10 +391,7 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True) ->
                     comm.setdefault(k, CommTotals()).add(t)
             w.steps += part.steps
             w.last_step = part.last_step
-            for k in ("step_seconds", "optimizer_seconds", "framework_seconds",
-                      "other_seconds", "self_seconds", "host_compute_seconds",
-                      "launch_checks", "launch_caught_up"):
-                setattr(w, k, getattr(w, k) + getattr(part, k))
+            _add_scalars(w, part)
             w.max_step_seconds = max(w.max_step_seconds, part.max_step_seconds)
             w.updated_unix = part.updated_unix
             w.compute, w.comm = comp, comm

@@ -30,6 +30,12 @@ def rank_log_name(rank: int) -> str:
     return f"rank-{rank:05d}.jsonl"
 
 
+# Step-level numbers that add up over steps, under the same attribute name on StepRecord,
+# StepTotals, UnitsBlock and model.RankWindow: every fold over steps sums exactly these.
+SUMMED_SCALARS = ("step_seconds", "optimizer_seconds", "framework_seconds", "other_seconds",
+                  "self_seconds", "host_compute_seconds", "launch_checks", "launch_caught_up")
+
+
 @dataclass
 class StepRecord:
     """One step with its full per-unit detail (schema 1 step lines; schema 2 detail files)."""
