@@ -44,6 +44,13 @@ def _family(name: str, extra_labels: tuple[str, ...] = ()):
     raise ValueError(name)
 
 
+def _sample(name: str, rl: list, value):
+    """A family holding one sample of a rank-labelled metric."""
+    f = _family(name)
+    f.add_metric(rl, value)
+    return f
+
+
 class ZerodocCollector:
     """Yields zerodoc's families for one rank from `monitor.totals` at scrape time.
 
@@ -70,14 +77,10 @@ class ZerodocCollector:
             getattr(cfg, "metrics_unit_ranks", detail.DEFAULT_UNIT_RANKS))
         rl = [str(facts.rank), str(facts.local_rank), facts.node]
         if self.closing.closed_unix is not None:
-            g = _family("zerodoc_run_closed_timestamp_seconds")
-            g.add_metric(rl, self.closing.closed_unix)
-            yield g
+            yield _sample("zerodoc_run_closed_timestamp_seconds", rl, self.closing.closed_unix)
         writer = getattr(m, "_writer", None)
         if writer is not None:
-            c = _family("zerodoc_runlog_dropped_records_total")
-            c.add_metric(rl, writer.dropped)
-            yield c
+            yield _sample("zerodoc_runlog_dropped_records_total", rl, writer.dropped)
 
         h = HistogramMetricFamily("zerodoc_step_duration_seconds",
                                   BY_NAME["zerodoc_step_duration_seconds"].help, labels=RANK_LABELS)
@@ -98,9 +101,7 @@ class ZerodocCollector:
             ("zerodoc_injected_latency_seconds",
              float(facts.config.get("inject_latency_s", 0) or 0)),
         ):
-            g = _family(name)
-            g.add_metric(rl, value)
-            yield g
+            yield _sample(name, rl, value)
         for name, value in (
             ("zerodoc_optimizer_seconds_total", tot.optimizer_seconds),
             ("zerodoc_other_seconds_total", tot.other_seconds),
@@ -110,9 +111,7 @@ class ZerodocCollector:
             ("zerodoc_launch_segments_total", tot.launch_checks),
             ("zerodoc_launch_caught_up_total", tot.launch_caught_up),
         ):
-            c = _family(name)
-            c.add_metric(rl, value)
-            yield c
+            yield _sample(name, rl, value)
 
         compute, comm = list(tot.compute.items()), list(tot.comm.items())
         folded = 0
@@ -131,9 +130,7 @@ class ZerodocCollector:
         yield mem
         for key, name in GPU_SERIES.items():
             if key in tot.memory:
-                g = _family(name)
-                g.add_metric(rl, tot.memory[key])
-                yield g
+                yield _sample(name, rl, tot.memory[key])
         pcie = [(d, tot.memory[f"pcie_{d}_bytes_per_second"]) for d in ("tx", "rx")
                 if f"pcie_{d}_bytes_per_second" in tot.memory]
         if pcie:
@@ -142,12 +139,8 @@ class ZerodocCollector:
                 g.add_metric(rl + [d], v)
             yield g
         if "capacity" in tot.memory:
-            g = _family("zerodoc_device_memory_capacity_bytes")
-            g.add_metric(rl, tot.memory["capacity"])
-            yield g
-            g = _family("zerodoc_memory_headroom_bytes")
-            g.add_metric(rl, tot.memory["headroom"])
-            yield g
+            yield _sample("zerodoc_device_memory_capacity_bytes", rl, tot.memory["capacity"])
+            yield _sample("zerodoc_memory_headroom_bytes", rl, tot.memory["headroom"])
 
         info = InfoMetricFamily("zerodoc_run", BY_NAME["zerodoc_run"].help,
                                 labels=list(RANK_LABELS))
@@ -164,15 +157,11 @@ class ZerodocCollector:
         unit_facts = list(_unit_facts(rl, facts.units))
         if facts.rank == 0:
             yield from unit_facts
-        g = _family("zerodoc_local_world_size")
-        g.add_metric(rl, facts.local_world_size)
-        yield g
+        yield _sample("zerodoc_local_world_size", rl, facts.local_world_size)
 
         wd = getattr(m, "watchdog", None)
         if wd is not None:
-            c = _family("zerodoc_stalls_total")
-            c.add_metric(rl, wd.count)
-            yield c
+            yield _sample("zerodoc_stalls_total", rl, wd.count)
             cur = wd.current
             g = _family("zerodoc_stall_since_timestamp_seconds")
             if cur is not None:
