@@ -1,21 +1,30 @@
 """Overhead of the zerodoc shim on a real FSDP2 job (CPU, gloo), measured A/B in one run.
 
     python bench/overhead.py [--ranks 2] [--blocks 8] [--pairs 120] [--prefetch]
-                             [--scrape-interval 1]
+                             [--scrape-interval 1.0] [--scrape-during A|both] [--repeat 3]
 
 Prints the median step-time ratio instrumented / plain (A and B alternate step by step in the
-same processes, order rotating), the shim's own step-end bookkeeping per step, and the /metrics
+same processes, order rotating), the same for the training thread's CPU time per step (less
+sensitive to a loaded machine), the shim's own step-end bookkeeping per step, and the /metrics
 scrape time of a 128-unit model. Quote medians and ratios: the machine is shared and noisy.
+
+--prefetch: FSDP2 async unshard + explicit forward/backward prefetch (real overlap).
+--scrape-interval S: a scraper (this process, Prometheus' headers: OpenMetrics, gzip) fetches
+every rank's /metrics every S seconds of A-step time (`--scrape-during A`, default: a real
+scrape is the instrumented job's cost, so it lands on A steps only) or of wall time (`both`:
+it then slows A and B alike and the ratio cannot see it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -26,70 +35,108 @@ from zerodoc.demo.launch import Job  # noqa: E402
 from zerodoc.runlog import read_rank_log  # noqa: E402
 
 
+# What Prometheus sends (it prefers OpenMetrics, accepts gzip).
+SCRAPE_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+              "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+}
+
+
+def endpoints(run: Path, ranks: int, job: Job, timeout: float = 600) -> list[str]:
+    """Each rank's /metrics endpoint, from its run-log header."""
+    deadline = time.monotonic() + timeout
+    eps: dict[int, str] = {}
+    while len(eps) < ranks and time.monotonic() < deadline and job.running():
+        for r in range(ranks):
+            p = run / f"rank-{r:05d}.jsonl"
+            if r not in eps and p.exists():
+                try:
+                    ep = read_rank_log(p).facts.metrics_endpoint
+                except Exception:  # header not complete yet
+                    continue
+                if ep:
+                    eps[r] = ep
+        time.sleep(0.2)
+    return [eps[r] for r in sorted(eps)]
+
+
+class Scraper(threading.Thread):
+    """Scrapes every rank's /metrics each `interval` seconds of A-step time (flag byte of
+    rank 0 set) or, without a flag, of wall time."""
+
+    def __init__(self, run: Path, job: Job, ranks: int, interval: float, flag):
+        super().__init__(daemon=True)
+        self.run_dir, self.job, self.ranks = run, job, ranks
+        self.interval, self.flag = interval, flag
+        self.stop = threading.Event()
+        self.latencies: list[float] = []
+        self.errors = 0
+
+    def scrape(self, ep: str) -> None:
+        req = urllib.request.Request(f"http://{ep}/metrics", headers=SCRAPE_HEADERS)
+        t0 = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                r.read()
+            self.latencies.append(time.perf_counter() - t0)
+        except OSError:
+            self.errors += 1
+
+    def run(self) -> None:
+        eps = endpoints(self.run_dir, self.ranks, self.job)
+        due, last = 0.0, time.monotonic()
+        tick = min(0.005, self.interval / 10)
+        while not self.stop.wait(tick):
+            now = time.monotonic()
+            if self.flag is None or self.flag[0]:
+                due += now - last
+            last = now
+            if due >= self.interval:
+                due -= self.interval
+                scrapes = [threading.Thread(target=self.scrape, args=(ep,)) for ep in eps]
+                for t in scrapes:  # targets are scraped concurrently, as Prometheus does
+                    t.start()
+                for t in scrapes:
+                    t.join()
+
+
 def overhead(args, tmp: Path) -> dict:
     out = tmp / "times.json"
+    run = tmp / "run"
+    scraping = args.scrape_interval > 0
+    flag_file = tmp / "a-steps.flag"
+    flag_file.write_bytes(bytes(args.ranks))
     spec = {"model": {"blocks": args.blocks, "hidden": args.hidden, "seq": args.seq,
                       "batch": args.batch, "prefetch": args.prefetch},
-            "attach": {"run_dir": str(tmp / "run"), "port": 0,
+            "attach": {"run_dir": str(run), "port": 0,
                        "completion_callbacks": not args.no_completion_callbacks},
-            "warmup": 5, "pairs": args.pairs, "out": str(out), "device": args.device}
+            "warmup": 5, "pairs": args.pairs, "out": str(out), "device": args.device,
+            "control": args.control,
+            "flag_file": str(flag_file) if scraping and args.scrape_during == "A" else None}
     job = Job(args.ranks, spec, module="bench.overhead_worker",
               env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}).start()
-    scraper = Scraper(tmp / "run", args.ranks, args.scrape_interval) \
-        if args.scrape_interval > 0 else None
-    try:
-        codes = job.wait(3600)
-    finally:
-        if scraper is not None:
-            scraper.stop()
+    scraper = None
+    with open(flag_file, "r+b") as f, mmap.mmap(f.fileno(), 0) as flag:
+        if scraping:
+            scraper = Scraper(run, job, args.ranks, args.scrape_interval,
+                              flag if args.scrape_during == "A" else None)
+            scraper.start()
+        try:
+            codes = job.wait(3600)
+        finally:
+            job.stop()
+            if scraper is not None:
+                scraper.stop.set()
+                scraper.join()
     if any(codes):
         raise SystemExit(f"benchmark ranks failed: {job.outputs()}")
     res = json.loads(out.read_text())
-    res["scrapes"] = scraper.count if scraper is not None else 0
+    if scraper is not None:
+        res["scrapes"] = {"count": len(scraper.latencies), "errors": scraper.errors,
+                          "median_s": statistics.median(scraper.latencies)
+                          if scraper.latencies else None}
     return res
-
-
-class Scraper:
-    """What Prometheus does to the ranks during the A/B: every `interval` seconds, fetch each
-    rank's /metrics (endpoints from the run log headers), from this process, not the ranks'."""
-
-    def __init__(self, run_dir: Path, ranks: int, interval: float):
-        import threading
-
-        self.run_dir, self.ranks, self.interval = run_dir, ranks, interval
-        self.count = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _endpoints(self) -> list[str]:
-        eps = []
-        for r in range(self.ranks):
-            p = self.run_dir / f"rank-{r:05d}.jsonl"
-            try:
-                ep = read_rank_log(p).facts.metrics_endpoint
-            except Exception:  # noqa: BLE001 - not written yet
-                return []
-            if ep:
-                eps.append(ep)
-        return eps
-
-    def _run(self) -> None:
-        eps: list[str] = []
-        while not self._stop.wait(self.interval):
-            if not eps:
-                eps = self._endpoints()
-            for ep in eps:
-                try:
-                    with urllib.request.urlopen(f"http://{ep}/metrics", timeout=10) as r:
-                        r.read()
-                    self.count += 1
-                except OSError:
-                    pass
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._t.join(15)
 
 
 def scrape_cost(args, tmp: Path) -> dict:
@@ -125,6 +172,37 @@ def scrape_cost(args, tmp: Path) -> dict:
             "samples": samples}
 
 
+def report(args, res: dict, tmp: Path) -> tuple[float, float, float]:
+    a, b = res["times"]["A"], res["times"]["B"]
+    ca, cb = res["cpu"]["A"], res["cpu"]["B"]
+    med = statistics.median
+    ratio = med(a) / med(b)
+    pair = med(x / y for x, y in zip(a, b))
+    cpu_ratio = med(ca) / med(cb)
+    print(f"FSDP2 {'CUDA/nccl' if args.device == 'cuda' else 'CPU/gloo'}, {args.ranks} ranks, "
+          f"{args.blocks + 1} units, {len(a)} A/B pairs, prefetch={args.prefetch}"
+          + (", no completion callbacks" if args.no_completion_callbacks else "") + ", scraper="
+          + (f"every {args.scrape_interval:g} s of {'A-step' if args.scrape_during == 'A' else 'wall'}"
+             " time" if args.scrape_interval > 0 else "none"))
+    print(f"  median step: instrumented {med(a) * 1e3:.1f} ms, plain {med(b) * 1e3:.1f} ms")
+    print(f"  step-time ratio (median A / median B): {ratio:.4f}")
+    print(f"  median of per-pair ratios:             {pair:.4f}")
+    print(f"  training-thread CPU per step: A {med(ca) * 1e3:.1f} ms, B {med(cb) * 1e3:.1f} ms, "
+          f"ratio {cpu_ratio:.4f}")
+    if args.device != "cuda" and not args.control:
+        selfs = [st.self_seconds
+                 for st in read_rank_log(tmp / "run" / "rank-00000.jsonl").steps[2:]]
+        print(f"  shim step-end bookkeeping (run log + totals + memory): "
+              f"median {med(selfs) * 1e6:.0f} us/step, "
+              f"mean {res['self_s_per_step'] * 1e6:.0f} us/step "
+              f"(= {res['self_s_per_step'] / med(a):.2%} of a step)")
+    sc = res.get("scrapes")
+    if sc:
+        lat = f"{sc['median_s'] * 1e3:.1f} ms median" if sc["median_s"] is not None else "-"
+        print(f"  scrapes during the run: {sc['count']} ({lat}, {sc['errors']} failed)")
+    return ratio, pair, cpu_ratio
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=2)
@@ -133,16 +211,22 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--pairs", type=int, default=120, help="A/B step pairs measured")
-    p.add_argument("--no-scrape", action="store_true",
-                   help="skip the separate 128-unit scrape-cost measurement")
     p.add_argument("--prefetch", action="store_true",
-                   help="async unshard + explicit forward/backward prefetch (both models)")
+                   help="FSDP2 async unshard + explicit forward/backward prefetch")
     p.add_argument("--no-completion-callbacks", action="store_true",
                    help="attach with completion_callbacks=False (gloo: no callback per async "
                         "collective; hidden time of early finishers becomes an upper bound)")
     p.add_argument("--scrape-interval", type=float, default=0.0, metavar="S",
-                   help="scrape every rank's /metrics every S seconds during the A/B, as "
-                        "Prometheus would (0: no scraper)")
+                   help="scrape every rank's /metrics every S seconds during the A/B run "
+                        "(0: no scraper)")
+    p.add_argument("--scrape-during", choices=("A", "both"), default="A",
+                   help="A: the interval runs on A-step time only (default); both: wall time")
+    p.add_argument("--repeat", type=int, default=1, help="run the A/B job this many times")
+    p.add_argument("--control", action="store_true",
+                   help="null test: attach nothing (A is plain too); the ratio shows the "
+                        "bench's own bias between the two models")
+    p.add_argument("--no-scrape", action="store_true",
+                   help="skip the separate 128-unit /metrics latency measurement")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: 1 rank (NCCL) on one GPU; use e.g. --blocks 20 --hidden 2048 "
                         "--seq 1024 --batch 4 for a >= 1B-parameter bf16 step")
@@ -150,28 +234,21 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.device == "cuda":
         args.ranks = 1
+    runs = []
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        res = overhead(args, tmp)
-        a, b = res["times"]["A"], res["times"]["B"]
-        ratio = statistics.median(a) / statistics.median(b)
-        pair = statistics.median(x / y for x, y in zip(a, b))
-        extra = (", async prefetch" if args.prefetch else "") + \
-            (", no completion callbacks" if args.no_completion_callbacks else "") + \
-            (f", scraped every {args.scrape_interval:g} s ({res['scrapes']} scrapes)"
-             if args.scrape_interval > 0 else "")
-        print(f"FSDP2 {'CUDA/nccl' if args.device == 'cuda' else 'CPU/gloo'}, {args.ranks} ranks, {args.blocks + 1} units, {len(a)} A/B pairs{extra}")
-        print(f"  median step: instrumented {statistics.median(a) * 1e3:.1f} ms, "
-              f"plain {statistics.median(b) * 1e3:.1f} ms")
-        print(f"  step-time ratio (median A / median B): {ratio:.4f}")
-        print(f"  median of per-pair ratios:             {pair:.4f}")
-        selfs = [st.self_seconds for st in read_rank_log(tmp / "run" / "rank-00000.jsonl").steps[2:]]
-        print(f"  shim step-end bookkeeping (run log + totals + memory): "
-              f"median {statistics.median(selfs) * 1e6:.0f} us/step, "
-              f"mean {res['self_s_per_step'] * 1e6:.0f} us/step "
-              f"(= {res['self_s_per_step'] / statistics.median(a):.2%} of a step)")
+        for i in range(args.repeat):
+            tmp = Path(d) / f"r{i}"
+            tmp.mkdir()
+            if i:
+                print()
+            runs.append(report(args, overhead(args, tmp), tmp))
+        if args.repeat > 1:
+            for name, k in (("step-time ratio", 0), ("per-pair ratio", 1), ("CPU ratio", 2)):
+                xs = [r[k] for r in runs]
+                print(f"{name} over {len(xs)} runs: median {statistics.median(xs):.4f}, "
+                      f"min {min(xs):.4f}, max {max(xs):.4f}")
         if not args.no_scrape:
-            s = scrape_cost(args, tmp)
+            s = scrape_cost(args, Path(d))
             print(f"  /metrics scrape, {s['units']} units: {s['scrape_median_s'] * 1e3:.1f} ms "
                   f"median ({s['samples']} samples, {s['bytes'] / 1024:.0f} KiB)")
 

@@ -1,9 +1,14 @@
 """Rank of the overhead benchmark: two identical FSDP2 models in one job, one instrumented
-(A) and one not (B), stepped alternately A B B A A B ... so both see the same machine noise."""
+(A) and one not (B), stepped alternately A B B A A B ... so both see the same machine noise.
+
+While A steps, byte `rank` of the flag file (when the spec names one) is 1, so a scraper
+outside can scrape only during A steps (its cost is the instrumented job's, not the plain one's).
+"""
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import sys
 import time
@@ -29,8 +34,16 @@ def main() -> None:
     else:
         models = {k: build(cfg) for k in ("A", "B")}
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
-    mon = zerodoc.attach(models["A"], opts["A"], **spec["attach"])
+    if spec.get("control"):  # null test: nothing attached, A and B are both plain
+        mon = zerodoc.attach(models["A"], opts["A"], enabled=False)
+    else:
+        mon = zerodoc.attach(models["A"], opts["A"], **spec["attach"])
+    flag = None
+    if spec.get("flag_file"):
+        with open(spec["flag_file"], "r+b") as f:
+            flag = mmap.mmap(f.fileno(), 0)
     times = {"A": [], "B": []}
+    cpu = {"A": [], "B": []}
     order = ["A", "B"]
     for i in range(spec["warmup"] + spec["pairs"]):
         for k in order:
@@ -39,23 +52,29 @@ def main() -> None:
                 x, y = x.cuda(), y.cuda()
                 torch.cuda.synchronize()  # bench boundary only, outside the timed step
             dist.barrier()
-            t0 = time.perf_counter()
+            if flag is not None and k == "A":
+                flag[rank] = 1
+            t0, c0 = time.perf_counter(), time.thread_time()
             loss_fn(models[k](x), y).backward()
             opts[k].step()
             opts[k].zero_grad()
             if cuda:
                 torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+            if flag is not None:
+                flag[rank] = 0
             if i >= spec["warmup"]:
                 times[k].append(dt)
+                cpu[k].append(dc)
         order.reverse()  # rotate who goes first
-    self_s = mon.totals.self_seconds / max(1, mon.totals.steps)
+    tot = getattr(mon, "totals", None)
+    self_s = tot.self_seconds / max(1, tot.steps) if tot is not None else 0.0
     if spec.get("hold_s"):
         time.sleep(spec["hold_s"])  # keep /metrics up for the scrape benchmark
     mon.close()
     if rank == 0:
         with open(spec["out"], "w") as f:
-            json.dump({"times": times, "self_s_per_step": self_s}, f)
+            json.dump({"times": times, "cpu": cpu, "self_s_per_step": self_s}, f)
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
