@@ -63,14 +63,29 @@ class HostTimer:
                   nbytes: int) -> Any:
         rec = self.rec
         phase = rec.phase
-        t0 = perf_counter()
-        rec.push(B_WAIT)
+        t0 = rec.push(B_WAIT)  # the blocked span is exactly the "wait" bucket's
         try:
             return fn(*args, **kwargs)
         finally:
-            t1 = perf_counter()
-            rec.remove(B_WAIT)
+            t1 = rec.remove(B_WAIT)
             rec.add_comm(unit, phase, coll, nbytes, t1 - t0, t1 - t0, 0.0)
+
+    def sync_call3(self, fn, a, b, c, unit: int, coll: int, nbytes: int) -> Any:
+        """`sync_call` of `fn(a, b, c, async_op=False)` without packing arguments (the
+        hot path of FSDP2's per-unit comm objects)."""
+        rec = self.rec
+        phase = rec.phase
+        t0 = rec.push(B_WAIT)
+        try:
+            return fn(a, b, c, async_op=False)
+        finally:
+            t1 = rec.remove(B_WAIT)
+            rec.add_comm(unit, phase, coll, nbytes, t1 - t0, t1 - t0, 0.0)
+
+    def async_call3(self, fn, a, b, c, unit: int, coll: int, nbytes: int):
+        """`call` of `fn(a, b, c, async_op=True)` without packing arguments."""
+        t0 = perf_counter()
+        return self.async_issue(fn(a, b, c, async_op=True), unit, coll, nbytes, t0)
 
     def async_issue(self, work, unit: int, coll: int, nbytes: int, t_issue: float):
         if work is None:
@@ -90,11 +105,8 @@ class TimedWork(dist.Work):
         super().__init__()
         self._inner = inner
         self._timer = timer
-        self._unit = unit
-        self._phase = phase
-        self._coll = coll
-        self._nbytes = nbytes
-        self._t_issue = t_issue
+        # What wait() records, in one attribute (a Work subclass's attribute sets are slow).
+        self._what = (unit, phase, coll, nbytes, t_issue)
         self._t_done: float | None = None
         self._recorded = False
         if timer.callbacks:
@@ -104,33 +116,33 @@ class TimedWork(dist.Work):
         self._t_done = perf_counter()
 
     def wait(self, timeout=None) -> bool:
+        inner = self._inner
         if self._recorded:
-            return self._inner.wait() if timeout is None else self._inner.wait(timeout)
-        rec = self._timer.rec
-        t_wait = perf_counter()
+            return inner.wait() if timeout is None else inner.wait(timeout)
+        timer = self._timer
+        rec = timer.rec
+        if not timer.callbacks:
+            done_before = inner.is_completed()
+        t_wait = rec.push(B_WAIT)  # one clock read: the wait starts here
         t_cb = self._t_done
-        if self._timer.callbacks:
+        if timer.callbacks:
             done_before = t_cb is not None and t_cb <= t_wait
-        else:
-            done_before = self._inner.is_completed()
-        rec.push(B_WAIT)
         try:
-            ok = self._inner.wait() if timeout is None else self._inner.wait(timeout)
+            ok = inner.wait() if timeout is None else inner.wait(timeout)
         finally:
-            t_ret = perf_counter()
-            rec.remove(B_WAIT)
+            t_ret = rec.remove(B_WAIT)
             self._recorded = True
+            unit, phase, coll, nbytes, t_issue = self._what
             if done_before:
                 # Completed while the compute ran: fully hidden. Without a callback the
                 # completion time is unknown and bounded by the moment the wait began.
                 t_done = t_cb if t_cb is not None else t_wait
-                exposed, hidden = 0.0, t_done - self._t_issue
+                exposed, hidden = 0.0, t_done - t_issue
             else:
                 # The compute thread blocked until the collective completed.
                 t_done = t_ret
-                exposed, hidden = t_ret - t_wait, t_wait - self._t_issue
-            rec.add_comm(self._unit, self._phase, self._coll, self._nbytes,
-                         t_done - self._t_issue, exposed, hidden)
+                exposed, hidden = t_ret - t_wait, t_wait - t_issue
+            rec.add_comm(unit, phase, coll, nbytes, t_done - t_issue, exposed, hidden)
         return ok
 
     # Everything else delegates to the real Work.

@@ -123,15 +123,17 @@ class DeviceRecorder(Recorder):
             m.holds += 1  # held until the segment ends (its event is queried then)
             self._seg_start = m
 
-    def push(self, bucket: int) -> None:
-        Recorder.push(self, bucket)
+    def push(self, bucket: int) -> float:
+        now = Recorder.push(self, bucket)
         self._mark()
+        return now
 
-    def remove(self, bucket: int) -> None:
+    def remove(self, bucket: int) -> float:
         top = self.stack[-1]
-        Recorder.remove(self, bucket)
+        now = Recorder.remove(self, bucket)
         if self.stack[-1] != top or top == bucket:
             self._mark()
+        return now
 
     def switch(self, old: int, new: int) -> None:
         Recorder.switch(self, old, new)

@@ -147,11 +147,17 @@ def _make_comm_classes():
 
         def __init__(self, inner, timer: HostTimer, unit: int):
             self.inner, self.timer, self.unit = inner, timer, unit
+            # Host timer: the direct paths (no argument packing).
+            self.host = not timer.device
 
         def allocate(self, size, *, dtype, device):
             return self.inner.allocate(size, dtype=dtype, device=device)
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            if self.host:
+                call = self.timer.async_call3 if async_op else self.timer.sync_call3
+                return call(self.inner, output_tensor, input_tensor, group, self.unit,
+                            ALL_GATHER, output_tensor.nbytes)
             return self.timer.call(self.inner, (output_tensor, input_tensor, group),
                                    {"async_op": async_op}, self.unit, ALL_GATHER,
                                    _nbytes(output_tensor), async_op, group)
@@ -319,12 +325,14 @@ def _wrap_backward(g, idx: int, rec: Recorder, timer, registry: hp.HookRegistry,
     orig_pre = g.pre_backward
     orig_post = g.post_backward
     bwd_bucket = unit_bucket(idx, BACKWARD)
+    push, switch, remove = rec.push, rec.switch, rec.remove
+    window = timer.device  # the host timer's window marks are no-ops: not called
 
     def pre_backward(*args, **kwargs):
         rec.phase = BACKWARD
-        first = not rec.has(bwd_bucket)  # FSDP runs it once per output; once is work
-        rec.push(B_FRAMEWORK)
-        if first:
+        first = bwd_bucket not in rec.stack  # FSDP runs it once per output; once is work
+        push(B_FRAMEWORK)
+        if first and window:
             timer.arrive(idx)
             if tail is not None:
                 tail.queue()
@@ -332,22 +340,25 @@ def _wrap_backward(g, idx: int, rec: Recorder, timer, registry: hp.HookRegistry,
             return orig_pre(*args, **kwargs)
         finally:
             if first:
-                rec.switch(B_FRAMEWORK, bwd_bucket)
-                timer.ready(idx)
+                switch(B_FRAMEWORK, bwd_bucket)
+                if window:
+                    timer.ready(idx)
             else:
-                rec.remove(B_FRAMEWORK)
+                remove(B_FRAMEWORK)
 
     def post_backward(*args, **kwargs):
-        rec.switch(bwd_bucket, B_FRAMEWORK)
-        # CUDA: FSDP makes the compute stream wait for the previous reduce-scatter here.
-        timer.arrive(idx, claim=REDUCTIONS)
+        switch(bwd_bucket, B_FRAMEWORK)
+        if window:
+            # CUDA: FSDP makes the compute stream wait for the previous reduce-scatter here.
+            timer.arrive(idx, claim=REDUCTIONS)
         reducing[0] = idx
         try:
             return orig_post(*args, **kwargs)
         finally:
             reducing[0] = None
-            rec.remove(B_FRAMEWORK)
-            timer.ready(idx, ())
+            remove(B_FRAMEWORK)
+            if window:
+                timer.ready(idx, ())
 
     g.pre_backward = pre_backward
     g.post_backward = post_backward

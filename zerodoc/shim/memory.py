@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import resource
 
+from .hookpoints import dtensor_local
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _local_bytes(t) -> int:
-    to_local = getattr(t, "to_local", None)
-    if to_local is not None:
-        t = to_local()
+    t = dtensor_local(t)  # a DTensor counts its local shard
     return t.numel() * t.element_size()
 
 

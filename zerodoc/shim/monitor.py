@@ -120,6 +120,9 @@ class Monitor:
         self._step_start: float | None = None
         self._pending_self_s = 0.0
         self._mem_static: dict[str, int] = {}
+        self._unit_slots: list | None = None  # step-end loop over unit buckets (_slots)
+        self._comm_keys: dict = {}  # (unit, phase, coll) -> run-log row head, totals key
+        self._folds = 0  # folds into the totals so far (the exporter's cache key)
         self._undo: list = []
 
         self.adapter = adapters.detect(model, optimizer, self.registry)
@@ -458,34 +461,52 @@ class Monitor:
               caught: int = 0) -> tuple[list, list, float]:
         """Fold bucket seconds (`acc`: the device clock on GPU) and collectives into the
         totals; returns the run log's compute and comm rows and the host compute time."""
-        names = self.unit_names
         tot = self.totals
+        slots = self._unit_slots
+        if slots is None or len(slots) != 2 * len(self.unit_names):
+            slots = self._unit_slots = self._slots()
         compute_rows = []
-        for u in range(len(names)):
-            for p in (0, 1):
-                s = acc[unit_bucket(u, p)]
-                if s > 0.0:
-                    compute_rows.append([u, PHASES[p], s])
-                    key = (names[u], PHASES[p])
-                    tot.compute[key] = tot.compute.get(key, 0.0) + s
+        totc = tot.compute
+        for b, u, phase, key in slots:
+            s = acc[b]
+            if s > 0.0:
+                compute_rows.append([u, phase, s])
+                totc[key] = totc.get(key, 0.0) + s
         comm_rows = []
-        for (u, p, c), a in comm.items():
-            comm_rows.append([u, PHASES[p], COLLECTIVES[c], *a])
-            key = (names[u], PHASES[p], COLLECTIVES[c])
-            t = tot.comm.get(key)
+        keys = self._comm_keys
+        totm = tot.comm
+        for k, a in comm.items():
+            kk = keys.get(k)
+            if kk is None:
+                u, p, c = k
+                kk = keys[k] = (u, PHASES[p], COLLECTIVES[c],
+                                (self.unit_names[u], PHASES[p], COLLECTIVES[c]))
+            comm_rows.append([kk[0], kk[1], kk[2], *a])
+            t = totm.get(kk[3])
             if t is None:
-                tot.comm[key] = CommTotals(*a)
-            else:
-                t.add(CommTotals(*a))
+                totm[kk[3]] = CommTotals(*a)
+            else:  # CommTotals.add, without a temporary
+                t.count += a[0]
+                t.bytes += a[1]
+                t.seconds += a[2]
+                t.exposed_seconds += a[3]
+                t.hidden_seconds += a[4]
         tot.optimizer_seconds += acc[B_OPTIMIZER]
         tot.framework_seconds += acc[B_FRAMEWORK]
         tot.other_seconds += acc[B_OTHER]
         src = host if host is not None else acc
-        host_s = sum(src[unit_bucket(u, p)] for u in range(len(names)) for p in (0, 1))
+        host_s = sum([src[b] for b, _u, _p, _k in slots])
         tot.host_compute_seconds += host_s
         tot.launch_checks += checks
         tot.launch_caught_up += caught
+        self._folds += 1  # last: the exporter rebuilds per-unit families when it changes
         return compute_rows, comm_rows, host_s
+
+    def _slots(self) -> list[tuple[int, int, str, tuple[str, str]]]:
+        """(bucket, unit, phase name, totals key) of every unit's forward and backward
+        compute, in (unit, phase) order: the step end's loop, computed once."""
+        return [(unit_bucket(u, p), u, PHASES[p], (name, PHASES[p]))
+                for u, name in enumerate(self.unit_names) for p in (0, 1)]
 
     def _end_step(self) -> None:
         now = perf_counter()

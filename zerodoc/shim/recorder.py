@@ -40,34 +40,41 @@ class Recorder:
         self.comm: dict[tuple[int, int, int], list] = {}
 
     # --- the clock ------------------------------------------------------------------
-    def push(self, bucket: int) -> None:
-        now = perf_counter()
-        self.acc[self.stack[-1]] += now - self.last
-        self.last = now
-        self.stack.append(bucket)
-
-    def remove(self, bucket: int) -> None:
-        """Leave `bucket` (normally the top; searched from the top if not)."""
+    # One clock read per switch; each returns it, so a caller timing the same span (a
+    # blocking collective) needs no read of its own.
+    def push(self, bucket: int) -> float:
         now = perf_counter()
         stack = self.stack
         self.acc[stack[-1]] += now - self.last
         self.last = now
-        if stack[-1] == bucket and len(stack) > 1:
+        stack.append(bucket)
+        return now
+
+    def remove(self, bucket: int) -> float:
+        """Leave `bucket` (normally the top; searched from the top if not)."""
+        now = perf_counter()
+        stack = self.stack
+        top = stack[-1]
+        self.acc[top] += now - self.last
+        self.last = now
+        if top == bucket and len(stack) > 1:
             stack.pop()
-            return
+            return now
         for i in range(len(stack) - 1, 0, -1):
             if stack[i] == bucket:
                 del stack[i]
-                return
+                break
+        return now
 
     def switch(self, old: int, new: int) -> None:
         """`remove(old)` then `push(new)` with one clock read (a hook leaving one bucket
         for another)."""
         now = perf_counter()
         stack = self.stack
-        self.acc[stack[-1]] += now - self.last
+        top = stack[-1]
+        self.acc[top] += now - self.last
         self.last = now
-        if stack[-1] == old and len(stack) > 1:
+        if top == old and len(stack) > 1:
             stack[-1] = new
             return
         for i in range(len(stack) - 1, 0, -1):

@@ -69,25 +69,31 @@ def install_forward_hooks(outer, inner, rec, timer, idx: int, registry: hp.HookR
     the switch into compute is where the wait for them is over (the CUDA exposure window).
     `outer` and `inner` may be the same module (FSDP2: the framework's hooks are hooks too).
     """
+    # Precomputed per unit: the compute bucket of phase p is `base + p`; the host timer's
+    # window marks are no-ops, so they are not called at all.
+    base = unit_bucket(idx, 0)
+    window = window and timer.device
+    push, switch, remove = rec.push, rec.switch, rec.remove
+
     def outer_pre(mod, args):
         if on_root_forward is not None:
             on_root_forward()
-        rec.push(B_FRAMEWORK)
+        push(B_FRAMEWORK)
         if window:
             timer.arrive(idx)
         if pre_extra is not None:
             pre_extra()
 
     def inner_pre(mod, args):
-        rec.switch(B_FRAMEWORK, unit_bucket(idx, rec.phase))
+        switch(B_FRAMEWORK, base + rec.phase)
         if window:
             timer.ready(idx)
 
     def inner_post(mod, args, out):
-        rec.switch(unit_bucket(idx, rec.phase), B_FRAMEWORK)
+        switch(base + rec.phase, B_FRAMEWORK)
 
     def outer_post(mod, args, out):
-        rec.remove(B_FRAMEWORK)
+        remove(B_FRAMEWORK)
         if post_extra is not None:
             post_extra(out)
 
