@@ -1,10 +1,11 @@
 """Prometheus exposition of one rank: a custom collector over the monitor's totals.
 
-`collect()` builds fresh metric families from the latest cumulative totals at scrape time
-(nothing is registered at import, the registry is injected). Metric names, types, help and
-labels come from `zerodoc.catalog`; how many series a rank serves (its detail level, the
-run's facts on rank 0 only) is counted by `zerodoc.cardinality`. The HTTP server that serves
-it (ports, TLS, basic auth) is `server.py`.
+`collect()` builds metric families from the latest cumulative totals at scrape time (nothing
+is registered at import, the registry is injected); the per-unit ones only when a step end
+changed the totals. The page is encoded by `page.py` (unchanged families and gzip reused).
+Metric names, types, help and labels come from `zerodoc.catalog`; how many series a rank
+serves (its detail level, the run's facts on rank 0 only) is counted by `zerodoc.cardinality`.
+The HTTP server that serves it (ports, TLS, basic auth) is `server.py`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class ZerodocCollector:
         if getattr(monitor, "close_signal", None) is None:
             monitor.close_signal = CloseSignal()
         self.closing = monitor.close_signal
+        # Families that change only at a step end (the per-unit totals, keyed by the
+        # monitor's fold count) or never (the run's unit facts): built once, handed out
+        # again as the same objects, which the page cache (`page.py`) does not re-encode.
+        self._units_key = self._facts_of = None
+        self._units_cache: tuple[list, int] = ([], 0)
+        self._facts_cache: list = []
 
     def describe(self):
         return []  # no collect() at registration time
@@ -113,15 +120,20 @@ class ZerodocCollector:
         ):
             yield _sample(name, rl, value)
 
-        compute, comm = list(tot.compute.items()), list(tot.comm.items())
-        folded = 0
-        if unit_detail:
-            yield from _per_unit(rl, compute, comm)
-        else:
-            fams = list(_rank_totals(rl, compute, comm))
-            yield from fams
-            full = len(compute) + 4 * len(comm)
-            folded = full - sum(len(f.samples) for f in fams)
+        folds = getattr(m, "_folds", None)  # read before the totals: a fold ends by bumping it
+        key = (folds, unit_detail, tuple(rl))
+        if folds is None or key != self._units_key:
+            compute, comm = list(tot.compute.items()), list(tot.comm.items())
+            folded = 0
+            if unit_detail:
+                fams = list(_per_unit(rl, compute, comm))
+            else:
+                fams = list(_rank_totals(rl, compute, comm))
+                full = len(compute) + 4 * len(comm)
+                folded = full - sum(len(f.samples) for f in fams)
+            self._units_cache, self._units_key = (fams, folded), key
+        fams, folded = self._units_cache
+        yield from fams
 
         mem = _family("zerodoc_memory_bytes")
         for pop, b in list(tot.memory.items()):
@@ -154,7 +166,10 @@ class ZerodocCollector:
         })
         yield info
 
-        unit_facts = list(_unit_facts(rl, facts.units))
+        if self._facts_of is not facts:  # RankFacts is immutable
+            self._facts_cache = list(_unit_facts(rl, facts.units))
+            self._facts_of = facts
+        unit_facts = self._facts_cache
         if facts.rank == 0:
             yield from unit_facts
         yield _sample("zerodoc_local_world_size", rl, facts.local_world_size)

@@ -30,16 +30,16 @@ from http.server import ThreadingHTTPServer
 
 from .prometheus import ZerodocCollector  # first: it configures prometheus_client  # isort: skip
 from prometheus_client import CollectorRegistry  # noqa: E402
-from prometheus_client.exposition import MetricsHandler  # noqa: E402
 
 from . import webconfig  # noqa: E402
+from .page import Page, PageHandler  # noqa: E402
 from .webconfig import Authenticator, WebConfig, WebConfigError  # noqa: E402
 
 PORT_TRIES = 8
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
-class _Handler(MetricsHandler):
+class _Handler(PageHandler):
     timeout = 30  # seconds a client may take to send its request (no slowloris)
     server: "MetricsServer"
 
@@ -111,8 +111,10 @@ class MetricsServer(ThreadingHTTPServer):
         self._tls = _TLS(cfg, self.on_error) if cfg and cfg.tls else None
         self.rejected = 0  # connections refused in the TLS handshake or by client_allowed_sans
         self.address_family = _family(host, port)
+        # The page is served from a `Page` (page.py: unchanged families and gzip reused).
         super().__init__((host, port),
-                         type("ZerodocMetricsHandler", (_Handler,), {"registry": registry}))
+                         type("ZerodocMetricsHandler", (_Handler,),
+                              {"registry": registry, "page": Page(registry)}))
 
     @property
     def scheme(self) -> str:
