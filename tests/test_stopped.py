@@ -18,6 +18,7 @@ from pathlib import Path
 from tests.helpers import SMALL_MODEL
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
+from zerodoc.targets_cli import read_header
 
 RANKS = 3
 
@@ -79,6 +80,15 @@ def test_killed_rank_is_named_and_the_waiting_ranks_with_it(tmp_path):
         failed = [x for x in recs if x["type"] == "stall"]
         assert failed and failed[-1]["state"] == "failed" and failed[-1]["collective"], failed
     assert not any(x["type"] in ("end", "stall") for x in lines_of(run, 1))
+    # A failed close is not a clean one: the survivors' end records say so, `zerodoc
+    # targets` / `zerodoc stack` keep them as targets, and so did the ranks (their file_sd
+    # files stay, like the killed rank's): Prometheus sees all three down (ZerodocRunDown).
+    for r in (0, 2):
+        ends = [x for x in lines_of(run, r) if x["type"] == "end"]
+        assert ends and ends[-1].get("failed") is True, ends
+        assert read_header(run / f"rank-{r:05d}.jsonl")[1] is False
+    assert sorted(p.name for p in (run / "file_sd").glob("*.json")) == \
+        [f"rank-{r:05d}.json" for r in range(RANKS)]
 
     out = report(run, "--json")
     assert out.returncode == 0, out.stderr

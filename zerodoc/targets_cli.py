@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
 
 
 def read_header(path: Path) -> tuple[dict, bool]:
-    """The header dict of a rank log, and whether the log has a clean end record."""
+    """The header dict of a rank log, and whether the log ends with a clean end record."""
     from .runlog.scan import newest_head
 
     try:
@@ -52,7 +52,10 @@ def read_header(path: Path) -> tuple[dict, bool]:
     if not isinstance(head, dict) or head.get("type") != "header":
         raise UserError(f"{path}: first line is not a zerodoc header")
     last = [ln for ln in tail.splitlines() if ln.strip()][-1:]
-    ended = bool(last) and '"type":"end"' in last[0].replace(" ", "")
+    rec = last[0].replace(" ", "") if last else ""
+    # an end written while an exception ended the training is not a clean end: the rank
+    # stays a target (it shows as down)
+    ended = '"type":"end"' in rec and '"failed":true' not in rec
     return head, ended
 
 

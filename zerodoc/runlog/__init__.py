@@ -25,7 +25,9 @@ Records of `rank-NNNNN.jsonl` (one JSON object per line, "type" first):
   (every K intervals and at a clean close), so "all steps" is read from the end.
 - ``dropped``: ``records`` the writer dropped since the last one (its queue was full: a slow
   filesystem), ``total`` so far.
-- ``end``: written by a clean `close()`: ``end_unix``, ``steps``, ``dropped``.
+- ``end``: written by `close()`: ``end_unix``, ``steps``, ``dropped``; ``"failed": true``
+  when close() ran while an exception ended the training (after the watchdog's ``failed``
+  record): then not a clean close.
 - Other types (e.g. ``stall``) are kept by readers in `RankLog.events`.
 
 Detail files start with ``{"type": "detail", "segment", "header_at", "first_step"}`` and then

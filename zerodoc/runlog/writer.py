@@ -183,17 +183,22 @@ class RunLogWriter:
                  for k, t in totals.comm.items()})
         self._put(("units", snap, final))
 
-    def close(self, steps: int, totals=None, timeout: float = 5.0) -> None:
-        """Final interval / total lines (from `totals`), the `end` record, then stop the
-        thread; waits at most `timeout` seconds for a slow filesystem (what is not written
-        by then is lost, and the job goes on)."""
+    def close(self, steps: int, totals=None, timeout: float = 5.0,
+              failed: bool = False) -> None:
+        """Final interval / total lines (from `totals`), the `end` record (`"failed": true`
+        when an exception ended the training: not a clean close), then stop the thread;
+        waits at most `timeout` seconds for a slow filesystem (what is not written by then is
+        lost, and the job goes on)."""
         if self._closed:
             return
         self._closing_timeout = timeout  # the final records wait for room (bounded)
         deadline = time.monotonic() + timeout
         if totals is not None and totals.last_step > 0:
             self.write_units(totals, final=True)
-        self._put(("end", {"type": "end", "end_unix": self.clock(), "steps": steps}))
+        end = {"type": "end", "end_unix": self.clock(), "steps": steps}
+        if failed:
+            end["failed"] = True
+        self._put(("end", end))
         self._closed = True
         try:
             self._q.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))

@@ -366,7 +366,8 @@ class Monitor:
     def close(self) -> None:
         """Undo all instrumentation, close the run log, stop the /metrics server. Called
         while an exception propagates (a `finally:`), it first records where the rank failed
-        (a "failed" stall record: the "end" that follows is not a clean close)."""
+        (a "failed" stall record; the "end" that follows says `"failed": true`): not a clean
+        close, so the file_sd target stays and the scrapers are not told of a close."""
         self._shutdown(undo=True, exc=sys.exc_info()[1])
 
     def _at_exit(self) -> None:
@@ -385,21 +386,22 @@ class Monitor:
             return
         self._shutdown(undo=False)
 
-    def _record_failure(self, exc: BaseException | None) -> None:
+    def _record_failure(self, exc: BaseException | None) -> bool:
         """Stop the watchdog; if `exc` ended the training, record where (zerodoc/shim/
-        watchdog.py, `failed`). A `SystemExit(0)` is a clean exit."""
+        watchdog.py, `failed`) and return True. A `SystemExit(0)` is a clean exit."""
         self.watchdog.stop()
         if exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0)):
-            return
+            return False
         try:
             self.watchdog.failed(exc)
         except Exception as e:
             self.registry.error("watchdog", e)
+        return True
 
     def _shutdown(self, undo: bool, exc: BaseException | None = None) -> None:
         if self._closed:
             return
-        self._record_failure(exc)
+        failed = self._record_failure(exc)
         self._closed = True
         guards.unregister(self)
         try:
@@ -415,14 +417,17 @@ class Monitor:
             self.nvml.stop()
         if self._writer is not None:
             try:
-                self._writer.close(self.step_index, self.totals)
+                self._writer.close(self.step_index, self.totals, failed=failed)
             except OSError as e:
                 self.registry.error("runlog", e)
         if self._server is not None:
             signal = getattr(self, "close_signal", None)
-            if signal is not None:  # scrapers see the clean close (bounded, exporter/closing.py)
+            # A clean close is shown to the scrapers (bounded, exporter/closing.py) and the
+            # file_sd target goes; a failed one is not a close: the target stays, so the rank
+            # shows as down (ZerodocExporterDown / ZerodocRunDown) like a killed one.
+            if signal is not None and not failed:
                 signal.close()
-            if self._target is not None:
+            if self._target is not None and not failed:
                 try:
                     os.unlink(self._target)
                 except FileNotFoundError:
