@@ -55,10 +55,11 @@ class LiveDemo:
 
     def __init__(self, tmp: Path, *, nprocs: int = 2, steps: int = 10**6,
                  model: dict | None = None, attach: dict | None = None, name: str = "live",
-                 env: dict | None = None):
+                 env: dict | None = None, spec: dict | None = None):
         self.run_dir = Path(tmp) / name
         spec = {"model": {**SMALL_MODEL, **(model or {})}, "steps": steps,
-                "attach": {"run_dir": str(self.run_dir), "port": 0, **(attach or {})}}
+                "attach": {"run_dir": str(self.run_dir), "port": 0, **(attach or {})},
+                **(spec or {})}  # more of the worker's spec (zerodoc/demo/worker.py)
         self.nprocs = nprocs
         self.job = Job(nprocs, spec, env=env, log_dir=str(self.run_dir / "logs"))
         self.endpoints: list[str] = []

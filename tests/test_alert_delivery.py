@@ -13,12 +13,14 @@ timers shortened; grouping and inhibition as shipped).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ from tests.helpers import LiveDemo
 from tests.promserver import require_binary
 from tests.test_runbooks import sections
 from zerodoc.demo.launch import free_port
+from zerodoc.runlog import read_rank_log
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,3 +159,78 @@ def test_slow_link_alert_delivered_then_resolved_when_the_run_ends(tmp_path):
     # resolved once the run ended: every alert of the group has ended
     assert all(x["status"] == "resolved" for x in resolved["alerts"]), resolved
     assert resolved["_received_at"] > slow["_received_at"]
+
+
+def _prom_query(port: int, q: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.loads(r.read())["data"]["result"]
+    except OSError:
+        return []
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+
+
+def test_a_run_that_dies_whole_is_paged_and_a_clean_end_is_not(tmp_path):
+    """Two live 2-rank runs watched by one `zerodoc stack`: one ends cleanly, the other has
+    every rank SIGKILLed (what the OOM killer or a scheduler does). ZerodocExporterDown cannot
+    see the dead run (no rank of it answers); ZerodocRunDown pages for it, naming how many
+    ranks went away without a clean end, and stays quiet for the run that ended."""
+    require_binary("prometheus")
+    runs = tmp_path / "runs"
+    stop = tmp_path / "stop-ends"
+    port = free_port()
+    with WebhookReceiver() as hook:
+        am_cfg = alertmanager_config(hook.url, tmp_path / "am.yml")
+        with LiveDemo(runs, name="dies") as dies, \
+                LiveDemo(runs, name="ends", steps=10**6, spec={"stop_file": str(stop)}) as ends:
+            run_id = {d: read_rank_log(d.run_dir / "rank-00000.jsonl").facts.run_id
+                      for d in (dies, ends)}
+            out = open(tmp_path / "stack.out", "w")
+            stack = subprocess.Popen(
+                [sys.executable, "-m", "zerodoc", "stack", str(runs), "--port", str(port),
+                 "--data-dir", str(tmp_path / "stack"), "--scrape-interval", "1s",
+                 "--alertmanager-config", str(am_cfg),
+                 # the run-down alert's for: (the staleness interval), short for the test
+                 "--threshold", "stale_after_seconds=5"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)})
+            try:
+                for d in (dies, ends):  # both runs scraped, every rank up
+                    _wait(lambda d=d: len(_prom_query(
+                        port, f'up{{run_id="{run_id[d]}"}} == 1')) == 2, 90,
+                        f"both ranks of {d.run_dir.name} up in Prometheus")
+                stop.touch()  # "ends" finishes its step and closes cleanly
+                assert ends.job.wait(120) == [0, 0]
+                for p in dies.job.procs:
+                    os.kill(p.pid, signal.SIGKILL)
+                down = hook.wait(lambda n: firing(n, "ZerodocRunDown", run_id[dies]),
+                                 timeout=90, what="ZerodocRunDown notification")
+                # the ended run had as long (its ranks stopped answering first): nothing, in
+                # the notifications or in Prometheus' alerts
+                time.sleep(10)
+                assert not notified(hook, "ZerodocRunDown", run_id[ends]), hook.received()
+                fired = _prom_query(port, 'ALERTS{alertname="ZerodocRunDown"}')
+                assert {a["metric"]["run_id"] for a in fired} == {run_id[dies]}, fired
+                assert not any(firing(n, "ZerodocExporterDown") for n in hook.received())
+            finally:
+                stack.send_signal(signal.SIGINT)
+                try:
+                    stack.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    stack.kill()
+                    stack.wait()
+                out.close()
+    a = down["alerts"]
+    assert len(a) == 1 and a[0]["labels"]["severity"] == "critical", a
+    assert a[0]["annotations"]["summary"] == \
+        f"Run {run_id[dies]} is down: no rank answers, 2 without a clean end", a
+    assert a[0]["annotations"]["runbook_url"].endswith("#zerodocrundown")

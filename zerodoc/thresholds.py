@@ -47,6 +47,10 @@ class Thresholds:
     """Optimizer step time / step time above which a CPU-offload run is crawling."""
     stale_after_seconds: float = 60.0
     """A rank with no new step for this long is stale (exporter-down alerts use it too)."""
+    run_down_lookback_seconds: float = 3600.0
+    """ZerodocRunDown: a run none of whose ranks answers fires if some rank answered within
+    this long (and stops firing that long after the last answer: a run that died a day ago
+    is not news; its target files are)."""
     fragmentation_min_reserved_fraction: float = 0.50
     """Fragmentation is only a risk (WARNING, not INFO) when the allocator holds at least this
     share of device memory, or has already had to retry an allocation."""

@@ -192,6 +192,34 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
           f"ranks of the run answer, for {stale}. The rank crashed, hung, or its port is "
           "blocked.",
           for_=stale)
+    # Every rank of a run gone at once: ExporterDown needs a rank that answers, so a job that
+    # died whole (a crash, the OOM killer, torchrun tearing every rank down after one failed,
+    # a lost node) would page nobody. A clean close serves zerodoc_run_closed_timestamp_seconds
+    # before the server stops (exporter/closing.py) and drops the file_sd target: those ranks
+    # are not counted. Static targets of an ended run stay down forever; the lookback keeps
+    # old runs quiet.
+    look = _duration(t.run_down_lookback_seconds)
+    # Clean closes are looked up twice as far back: a rank that ended before the last one
+    # died is still known to have ended (the marker's series holds a few samples: cheap).
+    look2 = _duration(2 * t.run_down_lookback_seconds)
+    alert("ZerodocRunDown",
+          f'count by (job, run_id) (\n'
+          f'  up{{run_id!=""}} == 0\n'
+          f'  unless on (job, instance) max_over_time(zerodoc_run_closed_timestamp_seconds[{look2}])\n'
+          f')\n'
+          f'unless on (job, run_id)\n'
+          f'max by (job, run_id) (up{{run_id!=""}}) == 1\n'
+          f'unless on (job, run_id)\n'
+          f'max by (job, run_id) (max_over_time(up{{run_id!=""}}[{look}])) == 0',
+          "critical", None,
+          "Run {{ $labels.run_id }} is down: no rank answers, {{ $value }} without a clean end",
+          f"No rank of {RUN} answers Prometheus, for {stale}, and {{{{ $value }}}} of its ranks "
+          "went away without zerodoc's clean close: the job died (a crash, the OOM killer, a "
+          "lost node, or torchrun ending every rank after one failed), or Prometheus cannot "
+          "reach any of its nodes. `zerodoc report` on the run directory names the rank that "
+          "failed first and where. (A run that ended cleanly does not fire; this alert stops "
+          f"{look} after the run last answered.)",
+          for_=stale)
     alert("ZerodocRankStalled",
           f"time() - zerodoc_last_step_timestamp_seconds > {t.stale_after_seconds:g}\n"
           "and zerodoc_last_step > 0",

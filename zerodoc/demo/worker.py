@@ -37,6 +37,7 @@ def run(spec: dict) -> int:
     if spec.get("hang"):  # tests: one rank blocks forever in one unit's forward
         _hang(built.model, rank, **spec["hang"])
     steps = int(spec.get("steps", 20))
+    stop_file = spec.get("stop_file")  # tests: end the run cleanly once this file exists
     losses = []
     prof = _profiler(spec.get("profile"), rank)
     try:
@@ -45,6 +46,8 @@ def run(spec: dict) -> int:
             losses.append(built.train_step(x, y))
             if prof is not None:
                 prof.step()
+            if stop_file and _all_see(stop_file):
+                break
     finally:
         if prof is not None:
             prof.stop()
@@ -57,6 +60,16 @@ def run(spec: dict) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _all_see(path: str) -> bool:
+    """Whether any rank sees `path` (every rank gets the same answer: they stop together)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if os.path.exists(path) else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _profiler(opts: dict | None, rank: int):
