@@ -15,8 +15,10 @@ met / missed):
 - prometheus: a TSDB backfilled (`promtool tsdb create-blocks-from openmetrics`) with
   `--prom-ranks` ranks' series (the real scrapes above, relabelled per rank, 10 samples 15 s
   apart), a real Prometheus on it: its resident memory, the latency of every dashboard panel
-  query (dashboards/*.json, variables = all) and recording rule, and a zerodoc report from
-  it.
+  query (dashboards/*.json, variables = all) and recording rule, a zerodoc report from it
+  (with the server's peak memory during it), and a TUI's refreshes on it (the first, then
+  with per-unit numbers reused). `--prom-ranks 1024` measures the full size (~2 min to
+  backfill 1.2 M series; a Prometheus peak of ~5 GB).
 - tui: a `--ranks` x `--units` run written through the real writer (synthetic numbers), the
   real Textual app headless: first frame, then refreshes with one new step on every rank
   before each, per view; wall clock and this process's CPU time (the rate one free core

@@ -239,11 +239,51 @@ def prometheus_section(tmp: Path, scrapes: dict[int, str], ranks: int, budget,
         budget(f"Prometheus panel query, slowest ({ranks} ranks)", f"{lat[0][0]:.2f} s", None)
         budget(f"Prometheus resident memory ({ranks} ranks, {n:,} series)",
                f"{rss / 2**20:,.0f} MiB", None)
+        _reset_peak(proc.pid)
         report_time(url, f"from Prometheus, {ranks} ranks")
+        peak = _peak(proc.pid)
+        print(f"  Prometheus peak resident memory during the report: {peak / 2**20:,.0f} MiB")
+        budget(f"Prometheus peak memory, report ({ranks} ranks)", f"{peak / 2**20:,.0f} MiB",
+               None)
+        tui_refreshes(url, ranks, budget)
     finally:
         proc.terminate()
         proc.wait(30)
         log.close()
+
+
+def tui_refreshes(url: str, ranks: int, budget, n: int = 3) -> None:
+    """What a TUI on this Prometheus waits per refresh: the first snapshot (per-unit stats
+    computed), then `n` more with the same source (reused; recomputed in the background)."""
+    from zerodoc.sources import open_source
+
+    src = open_source(url, window=20)
+    t = time.perf_counter()
+    src.snapshot()
+    first = time.perf_counter() - t
+    later = []
+    for _ in range(n):
+        t = time.perf_counter()
+        src.snapshot()
+        later.append(time.perf_counter() - t)
+    print(f"  a TUI on it ({ranks} ranks): first refresh {first:.1f} s, then "
+          f"{statistics.median(later):.1f} s median of {n} (per-unit numbers reused)")
+    budget(f"TUI refresh from Prometheus ({ranks} ranks), first / then",
+           f"{first:.1f} s / {statistics.median(later):.1f} s", None)
+
+
+def _reset_peak(pid: int) -> None:
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+    except OSError:
+        pass
+
+
+def _peak(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def _rss(pid: int) -> int:

@@ -177,6 +177,39 @@ def test_prometheus_window_covers_recent_steps(live):
     assert codes(diagnose(PrometheusSource(prom.url, window=4).snapshot()))[0][0] == "ZD002"
 
 
+def test_prometheus_unit_stats_are_reused_then_recomputed_in_the_background(live):
+    """The per-unit stats (the costly queries at scale) of a source kept across refreshes:
+    reused while young, recomputed off the refresh's path once older than unit_reuse x their
+    cost; the per-rank numbers are queried every time."""
+    demo, prom = live
+    demo.wait_steps(10)
+    src = PrometheusSource(prom.url, window=4)
+    queries: list[str] = []
+    query = src._query
+    src._query = lambda e, *a: (queries.append(e), query(e, *a))[1]
+
+    def unit_queries() -> int:
+        return sum("by (unit, phase, collective)" in q for q in queries)
+
+    src.unit_reuse = 1e9  # young for ever
+    first = src.snapshot().unit_stats
+    assert unit_queries() >= 15 and first.fetched_unix is not None and first.comm
+    queries.clear()
+    again = src.snapshot()
+    assert again.unit_stats is first and unit_queries() == 0
+    assert any("sum by (rank)" in q for q in queries)  # per-rank numbers: fresh
+    src.unit_reuse = 0.0  # old at once: the next refresh starts a recomputation ...
+    queries.clear()
+    assert src.snapshot().unit_stats is first  # ... and does not wait for it
+    deadline = time.monotonic() + 60
+    while (src._units_busy or not src._units_next) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert unit_queries() >= 15
+    newer = src.snapshot().unit_stats
+    assert newer is not first and newer.fetched_unix > first.fetched_unix
+    assert set(newer.comm) == set(first.comm)
+
+
 def test_an_unreachable_rank_is_stale(live):
     demo, _prom = live
     dead = f"127.0.0.1:{free_port()}"

@@ -6,6 +6,7 @@ read off the screen as a terminal would show it.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -127,3 +128,34 @@ async def test_an_ended_run_whose_source_went_away_stays_ended(tmp_path):
         assert app.frame.source_error and not app.frame.stale
     assert "■ ended" in text and "⚠ source error" not in text and "STALE" not in text
     assert "· source: ConnectionRefusedError" in " ".join(text.split())
+
+
+class _AgedUnits:
+    """A source whose per-unit stats were computed `age` seconds ago (what the Prometheus
+    source does at scale: sources/prometheus.py reuses them across refreshes)."""
+
+    def __init__(self, inner, age: float):
+        self.inner, self.age = inner, age
+        self.description = inner.description
+
+    def snapshot(self):
+        from zerodoc.unitstats import unit_stats
+
+        snap = self.inner.snapshot()
+        stats = unit_stats(snap, sorted(snap.ranks))
+        stats.fetched_unix = time.time() - self.age
+        snap.unit_stats = stats
+        return snap
+
+
+async def test_the_age_of_reused_per_unit_numbers_is_shown(tmp_path):
+    run = write_run(tmp_path / "run", ranks=2, units=3, steps=4)
+    shown = {}
+    for age in (0.0, 90.0):
+        app = ZerodocApp(_AgedUnits(open_source(str(run)), age), refresh=None)
+        async with app.run_test(size=SIZE) as pilot:
+            await _first_frame(app, pilot)
+            shown[age] = " ".join(screen_text(app).split())
+    assert "per-unit numbers" not in shown[0.0]
+    # 90 s when computed, plus however long the frame took to reach the screen
+    assert re.search(r"per-unit numbers 9\d s ago", shown[90.0]), shown[90.0][-400:]

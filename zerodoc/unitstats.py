@@ -61,6 +61,9 @@ class UnitStats:
     units: dict[str, dict[str, Stat]] = field(default_factory=dict)
     sync: bool = False  # all-gathers were timed and not one second of them was hidden
     order: tuple[str, ...] = ()  # units in model order
+    # when a source computed them (wall clock); None: from the snapshot's own per-unit data.
+    # A source may reuse them across refreshes (sources/prometheus.py): their age.
+    fetched_unix: float | None = None
 
 
 def unit_stats(snap: RunSnapshot, ranks) -> UnitStats:

@@ -14,6 +14,15 @@ HTTP API with the work done server-side.
 - **Windows.** `increase(...[W])` with W about `window` steps long (at least four scrape
   intervals), evaluated at the run's last sample: a run that ended shows its last steps,
   as the run log does. `window` None: the cumulative counters (all steps).
+- **Per-unit stats are the costly part** (one query per field and aggregation, each over
+  ranks x units x phases x collectives series: 35 s of a 2-core Prometheus at 1,024 ranks x
+  81 units, against 2.5 s for everything per rank). The first snapshot computes them; a
+  source kept across refreshes (the TUI) then reuses them until they are older than
+  `unit_reuse` times what they cost, and recomputes them on a background thread meanwhile
+  (a refresh never waits for them again; `UnitStats.fetched_unix` says when they were
+  computed and the TUI shows their age), so its load on the server stays bounded. The
+  per-rank numbers are fetched fresh every time. A change of run or of the ranks reporting
+  recomputes them at once.
 - **Ended and missing ranks.** Ended: the rank served the exporter's closed signal, or its
   target left service discovery (a clean close removes the file_sd target) while it was
   up. Stale: its target is down, or no step for `stale_after_s`. Missing: below the world
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -51,6 +61,16 @@ _STAT_AGGS = {"min": "min", "mean": "avg", "max": "max", "median": "quantile"}
 _NEEDED = {"count": ("median", "mean", "max"), "bytes": ("median", "mean", "max"),
            "seconds": ("min", "mean", "max"), "exposed": ("min", "mean", "max"),
            "hidden": ("min", "max")}
+# Per-unit stats are reused while younger than this many times their own cost (module
+# docstring): a client spends at most ~1/(1 + UNIT_REUSE) of its time on them.
+UNIT_REUSE = 4.0
+# ... and queried two at a time: each holds every rank's per-unit series in the server's
+# memory while it runs (1,024 ranks x 81 units on a 2-core Prometheus: eight at once peaked
+# at 11.1 GB resident, two at 5.1 GB, in the same 45 s).
+UNIT_QUERY_WORKERS = 2
+# Each of those takes ~10 s there: they (and the per-rank sums over units) get this long; the
+# source's own timeout_s (10 s by default) is for finding out that a server is away.
+UNIT_QUERY_TIMEOUT_S = 120.0
 
 
 def _duration(text: str) -> float | None:
@@ -69,7 +89,7 @@ class PrometheusSource:
 
     def __init__(self, url: str, window: int | None = 20, *, timeout_s: float = 10.0,
                  stale_after_s: float = STALE_AFTER_S, lookback: str = "15m",
-                 run_id: str | None = None):
+                 run_id: str | None = None, unit_reuse: float = UNIT_REUSE):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise UserError(f"{url!r} is not an http(s) URL of a Prometheus server")
@@ -83,17 +103,22 @@ class PrometheusSource:
         self.run_id = run_id
         self.description = f"Prometheus {self.url}" + (f" run {run_id}" if run_id else "")
         self.queries = 0  # HTTP queries made (the bench reports them)
+        self.unit_reuse = unit_reuse
+        self._units_cache: tuple | None = None  # (key, UnitStats, monotonic when, cost s)
+        self._units_next: list = []  # [(key, ...) or an exception] from the background
+        self._units_busy = False
         self._check()
 
     # -- HTTP --------------------------------------------------------------------------
-    def _get(self, path: str, **params) -> dict:
+    def _get(self, path: str, *, timeout_s: float | None = None, **params) -> dict:
         url = f"{self.url}/api/v1/{path}"
+        timeout_s = timeout_s or self.timeout_s
         body_data = urllib.parse.urlencode(params).encode() if params else None
         not_prom = f"{self.url} does not look like a Prometheus server (/api/v1/{path}: "
         self.queries += 1
         try:  # POST: a run's instance list can make a long query
-            body = json.loads(fetch(url, self.timeout_s, data=body_data)
-                              if body_data else fetch(url, self.timeout_s))
+            body = json.loads(fetch(url, timeout_s, data=body_data)
+                              if body_data else fetch(url, timeout_s))
         except urllib.error.HTTPError as e:
             detail = ""
             try:
@@ -115,16 +140,20 @@ class PrometheusSource:
     def _check(self) -> None:
         self._get("status/buildinfo")
 
-    def _query(self, expr: str, at: float | None = None) -> list[tuple[dict, float]]:
+    def _query(self, expr: str, at: float | None = None,
+               timeout_s: float | None = None) -> list[tuple[dict, float]]:
         params = {"query": expr}
         if at is not None:
             params["time"] = f"{at:.3f}"
-        data = self._get("query", **params)
+        if timeout_s:  # the server gives up too (Prometheus' own default: 2m)
+            params["timeout"] = f"{timeout_s:g}s"
+        data = self._get("query", timeout_s=timeout_s, **params)
         return [(r["metric"], float(r["value"][1])) for r in data.get("result", ())]
 
-    def _many(self, exprs: dict, at: float | None) -> dict:
-        with ThreadPoolExecutor(max_workers=min(8, len(exprs))) as pool:
-            futs = {k: pool.submit(self._query, e, at) for k, e in exprs.items()}
+    def _many(self, exprs: dict, at: float | None, workers: int = 8,
+              timeout_s: float | None = None) -> dict:
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(exprs)))) as pool:
+            futs = {k: pool.submit(self._query, e, at, timeout_s) for k, e in exprs.items()}
             return {k: f.result() for k, f in futs.items()}
 
     def _scrape_interval(self, sel: str) -> float:
@@ -215,7 +244,9 @@ class PrometheusSource:
             exprs[name] = rng(name) if windowed else level(name)
         exprs["compute_total"] = f"sum by (rank) ({rng(_COMPUTE)})"
         exprs["exposed_total"] = f"sum by (rank) ({rng(_COMM['exposed_seconds'])})"
-        res = self._many(exprs, at)
+        # two of these read every per-unit series (1.6 s at 1,024 ranks on an idle 2-core
+        # server; more while it computes the per-unit stats): the long timeout
+        res = self._many(exprs, at, timeout_s=max(self.timeout_s, UNIT_QUERY_TIMEOUT_S))
         got: dict[int, Cumulative] = {}
         for name in ROUTES:
             for m, v in res.get(name, ()):
@@ -246,8 +277,9 @@ class PrometheusSource:
             snap.ranks[rank] = self._window(c, sel, span, at, totals, rank)
             if c.stall_record():
                 snap.stalls[rank] = c.stall_record()
-        snap.unit_stats = self._unit_stats(sel, rng, at, tuple(sorted(
-            r for r, w in snap.ranks.items() if w.steps)), snap)
+        ranks = tuple(sorted(r for r, w in snap.ranks.items() if w.steps))
+        snap.unit_stats = self._unit_stats_reused((run, ranks, self.window), sel, rng, at,
+                                                  ranks, snap)
         self._states(snap, got, sel, at, now, interval)
         snap.missing_ranks = missing(snap)
         return snap
@@ -288,6 +320,39 @@ class PrometheusSource:
         w = window_of(facts_of(cur), cur)
         return w.compute, w.comm
 
+    def _unit_stats_reused(self, key: tuple, sel: str, rng, at, ranks: tuple,
+                           snap: RunSnapshot) -> UnitStats:
+        """The per-unit stats for `key` (run, ranks, window): computed now if none are cached
+        for it, else the cached ones, recomputed in the background once they are older than
+        `unit_reuse` x their cost (module docstring)."""
+        if self._units_next:  # a background computation finished
+            done = self._units_next.pop()
+            if isinstance(done, tuple) and done[0] == key:
+                self._units_cache = done
+        c = self._units_cache
+        if c is None or c[0] != key:
+            self._units_cache = c = self._compute_unit_stats(key, sel, rng, at, ranks, snap)
+        elif time.monotonic() - c[2] >= self.unit_reuse * c[3] and not self._units_busy:
+            self._units_busy = True
+
+            def work():
+                try:
+                    self._units_next.append(
+                        self._compute_unit_stats(key, sel, rng, at, ranks, snap))
+                except Exception as e:  # noqa: BLE001 - kept, the cached ones stay shown
+                    self._units_next.append(e)
+                finally:
+                    self._units_busy = False
+            threading.Thread(target=work, name="zerodoc-unit-stats", daemon=True).start()
+        return c[1]
+
+    def _compute_unit_stats(self, key: tuple, sel: str, rng, at, ranks: tuple,
+                            snap: RunSnapshot) -> tuple:
+        t0 = time.monotonic()
+        stats = self._unit_stats(sel, rng, at, ranks, snap)
+        stats.fetched_unix = time.time()
+        return key, stats, t0, time.monotonic() - t0
+
     def _unit_stats(self, sel: str, rng, at, ranks: tuple, snap: RunSnapshot) -> UnitStats:
         """Per (unit, phase, collective): per-step numbers' stats over ranks, in PromQL."""
         steps = f"on (rank) group_left () {rng(_STEPS)}"
@@ -309,7 +374,8 @@ class PrometheusSource:
         ag = ', collective="all_gather"'
         secs, exposed = rng(_COMM["seconds"], ag), rng(_COMM["exposed_seconds"], ag)
         exprs[("hidden_any", "")] = f"count(({secs} - {exposed}) > (0.01 * {secs} + 1e-6))"
-        res = self._many(exprs, at)
+        res = self._many(exprs, at, UNIT_QUERY_WORKERS,
+                         max(self.timeout_s, UNIT_QUERY_TIMEOUT_S))
         vals: dict[tuple, dict] = {}
         for (f, a), rows in res.items():
             if f in ("compute", "hidden_any"):

@@ -69,6 +69,10 @@ class StatusLine(Static):
             t.append(f" · refreshed {fmt.ago(max(0.0, now - frame.fetched_unix))}")
             if every:
                 t.append(f" (every {every:g} s)", style="dim")
+            # per-unit numbers a source reused across refreshes (costly at scale): their age
+            made = getattr(frame.snapshot.unit_stats, "fetched_unix", None)
+            if made is not None and now - made > max(5.0, 2 * (every or 1.0)):
+                t.append(f" · per-unit numbers {fmt.ago(now - made)}", style="yellow")
             ws = frame.snapshot.ranks.values()
             newest = max(ws, key=lambda w: w.updated_unix, default=None)
             if newest is not None and newest.steps:
