@@ -36,8 +36,11 @@ def fsdp2_monitor(tmp_path):
         pytest.fail("a process group is already initialised in this test process")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
+    from torch.distributed.device_mesh import init_device_mesh
+
     cfg = DemoConfig(blocks=4, hidden=32, seq=8, batch=2)
-    model = build(cfg)
+    # a CPU mesh: on a machine with a GPU, fully_shard's default mesh is on CUDA
+    model = build(cfg, mesh=init_device_mesh("cpu", (1,)))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=0)
 
