@@ -9,7 +9,8 @@ integration as a user writes it. Checked against witnesses independent of zerodo
 - per step, the count and bytes of the collectives that reached `torch.distributed`
   (counted beneath FSDP / DDP, so beneath zerodoc) equal the sums in zerodoc's run log;
 - the framework's own step counter equals the run log's step count; the run log ends with an
-  `end` record and the rank's file_sd target, present during training, is gone.
+  `end` record and the rank's file_sd target, present during training, is gone (kept, and
+  the end marked failed, when the training ended in an exception).
 
 With two or more GPUs the same tests run on 2 ranks over NCCL, without the CPU-only patch of
 Accelerate's device gate (see integration_jobs.py); with one GPU they run on CPU over gloo (at
@@ -78,7 +79,10 @@ def run_job(tmp: Path, name: str, spec: dict, ok: bool = True, gpu: bool = False
     return results, logs, run_dir
 
 
-def check_closed(results, logs, run_dir, steps: int) -> None:
+def check_closed(results, logs, run_dir, steps: int, failed: bool = False) -> None:
+    """Closed by the integration: an end record, and the file_sd target gone, unless the
+    training ended in an exception (`failed`): then the end says so and the targets stay (the
+    ranks show as down to Prometheus, as a crashed job's do)."""
     for r, log in logs.items():
         assert results[r]["global_step"] == steps
         assert len(log.steps) == steps, [s.step for s in log.steps]
@@ -86,7 +90,10 @@ def check_closed(results, logs, run_dir, steps: int) -> None:
         assert log.facts.metrics_endpoint, "the exporter was not serving"
         assert f"rank-{r:05d}.json" in results[r]["targets_during"]
     left = sorted(os.listdir(run_dir / "file_sd")) if (run_dir / "file_sd").is_dir() else []
-    assert left == [], f"file_sd targets left after close: {left}"
+    if failed:
+        assert left == [f"rank-{r:05d}.json" for r in sorted(logs)], left
+    else:
+        assert left == [], f"file_sd targets left after close: {left}"
 
 
 def check_units(results, logs, counts: dict[str, tuple[int, int, int]]) -> None:
@@ -194,14 +201,14 @@ def test_lightning_exception_is_recorded_and_the_monitor_closed(tmp_path, lightn
     results, logs, run_dir = run_job(tmp_path, "lightning-raise",
                                      {"scenario": "lightning", "steps": 4, "raise_at": 2})
     assert results[0]["raised"] == "boom at batch 2"
-    check_closed(results, logs, run_dir, 2)
+    check_closed(results, logs, run_dir, 2, failed=True)
     for r in logs:
         records = [json.loads(line) for line in
                    (run_dir / f"rank-{r:05d}.jsonl").read_text().splitlines()]
         exc = [x for x in records if x["type"] == "exception"]
         assert len(exc) == 1 and exc[0]["error"] == "RuntimeError"
         assert exc[0]["message"] == "boom at batch 2" and exc[0]["step"] == 2
-        assert records[-1]["type"] == "end"
+        assert records[-1]["type"] == "end" and records[-1].get("failed") is True
 
 
 @pytest.mark.skipif(not CUDA, reason=LIGHTNING_FSDP_ON_CPU)
