@@ -116,26 +116,42 @@ class PromServer(ServerProcess):
         return self
 
     def api(self, path: str, **params) -> dict:
-        url = f"{self.url}/api/v1/{path}"
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as r:
-            body = json.load(r)
-        if body.get("status") != "success":
-            raise RuntimeError(f"prometheus {path}: {body}")
-        return body["data"]
+        return api(self.url, path, **params)
 
     def query(self, expr: str) -> list[dict]:
-        return self.api("query", query=expr)["result"]
+        return query(self.url, expr)
 
     def wait_for(self, expr: str, min_results: int = 1, timeout: float = 30.0) -> list[dict]:
-        """Poll a query until it returns at least `min_results` series (first results take
-        ~6 s after start with a 1 s scrape interval)."""
-        deadline = time.monotonic() + timeout
-        res: list[dict] = []
-        while time.monotonic() < deadline:
-            res = self.query(expr)
-            if len(res) >= min_results:
-                return res
-            time.sleep(0.5)
-        raise AssertionError(f"{expr!r}: {len(res)} result(s) after {timeout:.0f} s")
+        return wait_for(self.url, expr, min_results, timeout)
+
+
+# The same for any Prometheus at `url` (e.g. one `zerodoc stack` started).
+def api(url: str, path: str, **params) -> dict:
+    full = f"{url}/api/v1/{path}"
+    if params:
+        full += "?" + urllib.parse.urlencode(params)
+    with urllib.request.urlopen(full, timeout=10) as r:
+        body = json.load(r)
+    if body.get("status") != "success":
+        raise RuntimeError(f"prometheus {path}: {body}")
+    return body["data"]
+
+
+def query(url: str, expr: str) -> list[dict]:
+    return api(url, "query", query=expr)["result"]
+
+
+def wait_for(url: str, expr: str, min_results: int = 1, timeout: float = 30.0) -> list[dict]:
+    """Poll a query until it returns at least `min_results` series (first results take ~6 s
+    after start with a 1 s scrape interval; a server still starting counts as no result)."""
+    deadline = time.monotonic() + timeout
+    res: list[dict] = []
+    while time.monotonic() < deadline:
+        try:
+            res = query(url, expr)
+        except OSError:
+            res = []
+        if len(res) >= min_results:
+            return res
+        time.sleep(0.5)
+    raise AssertionError(f"{expr!r}: {len(res)} result(s) after {timeout:.0f} s")

@@ -13,21 +13,19 @@ timers shortened; grouping and inhibition as shipped).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.amserver import Alertmanager, WebhookReceiver, alertmanager_config, need_amtool
 from tests.helpers import LiveDemo
-from tests.promserver import require_binary
+from tests.promserver import query, require_binary, wait_for
 from tests.test_runbooks import sections
 from zerodoc.demo.launch import free_port
 from zerodoc.runlog import read_rank_log
@@ -161,24 +159,6 @@ def test_slow_link_alert_delivered_then_resolved_when_the_run_ends(tmp_path):
     assert resolved["_received_at"] > slow["_received_at"]
 
 
-def _prom_query(port: int, q: str) -> list[dict]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return json.loads(r.read())["data"]["result"]
-    except OSError:
-        return []
-
-
-def _wait(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
-
-
 def test_a_run_that_dies_whole_is_paged_and_a_clean_end_is_not(tmp_path):
     """Two live 2-rank runs watched by one `zerodoc stack`: one ends cleanly, the other has
     every rank SIGKILLed (what the OOM killer or a scheduler does). ZerodocExporterDown cannot
@@ -188,6 +168,7 @@ def test_a_run_that_dies_whole_is_paged_and_a_clean_end_is_not(tmp_path):
     runs = tmp_path / "runs"
     stop = tmp_path / "stop-ends"
     port = free_port()
+    prom = f"http://127.0.0.1:{port}"
     with WebhookReceiver() as hook:
         am_cfg = alertmanager_config(hook.url, tmp_path / "am.yml")
         with LiveDemo(runs, name="dies") as dies, \
@@ -205,9 +186,7 @@ def test_a_run_that_dies_whole_is_paged_and_a_clean_end_is_not(tmp_path):
                 env={**os.environ, "PYTHONPATH": str(ROOT)})
             try:
                 for d in (dies, ends):  # both runs scraped, every rank up
-                    _wait(lambda d=d: len(_prom_query(
-                        port, f'up{{run_id="{run_id[d]}"}} == 1')) == 2, 90,
-                        f"both ranks of {d.run_dir.name} up in Prometheus")
+                    wait_for(prom, f'up{{run_id="{run_id[d]}"}} == 1', 2, timeout=90)
                 stop.touch()  # "ends" finishes its step and closes cleanly
                 assert ends.job.wait(120) == [0, 0]
                 for p in dies.job.procs:
@@ -218,7 +197,7 @@ def test_a_run_that_dies_whole_is_paged_and_a_clean_end_is_not(tmp_path):
                 # the notifications or in Prometheus' alerts
                 time.sleep(10)
                 assert not notified(hook, "ZerodocRunDown", run_id[ends]), hook.received()
-                fired = _prom_query(port, 'ALERTS{alertname="ZerodocRunDown"}')
+                fired = query(prom, 'ALERTS{alertname="ZerodocRunDown"}')
                 assert {a["metric"]["run_id"] for a in fired} == {run_id[dies]}, fired
             finally:
                 stack.send_signal(signal.SIGINT)

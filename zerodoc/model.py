@@ -28,11 +28,17 @@ class CommTotals:
     hidden_seconds: float = 0.0  # overlapped with compute (measured, not derived)
 
     def add(self, other: "CommTotals") -> None:
-        self.count += other.count
-        self.bytes += other.bytes
-        self.seconds += other.seconds
-        self.exposed_seconds += other.exposed_seconds
-        self.hidden_seconds += other.hidden_seconds
+        self.add_row((other.count, other.bytes, other.seconds, other.exposed_seconds,
+                      other.hidden_seconds))
+
+    def add_row(self, row) -> None:
+        """Add (count, bytes, seconds, exposed, hidden): the recorder's accumulator row."""
+        count, nbytes, seconds, exposed, hidden = row
+        self.count += count
+        self.bytes += nbytes
+        self.seconds += seconds
+        self.exposed_seconds += exposed
+        self.hidden_seconds += hidden
 
     def copy(self) -> "CommTotals":
         return CommTotals(self.count, self.bytes, self.seconds, self.exposed_seconds,

@@ -70,18 +70,6 @@ class HostTimer:
             t1 = rec.remove(B_WAIT)
             rec.add_comm(unit, phase, coll, nbytes, t1 - t0, t1 - t0, 0.0)
 
-    def sync_call3(self, fn, a, b, c, unit: int, coll: int, nbytes: int) -> Any:
-        """`sync_call` of `fn(a, b, c, async_op=False)` without packing arguments (the
-        hot path of FSDP2's per-unit comm objects)."""
-        rec = self.rec
-        phase = rec.phase
-        t0 = rec.push(B_WAIT)
-        try:
-            return fn(a, b, c, async_op=False)
-        finally:
-            t1 = rec.remove(B_WAIT)
-            rec.add_comm(unit, phase, coll, nbytes, t1 - t0, t1 - t0, 0.0)
-
     def async_call3(self, fn, a, b, c, unit: int, coll: int, nbytes: int):
         """`call` of `fn(a, b, c, async_op=True)` without packing arguments."""
         t0 = perf_counter()

@@ -37,6 +37,7 @@ from .wiring import (
 
 ROOT_NAME = "(root)"
 REDUCTIONS = (REDUCE_SCATTER, ALL_REDUCE)
+_SYNC = {"async_op": False}  # the blocking all-gather's keyword arguments (never mutated)
 
 
 @dataclass
@@ -155,9 +156,12 @@ def _make_comm_classes():
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
             if self.host:
-                call = self.timer.async_call3 if async_op else self.timer.sync_call3
-                return call(self.inner, output_tensor, input_tensor, group, self.unit,
-                            ALL_GATHER, output_tensor.nbytes)
+                if async_op:
+                    return self.timer.async_call3(self.inner, output_tensor, input_tensor,
+                                                  group, self.unit, ALL_GATHER,
+                                                  output_tensor.nbytes)
+                return self.timer.sync_call(self.inner, (output_tensor, input_tensor, group),
+                                            _SYNC, self.unit, ALL_GATHER, output_tensor.nbytes)
             return self.timer.call(self.inner, (output_tensor, input_tensor, group),
                                    {"async_op": async_op}, self.unit, ALL_GATHER,
                                    _nbytes(output_tensor), async_op, group)

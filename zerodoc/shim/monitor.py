@@ -490,12 +490,8 @@ class Monitor:
             t = totm.get(kk[3])
             if t is None:
                 totm[kk[3]] = CommTotals(*a)
-            else:  # CommTotals.add, without a temporary
-                t.count += a[0]
-                t.bytes += a[1]
-                t.seconds += a[2]
-                t.exposed_seconds += a[3]
-                t.hidden_seconds += a[4]
+            else:
+                t.add_row(a)
         tot.optimizer_seconds += acc[B_OPTIMIZER]
         tot.framework_seconds += acc[B_FRAMEWORK]
         tot.other_seconds += acc[B_OTHER]

@@ -15,8 +15,8 @@ HTTP API with the work done server-side.
   intervals), evaluated at the run's last sample: a run that ended shows its last steps,
   as the run log does. `window` None: the cumulative counters (all steps).
 - **Per-unit stats are the costly part** (one query per field and aggregation, each over
-  ranks x units x phases x collectives series: 35 s of a 2-core Prometheus at 1,024 ranks x
-  81 units, against 2.5 s for everything per rank). The first snapshot computes them; a
+  ranks x units x phases x collectives series: 40-45 s of a 2-core Prometheus at 1,024 ranks
+  x 81 units, against 2.5 s for everything per rank). The first snapshot computes them; a
   source kept across refreshes (the TUI) then reuses them until they are older than
   `unit_reuse` times what they cost, and recomputes them on a background thread meanwhile
   (a refresh never waits for them again; `UnitStats.fetched_unix` says when they were
