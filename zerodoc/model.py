@@ -124,6 +124,20 @@ class RankFacts:
 
 
 @dataclass
+class DeviceTotals:
+    """What a GPU profiler trace shows of the device over a window's steps: seconds of the
+    union of kernel intervals (all streams) per category within the steps' spans, as
+    HolisticTraceAnalysis's temporal breakdown, and the communication kernels by kind."""
+
+    busy_seconds: float = 0.0  # any kernel or memory copy / set running
+    compute_seconds: float = 0.0  # compute kernels (includes optimizer and framework work)
+    comm_seconds: float = 0.0  # communication kernels
+    exposed_comm_seconds: float = 0.0  # communication while no compute kernel ran
+    comm_kernels: dict[str, int] = field(default_factory=dict)  # kind -> kernels counted
+    kernels_outside_steps: int = 0  # communication kernels of the trace outside every step
+
+
+@dataclass
 class RankWindow:
     """Totals for one rank over a window of steps (or since the start)."""
 
@@ -157,6 +171,9 @@ class RankWindow:
     # (a run log read at scale: per-unit numbers of the latest interval, step totals of the
     # last `steps` steps). None: `steps`.
     unit_steps: int | None = None
+    # Profiler traces with device activity: device time over the window's steps (unions of
+    # kernel intervals within the steps' spans, zerodoc.trace), None for every other source.
+    device: "DeviceTotals | None" = None
 
     # --- derived numbers everyone wants -----------------------------------------------
     @property

@@ -14,10 +14,17 @@ none). Within a step:
   reduce-scatters go to the units of the same flat-parameter size in reverse order. Anything
   else (DDP, ZeRO-1, DeepSpeed, plain `torch.distributed`) is "(model)".
 - **Collective time, bytes, exposure**:
-  - GPU traces: each communication kernel (`nccl*`) is one collective; time = the kernel's
-    duration; bytes = its `record_param_comms` metadata (message elements x dtype size);
-    exposed = the part of the kernel during which no compute kernel ran on the device (what
-    HolisticTraceAnalysis counts as not overlapped), hidden = the rest.
+  - GPU traces: each communication kernel (`^nccl.*Kernel`, HTA's rule) is one collective,
+    every one of them, of the kind its metadata or name says (all_gather, reduce_scatter,
+    all_reduce, broadcast, send_recv, all_to_all, ..., else "other"); time = the kernel's
+    duration; bytes = its `record_param_comms` metadata (message elements x dtype size).
+    Its step is the profiler step during which the kernel ran on the device (module
+    "GPU steps" below); its phase and unit those of its launch on the host (none found: the
+    device time). Exposed / hidden = the part of the kernel's share of the communication
+    union (the part no earlier-starting communication kernel covered, clipped to its step)
+    during which no / some compute kernel ran on the device: per step they add up to the
+    union of communication kernels minus / intersected with the union of compute kernels,
+    HolisticTraceAnalysis's measure.
   - CPU traces: each `c10d::<collective>` op is one collective, issued at the op's start,
     completed at the end of gloo's own run of it on its worker thread; bytes = the op's
     largest tensor argument (needs `record_shapes=True`). Exposed = the time the issuing
@@ -28,9 +35,19 @@ none). Within a step:
 - **Compute** per unit and phase (FSDP2): the time between FSDP's pre- and post-hooks of the
   unit (`FSDP::pre_forward (u)` ... `FSDP::post_forward (u)`, `FSDP::pre_backward (u)` ...
   the unit's first `FSDP::post_backward_*`) minus nested units, FSDP's own work and blocked
-  time: wall time on CPU (what the live shim's clock counts), compute-kernel time of the
-  kernels launched from there on GPU. Without unit spans: one unit "(model)" per phase
-  (operator time on CPU, compute kernels on GPU).
+  time: wall time on CPU (what the live shim's clock counts). Without unit spans: one unit
+  "(model)" per phase (operator time on the loop's thread).
+- **GPU steps**: device time is the union of kernel intervals over all streams (as HTA
+  merges them), never a sum, clipped to the profiler step's span: the device work the step's
+  wall time held (the device may run behind the host; work after the last step's span is
+  outside every step). Each compute kernel is credited its share of the compute union
+  (`timeline.credit`) and that share goes, by the kernel's launch on the host, to the
+  optimizer (launched inside `Optimizer.step`), to FSDP's own work (launched in an FSDP2
+  span outside the unit's compute), to the unit and phase it was launched from (FSDP2), or
+  to "(model)" and the launch's phase. So per step compute + optimizer + framework = the
+  compute union (HTA's compute time) <= the step, and exposed communication = the
+  communication union minus the compute union. Memory copies and sets are neither (in
+  "other", as HTA's non-compute time).
 """
 
 from __future__ import annotations
@@ -67,6 +84,7 @@ class Collective:
     dtype: str | None
     group_size: int | None
     exposed: float = 0.0
+    hidden: float | None = None  # GPU: measured; None: the rest of the time
 
 
 @dataclass
@@ -77,6 +95,11 @@ class StepNumbers:
     optimizer: float = 0.0
     framework: float = 0.0
     compute: dict = field(default_factory=lambda: defaultdict(float))  # (unit, phase) -> us
+    # GPU: unions of device intervals within the step's span (us), HTA's temporal breakdown
+    device_busy: float = 0.0  # any kernel or memory op
+    device_compute: float = 0.0  # compute kernels (= compute + optimizer + framework)
+    device_comm: float = 0.0  # communication kernels
+    device_exposed: float = 0.0  # communication while no compute kernel ran
 
 
 @dataclass
@@ -89,6 +112,8 @@ class RankResult:
     collectives: list[Collective]
     unit_order: list[str]
     overlap_ratio: float | None  # GPU: comm time overlapped by compute / comm time (HTA's)
+    comm_kernels: int = 0  # GPU: communication kernels in the trace
+    comm_outside: int = 0  # GPU: of those, ran outside every profiler step (not counted)
 
 
 def _unit_of_label(label: str | None) -> str:
@@ -300,37 +325,127 @@ def _cpu_exposure(colls: list[Collective], ev: RankEvents, blocked_ops) -> None:
                 p = max(p, c.done)
 
 
-def _gpu_collectives(ev: RankEvents, add) -> float | None:
-    """GPU traces: one collective per communication kernel; returns the overall overlap."""
-    compute = tl.merge(ev.kernel_ts, ev.kernel_end)
-    by_ext = {o.ext_id: o for o in ev.comm_ops if o.kind == "rpc" and o.ext_id is not None}
+def _windows(steps) -> tuple[np.ndarray, np.ndarray]:
+    return np.array([s.ts for s in steps], dtype=float), np.array([s.end for s in steps],
+                                                                  dtype=float)
+
+
+def _launches(ev: RankEvents):
+    """Sorted launch correlations and the permutation into the launch arrays."""
     lc = np.asarray(ev.launch_corr)
     order = np.argsort(lc, kind="stable")
-    lc = lc[order]
+    return lc[order], order
+
+
+def _gpu_collectives(ev: RankEvents, steps, add) -> tuple[float | None, int]:
+    """GPU traces: one collective per communication kernel (module docstring). Returns the
+    overall overlap (HTA's comm-comp overlap) and how many kernels ran outside every step."""
+    compute = tl.merge(ev.kernel_ts, ev.kernel_end)
+    by_ext = {o.ext_id: o for o in ev.comm_ops if o.kind == "rpc" and o.ext_id is not None}
+    lc, order = _launches(ev)
     ks = sorted(ev.comm_kernels, key=lambda k: k.ts)
-    hidden = tl.overlap_each([k.ts for k in ks], [k.end for k in ks], compute) if ks else []
-    for k, hid in zip(ks, hidden):
+    starts = np.array([k.ts for k in ks], dtype=float)
+    ends = np.array([k.end for k in ks], dtype=float)
+    ws, we = _windows(steps)
+    ca, cb = tl.credit(starts, ends)
+    step = np.searchsorted(we, starts, side="right")  # the first step ending after the start
+    inside = step < len(ws)
+    inside[inside] = ws[step[inside]] < ends[inside]
+    stp = np.clip(step, 0, max(len(ws) - 1, 0))
+    pa = np.maximum(ca, ws[stp]) if len(ws) else ca
+    pb = np.maximum(np.minimum(cb, we[stp]), pa) if len(ws) else cb
+    hidden = tl.overlap_each(pa, pb, compute) if len(ks) else np.zeros(0)
+    for j, k in enumerate(ks):
+        if not inside[j]:
+            continue
         op = by_ext.get(k.ext_id)
+        tid, host = -1, None
         if op is not None:
             tid, host = op.tid, op.ts
         elif k.correlation is not None and len(lc):
-            j = int(np.searchsorted(lc, k.correlation))
-            if j >= len(lc) or lc[j] != k.correlation:
-                continue
-            tid, host = int(ev.launch_tid[order[j]]), float(ev.launch_ts[order[j]])
-        else:
-            continue  # a kernel whose launch is not in the trace
-        coll = k.collective or (op.collective if op else None)
-        if coll is None:
-            continue
+            i = int(np.searchsorted(lc, k.correlation))
+            if i < len(lc) and lc[i] == k.correlation:
+                tid, host = int(ev.launch_tid[order[i]]), float(ev.launch_ts[order[i]])
+        coll = k.collective
+        if coll == "other" and op is not None:
+            coll = op.collective
         pick = (lambda a, b: a if a is not None else b)
+        hid = float(hidden[j])
         add(tid, host, k.ts, k.end, coll, pick(k.numel, op.numel if op else None),
             pick(k.dtype, op.dtype if op else None), pick(k.itemsize, op.itemsize if op else None),
             pick(k.group_size, op.group_size if op else None),
-            max(0.0, (k.end - k.ts) - float(hid)))
-    comm = tl.merge([k.ts for k in ks], [k.end for k in ks])
+            max(0.0, float(pb[j] - pa[j]) - hid), hid, step_index=int(step[j]))
+    comm = tl.merge(starts, ends)
     total = tl.length(comm)
-    return tl.intersect_length(comm, compute) / total if total > 0 else None
+    overlap = tl.intersect_length(comm, compute) / total if total > 0 else None
+    return overlap, int(len(ks) - np.count_nonzero(inside))
+
+
+def _device_steps(ev: RankEvents, steps) -> None:
+    """Per step, the unions of device intervals within its span (HTA's temporal breakdown)."""
+    ws, we = _windows(steps)
+    compute = tl.merge(ev.kernel_ts, ev.kernel_end)
+    comm = tl.merge([k.ts for k in ev.comm_kernels], [k.end for k in ev.comm_kernels])
+    busy = tl.merge(np.concatenate([compute[0], comm[0], np.asarray(ev.mem_ts)]),
+                    np.concatenate([compute[1], comm[1], np.asarray(ev.mem_end)]))
+    parts = {"device_busy": busy, "device_compute": compute, "device_comm": comm,
+             "device_exposed": tl.subtract(comm, compute)}
+    for name, a in parts.items():
+        for st, v in zip(steps, tl.overlap_each(ws, we, a)):
+            setattr(st, name, float(v))
+
+
+def _gpu_compute(ev: RankEvents, steps, phases: "_Phases", framework: str) -> None:
+    """GPU: each compute kernel's share of the compute union, per step, to the optimizer,
+    FSDP's own work, its unit and phase, or "(model)" (module docstring: GPU steps)."""
+    _device_steps(ev, steps)
+    for st in steps:
+        st.optimizer = st.framework = 0.0
+    kt = np.asarray(ev.kernel_ts, dtype=float)
+    if not len(kt) or not steps:
+        return
+    ws, we = _windows(steps)
+    k_tid, k_host, _dur = _kernel_hosts(ev)
+    # the moment that says the phase: the launch, else the kernel's own start on the device
+    hs = np.searchsorted(phases.starts, k_host, side="right") - 1
+    host_ok = np.isfinite(k_host) & (hs >= 0)
+    host_ok[host_ok] = k_host[host_ok] < phases.ends[hs[host_ok]]
+    ds = np.clip(np.searchsorted(ws, kt, side="right") - 1, 0, len(ws) - 1)
+    ref_t = np.where(host_ok, k_host, kt)
+    ref_i = np.where(host_ok, hs, ds)
+    backward = ref_t >= phases.backward_from[ref_i]
+    labels: list = ["optimizer", "framework", (MODEL, "forward"), (MODEL, "backward")]
+    codes = np.where(backward, 3, 2)
+    regions = _regions(ev, framework)
+    index = {lab: i for i, lab in enumerate(labels)}
+    for tid, ivs in regions.items():
+        a, b, labs = tl.segments(ivs)
+        if not a:
+            continue
+        a, b = np.array(a), np.array(b)
+        sel = np.flatnonzero(host_ok & (k_tid == tid))
+        k = np.searchsorted(a, k_host[sel], side="right") - 1
+        hit = (k >= 0) & (k_host[sel] < b[np.clip(k, 0, None)])
+        for j, kk in zip(sel[hit], k[hit]):
+            lab = labs[kk]
+            if lab not in index:
+                index[lab] = len(labels)
+                labels.append(lab)
+            codes[j] = index[lab]
+    codes[host_ok & tl.contains(phases.optimizer, k_host)] = 0
+    ca, cb = tl.credit(kt, np.asarray(ev.kernel_end, dtype=float))
+    pi, wi, ln = tl.split(ca, cb, ws, we)
+    n = len(labels)
+    sums = np.bincount(wi * n + codes[pi], weights=ln, minlength=len(steps) * n)
+    for flat in np.flatnonzero(sums > 0):
+        i, c = divmod(int(flat), n)
+        v = float(sums[flat])
+        if c == 0:
+            steps[i].optimizer += v
+        elif c == 1:
+            steps[i].framework += v
+        else:
+            steps[i].compute[labels[c]] += v
 
 
 def attribute(ev: RankEvents, group_size: int | None = None) -> RankResult:
@@ -344,18 +459,23 @@ def attribute(ev: RankEvents, group_size: int | None = None) -> RankResult:
     gpu = ev.is_gpu
     colls: list[Collective] = []
 
-    def add(tid, host, issue, done, coll, numel, dtype, itemsize, group, exposed=0.0):
-        i = phases.step_index(host)
-        if i is None or coll == "barrier":
+    def add(tid, host, issue, done, coll, numel, dtype, itemsize, group, exposed=0.0,
+            hidden=None, step_index=None):
+        i = phases.step_index(host) if step_index is None else step_index
+        if i is None or (coll == "barrier" and not gpu):
             return
-        phase = phases.phase(i, host)
-        unit = units.unit(phases.numbers[i], tid, host, coll, numel, phase)
+        j = phases.step_index(host) if host is not None else None
+        phase = phases.phase(j, host) if j is not None else phases.phase(i, issue)
+        unit = units.unit(phases.numbers[i], tid, host, coll, numel, phase) \
+            if host is not None else MODEL
         colls.append(Collective(phases.numbers[i], unit, phase, coll, tid, issue, done,
-                                (numel or 0) * (itemsize or 0), numel, dtype, group, exposed))
+                                (numel or 0) * (itemsize or 0), numel, dtype, group, exposed,
+                                hidden))
 
     overlap = None
+    outside = 0
     if gpu:
-        overlap = _gpu_collectives(ev, add)
+        overlap, outside = _gpu_collectives(ev, steps, add)
     else:
         ops: dict[int, tuple[list, list]] = defaultdict(lambda: ([], []))
         for op, done in _host_ops(ev):
@@ -367,12 +487,16 @@ def attribute(ev: RankEvents, group_size: int | None = None) -> RankResult:
             add(op.tid, op.ts, op.ts, done, op.collective, numel, op.dtype, op.itemsize,
                 op.group_size or (group_size if op.per_rank else None))
         _cpu_exposure(colls, ev, {tid: tl.merge(a, b) for tid, (a, b) in ops.items()})
-    _compute(ev, steps, phases, framework, colls, gpu)
+    if gpu:
+        _gpu_compute(ev, steps, phases, framework)
+    else:
+        _compute(ev, steps, phases, framework, colls)
     order: list[str] = []
     for c in sorted(colls, key=lambda c: (c.collective != "all_gather", c.issue)):
         if c.unit not in order:
             order.append(c.unit)
-    return RankResult(framework, "cuda" if gpu else "cpu", steps, colls, order, overlap)
+    return RankResult(framework, "cuda" if gpu else "cpu", steps, colls, order, overlap,
+                      len(ev.comm_kernels), outside)
 
 
 def _regions(ev: RankEvents, framework: str) -> dict[int, list]:
@@ -433,8 +557,8 @@ def main_thread(ev: RankEvents) -> int | None:
     return max(ev.busy, key=lambda t: len(ev.busy[t])) if ev.busy else None
 
 
-def _compute(ev: RankEvents, steps, phases: _Phases, framework: str, colls, gpu: bool) -> None:
-    """Fill each step's compute (per unit and phase), framework and optimizer time."""
+def _compute(ev: RankEvents, steps, phases: _Phases, framework: str, colls) -> None:
+    """CPU: fill each step's compute (per unit and phase), framework and optimizer time."""
     for st in steps:
         st.optimizer = tl.intersect_length(phases.optimizer, (np.array([st.ts]),
                                                               np.array([st.end])))
@@ -443,10 +567,9 @@ def _compute(ev: RankEvents, steps, phases: _Phases, framework: str, colls, gpu:
         if c.exposed > 0:
             blocked[c.tid][0].append(c.done - c.exposed)
             blocked[c.tid][1].append(c.done)
-    kern = _kernel_hosts(ev) if gpu else None
     regions = _regions(ev, framework)
     if not regions:
-        _model_compute(ev, steps, phases, kern)
+        _model_compute(ev, steps, phases)
         return
     for tid, ivs in regions.items():
         a, b, labs = tl.segments(ivs)
@@ -456,21 +579,16 @@ def _compute(ev: RankEvents, steps, phases: _Phases, framework: str, colls, gpu:
             if i is None:
                 continue
             seg = (np.array([lo]), np.array([hi]))
+            secs = (hi - lo) - tl.intersect_length(seg, blk)
             if lab == "framework":
-                if not gpu:
-                    steps[i].framework += (hi - lo) - tl.intersect_length(seg, blk)
-                continue
-            if gpu:
-                k_tid, k_host, dur = kern
-                secs = float(dur[(k_tid == tid) & (k_host >= lo) & (k_host < hi)].sum())
+                steps[i].framework += secs
             else:
-                secs = (hi - lo) - tl.intersect_length(seg, blk)
-            steps[i].compute[lab] += secs
+                steps[i].compute[lab] += secs
 
 
-def _model_compute(ev: RankEvents, steps, phases: _Phases, kern) -> None:
-    """No unit spans: operator time on the loop's thread (CPU) or compute-kernel time
-    (GPU) of each step, split by phase, all booked on one unit "(model)"."""
+def _model_compute(ev: RankEvents, steps, phases: _Phases) -> None:
+    """CPU, no unit spans: operator time on the loop's thread of each step, split by phase,
+    all booked on one unit "(model)"."""
     tid = main_thread(ev)
     iv = ev.busy.get(tid) if tid is not None else None
     busy = tl.merge(iv.starts, iv.ends) if iv is not None else tl.EMPTY
@@ -480,10 +598,6 @@ def _model_compute(ev: RankEvents, steps, phases: _Phases, kern) -> None:
             if hi <= lo:
                 continue
             piece = tl.subtract((np.array([lo]), np.array([hi])), phases.optimizer)
-            if kern is not None:
-                _k_tid, k_host, dur = kern
-                secs = float(dur[np.isfinite(k_host) & tl.contains(piece, k_host)].sum())
-            else:
-                secs = tl.intersect_length(piece, busy)
+            secs = tl.intersect_length(piece, busy)
             if secs > 0:
                 st.compute[(MODEL, ph)] += secs

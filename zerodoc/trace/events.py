@@ -9,10 +9,17 @@ collectives and annotations, not with the trace:
   `DistributedDataParallel.*`, and phase markers named like `## forward ##`;
 - `CommOp`s: the host side of collectives (`c10d::<collective>` ops and `record_param_comms`
   with their shapes/metadata, gloo's `gloo:<collective>` runs on its worker threads);
-- `Kernel`s for communication kernels (`nccl*`) on GPU traces;
+- `Kernel`s for communication kernels on GPU traces;
 - plain number arrays for everything else: per thread, the intervals when an operator ran
   (merged on the fly: nested operators cost nothing); compute-kernel intervals and launch
-  correlations; the starts of autograd's backward functions (where backward begins).
+  correlations; memory-operation intervals; the starts of autograd's backward functions
+  (where backward begins).
+
+Device operations are classified by name exactly as HolisticTraceAnalysis does
+(`hta.utils.utils.get_kernel_type`), so that device time per category is the same set of
+intervals HTA merges: communication = `^nccl.*Kernel`; memory = `gpu_memcpy` / `gpu_memset`
+events and kernels named `Memcpy*` / `Memset*` / `dma*`; compute = every other kernel except
+those named `...Memcpy...`, `Memset...` or `...Sync` (HTA counts those as neither).
 """
 
 from __future__ import annotations
@@ -54,6 +61,41 @@ NAMED = {
     "all_reduce": "all_reduce", "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
     "broadcast": "broadcast", "reduce": "reduce_scatter", "barrier": "barrier",
 }
+# Kinds of NCCL kernels that are no collective zerodoc's live path books (trace-only): kernel
+# metadata "Collective name" / record_param_comms -> kind.
+KERNEL_NAMED = {
+    **NAMED,
+    "send": "send_recv", "recv": "send_recv", "_send": "send_recv", "_recv": "send_recv",
+    "sendrecv": "send_recv", "recv_any_source": "send_recv", "batch_isend_irecv": "send_recv",
+    "all_to_all": "all_to_all", "alltoall": "all_to_all", "alltoall_base": "all_to_all",
+    "all_to_all_single": "all_to_all", "alltoallv": "all_to_all",
+    "gather": "gather", "scatter": "scatter",
+}
+# NCCL kernel name -> kind: `ncclKernel_<Coll>_...`, `ncclDevKernel_<Coll>_...`,
+# `ncclSymkDevKernel_<Coll>_...`; `Generic` and unknown names say no kind (metadata or "other").
+COMM_KERNEL = re.compile(r"nccl.*Kernel")  # HTA's is_comm_kernel (matched at the start)
+KERNEL_KIND = re.compile(r"nccl\w*?Kernel_([A-Za-z]+)")
+KERNEL_NAME_KINDS = {
+    "allgather": "all_gather", "reducescatter": "reduce_scatter", "allreduce": "all_reduce",
+    "broadcast": "broadcast", "reduce": "reduce_scatter", "sendrecv": "send_recv",
+    "send": "send_recv", "recv": "send_recv", "alltoall": "all_to_all",
+    "alltoallv": "all_to_all",
+}
+# HTA's non-compute kernels (`hta.utils.utils.is_compute_kernel`), matched at the start.
+NOT_COMPUTE = re.compile(r"(nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+MEMORY_OPS = ("gpu_memcpy", "gpu_memset")
+
+
+def kernel_kind(name: str, collective_name=None) -> str:
+    """The kind of a communication kernel: its `Collective name` metadata, else its name,
+    else "other" (a kernel is never dropped for want of a kind)."""
+    kind = KERNEL_NAMED.get(str(collective_name or "").strip().lower())
+    if kind is None:
+        m = KERNEL_KIND.match(name)
+        kind = KERNEL_NAME_KINDS.get(m.group(1).lower()) if m else None
+    return kind or "other"
+
+
 # dtype names in traces ("float" in shapes, "Float"/"BFloat16" in NCCL metadata) -> (name, bytes)
 DTYPES = {
     "float": ("float32", 4), "float32": ("float32", 4), "double": ("float64", 8),
@@ -111,7 +153,7 @@ class Kernel:
     end: float
     ext_id: int | None
     correlation: int | None
-    collective: str | None
+    collective: str  # kernel_kind(): all_gather ... send_recv, all_to_all, other
     numel: int | None
     dtype: str | None
     itemsize: int | None
@@ -194,6 +236,8 @@ class RankEvents:
     kernel_ts: array = field(default_factory=lambda: array("d"))  # compute kernels
     kernel_end: array = field(default_factory=lambda: array("d"))
     kernel_corr: array = field(default_factory=lambda: array("q"))
+    mem_ts: array = field(default_factory=lambda: array("d"))  # memory ops, other kernels
+    mem_end: array = field(default_factory=lambda: array("d"))
     launch_corr: array = field(default_factory=lambda: array("q"))  # cuda runtime launches
     launch_tid: array = field(default_factory=lambda: array("q"))
     launch_ts: array = field(default_factory=lambda: array("d"))
@@ -225,12 +269,18 @@ class RankEvents:
                 self._named_comm(ev, name, ts, end, name[:4])
         elif cat == "kernel":
             args = ev.get("args") or {}
-            if name.startswith("nccl"):
+            if COMM_KERNEL.match(name):
                 self._kernel(name, args, ts, end)
-            else:
+            elif not NOT_COMPUTE.match(name):
                 self.kernel_ts.append(ts)
                 self.kernel_end.append(end)
                 self.kernel_corr.append(_int(args.get("correlation")) or -1)
+            else:
+                self.mem_ts.append(ts)
+                self.mem_end.append(end)
+        elif cat in MEMORY_OPS:
+            self.mem_ts.append(ts)
+            self.mem_end.append(end)
         elif cat in ("cuda_runtime", "cuda_driver"):
             if "Launch" in name:
                 args = ev.get("args") or {}
@@ -256,7 +306,7 @@ class RankEvents:
                 return
         elif name == "record_param_comms":
             args = ev.get("args") or {}
-            coll = NAMED.get(str(args.get("Collective name", "")).strip().lower())
+            coll = KERNEL_NAMED.get(str(args.get("Collective name", "")).strip().lower())
             if coll is not None:
                 info = dtype_info(args.get("dtype"))
                 n = max(_int(args.get("In msg nelems")) or 0, _int(args.get("Out msg nelems"))
@@ -288,12 +338,7 @@ class RankEvents:
                                     _numel(args.get("Input Dims")), dt, size))
 
     def _kernel(self, name: str, args: dict, ts: float, end: float) -> None:
-        coll = NAMED.get(str(args.get("Collective name", "")).strip().lower())
-        if coll is None:  # not linked to record_param_comms: read the kernel name
-            low = name.lower()
-            coll = next((c for k, c in (("allgather", "all_gather"), ("reducescatter",
-                         "reduce_scatter"), ("allreduce", "all_reduce"), ("broadcast",
-                         "broadcast"), ("reduce", "reduce_scatter")) if k in low), None)
+        coll = kernel_kind(name, args.get("Collective name"))
         info = dtype_info(args.get("dtype"))
         n = max(_int(args.get("In msg nelems")) or 0, _int(args.get("Out msg nelems")) or 0)
         self.comm_kernels.append(Kernel(

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..model import CommTotals, RankFacts, RankWindow, RunSnapshot, UnitFacts
+from ..model import (CommTotals, DeviceTotals, RankFacts, RankWindow, RunSnapshot,
+                     UnitFacts)
 from .attribution import RankResult, attribute
 from .events import RankEvents
 from .stream import TraceError, read_trace
@@ -311,8 +312,19 @@ def window_of(facts: RankFacts, res: RankResult, window: int | None) -> RankWind
             continue
         secs = max(0.0, c.done - c.issue) * US
         exposed = min(secs, max(0.0, c.exposed) * US)
+        hidden = secs - exposed if c.hidden is None else min(secs - exposed, c.hidden * US)
         w.comm.setdefault((c.unit, c.phase, c.collective), CommTotals()).add(
-            CommTotals(1, c.nbytes, secs, exposed, secs - exposed))
+            CommTotals(1, c.nbytes, secs, exposed, hidden))
+    if res.device_type == "cuda":
+        dev = w.device = DeviceTotals(kernels_outside_steps=res.comm_outside)
+        for s in steps:
+            dev.busy_seconds += s.device_busy * US
+            dev.compute_seconds += s.device_compute * US
+            dev.comm_seconds += s.device_comm * US
+            dev.exposed_comm_seconds += s.device_exposed * US
+        for c in res.collectives:
+            if c.step in keep:
+                dev.comm_kernels[c.collective] = dev.comm_kernels.get(c.collective, 0) + 1
     w.other_seconds = max(0.0, w.step_seconds - w.compute_seconds - w.exposed_seconds
                           - w.optimizer_seconds - w.framework_seconds)
     if steps:

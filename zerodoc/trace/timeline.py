@@ -117,3 +117,45 @@ def segments(intervals: list[tuple[float, float, object]]):
         emit(cur, end, top)
         cur = end
     return out_s, out_e, out_l
+
+
+def credit(starts, ends) -> tuple[np.ndarray, np.ndarray]:
+    """Each interval's share of the union: taken in start order, an interval is credited the
+    part [a, b] that no earlier-starting interval covered (a == b: nothing). The credited
+    parts are disjoint and their lengths add up to the union's (returned in input order)."""
+    s = np.asarray(starts, dtype=float)
+    e = np.asarray(ends, dtype=float)
+    if not len(s):
+        return s.copy(), e.copy()
+    order = np.argsort(s, kind="stable")
+    so, eo = s[order], e[order]
+    prev = np.concatenate(([-np.inf], np.maximum.accumulate(eo)[:-1]))
+    a = np.maximum(so, prev)
+    b = np.maximum(eo, a)
+    out_a = np.empty_like(a)
+    out_b = np.empty_like(b)
+    out_a[order] = a
+    out_b[order] = b
+    return out_a, out_b
+
+
+def split(a, b, ws, we) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Intervals [a, b] cut at the edges of sorted, disjoint windows [ws, we]: parallel arrays
+    (interval index, window index, length > 0). Time outside every window is left out."""
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    ws = np.asarray(ws, dtype=float)
+    we = np.asarray(we, dtype=float)
+    lo = np.searchsorted(we, a, side="right")  # the first window ending after a
+    hi = np.searchsorted(ws, b, side="left")  # windows [0, hi) start before b
+    n = hi - lo
+    pi = [np.flatnonzero(n == 1)]
+    wi = [lo[pi[0]]]
+    for i in np.flatnonzero(n > 1):  # rare: an interval across a window's edge
+        pi.append(np.full(n[i], i))
+        wi.append(np.arange(lo[i], hi[i]))
+    p = np.concatenate(pi).astype(np.int64)
+    w = np.concatenate(wi).astype(np.int64)
+    ln = np.minimum(b[p], we[w]) - np.maximum(a[p], ws[w])
+    keep = ln > 0
+    return p[keep], w[keep], ln[keep]
