@@ -105,6 +105,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
                  generated_unix: float | None = None) -> dict:
     from . import __version__
     from .diagnosis.coverage import data_problems
+    from .trace.scope import device_rows, scope
 
     first = snap.any_rank
     f = first.facts if first else None
@@ -146,6 +147,9 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "data_problems": [{"kind": p.kind, "message": p.message, "fix": p.fix}
                           for p in data_problems(snap)],
         "missing_ranks": sorted(snap.missing_ranks),
+        "trace_scope": scope(snap),
+        "device": [{k: _r(v) if isinstance(v, float) else v for k, v in row.items()}
+                   for row in device_rows(snap)],
     }
 
 
@@ -261,6 +265,9 @@ def _evidence(d: dict) -> str:
 def _no_findings(rep: dict) -> str:
     if rep["data_problems"]:
         return "no findings, because the rules had no data to read (see above): not an all-clear"
+    if rep.get("trace_scope"):
+        return ("no findings in what the traces show (steps, collectives, ranks); they show no "
+                "per-unit detail (see Profiler traces below)")
     return "no findings: nothing the rules know of is wrong"
 
 
@@ -291,7 +298,15 @@ def render_text(rep: dict) -> str:
     lines += ["  " + x for x in _table(UNIT_HEAD, [_unit_cells(u) for u in rep["units"]])]
     lines += ["", "Step breakdown (per step)"]
     lines += ["  " + x for x in _table(STEP_HEAD, [_step_cells(s) for s in rep["steps"]])]
+    lines += _trace_lines(rep)
     return "\n".join(lines) + "\n"
+
+
+def _trace_lines(rep: dict) -> list[str]:
+    """Profiler traces: what they let zerodoc say, and the device time read."""
+    from .trace.scope import text
+
+    return text(rep.get("trace_scope"), rep.get("device") or [], secs, _table)
 
 
 def _md_row(cells) -> str:
@@ -329,6 +344,9 @@ def render_markdown(rep: dict) -> str:
     lines += ["", "## Step breakdown (per step)", "", _md_row(STEP_HEAD),
               _md_row(["---"] * len(STEP_HEAD))]
     lines += [_md_row(_step_cells(s)) for s in rep["steps"]]
+    extra = _trace_lines(rep)
+    if extra:
+        lines += ["", "## Profiler traces", "", "```", *extra[1:], "```"]
     return "\n".join(lines) + "\n"
 
 

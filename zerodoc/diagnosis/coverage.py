@@ -25,6 +25,11 @@ class DataProblem:
     fix: str
 
 
+def _trace(w) -> bool:
+    cfg = w.facts.config
+    return isinstance(cfg, dict) and cfg.get("source") == "profiler trace"
+
+
 def data_problems(snap: RunSnapshot) -> list[DataProblem]:
     """What keeps the rules from reading this run ([] when they have data)."""
     if not snap.ranks:
@@ -41,7 +46,7 @@ def data_problems(snap: RunSnapshot) -> list[DataProblem]:
             else "no rank has completed a step yet: there is no data to diagnose",
             "a step ends at optimizer.step() of the optimizer passed to attach() (or at "
             "monitor.step() when none was): pass the optimizer that steps this model"))
-    if not first.facts.units:
+    if not first.facts.units and not _trace(first):  # traces: trace.scope says what they can
         fw = first.facts.framework
         what = "no sharded units" if fw in ("none", "") else f"no sharded units ({fw})"
         out.append(DataProblem(
