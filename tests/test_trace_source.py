@@ -256,3 +256,41 @@ def test_fsdp1_and_zero1_traces_match_the_live_counts_and_bytes(tmp_path, framew
                 for k, t in s.comm.items()}
         ours = {(st, names[u], ph, c): (v[0], v[1]) for (st, u, ph, c), v in comm.items()}
         assert ours == live
+
+
+def test_gpu_fsdp2_trace_device_time_is_a_union_by_launch(tmp_path):
+    """A GPU trace with FSDP2 spans whose answer is known by hand: two compute kernels of one
+    unit overlap on two streams (their union counts, not their sum), the optimizer's kernel
+    goes to the optimizer, a kernel still running at the step's end counts up to it, an NCCL
+    kernel with no metadata and no launch in the trace is still an all-gather, exposed where
+    no compute kernel ran."""
+    def x(cat, name, ts, dur, tid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts,
+                "dur": dur, "args": args}
+
+    def launch(host, corr, ts, dur, stream=7, name="void gemm_kernel<float>"):
+        return [x("cuda_runtime", "cudaLaunchKernel", host, 5, correlation=corr),
+                x("kernel", name, ts, dur, tid=stream, correlation=corr, stream=stream)]
+
+    events = [x("user_annotation", "ProfilerStep#1", 0, 1000),
+              x("user_annotation", "FSDP::pre_forward (layers.0)", 100, 10),
+              x("user_annotation", "FSDP::post_forward (layers.0)", 400, 10),
+              x("user_annotation", "Optimizer.step#SGD.step", 800, 100),
+              *launch(200, 1, 300, 200), *launch(250, 2, 350, 100, stream=8),  # union 200
+              *launch(850, 3, 900, 50),  # the optimizer's
+              *launch(50, 4, 60, 30), *launch(970, 5, 980, 120),  # (model): 30 + 20 in step
+              *launch(960, 6, 960, 10, name="Memcpy DtoD (Device -> Device)"),  # neither
+              x("kernel", "ncclDevKernel_AllGather_RING_LL(x)", 200, 120, tid=20, stream=20)]
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    src = open_traces(str(path), window=None, progress=False)
+    st = src.ranks[0].result.steps[0]
+    assert dict(st.compute) == {("layers.0", "forward"): 200.0, ("(model)", "forward"): 50.0}
+    assert st.optimizer == 50.0 and st.framework == 0.0
+    assert (st.device_compute, st.device_comm, st.device_exposed) == (300.0, 120.0, 100.0)
+    assert st.device_busy == 300.0 + 100.0 + 10.0
+    w = src.snapshot().ranks[0]
+    ag = w.comm[("(model)", "forward", "all_gather")]
+    assert ag.count == 1 and abs(ag.seconds - 120e-6) < 1e-12
+    assert abs(ag.exposed_seconds - 100e-6) < 1e-12 and abs(ag.hidden_seconds - 20e-6) < 1e-12
+    assert w.device.comm_kernels == {"all_gather": 1}

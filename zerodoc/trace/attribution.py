@@ -426,12 +426,11 @@ def _gpu_compute(ev: RankEvents, steps, phases: "_Phases", framework: str) -> No
         sel = np.flatnonzero(host_ok & (k_tid == tid))
         k = np.searchsorted(a, k_host[sel], side="right") - 1
         hit = (k >= 0) & (k_host[sel] < b[np.clip(k, 0, None)])
-        for j, kk in zip(sel[hit], k[hit]):
-            lab = labs[kk]
+        for lab in labs:
             if lab not in index:
                 index[lab] = len(labels)
                 labels.append(lab)
-            codes[j] = index[lab]
+        codes[sel[hit]] = np.array([index[lab] for lab in labs])[k[hit]]
     codes[host_ok & tl.contains(phases.optimizer, k_host)] = 0
     ca, cb = tl.credit(kt, np.asarray(ev.kernel_end, dtype=float))
     pi, wi, ln = tl.split(ca, cb, ws, we)
