@@ -61,7 +61,8 @@ for name, d in json.loads(sys.argv[1]).items():
 print("RESULT" + json.dumps(out))
 """
 
-# Per rank and profiler step: HTA's numbers on that step's kernels (module docstring).
+# Per rank: HTA's overall overlap, and per profiler step its numbers on that step's kernels
+# (module docstring).
 HTA_STEPS_SCRIPT = """
 import json, sys
 import numpy as np
@@ -73,6 +74,8 @@ for name, d in json.loads(sys.argv[1]).items():
     t = ta.t
     sym = t.symbol_table.get_sym_table()
     traces = dict(t.traces)
+    overlap = ta.get_comm_comp_overlap(visualize=False)
+    overlap = dict(zip(overlap["rank"], overlap["comp_comm_overlap_pctg"]))
     ranks = {}
     for rank, df in traces.items():
         names = df["name"].map(lambda i: sym[i])
@@ -96,7 +99,7 @@ for name, d in json.loads(sys.argv[1]).items():
                 "compute": float(tb["compute_time(us)"]) * 1e-6, "comm": comm_us * 1e-6,
                 "exposed": comm_us * (1 - float(ov) / 100) * 1e-6}
         t.traces = traces
-        ranks[int(rank)] = steps
+        ranks[int(rank)] = {"overlap": float(overlap[rank]), "steps": steps}
     out[name] = ranks
 print("RESULT" + json.dumps(out))
 """
@@ -137,9 +140,15 @@ def zerodoc_overlap() -> dict:
     return out
 
 
-def test_overlap_agrees_with_hta(hta_path):
+@pytest.fixture(scope="module")
+def hta_exact(hta_path) -> dict:
+    """HTA on every step, no rounding: overall overlap and per-step numbers, per rank."""
+    return hta(hta_path, "all", rounding=False, script=HTA_STEPS_SCRIPT, cases=ALL)
+
+
+def test_overlap_agrees_with_hta(hta_path, hta_exact):
     ours = zerodoc_overlap()
-    exact = hta(hta_path, "all", rounding=False)
+    exact = {k: {r: v["overlap"] for r, v in hta_exact[k].items()} for k in CASES}
     default = hta(hta_path, "all", rounding=True)
     for name in CASES:
         assert set(ours[name]) == set(exact[name]), name
@@ -169,8 +178,8 @@ def close(ours: float, theirs: float, rel: float = 1e-3, abs_s: float = 20e-6) -
     return abs(ours - theirs) <= max(rel * abs(theirs), abs_s)
 
 
-def test_device_time_per_step_agrees_with_hta(hta_path):
-    theirs = hta(hta_path, "all", rounding=False, script=HTA_STEPS_SCRIPT, cases=ALL)
+def test_device_time_per_step_agrees_with_hta(hta_exact):
+    theirs = {k: {r: v["steps"] for r, v in ranks.items()} for k, ranks in hta_exact.items()}
     for name, d in ALL.items():
         src = open_traces(str(d), window=None, progress=False)
         snap = src.snapshot()
