@@ -294,3 +294,8 @@ def test_gpu_fsdp2_trace_device_time_is_a_union_by_launch(tmp_path):
     assert ag.count == 1 and abs(ag.seconds - 120e-6) < 1e-12
     assert abs(ag.exposed_seconds - 100e-6) < 1e-12 and abs(ag.hidden_seconds - 20e-6) < 1e-12
     assert w.device.comm_kernels == {"all_gather": 1}
+
+    # without profiler steps the whole trace is one step, the device's work included
+    path.write_text(json.dumps({"traceEvents": events[1:]}))
+    st = open_traces(str(path), window=None, progress=False).ranks[0].result.steps[0]
+    assert (st.ts, st.end) == (60, 1100) and st.device_compute == 300.0 + 120.0 - 20.0

@@ -1,7 +1,7 @@
 """From one rank's trace events to per-step, per-unit, per-phase numbers.
 
-Steps are the profiler's `ProfilerStep#N` spans (the whole trace is one step when there are
-none). Within a step:
+Steps are the profiler's `ProfilerStep#N` spans (the whole trace, host and device, is one
+step when there are none). Within a step:
 
 - **Phase** of a moment: `optimizer` inside an `Optimizer.step#...` span; `backward` from
   the first backward marker of the step on (the end of FSDP2's root `FSDP::post_forward`, the
@@ -145,6 +145,12 @@ def _steps(ev: RankEvents) -> list[StepNumbers]:
             if len(iv.starts):
                 times.append(iv.starts[0])
                 ends.append(max(iv.ends))
+        # and the device's work (it may run after the host's last operator)
+        for a, b in ((ev.kernel_ts, ev.kernel_end), (ev.mem_ts, ev.mem_end),
+                     ([k.ts for k in ev.comm_kernels], [k.end for k in ev.comm_kernels])):
+            if len(a):
+                times.append(min(a))
+                ends.append(max(b))
         if times:
             out.append(StepNumbers(0, min(times), max(ends)))
     return out
