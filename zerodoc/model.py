@@ -221,6 +221,8 @@ class RunSnapshot:
     stale_ranks: set[int] = field(default_factory=set)  # stopped reporting, no clean end
     # Ranks whose run recorded a clean close (run log "end"; the exporter's "closed" signal).
     ended_ranks: set[int] = field(default_factory=set)
+    # ... of them, those the user stopped (Ctrl-C: the run log's end says "interrupted").
+    interrupted_ranks: set[int] = field(default_factory=set)
     missing_ranks: set[int] = field(default_factory=set)  # world_size promises, none shows
     # rank -> the watchdog's last record for it ({"type": "stall", "state": "stuck" |
     # "resumed" | "failed", "step", "since_unix", "unit", "phase", "collective", ...};

@@ -146,6 +146,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "data_problems": [{"kind": p.kind, "message": p.message, "fix": p.fix}
                           for p in data_problems(snap)],
         "missing_ranks": sorted(snap.missing_ranks),
+        "interrupted_ranks": sorted(snap.interrupted_ranks),
     }
 
 
@@ -226,6 +227,9 @@ def _header(rep: dict) -> list[str]:
                      f"{', '.join(map(str, rep['stale_ranks']))}")
     if rep.get("stopped"):
         lines.append(f"RUN STOPPED: {rep['stopped']['title']}")
+    elif rep.get("interrupted_ranks") and set(rep["ended_ranks"]) >= set(rep["ranks"]):
+        lines.append(f"run stopped by the user (Ctrl-C) after step {win['last_step']}: "
+                     f"every rank ended cleanly")
     if rep.get("missing_ranks"):
         lines.append(f"missing ranks (the world size has them, the source shows none): "
                      f"{_ranges(rep['missing_ranks'])}")

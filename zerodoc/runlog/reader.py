@@ -97,6 +97,7 @@ def _take(log: RankLog, line: bytes, names: list[str], parse_steps: bool = True)
             log.blocks.append(block_from_dict(rec, names))
         elif kind == "end":
             log.ended = True
+            log.interrupted = bool(rec.get("interrupted"))
             log.dropped = max(log.dropped, int(rec.get("dropped", 0)))
         elif kind == "header":
             pass
@@ -465,6 +466,8 @@ def annotate(snap: RunSnapshot, logs, stale_after_s: float, now: float) -> None:
         failed = stall is not None and stall.get("state") == "failed"
         if log.ended and not failed:
             snap.ended_ranks.add(rank)
+            if log.interrupted:
+                snap.interrupted_ranks.add(rank)
         elif not log.ended and now - log.last_unix > stale_after_s:
             snap.stale_ranks.add(rank)
     snap.missing_ranks = missing(snap)
