@@ -85,6 +85,15 @@ def test_registry_is_explicit_and_documented():
     assert all(f"`{r.name}`" in docs for r in RULES)
 
 
+def test_readme_rules_table_lists_every_registered_rule():
+    """The README's table of rules, row for row the registry (it once stopped at ZD013)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    rows = re.findall(r"^\| (ZD\d{3}) ([a-z0-9-]+) \|", readme, flags=re.M)
+    assert rows == [(r.code, r.name) for r in RULES]
+    span = f"ZD001–{RULES[-1].code}"
+    assert f"stable code ({span})" in readme, span
+
+
 def test_findings_carry_evidence_threshold_fix_and_doc():
     case = load_case(DATA / "rules" / "ZD003" / "fail-zero3-exposed-with-headroom.json")
     f = next(f for f in diagnose(case.snapshot, link="nvlink") if f.code == "ZD003")

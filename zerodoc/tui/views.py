@@ -93,7 +93,7 @@ UNIT_COLUMNS = (
     Column("ag_ms", "AG ms"),
     Column("exposed_ms", "Exposed ms"),
     Column("exposed_pct", "Exp %"),
-    Column("busbw", "busbw GB/s", worst="min"),
+    Column("busbw", "busbw", worst="min"),  # labelled per cell: MB/s on CPU, GB/s on GPUs
     Column("compute_ms", "Compute ms"),
     Column("rs_ms", "RS ms"),
     Column("reshard", "Reshard", numeric=False, sortable=False),
@@ -173,7 +173,7 @@ def unit_table(frame: Frame, scope: Scope, sort: str = "exposed_ms",
         cells = (
             name or "(root)", fmt.count(f.params) if f else "-", fmt.mb_num(v["ag_bytes"]),
             fmt.ms_num(v["ag_seconds"]), fmt.ms_num(v["ag_exposed_seconds"]),
-            fmt.pct_num(v["ag_exposed_fraction"]), fmt.gbps_num(v["ag_busbw"]),
+            fmt.pct_num(v["ag_exposed_fraction"]), fmt.rate(v["ag_busbw"]),
             fmt.ms_num(v["compute_seconds"]), fmt.ms_num(v["rs_seconds"]), reshard,
         )
         rows.append((name, cells, sortv))
