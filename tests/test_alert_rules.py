@@ -306,7 +306,8 @@ SCENARIOS = {
 
 
 def _snapshot(ranks: dict, steps: int = 20):
-    from zerodoc.model import CommTotals, RankFacts, RankWindow, RunSnapshot, UnitFacts
+    from tests.helpers import synthetic_facts
+    from zerodoc.model import CommTotals, RankWindow, RunSnapshot, UnitFacts
 
     world = len(ranks)
     units = tuple(UnitFacts(name=u, params=2 * MIB, param_bytes=8 * MIB, gather_bytes=8 * MIB,
@@ -314,12 +315,7 @@ def _snapshot(ranks: dict, steps: int = 20):
                             group_size=world) for u in UNITS)
     snap = RunSnapshot(source="synthetic")
     for r, d in ranks.items():
-        facts = RankFacts(rank=r, local_rank=r, world_size=world, local_world_size=world,
-                          node="n1", run_id="agree", framework="fsdp2", framework_version="x",
-                          torch_version="x", device_type="cuda", backend="nccl", zero_stage=3,
-                          mesh_shape=(world,), mesh_dim_names=None, param_dtype="float32",
-                          reduce_dtype="float32", units=units, device_capacity_bytes=None,
-                          started_unix=0.0, pid=1)
+        facts = synthetic_facts(r, world, units, run_id="agree")
         w = RankWindow(facts=facts, steps=steps, first_step=1, last_step=steps,
                        step_seconds=d["step"] * steps, last_step_seconds=d["step"],
                        max_step_seconds=d["step"])

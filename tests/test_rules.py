@@ -241,7 +241,8 @@ def _slow_link_case(delay_s: float, compute_s: float, *, world: int = 2, speed: 
     waiting on the link while the aggregate bus bandwidth sits near slow_link_busbw_fraction
     (the 80-step demo that lost ZD005). Undelayed, the bytes move at `speed` x the link's
     expected figure (an idle host's loopback)."""
-    from zerodoc.model import CommTotals, RankFacts, RankWindow, RunSnapshot, UnitFacts
+    from tests.helpers import synthetic_facts
+    from zerodoc.model import CommTotals, RankWindow, RunSnapshot, UnitFacts
     from zerodoc.thresholds import LINK_BUSBW
 
     sizes = {"(root)": 2_099_200, **{f"blocks.{i}": 3_152_896 for i in range(4)}}
@@ -251,12 +252,8 @@ def _slow_link_case(delay_s: float, compute_s: float, *, world: int = 2, speed: 
                   for u, b in sizes.items())
     snap, steps = RunSnapshot(source="synthetic"), 40
     for r in range(world):
-        facts = RankFacts(rank=r, local_rank=r, world_size=world, local_world_size=world,
-                          node="n", run_id="slow", framework="fsdp2", framework_version="x",
-                          torch_version="x", device_type="cpu", backend="gloo", zero_stage=3,
-                          mesh_shape=(world,), mesh_dim_names=None, param_dtype="float32",
-                          reduce_dtype="float32", units=units, device_capacity_bytes=None,
-                          started_unix=0.0, pid=1)
+        facts = synthetic_facts(r, world, units, run_id="slow", device_type="cpu",
+                                backend="gloo")
         comm, comp, total_comm = {}, {}, 0.0
         for u, b in sizes.items():
             name = "" if u == "(root)" else u
