@@ -234,7 +234,8 @@ def test_zd004_adds_up_with_the_per_unit_table(name):
     assert worst == sorted(worst, reverse=True) and worst, e["worst"]
 
 
-def _slow_link_case(delay_s: float, compute_s: float, *, world: int = 2, speed: float = 2.0):
+def _slow_link_case(delay_s: float, compute_s: float, *, world: int = 2, speed: float = 2.0,
+                    blocks: int = 4, block_bytes: int = 3_152_896):
     """A synchronous gloo run of the demo's shape (an embedding unit and four blocks, all
     5 all-gathers in forward and backward) whose every all-gather waits `delay_s` on top of
     the link's expected time, as `--slow-link-ms` does on an idle host: the step is mostly
@@ -245,7 +246,7 @@ def _slow_link_case(delay_s: float, compute_s: float, *, world: int = 2, speed: 
     from zerodoc.model import CommTotals, RankWindow, RunSnapshot, UnitFacts
     from zerodoc.thresholds import LINK_BUSBW
 
-    sizes = {"(root)": 2_099_200, **{f"blocks.{i}": 3_152_896 for i in range(4)}}
+    sizes = {"(root)": 2_099_200, **{f"blocks.{i}": block_bytes for i in range(blocks)}}
     units = tuple(UnitFacts(name="" if u == "(root)" else u, params=b // 4, param_bytes=b,
                             gather_bytes=b, sharded_bytes=b // world,
                             reshard_after_forward=True, group_size=world)
@@ -262,7 +263,7 @@ def _slow_link_case(delay_s: float, compute_s: float, *, world: int = 2, speed: 
                 comm[(name, ph, "all_gather")] = CommTotals(steps, b * steps, t * steps,
                                                             t * steps, 0.0)
                 total_comm += t
-                comp[(name, ph)] = compute_s / 10 * steps
+                comp[(name, ph)] = compute_s / (2 * len(sizes)) * steps
         step = compute_s + total_comm
         w = RankWindow(facts=facts, steps=steps, first_step=2, last_step=steps + 1,
                        step_seconds=step * steps, last_step_seconds=step,
@@ -317,3 +318,22 @@ def test_comm_bound_without_per_unit_detail_still_has_a_finding():
     assert f is not None, [(x.code, x.title) for x in findings]
     assert f.evidence["per_unit_detail"] is False and "no per-unit detail" in f.title
     assert f.severity >= Severity.WARNING  # > 3x the compute
+
+
+def test_many_small_units_are_latency_bound_not_a_slow_link():
+    """The same per-call wait on 18 units of ~1 MB (per-linear wrapping): the wrapping is
+    too fine (ZD002) and per-call latency explains the wait; the costly-link clause of ZD005
+    stays out (a live per-linear run on a loaded host was called a slow link)."""
+    snap = _slow_link_case(0.012, compute_s=0.12, blocks=17, block_bytes=1_048_576, speed=3.0)
+    findings = diagnose(snap)
+    shown = [(f.severity.name, f.code, f.title) for f in findings]
+    assert findings[0].code == "ZD002", shown
+    assert "ZD005" not in {f.code for f in findings}, shown
+    # the costly-link clause's conditions hold: only the latency-bound wrapping stops it
+    from zerodoc.diagnosis.context import Context
+
+    ctx = Context(snap)
+    big = [v for v in ctx.views("all_gather") if v.bytes_per_call >= ctx.t.slow_link_min_bytes]
+    bw = sum(v.busbw * v.seconds for v in big) / sum(v.seconds for v in big)
+    assert ctx.t.slow_link_busbw_fraction <= bw / ctx.link_busbw < \
+        ctx.t.slow_link_costly_busbw_fraction and ctx.sync

@@ -139,9 +139,14 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
     kinds = '{collective=~"all_gather|reduce_scatter|all_reduce"}'
     slow = t.slow_link_busbw_fraction * link_bw
     costly = t.slow_link_costly_busbw_fraction * link_bw
+    per_call = 'unit_job:zerodoc_collective_bytes:per_call{collective="all_gather"}'
+    too_fine = (f"      count by (job, run_id) (count by (job, run_id, unit) ({per_call})) >= "
+                f"{t.wrap_fine_min_units}\n      and on (job, run_id)\n      quantile by (job, "
+                f"run_id) (0.5, {per_call}) < {t.wrap_fine_median_bytes}\n")
     slow_expr = (f"(\n  {busbw}{kinds} < {slow:g}\n  or\n  (\n    {busbw}{kinds} < {costly:g}\n"
                  f"    and on (job, run_id, collective) {beyond} >= {t.exposed_fraction_crit:g}\n"
-                 "    and on (job, run_id) job:zerodoc_all_gather:synchronous\n  )\n)")
+                 "    and on (job, run_id) job:zerodoc_all_gather:synchronous\n"
+                 f"    unless on (job, run_id) (\n{too_fine}    )\n  )\n)")
     crit_expr = (f"{slow_expr}\nand on (job, run_id)\n(\n"
                  f"  sum by (job, run_id) ({beyond} and on (job, run_id, collective) {slow_expr})"
                  f" >= {t.exposed_fraction_crit:g}\n"

@@ -11,13 +11,17 @@ not blamed on the link), the link class and its expected bandwidth, the exposed 
 the link baseline, the memory headroom. Fires below slow_link_busbw_fraction of the link; with
 synchronous collectives also below slow_link_costly_busbw_fraction when the time beyond the
 link's expected time is at least exposed_fraction_crit of the step (a fixed delay on every
-collective: the step waits on the link whatever its bandwidth figure says).
+collective: the step waits on the link whatever its bandwidth figure says), unless the
+wrapping is too fine (ZD002's condition: at least wrap_fine_min_units units, median
+all-gather below wrap_fine_median_bytes): then per-call latency explains the wait.
 Severity: ERROR when the exposure beyond the link is >= exposed_fraction_crit of the step,
 else WARNING (the engine raises it further to what it explains: ZD003 / ZD004 / ZD006).
 Fix: check the topology and transport; keep the shard group inside a node (HSDP).
 """
 
 from __future__ import annotations
+
+import statistics
 
 from ..findings import Severity
 from ..fmt import pct, rate
@@ -36,6 +40,9 @@ def evaluate(ctx) -> list:
         return []
     slow, evidence, cost = [], {}, 0.0
     step = ctx.step_seconds
+    sizes = [v.bytes_per_call for v in ctx.views("all_gather") if v.count]
+    latency_bound = (len([u for u in ctx.units if u.params > 0]) >= t.wrap_fine_min_units
+                     and bool(sizes) and statistics.median(sizes) < t.wrap_fine_median_bytes)
     for coll in ("all_gather", "reduce_scatter", "all_reduce"):
         big = [v for v in ctx.views(coll) if v.count and v.seconds > 0
                and v.bytes_per_call >= t.slow_link_min_bytes]
@@ -49,7 +56,8 @@ def evaluate(ctx) -> list:
                           "collectives_per_step": r6(sum(v.count for v in big)),
                           "group_size": n}
         beyond = sum(max(0.0, v.exposed_seconds - (v.expected_seconds or 0.0)) for v in big)
-        costly = (ctx.sync and frac < t.slow_link_costly_busbw_fraction and step > 0
+        costly = (ctx.sync and not latency_bound and step > 0
+                  and frac < t.slow_link_costly_busbw_fraction
                   and beyond / step >= t.exposed_fraction_crit)
         if frac < t.slow_link_busbw_fraction or costly:
             slow.append((coll, bw, frac))
