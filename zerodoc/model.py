@@ -157,6 +157,9 @@ class RankWindow:
     # (a run log read at scale: per-unit numbers of the latest interval, step totals of the
     # last `steps` steps). None: `steps`.
     unit_steps: int | None = None
+    # The warm-up step (step 1: compile, allocator, first all-gathers) this window leaves out
+    # although its span would cover it (`skip_warmup`); None: nothing left out.
+    warmup_left_out: int | None = None
 
     # --- derived numbers everyone wants -----------------------------------------------
     @property

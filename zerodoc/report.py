@@ -131,7 +131,9 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "window": {"steps_requested": window,
                    "steps": min((w.steps for w in snap.ranks.values()), default=0),
                    "first_step": min((w.first_step for w in snap.ranks.values()), default=0),
-                   "last_step": max((w.last_step for w in snap.ranks.values()), default=0)},
+                   "last_step": max((w.last_step for w in snap.ranks.values()), default=0),
+                   "warmup_left_out": next((w.warmup_left_out for w in snap.ranks.values()
+                                            if w.warmup_left_out), None)},
         "ranks": sorted(snap.ranks),
         "stale_ranks": sorted(snap.stale_ranks),
         "stopped": stopped(findings),
@@ -219,8 +221,10 @@ def _header(rep: dict) -> list[str]:
         bits.append(f"link {link['class']} ({rate(link['expected_busbw_bytes_per_second'])} "
                     f"expected)")
     req = win["steps_requested"]
+    warm = (f"; warm-up step {win['warmup_left_out']} left out, --include-warmup keeps it"
+            if win.get("warmup_left_out") else "")
     wtxt = (f"last {req} steps" if req else "all steps") + \
-        f" ({win['steps']} steps, {win['first_step']}-{win['last_step']})"
+        f" ({win['steps']} steps, {win['first_step']}-{win['last_step']}{warm})"
     lines = ["zerodoc report: " + " | ".join(bits), f"source: {rep['source']}; window: {wtxt}"]
     if rep["stale_ranks"]:
         lines.append(f"stale ranks (stopped reporting): "
