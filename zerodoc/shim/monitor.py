@@ -97,7 +97,7 @@ class NullMonitor:
     def step(self) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, interrupted: bool = False) -> None:
         pass
 
     def __enter__(self):
