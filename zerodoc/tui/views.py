@@ -378,6 +378,11 @@ def headlines(frame: Frame, scope: Scope) -> list[Headline]:
     comp = _agg([ws[r].compute_seconds / ws[r].steps for r in ranks], scope)
     bound = "comm-bound" if ratio is not None and ratio >= T.comm_compute_ratio_warn \
         else "compute-bound"
+    if not isinstance(scope, int) and frame.diagnose_error is None:
+        # the whole run: the label is the rules' (ZD006), so "comm-bound" always has a
+        # finding beside it and a number just past the line without one does not
+        z6 = next((f for f in frame.findings if f.code == "ZD006"), None)
+        bound = f"comm-bound ({z6.code})" if z6 is not None else "compute-bound"
     out.append(Headline("Comm/compute", fmt.num(ratio),
                         f"exposed comm ÷ compute ({fmt.duration(comp)}/step) · {bound}",
                         _level(ratio, T.comm_compute_ratio_warn, T.comm_compute_ratio_crit)))
