@@ -107,6 +107,19 @@ class LiveDemo:
         self.job.stop()
 
 
+def synthetic_facts(rank: int, world: int, units: tuple, *, run_id: str,
+                    device_type: str = "cuda", backend: str = "nccl"):
+    """The RankFacts of one rank of a synthetic FSDP2 ZeRO-3 run (float32, one node)."""
+    from zerodoc.model import RankFacts
+
+    return RankFacts(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
+                     node="n1", run_id=run_id, framework="fsdp2", framework_version="x",
+                     torch_version="x", device_type=device_type, backend=backend,
+                     zero_stage=3, mesh_shape=(world,), mesh_dim_names=None,
+                     param_dtype="float32", reduce_dtype="float32", units=units,
+                     device_capacity_bytes=None, started_unix=0.0, pid=1)
+
+
 _PROFILED: dict[str, tuple] = {}
 
 

@@ -167,7 +167,14 @@ def test_alert_thresholds_come_from_thresholds():
     assert rules["ZerodocLowMemoryHeadroom", "warning"]["expr"].endswith("< 0.0625")
     assert "skew:ratio >= 1.75" in rules["ZerodocStraggler", "warning"]["expr"]
     assert rules["ZerodocStraggler", "warning"]["expr"].endswith("peer_wait:fraction >= 0.125")
-    assert rules["ZerodocCommBound", "warning"]["expr"].endswith(">= 0.625")
+    assert rules["ZerodocCommBound", "warning"]["expr"].startswith(
+        "job:zerodoc_comm_avoidable_compute:ratio >= 0.625\n")
+    t2 = Thresholds(slow_link_costly_busbw_fraction=0.375, exposed_fraction_crit=0.3125,
+                    comm_compute_ratio_crit=1.5)
+    rules2 = {(r["alert"], r["labels"]["severity"]): r for r in alerts.alerting_rules(t2)}
+    slow = rules2["ZerodocSlowLink", "critical"]["expr"]
+    assert f"< {0.375 * 20e9:g}" in slow and ">= 0.3125" in slow and ">= 1.5" in slow
+    assert "comm_exposed_compute:ratio >= 1.5" in rules2["ZerodocCommBound", "warning"]["expr"]
     assert ">= 0.4375" in rules["ZerodocAllocatorFragmentation", "warning"]["expr"]
     assert "> 90" in rules["ZerodocRankStalled", "critical"]["expr"]
     assert rules["ZerodocExposedAllGather", "warning"]["for"] == "7m"
@@ -233,7 +240,8 @@ def test_rule_options_validation():
 ALERT_OF = {"ZD004": "ZerodocExposedAllGather", "ZD005": "ZerodocSlowLink",
             "ZD006": "ZerodocCommBound", "ZD007": "ZerodocLowMemoryHeadroom",
             "ZD010": "ZerodocStraggler", "ZD012": "ZerodocAllocatorFragmentation"}
-CRITICAL_MIRRORED = {"ZD004", "ZD006", "ZD007"}  # engine ERROR <-> severity critical
+# engine ERROR <-> severity critical (ZD005: its own ERROR, or raised to its symptoms')
+CRITICAL_MIRRORED = {"ZD004", "ZD005", "ZD006", "ZD007"}
 MIB = 1 << 20
 UNITS = ("blocks.0", "blocks.1")
 
@@ -277,6 +285,13 @@ SCENARIOS = {
     # synchronous all-gathers on a slow link (1.3 GB/s): slow link, exposed beyond the
     # link (49 % of the step), comm-bound (1.95)
     "slow-link": _scenario(sync=True, ag_seconds=0.2, step=1.2),
+    # synchronous all-gathers at 27 % of the link (above slow_link_busbw_fraction), a fixed
+    # delay the link's figure hides: 29 % of the step waiting beyond the link's expected
+    # time: slow link (costly), critical; ZD004 / ZD006 only INFO
+    "slow-link-costly": _scenario(sync=True, ag_seconds=0.05),
+    # synchronous all-gathers the link explains, but more exposed communication than compute
+    # (1.25x): comm-bound warning on the raw ratio, no slow link
+    "sync-comm-bound": _scenario(sync=True, ag_seconds=0.025, compute=(0.04, 0.04), step=0.2),
     # one rank of four computes 1.5x, the others wait 0.15 s per step (23 %) for it
     "straggler": _scenario(world=4, slow_rank=3, slow_factor=1.5, peer_wait=0.15, step=0.65),
     # ... and one that computes 1.5x but costs the others only 4 % of the step: INFO
@@ -291,7 +306,8 @@ SCENARIOS = {
 
 
 def _snapshot(ranks: dict, steps: int = 20):
-    from zerodoc.model import CommTotals, RankFacts, RankWindow, RunSnapshot, UnitFacts
+    from tests.helpers import synthetic_facts
+    from zerodoc.model import CommTotals, RankWindow, RunSnapshot, UnitFacts
 
     world = len(ranks)
     units = tuple(UnitFacts(name=u, params=2 * MIB, param_bytes=8 * MIB, gather_bytes=8 * MIB,
@@ -299,12 +315,7 @@ def _snapshot(ranks: dict, steps: int = 20):
                             group_size=world) for u in UNITS)
     snap = RunSnapshot(source="synthetic")
     for r, d in ranks.items():
-        facts = RankFacts(rank=r, local_rank=r, world_size=world, local_world_size=world,
-                          node="n1", run_id="agree", framework="fsdp2", framework_version="x",
-                          torch_version="x", device_type="cuda", backend="nccl", zero_stage=3,
-                          mesh_shape=(world,), mesh_dim_names=None, param_dtype="float32",
-                          reduce_dtype="float32", units=units, device_capacity_bytes=None,
-                          started_unix=0.0, pid=1)
+        facts = synthetic_facts(r, world, units, run_id="agree")
         w = RankWindow(facts=facts, steps=steps, first_step=1, last_step=steps,
                        step_seconds=d["step"] * steps, last_step_seconds=d["step"],
                        max_step_seconds=d["step"])

@@ -323,3 +323,36 @@ def test_compare_reads_profiler_traces(tmp_path_factory, tmp_path, capsys, monke
     for f in doc["fixes"]:
         if f["code"] == "ZD004":
             assert f["applied"] == "all-gathers synchronous -> asynchronous", f
+
+
+def test_unit_size_is_judged_in_the_direction_of_the_applied_fix():
+    """After ZD001's fix (shard per block) the median all-gather shrinks: compare called that
+    "worse" (the observable's fixed "up"); ZD002's fix grows it and that stays "better"."""
+    doc = compare(recorded("wrap-root"), recorded("healthy-block"))
+    assert _fix(doc, "ZD001")["applied"]
+    m = next(x for x in doc["measurements"] if x["metric"] == "median_all_gather_bytes")
+    assert m["after"] < m["before"] and m["judgement"] == "better", m
+    assert (m["better"], m["better_from"]) == ("down", "ZD001")
+    units = next(x for x in doc["measurements"] if x["metric"] == "units")
+    assert units["after"] > units["before"] and units["judgement"] == "better", units
+    doc = compare(recorded("wrap-linear"), recorded("healthy-block"))
+    m = next(x for x in doc["measurements"] if x["metric"] == "median_all_gather_bytes")
+    assert m["after"] > m["before"] and (m["judgement"], m["better_from"]) == ("better", "ZD002")
+    doc = compare(recorded("healthy-block"), recorded("wrap-linear"))  # no fix applied
+    m = next(x for x in doc["measurements"] if x["metric"] == "median_all_gather_bytes")
+    assert (m["judgement"], m["better"]) == ("changed", None), m
+
+
+def test_peak_memory_on_cpu_cannot_be_judged_below_the_runtime():
+    """A peak-memory prediction on CPU was "not confirmed" where process memory (~450 MB of
+    runtime) cannot show a change of tens of MB: it says it cannot judge that there, and
+    that does not lower the fix's verdict."""
+    from zerodoc.compare_render import render_text
+
+    doc = compare(recorded("wrap-root"), recorded("healthy-block"))
+    f = _fix(doc, "ZD001")
+    peak = next(e for e in f["effects"] if e["metric"] == "peak_memory_bytes")
+    assert peak["verdict"] == "cannot judge here", peak
+    assert "process memory is dominated by the runtime" in peak["reason"]
+    assert f["verdict"] == CONFIRMED
+    assert "cannot judge here (process memory is dominated by the runtime" in render_text(doc)

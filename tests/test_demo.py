@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,7 +25,11 @@ def test_headless_demo_prints_a_summary_per_step(tmp_path):
     steps = [l for l in lines if l.startswith("step ")]
     assert [int(l.split()[1]) for l in steps] == [1, 2, 3, 4]
     assert all("comm/compute" in l and "exposed comm" in l for l in steps)
-    assert sum("top exposed all-gathers" in l for l in lines) == 4
+    tops = [l.split("top exposed all-gathers: ")[1] for l in lines if "top exposed" in l]
+    assert len(tops) == 4
+    for top in tops:  # "unit phase N ms", the phase in full (not "bac")
+        phases = {e.split()[1] for e in top.split(", ")}
+        assert phases <= {"forward", "backward"} and phases, top
     assert "metrics (rank: host:port): 0: 127.0.0.1:" in out.stdout
     assert "Traceback" not in out.stderr and "terminate called" not in out.stderr
     assert sorted(p.name for p in (tmp_path / "run").glob("rank-*.jsonl")) == \
@@ -45,9 +50,14 @@ def test_bad_flags_give_one_line_errors(args, msg):
 
 
 def test_ctrl_c_stops_cleanly_leaving_no_process(tmp_path):
+    """Ctrl-C on `--steps 0` (run until interrupted): no rank left, every run log ends with
+    a clean "interrupted" end, no file_sd target stays behind (so Prometheus's
+    ZerodocRunDown, which keys on targets without a clean close, stays quiet), and `zerodoc
+    report` calls the run stopped by the user, not RUN STOPPED / ZD013."""
+    env = {k: v for k, v in os.environ.items() if k != "ZERODOC_FILE_SD_DIR"}
     proc = subprocess.Popen([sys.executable, "-m", "zerodoc", "demo", "--headless",
                              "--steps", "0", "--port", "0", "--run-dir", str(tmp_path / "r")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:  # wait for the first steps
@@ -59,8 +69,11 @@ def test_ctrl_c_stops_cleanly_leaving_no_process(tmp_path):
             pytest.fail("demo did not start stepping")
         pids = [int(l.split('"pid":')[1].split(",")[0])
                 for p in logs for l in p.read_text().splitlines()[:1]]
+        targets = tmp_path / "r" / "file_sd"
+        assert sorted(t.name for t in targets.iterdir()) == ["rank-00000.json",
+                                                              "rank-00001.json"]
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -71,3 +84,15 @@ def test_ctrl_c_stops_cleanly_leaving_no_process(tmp_path):
     for pid in pids:  # no rank left behind
         assert not os.path.exists(f"/proc/{pid}") or \
             open(f"/proc/{pid}/stat").read().split()[2] == "Z", pid
+    assert "every rank stopped and closed its run log cleanly" in out, out
+    for log in logs:
+        last = json.loads(log.read_text().splitlines()[-1])
+        assert last["type"] == "end" and last.get("interrupted") is True, (log, last)
+        assert "failed" not in last
+    assert list(targets.iterdir()) == []
+    rep = zerodoc("report", str(tmp_path / "r"), timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    assert "run stopped by the user (Ctrl-C) after step" in rep.stdout, rep.stdout
+    assert "RUN STOPPED" not in rep.stdout and "ZD013" not in rep.stdout, rep.stdout
+    js = json.loads(zerodoc("report", str(tmp_path / "r"), "--json", timeout=120).stdout)
+    assert js["ended_ranks"] == js["interrupted_ranks"] == [0, 1] and js["stopped"] is None

@@ -383,7 +383,7 @@ def test_cli_inproc_table_and_json():
     rc, out = _plan_inproc("--params", "13B", "-N", "8", "--device-memory", "80GB")
     assert rc == 0 and "lowest stage that fits: ZeRO-2" in out
     row = next(line for line in out.splitlines() if line.startswith("ZeRO-2"))
-    assert row.split()[1:5] == ["26.0", "3.2", "19.5", "48.8"]
+    assert row.split()[1:9] == ["26.0", "GB", "3.25", "GB", "19.5", "GB", "48.8", "GB"]
     rc, out = _plan_inproc("--params", "70B", "-N", "64", "--json", "--headroom", "30GB",
                            "--device-memory", "80GB", "--optimizer", "adam-8bit")
     d = json.loads(out)
@@ -394,7 +394,7 @@ def test_cli_inproc_table_and_json():
 def test_cli_subprocess_table_and_errors():
     r = _zerodoc("plan", "--params", "70B", "-N", "64", "--device-memory", "80GB")
     assert r.returncode == 0, r.stderr
-    assert "1120.0" in r.stdout and "17.5" in r.stdout and "lowest stage that fits: ZeRO-3" \
+    assert "1.12 TB" in r.stdout and "17.5 GB" in r.stdout and "lowest stage that fits: ZeRO-3" \
         in r.stdout
     for bad in (["--params", "70X", "-N", "8"], ["--params", "7B", "-N", "8",
                                                  "--device-memory", "80G"],

@@ -69,9 +69,10 @@ def test_json_report_is_stable_and_complete():
     assert list(rep) == ["schema", "generator", "generated_unix", "source", "run", "link",
                          "window", "ranks", "stale_ranks", "stopped", "summary", "findings",
                          "units", "steps", "thresholds", "ended_ranks", "data_problems",
-                         "missing_ranks", "trace_scope", "device"]
+                         "missing_ranks", "interrupted_ranks", "trace_scope", "device"]
     assert rep["stopped"] is None
-    assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10}
+    assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10,
+                             "warmup_left_out": None}
     assert rep["link"] == {"class": "gloo-cpu", "expected_busbw_bytes_per_second": 1.2e8}
     assert rep["summary"]["top"] == "ZD002" and rep["summary"]["worst_severity"] == "warning"
     sev = [f["severity"] for f in rep["findings"]]
@@ -109,7 +110,11 @@ def test_fail_on_passes_a_healthy_run():
     ((LINEAR, "--fail-on", "error"), 0),
     ((HEALTHY, "--fail-on", "info"), 1),
     ((str(SCENARIOS / "slow-link-50ms"), "--fail-on", "ERROR", "--json"), 1),
-    ((LINEAR, "--fail-on", "warning", "--threshold", "wrap_fine_min_units=100"), 0),
+    # without ZD002 the per-linear run's synchronous all-gathers are 1.17x its compute: a
+    # ZD006 WARNING (comm-bound past comm_compute_ratio_crit), unless that threshold moves too
+    ((LINEAR, "--fail-on", "warning", "--threshold", "wrap_fine_min_units=100"), 1),
+    ((LINEAR, "--fail-on", "warning", "--threshold", "wrap_fine_min_units=100",
+      "--threshold", "comm_compute_ratio_crit=2"), 0),
     ((LINEAR, "--markdown", "--fail-on", "critical"), 0),
 ])
 def test_fail_on_thresholds_and_formats_combine(capsys, args, code):
@@ -172,3 +177,38 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, name):
 def test_more_bad_inputs_exit_2(tmp_path, capsys, name):
     make_args, message = BAD_INPUTS[name]
     _one_line_exit_2(report_in_process(capsys, *make_args(tmp_path)), message)
+
+
+def test_short_run_window_leaves_the_warm_up_step_out_and_says_so(capsys):
+    """A 10-step run's window included step 1 (compile, allocator, first all-gathers), which
+    moves the per-unit numbers: by default it is left out and the header says so; the
+    per-unit table is then the mean of steps 2-10 read straight from the run logs (the
+    witness: `window_from_steps` over each rank's full-detail steps 2-10);
+    --include-warmup keeps it."""
+    from zerodoc.report import unit_rows
+    from zerodoc.runlog import read_rank_log, window_from_steps
+    from zerodoc.model import RunSnapshot
+
+    run = SCENARIOS / "healthy-block"
+    r = report_in_process(capsys, str(run), "--json")
+    rep = json.loads(r.stdout)
+    assert rep["window"]["warmup_left_out"] == 1 and rep["window"]["first_step"] == 2
+    assert rep["window"]["steps"] == rep["window"]["last_step"] - 1
+    witness = RunSnapshot(source="witness")
+    for p in sorted(run.glob("rank-*.jsonl")):
+        log = read_rank_log(p)
+        assert log.steps[0].step == 1
+        witness.ranks[log.facts.rank] = window_from_steps(log.facts, log.steps[1:])
+    want = {u["unit"]: u for u in unit_rows(witness)}
+    for u in rep["units"]:
+        for k in ("all_gather_seconds_per_step", "all_gather_exposed_seconds_per_step",
+                  "compute_forward_seconds_per_step"):
+            assert u[k] == pytest.approx(want[u["unit"]][k], rel=1e-4), (u["unit"], k)
+    text = report_in_process(capsys, str(run)).stdout
+    assert (f"({rep['window']['steps']} steps, 2-{rep['window']['last_step']}; warm-up step 1 "
+            f"left out, --include-warmup keeps it)") in text
+    kept = json.loads(report_in_process(capsys, str(run), "--json", "--include-warmup").stdout)
+    assert kept["window"]["warmup_left_out"] is None and kept["window"]["first_step"] == 1
+    assert kept["units"] != rep["units"]  # the warm-up step moves the per-unit numbers
+    whole = json.loads(report_in_process(capsys, str(run), "--json", "--window", "0").stdout)
+    assert whole["window"]["warmup_left_out"] == 1 and whole["units"] == rep["units"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -274,3 +275,38 @@ def test_follower_keeps_a_bounded_number_of_steps(tmp_path):
     assert len(new) == 12  # every new record is still handed out once ...
     assert [s.step for s in f.logs[0].steps] == [5, 6]  # ... but only the last 2 are kept
     assert f.poll() == []
+
+
+def test_ctrl_c_through_close_is_a_clean_user_stop(tmp_path, monkeypatch):
+    """A KeyboardInterrupt ending the training (Ctrl-C; torchrun forwards SIGINT) is the user
+    stopping the run, not a failure: the end record says "interrupted", no failed stall is
+    recorded, the file_sd target goes, and the run reads as ended cleanly. The trainer
+    integrations' close does the same (no `exception` record for it)."""
+    from zerodoc.integrations.common import close as integration_close
+    from zerodoc.runlog import load_run
+
+    monkeypatch.delenv("ZERODOC_FILE_SD_DIR", raising=False)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    for name in ("with", "integration"):
+        run = tmp_path / name
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mon = zerodoc.attach(model, port=0, run_dir=str(run))
+        target = list((run / "file_sd").glob("*.json"))
+        assert len(target) == 1
+        try:
+            with mon if name == "with" else contextlib.nullcontext():
+                for _ in range(2):
+                    model(torch.randn(4, 8)).sum().backward()
+                    mon.step()
+                raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            if name == "integration":
+                integration_close(mon, "lightning", e)
+        last = json.loads((run / "rank-00000.jsonl").read_text().splitlines()[-1])
+        assert last["type"] == "end" and last.get("interrupted") is True, (name, last)
+        assert "failed" not in last and not target[0].exists(), name
+        text = (run / "rank-00000.jsonl").read_text()
+        assert '"state":"failed"' not in text and '"type":"exception"' not in text, name
+        snap = load_run(run, window=None)
+        assert snap.ended_ranks == snap.interrupted_ranks == {0}, name

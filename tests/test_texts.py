@@ -128,15 +128,22 @@ def test_plan_and_zd003_name_the_same_stages(tmp_path, capsys):
 
 
 def test_plan_table_unit_shows_the_numbers_of_a_small_model(capsys):
-    """plan printed 0.0 in every cell for a small model (GB only)."""
+    """plan printed 0.0 in every cell for a small model (GB only), then, in MB, the device's
+    12 GB as "11987.2" free: every size is now in the unit that fits it."""
     assert zerodoc_main(["plan", "--params", "800K", "-N", "2", "--device-memory",
                          "12GB"]) == 0
     out = capsys.readouterr().out
-    assert "per GPU, in decimal MB (1 MB = 10^6 bytes)" in out
+    assert "per GPU, in decimal units, each number in the one that fits it" in out
     dp = next(x.split() for x in out.splitlines() if x.startswith("DP "))
-    assert [float(c) for c in dp[1:5]] == [1.6, 1.6, 9.6, 12.8]  # 800K x 2 / 2 / 12 bytes
+    assert dp[1:9] == ["1.60", "MB", "1.60", "MB", "9.60", "MB", "12.8", "MB"]  # 800K x 2/2/12 B
+    assert "12.0 GB free" in out and "device memory 12.0 GB" in out
+    for n, unit in re.findall(r"(\d+\.\d+) ([kMGT]B)", out):
+        assert 1 <= float(n) < 1000, (n, unit)
     assert zerodoc_main(["plan", "--params", "70B", "-N", "64"]) == 0
-    assert "per GPU, in decimal GB" in capsys.readouterr().out  # big models stay in GB
+    big = capsys.readouterr().out
+    dp = next(x.split() for x in big.splitlines() if x.startswith("DP "))
+    assert dp[2] == "GB" and all(1 <= float(n) < 1000 for n, _ in
+                                 re.findall(r"(\d+\.\d+) ([kMGT]B)", big))  # big models: GB
     assert zerodoc_main(["plan", "--params", "800K", "-N", "2", "--units", "gib"]) == 0
     assert "0.0" in capsys.readouterr().out  # an explicit unit is obeyed
 
@@ -177,6 +184,7 @@ def test_help_shows_defaults_only_where_they_say_something():
         seen += 1
         assert "(default: True)" not in text and "(default: False)" not in text, name
         assert "(default: None)" not in text and "(default: [])" not in text, name
+        assert "None:" not in text, name  # `stack --help`: "None: zerodoc's ..."
         flat = " ".join(text.split())
         assert not re.search(r"default[^()]*\)\s*\(default:", flat), name
         if shows_default(action) and issubclass(parser.formatter_class, DefaultsHelpFormatter):
@@ -222,3 +230,17 @@ def test_report_with_no_steps_is_no_data_and_fails_fail_on(tmp_path, capsys):
     assert zerodoc_main(["report", str(tmp_path), "--json"]) == 0  # no --fail-on: 0
     assert [p["kind"] for p in json.loads(capsys.readouterr().out)["data_problems"]] == \
         ["no-steps"]
+
+
+def test_bandwidth_unit_is_chosen_by_size():
+    """The TUI's Units table showed "0.01" under "busbw GB/s" for every CPU unit."""
+    pytest.importorskip("textual")
+    from zerodoc.diagnosis.fmt import rate
+    from zerodoc.tui import fmt
+
+    for f in (rate, fmt.rate):
+        assert f(50.2e9).endswith(" GB/s") and f(25.1e6) in ("25.1 MB/s",)
+        assert f(12_000) in ("12 kB/s", "12.0 kB/s") and f(850).endswith(" B/s")
+    from zerodoc.tui.views import UNIT_COLUMNS
+
+    assert next(c.label for c in UNIT_COLUMNS if c.key == "busbw") == "busbw"

@@ -159,3 +159,29 @@ async def test_the_age_of_reused_per_unit_numbers_is_shown(tmp_path):
     assert "per-unit numbers" not in shown[0.0]
     # 90 s when computed, plus however long the frame took to reach the screen
     assert re.search(r"per-unit numbers 9\d s ago", shown[90.0]), shown[90.0][-400:]
+
+
+def test_overview_comm_bound_label_has_a_finding_beside_it():
+    """The Overview said "comm-bound" (exposed comm / compute past comm_compute_ratio_warn)
+    while Findings was empty: run-wide, the label is now the rules' — comm-bound exactly when
+    ZD006 is among the findings — including before any per-unit detail exists."""
+    from tests.test_rules import _slow_link_case
+    from zerodoc.diagnosis import diagnose
+    from zerodoc.thresholds import DEFAULT
+    from zerodoc.tui import views
+    from zerodoc.tui.feed import Frame
+
+    snap = _slow_link_case(0.04, compute_s=0.12)
+    for w in snap.ranks.values():  # step totals only: no per-unit detail yet
+        w.compute_total, w.exposed_total = w.compute_seconds, w.exposed_seconds
+        w.comm, w.compute = {}, {}
+    findings = diagnose(snap)
+    frame = Frame(description="t", snapshot=snap, findings=findings)
+    line = next(h for h in views.headlines(frame, views.MEAN) if h.label == "Comm/compute")
+    assert float(line.value) >= DEFAULT.comm_compute_ratio_warn
+    assert "comm-bound (ZD006)" in line.detail and any(f.code == "ZD006" for f in findings)
+    # a ratio past the line that the rules do not call comm-bound is not labelled so
+    quiet = Frame(description="t", snapshot=snap,
+                  findings=[f for f in findings if f.code != "ZD006"])
+    line = next(h for h in views.headlines(quiet, views.MEAN) if h.label == "Comm/compute")
+    assert "compute-bound" in line.detail and "comm-bound" not in line.detail

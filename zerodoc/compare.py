@@ -15,7 +15,11 @@ into one plain dict (the JSON document, schema 1, docs/compare.md):
 
 Verdicts (per effect; the finding's is its main effect's, docs/compare.md "Verdicts"):
 observed change / predicted change >= 0.75 confirmed, >= 0.25 partly, else not confirmed;
-a change the other way beyond the noise floor is "made worse". Plain Python: no torch.
+a change the other way beyond the noise floor is "made worse"; a peak-memory prediction on a
+CPU run smaller than the process's memory beyond its model states (the runtime) is "cannot
+judge here". Measurements whose good direction depends on the fix (observable `better`
+"fix": unit count, median all-gather size) are judged in the direction an applied fix
+predicted. Plain Python: no torch.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass, fields
 
 from .diagnosis import BY_CODE, Context, Finding, diagnose
 from .diagnosis.findings import Predicted
+from .diagnosis.fmt import nbytes
 from .diagnosis.observables import OBSERVABLES, config_facts, observe_all
 from .model import RunSnapshot
 from .report import finding_dict, unit_rows
@@ -32,8 +37,9 @@ from .thresholds import DEFAULT, Thresholds
 
 SCHEMA = 1
 NOISE = 0.05  # relative change below which a measurement "did not change"
-CONFIRMED, PARTLY, NOT_CONFIRMED, WORSE, UNKNOWN = (
-    "confirmed", "partly", "not confirmed", "made worse", "not measurable")
+CONFIRMED, PARTLY, NOT_CONFIRMED, WORSE, UNKNOWN, CANNOT_JUDGE = (
+    "confirmed", "partly", "not confirmed", "made worse", "not measurable", "cannot judge here")
+RUNTIME_DOMINATED = "process memory is dominated by the runtime"
 CONFIRM_RATIO, PARTLY_RATIO = 0.75, 0.25
 NO_FIX = {"ZD000", "ZD013"}  # rule errors and stopped runs have no fix to judge
 
@@ -116,7 +122,7 @@ def judge(e: Predicted, before: float | None, after: float | None,
 def overall(effects: list[dict]) -> str:
     """A fix's verdict: its main effect's, lowered to "partly" when another benefit did not
     follow; "made worse" when the main effect went the wrong way."""
-    gains = [e for e in effects if not e["cost"] and e["verdict"] != UNKNOWN]
+    gains = [e for e in effects if not e["cost"] and e["verdict"] not in (UNKNOWN, CANNOT_JUDGE)]
     if not gains:
         return UNKNOWN
     main, rest = gains[0]["verdict"], [e["verdict"] for e in gains[1:]]
@@ -133,19 +139,61 @@ def overall(effects: list[dict]) -> str:
 # the comparison
 
 
-def _change(name: str, b: float | None, a: float | None, noise: float) -> dict:
+def _change(name: str, b: float | None, a: float | None, noise: float,
+            fix_dirs: dict[str, tuple[str, str]]) -> dict:
+    """One measurement, judged. `fix_dirs`: metric -> (direction, code) the applied fixes
+    predicted; it decides the observables whose good direction depends on the fix."""
     obs = OBSERVABLES[name]
-    row = {"metric": name, "unit": obs.unit, "better": obs.better, "before": _r(b),
-           "after": _r(a), "change": None, "change_fraction": None, "judgement": None}
+    better, by = obs.better, None
+    if better == "fix":
+        better, by = fix_dirs.get(name, (None, None))
+    row = {"metric": name, "unit": obs.unit, "better": better, "before": _r(b),
+           "after": _r(a), "change": None, "change_fraction": None, "judgement": None,
+           "better_from": by}
     if b is None or a is None:
         return row
     row["change"] = _r(a - b)
     row["change_fraction"] = _r((a - b) / b) if b else None
     if abs(a - b) <= noise * max(abs(b), 1e-12):
         row["judgement"] = "same"
+    elif better is None:  # no fix says which way is good: it changed, that is all
+        row["judgement"] = "changed"
     else:
-        row["judgement"] = "better" if (a < b) == (obs.better == "down") else "worse"
+        row["judgement"] = "better" if (a < b) == (better == "down") else "worse"
     return row
+
+
+def _runtime_bytes(snap: RunSnapshot) -> float | None:
+    """On a CPU run (peak memory read from the process, no device allocator): the worst
+    rank's peak process memory beyond its model states (parameters, gradients, optimizer
+    state): the interpreter, torch and allocator caches. None on a device."""
+    worst = None
+    for w in snap.ranks.values():
+        m = w.memory
+        if w.facts.device_type != "cpu" or m.get("peak_reserved"):
+            return None
+        peak = m.get("process_peak_resident") or m.get("process_resident")
+        if not peak:
+            continue
+        states = sum(m.get(k) or 0 for k in ("sharded_parameters", "gradients",
+                                               "optimizer_state"))
+        worst = max(worst or 0.0, float(peak - states))
+    return worst
+
+
+def _judge_effect(e: Predicted, before: Side, after: Side, noise: float) -> dict:
+    """judge(), except a peak-memory prediction process memory cannot resolve."""
+    out = judge(e, before.observed.get(e.metric), after.observed.get(e.metric), noise)
+    if e.metric != "peak_memory_bytes" or out["verdict"] == UNKNOWN:
+        return out
+    runtime = _runtime_bytes(before.snapshot)
+    change = abs(out["predicted_change"]) if out["predicted_change"] is not None else None
+    if runtime is not None and (change is None or change < runtime):
+        out["verdict"] = CANNOT_JUDGE
+        out["reason"] = (f"{RUNTIME_DOMINATED}: a predicted change of "
+                         f"{'unknown size' if change is None else nbytes(change)} beside "
+                         f"{nbytes(runtime)} of runtime")
+    return out
 
 
 def _units(before: RunSnapshot, after: RunSnapshot) -> dict:
@@ -175,8 +223,7 @@ def _fix(f: Finding, before: Side, after: Side, declared: set[str], noise: float
              "effects": [], "verdict": None}
     if reason is None:
         return entry
-    entry["effects"] = [judge(e, before.observed.get(e.metric), after.observed.get(e.metric),
-                              noise) for e in f.effects]
+    entry["effects"] = [_judge_effect(e, before, after, noise) for e in f.effects]
     entry["verdict"] = overall(entry["effects"]) if entry["effects"] else UNKNOWN
     return entry
 
@@ -191,11 +238,16 @@ def compare(before: Side, after: Side, *, applied: set[str] | frozenset = frozen
               "changed": None not in (before.facts.get(k), after.facts.get(k))
               and before.facts.get(k) != after.facts.get(k)}  # unknown on a side: not a change
              for k in dict.fromkeys([*before.facts, *after.facts])]
-    measurements = [_change(n, before.observed.get(n), after.observed.get(n), noise)
-                    for n in OBSERVABLES
-                    if before.observed.get(n) is not None or after.observed.get(n) is not None]
     fixes = [_fix(f, before, after, set(applied), noise) for f in before.findings
              if f.code not in NO_FIX]
+    fix_dirs: dict[str, tuple[str, str]] = {}
+    for x in fixes:
+        for e in x["effects"] if x["applied"] else ():
+            if not e["cost"]:
+                fix_dirs.setdefault(e["metric"], (e["direction"], x["code"]))
+    measurements = [_change(n, before.observed.get(n), after.observed.get(n), noise, fix_dirs)
+                    for n in OBSERVABLES
+                    if before.observed.get(n) is not None or after.observed.get(n) is not None]
     bc = {f.code for f in before.findings}
     ac = {f.code for f in after.findings}
     judged = [x for x in fixes if x["applied"]]
@@ -226,4 +278,4 @@ def compare(before: Side, after: Side, *, applied: set[str] | frozenset = frozen
 
 
 __all__ = ["SCHEMA", "NOISE", "Side", "side", "judge", "overall", "compare", "CONFIRMED",
-           "PARTLY", "NOT_CONFIRMED", "WORSE", "UNKNOWN"]
+           "PARTLY", "NOT_CONFIRMED", "WORSE", "UNKNOWN", "CANNOT_JUDGE"]

@@ -28,6 +28,9 @@ def add_parser(sub) -> None:
                      help="Markdown (for a PR comment)")
     p.add_argument("--window", type=int, default=20, metavar="STEPS",
                    help="steps of each run to compare (the last N; 0: all)")
+    from .report_cli import add_warmup_argument
+
+    add_warmup_argument(p)
     p.add_argument("--applied", action="append", default=[], metavar="CODE",
                    help="treat this finding's fix as applied although the configuration "
                         "does not show it (repeatable), e.g. ZD006 after a bigger micro-batch")
@@ -73,7 +76,8 @@ def run(args) -> int:
     sides = []
     for name, spec in (("BEFORE", args.before), ("AFTER", args.after)):
         source = open_source(spec, window=window,
-                             trace_facts=trace_facts if is_trace_spec(spec) else None)
+                             trace_facts=trace_facts if is_trace_spec(spec) else None,
+                             skip_warmup=not args.include_warmup)
         snap = source.snapshot()
         if not snap.ranks:
             raise UserError(f"{name} {source.description}: no ranks to compare")

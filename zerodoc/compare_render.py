@@ -75,7 +75,9 @@ def _effect_cells(e: dict) -> tuple[str, str, str, str]:
     obs = f"{fmt(m, e['observed_before'])} -> {fmt(m, e['observed_after'])}"
     ratio = e["ratio"]
     verdict = e["verdict"] + (" (cost)" if e["cost"] else "")
-    if ratio is not None and not e["cost"] and e["verdict"] not in ("not measurable",):
+    if e.get("reason"):
+        verdict += f" ({e['reason']})"
+    elif ratio is not None and not e["cost"] and e["verdict"] not in ("not measurable",):
         verdict += f", {pct(ratio)} of the predicted change"
     return label(m), pred, obs, verdict
 

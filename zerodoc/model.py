@@ -174,6 +174,9 @@ class RankWindow:
     # Profiler traces with device activity: device time over the window's steps (unions of
     # kernel intervals within the steps' spans, zerodoc.trace), None for every other source.
     device: "DeviceTotals | None" = None
+    # The warm-up step (step 1: compile, allocator, first all-gathers) this window leaves out
+    # although its span would cover it (`skip_warmup`); None: nothing left out.
+    warmup_left_out: int | None = None
 
     # --- derived numbers everyone wants -----------------------------------------------
     @property
@@ -238,6 +241,8 @@ class RunSnapshot:
     stale_ranks: set[int] = field(default_factory=set)  # stopped reporting, no clean end
     # Ranks whose run recorded a clean close (run log "end"; the exporter's "closed" signal).
     ended_ranks: set[int] = field(default_factory=set)
+    # ... of them, those the user stopped (Ctrl-C: the run log's end says "interrupted").
+    interrupted_ranks: set[int] = field(default_factory=set)
     missing_ranks: set[int] = field(default_factory=set)  # world_size promises, none shows
     # rank -> the watchdog's last record for it ({"type": "stall", "state": "stuck" |
     # "resumed" | "failed", "step", "since_unix", "unit", "phase", "collective", ...};

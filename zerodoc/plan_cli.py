@@ -72,8 +72,8 @@ def add_parser(subparsers) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--units", choices=planner.UNIT_CHOICES, default="auto",
                      help="table sizes: gb / mb decimal (10^9 / 10^6 bytes), gib / mib binary "
-                          "(2^30 / 2^20 bytes); default auto: decimal, GB or MB, whichever "
-                          "shows the numbers of this model")
+                          "(2^30 / 2^20 bytes); default auto: decimal, each size in the unit "
+                          "that fits it (kB, MB, GB, TB), labelled")
     out.add_argument("--json", action="store_true", help="machine-readable output (bytes)")
     p.add_argument("--run", metavar="DIR", help="take the facts of a live run from its run log")
     p.set_defaults(func=run)

@@ -424,20 +424,18 @@ def _unit(units: str) -> tuple[int, str]:
                         f"got {units!r}") from None
 
 
-def auto_units(p: "Plan") -> str:
-    """The decimal unit that shows the smallest stage total as a number >= 1 (so a small
-    model's table is not all 0.0): GB for billion-parameter models, MB for small ones."""
-    totals = [s.total_bytes for s in p.stages if s.total_bytes > 0]
-    smallest = min(totals) if totals else 0
-    for name in ("tb", "gb", "mb"):
-        if smallest >= UNITS[name][0]:
-            return name
-    return "kb"
-
-
 def format_bytes(n: int | float, units: str = "gb", digits: int = 1) -> str:
     """"48.8 GB" (units="gb", 10^9), "45.4 GiB" (units="gib", 2^30), "6.5 MB", ...,
-    labelled."""
+    labelled; units="auto": the decimal unit that fits this number (below 1000 of it, at
+    least 1: "16.0 GB", not "16000.0 MB")."""
+    if units == "auto":
+        if n == 0:
+            return "0 B"
+        units = next((u for u in ("tb", "gb", "mb", "kb") if abs(n) >= UNITS[u][0]), "kb")
+        scale, label = _unit(units)
+        if abs(n) / scale < 10:  # one more digit below 10: "1.12 TB", "3.25 GB"
+            digits += 1
+        return f"{n / scale:.{digits}f} {label}"
     scale, label = _unit(units)
     return f"{n / scale:.{digits}f} {label}"
 
@@ -449,21 +447,25 @@ def format_count(n: int) -> str:
     return str(n)
 
 
-UNIT_NOTE = {"tb": "decimal TB (1 TB = 10^12 bytes)", "gb": "decimal GB (1 GB = 10^9 bytes)",
+UNIT_NOTE = {"auto": "decimal units, each number in the one that fits it (1 MB = 10^6 "
+                     "bytes, 1 GB = 10^9 bytes)", "tb": "decimal TB (1 TB = 10^12 bytes)", "gb": "decimal GB (1 GB = 10^9 bytes)",
              "mb": "decimal MB (1 MB = 10^6 bytes)", "kb": "decimal kB (1 kB = 10^3 bytes)",
              "gib": "binary GiB (1 GiB = 2^30 bytes)", "mib": "binary MiB (1 MiB = 2^20 bytes)"}
 
 
 def format_table(p: Plan, units: str = "gb", digits: int = 1) -> str:
-    """The human report: one row per stage, then the verdict. Sizes in `units` ("auto":
-    the decimal unit that shows the numbers, see `auto_units`), labelled."""
+    """The human report: one row per stage, then the verdict. Sizes in `units`, labelled
+    once; "auto": every size in the decimal unit that fits it, labelled in each cell (one
+    formatter, `format_bytes`: a small model's 16 MB beside a device's 16.0 GB, never
+    "16000.0 MB")."""
     inp = p.inputs
-    if units == "auto":
-        units = auto_units(p)
-    scale, _label = _unit(units)
+    if units != "auto":
+        scale, _label = _unit(units)
 
     def num(b: int | None) -> str:
-        return "-" if b is None else f"{b / scale:.{digits}f}"
+        if b is None:
+            return "-"
+        return format_bytes(b, "auto", digits) if units == "auto" else f"{b / scale:.{digits}f}"
 
     lines = [
         f"ZeRO stage plan: {format_count(inp.params)} parameters ({inp.params:,}), "

@@ -132,7 +132,9 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "window": {"steps_requested": window,
                    "steps": min((w.steps for w in snap.ranks.values()), default=0),
                    "first_step": min((w.first_step for w in snap.ranks.values()), default=0),
-                   "last_step": max((w.last_step for w in snap.ranks.values()), default=0)},
+                   "last_step": max((w.last_step for w in snap.ranks.values()), default=0),
+                   "warmup_left_out": next((w.warmup_left_out for w in snap.ranks.values()
+                                            if w.warmup_left_out), None)},
         "ranks": sorted(snap.ranks),
         "stale_ranks": sorted(snap.stale_ranks),
         "stopped": stopped(findings),
@@ -147,6 +149,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "data_problems": [{"kind": p.kind, "message": p.message, "fix": p.fix}
                           for p in data_problems(snap)],
         "missing_ranks": sorted(snap.missing_ranks),
+        "interrupted_ranks": sorted(snap.interrupted_ranks),
         "trace_scope": scope(snap),
         "device": [{k: _r(v) if isinstance(v, float) else v for k, v in row.items()}
                    for row in device_rows(snap)],
@@ -222,14 +225,19 @@ def _header(rep: dict) -> list[str]:
         bits.append(f"link {link['class']} ({rate(link['expected_busbw_bytes_per_second'])} "
                     f"expected)")
     req = win["steps_requested"]
+    warm = (f"; warm-up step {win['warmup_left_out']} left out, --include-warmup keeps it"
+            if win.get("warmup_left_out") else "")
     wtxt = (f"last {req} steps" if req else "all steps") + \
-        f" ({win['steps']} steps, {win['first_step']}-{win['last_step']})"
+        f" ({win['steps']} steps, {win['first_step']}-{win['last_step']}{warm})"
     lines = ["zerodoc report: " + " | ".join(bits), f"source: {rep['source']}; window: {wtxt}"]
     if rep["stale_ranks"]:
         lines.append(f"stale ranks (stopped reporting): "
                      f"{', '.join(map(str, rep['stale_ranks']))}")
     if rep.get("stopped"):
         lines.append(f"RUN STOPPED: {rep['stopped']['title']}")
+    elif rep.get("interrupted_ranks") and set(rep["ended_ranks"]) >= set(rep["ranks"]):
+        lines.append(f"run stopped by the user (Ctrl-C) after step {win['last_step']}: "
+                     f"every rank ended cleanly")
     if rep.get("missing_ranks"):
         lines.append(f"missing ranks (the world size has them, the source shows none): "
                      f"{_ranges(rep['missing_ranks'])}")

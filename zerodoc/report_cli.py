@@ -32,6 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--window", type=int, default=20, metavar="STEPS",
                    help="steps to diagnose (the last N; 0: all). Endpoints give everything "
                         "since the start on a one-shot report")
+    add_warmup_argument(p)
     from .runargs import add_run_arguments
 
     add_run_arguments(p)
@@ -50,6 +51,13 @@ def add_parser(sub) -> None:
 
     add_arguments(p)
     p.set_defaults(func=run, format="text")
+
+
+def add_warmup_argument(p) -> None:
+    p.add_argument("--include-warmup", action="store_true",
+                   help="keep step 1 (compile, allocator, first all-gathers) in a run "
+                        "directory's window; by default a window that would start there "
+                        "leaves it out and says so")
 
 
 def diagnosis_options(args):
@@ -80,7 +88,8 @@ def run(args) -> int:
 
     source = open_source(args.source, window=window, trace_facts=facts_from_args(args),
                          run_id=getattr(args, "run_id", None),
-                         segment=getattr(args, "segment", None))
+                         segment=getattr(args, "segment", None),
+                         skip_warmup=not args.include_warmup)
     snap = source.snapshot()
     if not snap.ranks:
         raise UserError(f"{source.description}: no ranks to report on")

@@ -34,8 +34,8 @@ def add_parser(sub) -> None:
                    help="override a threshold of the alerts (repeatable), as for `zerodoc "
                         "report`")
     p.add_argument("--alertmanager-config", default=None, metavar="FILE",
-                   help="Alertmanager configuration with your receivers; None: zerodoc's "
-                        "exporters/alertmanager.yml, whose receiver notifies nobody")
+                   help="Alertmanager configuration with your receivers (default: zerodoc's "
+                        "exporters/alertmanager.yml, whose receiver notifies nobody)")
     p.add_argument("--no-alertmanager", action="store_true",
                    help="do not start Alertmanager even if it is installed")
     p.add_argument("--data-dir", default=None,

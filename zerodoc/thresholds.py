@@ -32,6 +32,11 @@ class Thresholds:
     """A rank's compute time / the median rank's compute time."""
     slow_link_busbw_fraction: float = 0.25
     """Achieved bus bandwidth / the link's expected bandwidth, for large collectives."""
+    slow_link_costly_busbw_fraction: float = 0.50
+    """... and, with synchronous collectives (every second of them waited for), below this
+    share too when waiting on the link beyond its expected time costs at least
+    exposed_fraction_crit of the step: a link a fixed delay slows (small collectives on a
+    fast host) is as slow as one that moves a quarter of the bytes."""
     slow_link_min_bytes: int = 1 << 20
     """Collectives smaller than this are latency-bound; the slow-link rule ignores them."""
     wrap_coarse_param_fraction: float = 0.50

@@ -78,16 +78,22 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
               f"{_pct(t.exposed_fraction_warn)}, critical at {_pct(t.exposed_fraction_crit)}). "
               "The per-layer dashboard shows which units.")
     # ZD006 comm-bound
+    # synchronous all-gathers: past crit, the raw ratio is a warning too (ZD006)
+    raw_cb = (f"\nor\n(\n  job:zerodoc_comm_exposed_compute:ratio >= {t.comm_compute_ratio_crit:g}"
+              "\n  and on (job, run_id) job:zerodoc_all_gather:synchronous\n)")
     for sev, thr in (("warning", t.comm_compute_ratio_warn),
                      ("critical", t.comm_compute_ratio_crit)):
-        alert("ZerodocCommBound", f"job:zerodoc_comm_avoidable_compute:ratio >= {thr:g}", sev,
+        alert("ZerodocCommBound", f"job:zerodoc_comm_avoidable_compute:ratio >= {thr:g}"
+              + (raw_cb if sev == "warning" else ""), sev,
               "ZD006",
               "{{ $labels.run_id }} is communication-bound (exposed comm / compute "
               "{{ $value | printf \"%.2f\" }})",
               f"Over the last {w}, {RUN} waited {{{{ $value | printf \"%.2f\" }}}} s on exposed "
               f"collectives (beyond what the {link} link explains) per second of compute "
               f"(warning at {t.comm_compute_ratio_warn:g}, critical at "
-              f"{t.comm_compute_ratio_crit:g}).")
+              f"{t.comm_compute_ratio_crit:g}; with synchronous all-gathers also a warning "
+              f"when all exposed communication reaches {t.comm_compute_ratio_crit:g}x the "
+              "compute).")
     # ZD007 low headroom
     for sev, thr in (("warning", t.headroom_fraction_warn), ("critical", t.headroom_fraction_crit)):
         alert("ZerodocLowMemoryHeadroom", f"rank:zerodoc_memory_headroom:fraction < {thr:g}",
@@ -121,18 +127,44 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
           f"median compute time per step of the other ranks (warning at "
           f"{t.straggler_ratio_warn:g}x when the others wait at least "
           f"{_pct(t.exposed_fraction_warn)} of the step for it).")
-    # ZD005 slow link
+    # ZD005 slow link: below slow_link_busbw_fraction of the link, or (synchronous
+    # all-gathers) below slow_link_costly_busbw_fraction when the wait beyond the link's
+    # expected time is >= exposed_fraction_crit of the step. Critical as the engine's ERROR
+    # (that cost >= exposed_fraction_crit) and, as the engine raises a cause to what it
+    # explains, when its symptoms ZerodocExposedAllGather / ZerodocCommBound are critical:
+    # the root cause is never quieter than its symptoms (alertmanager.yml inhibits those
+    # while it fires).
+    busbw = "collective_job:zerodoc_collective_busbw_large:bytes_per_second"
+    beyond = "collective_job:zerodoc_collective_beyond_link:fraction"
+    kinds = '{collective=~"all_gather|reduce_scatter|all_reduce"}'
     slow = t.slow_link_busbw_fraction * link_bw
-    alert("ZerodocSlowLink",
-          "collective_job:zerodoc_collective_busbw_large:bytes_per_second"
-          f"{{collective=~\"all_gather|reduce_scatter|all_reduce\"}} < {slow:g}",
-          "warning", "ZD005",
-          "{{ $labels.collective }} bus bandwidth of {{ $labels.run_id }} is "
-          "{{ $value | humanize }}B/s, far below the link's",
-          f"Over the last {w}, {RUN} moved its {{{{ $labels.collective }}}} calls of at least "
-          f"{t.slow_link_min_bytes} bytes at {{{{ $value | humanize }}}}B/s bus bandwidth "
-          f"(link-attributable), below {_pct(t.slow_link_busbw_fraction)} of the "
-          f"{_gbps(link_bw)} expected for link class {link}.")
+    costly = t.slow_link_costly_busbw_fraction * link_bw
+    per_call = 'unit_job:zerodoc_collective_bytes:per_call{collective="all_gather"}'
+    too_fine = (f"      count by (job, run_id) (count by (job, run_id, unit) ({per_call})) >= "
+                f"{t.wrap_fine_min_units}\n      and on (job, run_id)\n      quantile by (job, "
+                f"run_id) (0.5, {per_call}) < {t.wrap_fine_median_bytes}\n")
+    slow_expr = (f"(\n  {busbw}{kinds} < {slow:g}\n  or\n  (\n    {busbw}{kinds} < {costly:g}\n"
+                 f"    and on (job, run_id, collective) {beyond} >= {t.exposed_fraction_crit:g}\n"
+                 "    and on (job, run_id) job:zerodoc_all_gather:synchronous\n"
+                 f"    unless on (job, run_id) (\n{too_fine}    )\n  )\n)")
+    crit_expr = (f"{slow_expr}\nand on (job, run_id)\n(\n"
+                 f"  sum by (job, run_id) ({beyond} and on (job, run_id, collective) {slow_expr})"
+                 f" >= {t.exposed_fraction_crit:g}\n"
+                 f"  or job:zerodoc_all_gather_avoidable:fraction >= {t.exposed_fraction_crit:g}\n"
+                 f"  or job:zerodoc_comm_avoidable_compute:ratio >= {t.comm_compute_ratio_crit:g}\n)")
+    for sev, expr in (("warning", slow_expr), ("critical", crit_expr)):
+        alert("ZerodocSlowLink", expr, sev, "ZD005",
+              "{{ $labels.collective }} bus bandwidth of {{ $labels.run_id }} is "
+              "{{ $value | humanize }}B/s, far below the link's",
+              f"Over the last {w}, {RUN} moved its {{{{ $labels.collective }}}} calls of at "
+              f"least {t.slow_link_min_bytes} bytes at {{{{ $value | humanize }}}}B/s bus "
+              f"bandwidth (link-attributable), below {_pct(t.slow_link_busbw_fraction)} of the "
+              f"{_gbps(link_bw)} expected for link class {link} (or below "
+              f"{_pct(t.slow_link_costly_busbw_fraction)} with synchronous collectives when "
+              f"waiting on it beyond its expected time costs "
+              f"{_pct(t.exposed_fraction_crit)} of the step). Critical when that wait is "
+              f"{_pct(t.exposed_fraction_crit)} of the step or more, or when the exposed "
+              "all-gather / comm-bound alerts it explains are critical.")
     # ZD013 rank stopped: the rank that stopped first, and the ranks left waiting for it.
     # First choice: a rank stuck outside any collective (what the others wait for); else a
     # rank whose exporter is down while others wait in collectives (it died, or hangs holding

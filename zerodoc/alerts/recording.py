@@ -211,6 +211,24 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
         _rec("job:zerodoc_comm_avoidable_compute:ratio",
              f"sum by ({JOB}) (unit_job:zerodoc_collective_avoidable_seconds:per_step)\n"
              "/\njob:zerodoc_compute_seconds:median_per_step"),
+        # Exposed communication / compute as it is (the engine's raw ratio: ZD006 grades it
+        # for synchronous all-gathers, whose time the link partly explains)
+        _rec("job:zerodoc_comm_exposed_compute:ratio",
+             f"sum by ({JOB}) (unit_job:zerodoc_collective_exposed_seconds:per_step)\n"
+             "/\njob:zerodoc_compute_seconds:median_per_step"),
+        # All-gathers timed and not one of them hidden (the engine's `sync`): present as 1
+        _rec("job:zerodoc_all_gather:synchronous",
+             f"count by ({JOB}) (unit_job:zerodoc_collective_seconds:per_step{{{AG}}}) > bool 0\n"
+             f"unless on ({JOB}) job:zerodoc_all_gather:asynchronous"),
+        # ZD005's cost: exposed time of the large collectives beyond the time they take at
+        # the link's full expected bandwidth, per collective kind, as a share of the step
+        _rec("collective_job:zerodoc_collective_beyond_link:fraction",
+             f"sum by ({JOB}, collective) (\n"
+             "  clamp_min(\n    unit_job:zerodoc_collective_exposed_seconds:per_step\n"
+             f"    - unit_job:zerodoc_collective_bus_bytes:per_step / {LINK_BUSBW[link]:g},\n"
+             "    0\n  )\n"
+             f"  and unit_job:zerodoc_collective_bytes:per_call >= {t.slow_link_min_bytes}\n)\n"
+             f"/ on ({JOB}) group_left ()\njob:zerodoc_step_seconds:median"),
         _rec("collective_job:zerodoc_collective_busbw_large:bytes_per_second",
              f"sum by ({JOB}, collective) (\n"
              "  unit_job:zerodoc_collective_bus_bytes:per_step\n"

@@ -1,8 +1,10 @@
 """Start N local ranks of the demo worker (gloo) and stop them cleanly.
 
 Used by `zerodoc demo`, the tests and the benchmarks. Every rank is a child process with the
-torchrun-style environment; `stop()` terminates whatever is still running, so no process or
-port outlives the launcher.
+torchrun-style environment; `stop()` first asks the ranks to stop together at their next step
+(when the spec names an "interrupt_file": the demo's Ctrl-C, a clean close recorded as stopped
+by the user), then terminates whatever is still running, so no process or port outlives the
+launcher.
 """
 
 from __future__ import annotations
@@ -95,7 +97,32 @@ class Job:
                 res.append(("", ""))
         return res
 
+    def interrupt(self, timeout: float = 30.0) -> bool:
+        """Ask the ranks to stop at their next step (the spec's "interrupt_file": every rank
+        closes its monitor cleanly, the run log ends "interrupted", the targets go) and wait
+        up to `timeout` s for them to exit. False when there is no such file, a rank had
+        already exited (the others cannot finish a step without it), or they did not stop in
+        time; a second Ctrl-C ends the wait."""
+        path = self.spec.get("interrupt_file")
+        if not path or not self.procs or not all(p.poll() is None for p in self.procs):
+            return False
+        try:
+            with open(path, "w") as f:
+                f.write("stop requested\n")
+            deadline = time.monotonic() + timeout
+            while self.running() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except (OSError, KeyboardInterrupt):
+            return False
+        finally:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        return not self.running()
+
     def stop(self, grace: float = 3.0) -> None:
+        self.interrupt()
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

@@ -49,6 +49,8 @@ def spec_from_args(args) -> dict:
         "framework": args.framework,
         "hsdp_replicas": args.hsdp_replicas,
         "attach": attach,
+        # Ctrl-C: Job.stop() creates it, the ranks stop together and close cleanly
+        "interrupt_file": os.path.join(run_dir, "logs", "stop-requested"),
     }
 
 
@@ -78,7 +80,7 @@ def format_step(step: int, windows: dict[int, RankWindow]) -> str:
                 ag[(unit, phase)] = max(ag.get((unit, phase), 0.0), t.exposed_seconds)
     top = sorted(ag.items(), key=lambda kv: -kv[1])[:3]
     line2 = "           top exposed all-gathers: " + ", ".join(
-        f"{u} {p[:3]} {s * 1e3:.1f} ms" for (u, p), s in top)
+        f"{u} {p} {s * 1e3:.1f} ms" for (u, p), s in top)
     return line1 + "\n" + line2
 
 
@@ -125,8 +127,12 @@ def run_text(args, spec: dict, run_dir: str, out=sys.stdout) -> int:
                 break
             time.sleep(0.2)
     except KeyboardInterrupt:
-        print("\nzerodoc demo: interrupted, stopping ranks", file=out, flush=True)
+        print("\nzerodoc demo: interrupted, stopping the ranks at their next step "
+              "(Ctrl-C again to kill them)", file=out, flush=True)
         code = 130
+        if job.interrupt():
+            print("zerodoc demo: every rank stopped and closed its run log cleanly",
+                  file=out, flush=True)
     finally:
         job.stop()
     codes = [p.returncode for p in job.procs]

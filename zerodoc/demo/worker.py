@@ -5,7 +5,9 @@ MASTER_PORT set. SPEC_JSON holds {"model": DemoConfig fields, "steps": N, "attac
 options, "lr": float, "profile": {"dir", "wait", "warmup", "active", "gzip"} (optional: record
 PyTorch profiler traces of steps wait+warmup+1 ... wait+warmup+active, one file per rank,
 `<dir>/rank-N.json[.gz]`, ProfilerStep#K being zerodoc's step K+1)}; tests may add "hang":
-{"rank_to_hang", "unit", "after_steps"}. Ends with destroy_process_group() and os._exit():
+{"rank_to_hang", "unit", "after_steps"}. "stop_file" (tests) ends the run cleanly once any rank
+sees that file; "interrupt_file" (`zerodoc demo`: `Job.stop()` creates it on Ctrl-C) the same,
+recorded as stopped by the user (the run log's end says "interrupted"). Ends with destroy_process_group() and os._exit():
 gloo jobs whose ranks exit at different times otherwise abort at interpreter exit now and
 then (gloo teardown).
 """
@@ -38,6 +40,9 @@ def run(spec: dict) -> int:
         _hang(built.model, rank, **spec["hang"])
     steps = int(spec.get("steps", 20))
     stop_file = spec.get("stop_file")  # tests: end the run cleanly once this file exists
+    interrupt_file = spec.get("interrupt_file")  # the launcher's Ctrl-C: a clean stop
+    files = [f for f in (stop_file, interrupt_file) if f]
+    interrupted = False
     losses = []
     prof = _profiler(spec.get("profile"), rank)
     try:
@@ -46,12 +51,13 @@ def run(spec: dict) -> int:
             losses.append(built.train_step(x, y))
             if prof is not None:
                 prof.step()
-            if stop_file and _all_see(stop_file):
+            if files and _all_see(files):
+                interrupted = bool(interrupt_file) and _all_see([interrupt_file])
                 break
     finally:
         if prof is not None:
             prof.stop()
-        monitor.close()
+        monitor.close(interrupted=interrupted)
     if spec.get("check_restore"):
         _check_restored(built.model)
     if spec.get("losses_file"):
@@ -62,12 +68,13 @@ def run(spec: dict) -> int:
     return 0
 
 
-def _all_see(path: str) -> bool:
-    """Whether any rank sees `path` (every rank gets the same answer: they stop together)."""
+def _all_see(paths: list[str]) -> bool:
+    """Whether any rank sees one of `paths` (every rank gets the same answer: they stop
+    together, at the same step)."""
     import torch
     import torch.distributed as dist
 
-    flag = torch.tensor([1.0 if os.path.exists(path) else 0.0])
+    flag = torch.tensor([1.0 if any(os.path.exists(p) for p in paths) else 0.0])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
@@ -137,7 +144,8 @@ def _check_restored(model) -> None:
 
 
 def main() -> None:
-    # Ctrl-C is handled by the launcher, which terminates us; don't print tracebacks.
+    # Ctrl-C is handled by the launcher, which asks us to stop (interrupt_file) or, if we do
+    # not, terminates us; don't print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     spec = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     code = 1

@@ -22,12 +22,13 @@ def nbytes(n: float | int | None) -> str:
 
 
 def rate(bps: float | None) -> str:
-    """Bytes per second: "0.12 GB/s", "150 GB/s"."""
+    """Bytes per second in the unit that fits: "150 GB/s", "25.1 MB/s", "12 kB/s"."""
     if bps is None:
         return "-"
-    if bps >= 1e9:
-        return f"{bps / 1e9:.3g} GB/s"
-    return f"{bps / 1e6:.3g} MB/s"
+    for scale, unit in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
+        if abs(bps) >= scale:
+            return f"{bps / scale:.3g} {unit}"
+    return f"{bps:.3g} B/s"
 
 
 def secs(s: float | None) -> str:

@@ -24,7 +24,10 @@ from .context import HOST_TRANSFERS, Context
 class Observable:
     name: str
     unit: str  # seconds | bytes | ratio | count | bytes_per_second
-    better: str  # "down" | "up": which way is an improvement
+    # "down" | "up": which way is an improvement; "fix": it depends on the fix (more, smaller
+    # units are ZD001's fix and fewer, larger ones ZD002's): `compare` takes the direction
+    # an applied fix predicted, and with none only says it changed
+    better: str
     help: str
     read: Callable[[Context], float | None]
 
@@ -123,12 +126,12 @@ _LIST = (
                "bytes all-gathered again in backward per step",
                lambda c: _sum(c.views("all_gather", "backward"), "bytes") or 0.0
                if c.views("all_gather") else None),
-    Observable("median_all_gather_bytes", "bytes", "up", "median bytes of one all-gather",
+    Observable("median_all_gather_bytes", "bytes", "fix", "median bytes of one all-gather",
                _median_call_bytes),
     Observable("large_collective_busbw_bytes_per_second", "bytes_per_second", "up",
                "aggregate bus bandwidth of the collectives of at least slow_link_min_bytes",
                _large_busbw),
-    Observable("units", "count", "down", "sharded units with parameters",
+    Observable("units", "count", "fix", "sharded units with parameters",
                lambda c: float(len([u for u in c.units if u.params > 0])) if c.units else None),
     Observable("largest_unit_param_fraction", "ratio", "down",
                "share of all parameters in the largest unit", _largest_fraction),

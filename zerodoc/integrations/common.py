@@ -57,7 +57,7 @@ def attach_prepared(model, optimizer, **options):
 def record_exception(monitor, integration: str, exc: BaseException | None) -> None:
     """Append an `exception` record to the run log (what ended the run), never raising."""
     writer = getattr(monitor, "_writer", None)
-    if writer is None or exc is None:
+    if writer is None or exc is None or isinstance(exc, KeyboardInterrupt):  # a user stop
         return
     try:
         writer.write({"type": "exception", "end_unix": time.time(),
@@ -69,12 +69,13 @@ def record_exception(monitor, integration: str, exc: BaseException | None) -> No
 
 
 def close(monitor, integration: str, exc: BaseException | None = None) -> None:
-    """Close `monitor` (records `exc` first when training ended with an exception)."""
+    """Close `monitor` (records `exc` first when training ended with an exception; a
+    KeyboardInterrupt is the user stopping the run: a clean close marked "interrupted")."""
     if monitor is None:
         return
     try:
         record_exception(monitor, integration, exc)
-        monitor.close()
+        monitor.close(interrupted=isinstance(exc, KeyboardInterrupt))
     except Exception as e:  # never into the training job
         warnings.warn(f"zerodoc: closing the monitor failed ({e!r})", stacklevel=2)
 

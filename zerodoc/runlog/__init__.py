@@ -27,7 +27,8 @@ Records of `rank-NNNNN.jsonl` (one JSON object per line, "type" first):
   filesystem), ``total`` so far.
 - ``end``: written by `close()`: ``end_unix``, ``steps``, ``dropped``; ``"failed": true``
   when close() ran while an exception ended the training (after the watchdog's ``failed``
-  record): then not a clean close.
+  record): then not a clean close; ``"interrupted": true`` when the user stopped the run
+  (Ctrl-C, `close(interrupted=True)`): a clean close.
 - Other types (e.g. ``stall``) are kept by readers in `RankLog.events`.
 
 Detail files start with ``{"type": "detail", "segment", "header_at", "first_step"}`` and then

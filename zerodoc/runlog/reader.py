@@ -97,6 +97,7 @@ def _take(log: RankLog, line: bytes, names: list[str], parse_steps: bool = True)
             log.blocks.append(block_from_dict(rec, names))
         elif kind == "end":
             log.ended = True
+            log.interrupted = bool(rec.get("interrupted"))
             log.dropped = max(log.dropped, int(rec.get("dropped", 0)))
         elif kind == "header":
             pass
@@ -337,8 +338,12 @@ def _latest(log: RankLog, attr: str) -> dict:
     return best[1]
 
 
-def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True) -> RankWindow:
+def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
+               skip_warmup: bool = False) -> RankWindow:
     """One rank's totals over its last `window` steps (None: all steps of the segment).
+    `skip_warmup`: a window served from full-detail steps that starts at step 1 (a short
+    run) leaves that warm-up step out when a later step exists (`warmup_left_out` says so;
+    interval lines cannot take it out and keep it).
 
     With `detail` and enough full-detail steps, exactly those steps. Otherwise per-unit
     numbers come from the newest interval lines that cover the window (all steps: the
@@ -352,7 +357,10 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True) ->
     newest_block = max((b.last_step for b in log.blocks), default=0)
     if det and ((window and len(det) >= window) or
                 (det[0].step == 1 and det[-1].step >= newest_block)):
-        w = window_from_steps(facts, det[-window:] if window else det)
+        steps = det[-window:] if window else det
+        left_out = skip_warmup and len(steps) >= 2 and steps[0].step == 1
+        w = window_from_steps(facts, steps[1:] if left_out else steps)
+        w.warmup_left_out = 1 if left_out else None
         w.memory = _latest(log, "memory") or w.memory
         return w
     intervals = [b for b in log.blocks if b.kind == "interval"]
@@ -429,7 +437,8 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True) ->
 
 
 def load_run(run_dir: str | os.PathLike, window: int | None = 20,
-             stale_after_s: float = 30.0, *, segment: int | None = None) -> RunSnapshot:
+             stale_after_s: float = 30.0, *, segment: int | None = None,
+             skip_warmup: bool = False) -> RunSnapshot:
     """A RunSnapshot from a run directory: each rank's totals over its last `window` steps
     (all steps when None) of the newest segment (or `segment`). Ranks whose log has no
     clean end and no step for `stale_after_s` seconds are stale; ranks the world size
@@ -446,7 +455,7 @@ def load_run(run_dir: str | os.PathLike, window: int | None = 20,
     snap = RunSnapshot(source=str(run_dir))
     now = time.time()
     for log in logs:
-        snap.ranks[log.facts.rank] = log_window(log, window)
+        snap.ranks[log.facts.rank] = log_window(log, window, skip_warmup=skip_warmup)
     annotate(snap, logs, stale_after_s, now)
     return snap
 
@@ -465,6 +474,8 @@ def annotate(snap: RunSnapshot, logs, stale_after_s: float, now: float) -> None:
         failed = stall is not None and stall.get("state") == "failed"
         if log.ended and not failed:
             snap.ended_ranks.add(rank)
+            if log.interrupted:
+                snap.interrupted_ranks.add(rank)
         elif not log.ended and now - log.last_unix > stale_after_s:
             snap.stale_ranks.add(rank)
     snap.missing_ranks = missing(snap)

@@ -133,6 +133,7 @@ class RankLog:
     totals: list[StepTotals] = field(default_factory=list)  # step lines read (all or a tail)
     blocks: list[UnitsBlock] = field(default_factory=list)  # interval / total lines read
     ended: bool = False  # a clean close was recorded
+    interrupted: bool = False  # ... of a run the user stopped (Ctrl-C)
     bad_lines: int = 0  # truncated or malformed lines skipped
     events: list[dict] = field(default_factory=list)  # record types the reader does not use
     segment: int = 0

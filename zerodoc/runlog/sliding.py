@@ -68,8 +68,10 @@ class _Step:
 class _RankTotals:
     """Running totals as arrays; counts and bytes are exact in float64 below 2**53."""
 
-    def __init__(self, window: int | None):
+    def __init__(self, window: int | None, skip_warmup: bool = False):
         self.window = window
+        self.skip_warmup = skip_warmup
+        self.warmup_dropped = False
         self.steps: deque[_Step] = deque()
         self.evictions = 0
         self.last_step: int | None = None  # newest step number taken from the log
@@ -122,6 +124,7 @@ class _RankTotals:
         if self.window and len(new) >= self.window:  # a long gap (first load): fold the tail
             self.steps = deque(compact(s) for s in new[-self.window:])
             self._refold()
+            self._drop_warmup()
             return
         for rec in new:
             s = compact(rec)
@@ -133,6 +136,13 @@ class _RankTotals:
         if self.window and self.evictions >= self.window:
             self.evictions = 0
             self._refold()
+        self._drop_warmup()
+
+    def _drop_warmup(self) -> None:
+        """`skip_warmup`: step 1 leaves the window as soon as a later step is in it."""
+        if self.skip_warmup and len(self.steps) >= 2 and self.steps[0].step == 1:
+            self._apply(self.steps.popleft(), -1)
+            self.warmup_dropped = True
 
     def to_window(self, log: RankLog) -> RankWindow:
         w = RankWindow(facts=log.facts)
@@ -148,6 +158,9 @@ class _RankTotals:
         w.last_step_seconds = w.step_times[-1]
         w.max_step_seconds = max(w.step_times)
         w.updated_unix = last.end_unix
+        if self.warmup_dropped and first.step == 2 and \
+                (self.window is None or len(self.steps) < self.window):
+            w.warmup_left_out = 1
         cn = self.cn.tolist()
         w.compute = {k: v for k, v, n in zip(self.ck.keys, self.csum.tolist(), cn) if n > 0}
         mn = self.mn.tolist()
@@ -178,8 +191,9 @@ def new_records(steps: list[StepRecord], last_step: int | None) -> list[StepReco
 class SlidingWindows:
     """Per-rank `RankWindow`s over the last `window` steps (None: all) of each `RankLog`."""
 
-    def __init__(self, window: int | None = 20):
+    def __init__(self, window: int | None = 20, skip_warmup: bool = False):
         self.window = window
+        self.skip_warmup = skip_warmup  # leave step 1 (warm-up) out once a later step exists
         self._totals: dict[int, _RankTotals] = {}
         self._windows: dict[int, RankWindow] = {}
         self._facts: dict[int, object] = {}
@@ -191,7 +205,7 @@ class SlidingWindows:
             t = self._totals.get(rank)
             if t is None or self._facts.get(rank) is not log.facts:
                 # new rank, or its log restarted with a new header
-                t = self._totals[rank] = _RankTotals(self.window)
+                t = self._totals[rank] = _RankTotals(self.window, self.skip_warmup)
                 self._facts[rank] = log.facts
                 self._windows.pop(rank, None)
             new = new_records(log.steps, t.last_step)

@@ -97,7 +97,7 @@ class NullMonitor:
     def step(self) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, interrupted: bool = False) -> None:
         pass
 
     def __enter__(self):
@@ -363,12 +363,14 @@ class Monitor:
         except Exception as e:
             self.registry.error("monitor.step", e)
 
-    def close(self) -> None:
+    def close(self, interrupted: bool = False) -> None:
         """Undo all instrumentation, close the run log, stop the /metrics server. Called
         while an exception propagates (a `finally:`), it first records where the rank failed
         (a "failed" stall record; the "end" that follows says `"failed": true`): not a clean
-        close, so the file_sd target stays and the scrapers are not told of a close."""
-        self._shutdown(undo=True, exc=sys.exc_info()[1])
+        close, so the file_sd target stays and the scrapers are not told of a close.
+        `interrupted=True` (or a KeyboardInterrupt propagating: Ctrl-C) is a clean close of
+        a run the user stopped: the "end" record says `"interrupted": true`."""
+        self._shutdown(undo=True, exc=sys.exc_info()[1], interrupted=interrupted)
 
     def _at_exit(self) -> None:
         """Interpreter exit without close(): end the run log and remove the target, unless
@@ -388,9 +390,11 @@ class Monitor:
 
     def _record_failure(self, exc: BaseException | None) -> bool:
         """Stop the watchdog; if `exc` ended the training, record where (zerodoc/shim/
-        watchdog.py, `failed`) and return True. A `SystemExit(0)` is a clean exit."""
+        watchdog.py, `failed`) and return True. A `SystemExit(0)` is a clean exit, and so is
+        a KeyboardInterrupt (the user stopped the run: see `_shutdown`)."""
         self.watchdog.stop()
-        if exc is None or (isinstance(exc, SystemExit) and exc.code in (None, 0)):
+        if exc is None or isinstance(exc, KeyboardInterrupt) or \
+                (isinstance(exc, SystemExit) and exc.code in (None, 0)):
             return False
         try:
             self.watchdog.failed(exc)
@@ -398,10 +402,12 @@ class Monitor:
             self.registry.error("watchdog", e)
         return True
 
-    def _shutdown(self, undo: bool, exc: BaseException | None = None) -> None:
+    def _shutdown(self, undo: bool, exc: BaseException | None = None,
+                  interrupted: bool = False) -> None:
         if self._closed:
             return
         failed = self._record_failure(exc)
+        interrupted = not failed and (interrupted or isinstance(exc, KeyboardInterrupt))
         self._closed = True
         guards.unregister(self)
         try:
@@ -417,7 +423,8 @@ class Monitor:
             self.nvml.stop()
         if self._writer is not None:
             try:
-                self._writer.close(self.step_index, self.totals, failed=failed)
+                self._writer.close(self.step_index, self.totals, failed=failed,
+                                   interrupted=interrupted)
             except OSError as e:
                 self.registry.error("runlog", e)
         if self._server is not None:

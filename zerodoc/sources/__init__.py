@@ -42,13 +42,15 @@ class Source(Protocol):
 
 def open_source(spec: str | None, window: int | None = 20, *,
                 stale_after_s: float = STALE_AFTER_S, trace_facts: dict | None = None,
-                run_id: str | None = None, segment: int | None = None) -> Source:
+                run_id: str | None = None, segment: int | None = None,
+                skip_warmup: bool = True) -> Source:
     """A source from a command-line SOURCE: a run directory; `http(s)://...` a Prometheus
     server; `host:port[,host:port...]` or `host:first-last` rank endpoints; PyTorch profiler
     traces (a directory of them, a file, files separated by commas; `trace_facts`: see
     `zerodoc.trace.TraceFacts`); None the latest local run (under ./zerodoc-runs). `run_id`:
     which run of a Prometheus server holding several (also `http://host:9090#run=ID`);
-    `segment`: an older segment of a run directory."""
+    `segment`: an older segment of a run directory; `skip_warmup`: a run directory's short
+    window leaves the warm-up step (step 1) out (`RankWindow.warmup_left_out`)."""
     from .. import trace  # profiler traces: zerodoc/trace (no heavy import until opened)
 
     if spec is not None and trace.is_trace_spec(spec.strip()):
@@ -65,10 +67,11 @@ def open_source(spec: str | None, window: int | None = 20, *,
                         "endpoints show the live run)")
     if spec is None:
         return RunDirSource(latest_run(), window, stale_after_s=stale_after_s,
-                            segment=segment)
+                            segment=segment, skip_warmup=skip_warmup)
     spec = spec.strip()
     if Path(spec).is_dir():
-        return RunDirSource(spec, window, stale_after_s=stale_after_s, segment=segment)
+        return RunDirSource(spec, window, stale_after_s=stale_after_s, segment=segment,
+                            skip_warmup=skip_warmup)
     if spec.startswith(("http://", "https://")):
         url, _, frag = spec.partition("#")
         if frag:

@@ -82,11 +82,12 @@ class RunDirSource:
 
     def __init__(self, run_dir: str | Path, window: int | None = 20, *,
                  stale_after_s: float = STALE_AFTER_S, segment: int | None = None,
-                 detail: bool | None = None):
+                 detail: bool | None = None, skip_warmup: bool = False):
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise UserError(f"no run directory at {self.run_dir}")
         self.window = window
+        self.skip_warmup = skip_warmup  # a short run's window leaves step 1 out (log_window)
         self.stale_after_s = stale_after_s
         self.segment = segment
         if detail is None:  # small runs that kept their detail files: read them
@@ -111,7 +112,7 @@ class RunDirSource:
         if self.segment is not None:  # an older segment does not change: read it once
             if self._fixed is None:
                 self._fixed = load_run(self.run_dir, self.window, float("inf"),
-                                       segment=self.segment)
+                                       segment=self.segment, skip_warmup=self.skip_warmup)
             return self._fixed
         new = self.follower.poll()
         logs = self.follower.logs
@@ -125,7 +126,7 @@ class RunDirSource:
             from ..runlog.sliding import SlidingWindows
 
             if self._sliding is None:
-                self._sliding = SlidingWindows(self.window)
+                self._sliding = SlidingWindows(self.window, self.skip_warmup)
             snap.ranks = self._sliding.update(logs)
             for log in logs.values():  # the windows keep their own compact copy
                 if len(log.steps) > 1:
@@ -149,7 +150,8 @@ class RunDirSource:
         if hit is not None and hit[0] == ver:
             return hit[1]
         if self.detail or self.window is None:
-            w = log_window(log, self.window, detail=self.detail)
+            w = log_window(log, self.window, detail=self.detail,
+                           skip_warmup=self.skip_warmup)
         else:
             ukey = (len(log.blocks), id(log.blocks[-1]) if log.blocks else None)
             u = self._units.get(rank)

@@ -75,17 +75,14 @@ def gb_num(n: float | None) -> str:
 
 
 def rate(bytes_per_second: float | None) -> str:
-    """Bandwidth with a decimal unit: 12.3 GB/s, 850 MB/s."""
+    """Bandwidth in the decimal unit that fits it: 12.3 GB/s, 850 MB/s, 12.0 kB/s."""
     if bytes_per_second is None:
         return "-"
     a = abs(bytes_per_second)
-    if a >= GB:
-        return f"{num(bytes_per_second / GB)} GB/s"
-    return f"{num(bytes_per_second / 1e6)} MB/s"
-
-
-def gbps_num(bytes_per_second: float | None) -> str:
-    return "-" if bytes_per_second is None else num(bytes_per_second / GB)
+    for scale, unit in ((GB, "GB/s"), (MB, "MB/s"), (1e3, "kB/s")):
+        if a >= scale:
+            return f"{num(bytes_per_second / scale)} {unit}"
+    return f"{num(bytes_per_second)} B/s"
 
 
 def pct(fraction: float | None) -> str:

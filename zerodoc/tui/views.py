@@ -93,7 +93,7 @@ UNIT_COLUMNS = (
     Column("ag_ms", "AG ms"),
     Column("exposed_ms", "Exposed ms"),
     Column("exposed_pct", "Exp %"),
-    Column("busbw", "busbw GB/s", worst="min"),
+    Column("busbw", "busbw", worst="min"),  # labelled per cell: MB/s on CPU, GB/s on GPUs
     Column("compute_ms", "Compute ms"),
     Column("rs_ms", "RS ms"),
     Column("reshard", "Reshard", numeric=False, sortable=False),
@@ -173,7 +173,7 @@ def unit_table(frame: Frame, scope: Scope, sort: str = "exposed_ms",
         cells = (
             name or "(root)", fmt.count(f.params) if f else "-", fmt.mb_num(v["ag_bytes"]),
             fmt.ms_num(v["ag_seconds"]), fmt.ms_num(v["ag_exposed_seconds"]),
-            fmt.pct_num(v["ag_exposed_fraction"]), fmt.gbps_num(v["ag_busbw"]),
+            fmt.pct_num(v["ag_exposed_fraction"]), fmt.rate(v["ag_busbw"]),
             fmt.ms_num(v["compute_seconds"]), fmt.ms_num(v["rs_seconds"]), reshard,
         )
         rows.append((name, cells, sortv))
@@ -378,6 +378,11 @@ def headlines(frame: Frame, scope: Scope) -> list[Headline]:
     comp = _agg([ws[r].compute_seconds / ws[r].steps for r in ranks], scope)
     bound = "comm-bound" if ratio is not None and ratio >= T.comm_compute_ratio_warn \
         else "compute-bound"
+    if not isinstance(scope, int) and frame.diagnose_error is None:
+        # the whole run: the label is the rules' (ZD006), so "comm-bound" always has a
+        # finding beside it and a number just past the line without one does not
+        z6 = next((f for f in frame.findings if f.code == "ZD006"), None)
+        bound = f"comm-bound ({z6.code})" if z6 is not None else "compute-bound"
     out.append(Headline("Comm/compute", fmt.num(ratio),
                         f"exposed comm ÷ compute ({fmt.duration(comp)}/step) · {bound}",
                         _level(ratio, T.comm_compute_ratio_warn, T.comm_compute_ratio_crit)))

@@ -4,9 +4,11 @@ Why: FSDP gathers the next unit's parameters while the current one computes. Wha
 an all-gather the compute had to wait for is exposed, and exposed time, not total collective
 time, is what the step loses.
 
-Evidence: the all-gathers' exposed fraction of the step (link-attributable: the rank that
-waited least), the part of it the link baseline does not explain (for synchronous
-collectives), and the worst units and phases with their exposed / total ratio.
+Evidence: the all-gathers' exposed fraction of the step (link-attributable: per unit and
+phase the rank that waited least), the part of it the link baseline does not explain (for
+synchronous collectives), the same exposed time as the per-unit table sums it (mean over
+ranks; the title gives both, so finding and table add up), and the worst units and phases,
+most exposed first, with their exposed / total ratio.
 Severity: WARNING / ERROR on the avoidable fraction (exposed_fraction_warn / _crit). When
 only the raw fraction is high (synchronous gloo all-gathers at the link's expected speed:
 FSDP2's default on CPU) it is an INFO note: there is nothing for prefetch to hide behind.
@@ -49,13 +51,16 @@ def evaluate(ctx) -> list:
         return []
     exposed = sum(v.exposed_seconds for v in ag)
     avoidable = sum(v.avoidable_seconds for v in ag)
+    # what the per-unit table shows (report.unit_rows: mean over ranks, summed over units)
+    table = sum(st["ag_exposed_seconds"].mean for st in ctx.unit_stats.units.values()
+                if st.get("ag_exposed_seconds") is not None and st["ag_exposed_seconds"].n)
     raw_frac, frac = exposed / step, avoidable / step
     severity = grade(frac, t.exposed_fraction_warn, t.exposed_fraction_crit)
     if severity is None:
         if raw_frac < t.exposed_fraction_warn:
             return []
         severity = Severity.INFO
-    worst = [v for v in top(ag, key=lambda v: (v.avoidable_seconds, v.exposed_seconds))
+    worst = [v for v in top(ag, key=lambda v: (v.exposed_seconds, v.avoidable_seconds))
              if v.exposed_ratio >= t.unit_exposed_ratio_warn and v.exposed_seconds > 0]
     late = [v for v in worst if v.phase == "backward"]
     late_units = {v.unit for v in late}
@@ -63,13 +68,17 @@ def evaluate(ctx) -> list:
     evidence = {"all_gather_exposed_fraction": r6(raw_frac),
                 "all_gather_avoidable_fraction": r6(frac),
                 "all_gather_exposed_seconds_per_step": r6(exposed),
+                "all_gather_exposed_seconds_per_step_mean_over_ranks": r6(table),
                 "step_seconds": r6(step), "synchronous": ctx.sync,
                 "worst": [{"unit": v.unit, "phase": v.phase,
                            "exposed_seconds_per_step": r6(v.exposed_seconds),
                            "exposed_ratio": r6(v.exposed_ratio)} for v in worst]}
     framework = ctx.facts.framework if ctx.facts is not None else "fsdp2"
+    sums = (f" ({secs(exposed)}/step on the rank that waited least per unit and phase; "
+            f"{secs(table)} mean over ranks, as the per-unit table sums it)")
     if ctx.sync:
-        title = (f"synchronous all-gathers are {pct(raw_frac)} of the step: nothing overlaps"
+        title = (f"synchronous all-gathers are {pct(raw_frac)} of the step{sums}: nothing "
+                 f"overlaps"
                  + ("" if severity == Severity.INFO
                     else f"; {pct(frac)} is more than the link explains"))
         fix = ("The all-gathers run synchronously (FSDP2's default on gloo/CPU): nothing "
@@ -78,9 +87,9 @@ def evaluate(ctx) -> list:
                "[next_block])`, `block.set_modules_to_backward_prefetch([prev_block])`.")
         fix = FRAMEWORK_FIX.get(framework, fix)
     else:
-        title = (f"all-gathers exposed for {pct(frac)} of the step: prefetch is not keeping up"
-                 if severity > Severity.INFO else
-                 f"all-gathers exposed for {pct(raw_frac)} of the step")
+        title = (f"all-gathers exposed for {pct(frac)} of the step{sums}: prefetch is not "
+                 f"keeping up" if severity > Severity.INFO else
+                 f"all-gathers exposed for {pct(raw_frac)} of the step{sums}")
         fix = ("Prefetch earlier or deeper: `unit.set_modules_to_forward_prefetch([next, "
                "next_but_one])` and `set_modules_to_backward_prefetch([...])`; "
                "`fully_shard(block, reshard_after_forward=False)` on the late blocks whose "

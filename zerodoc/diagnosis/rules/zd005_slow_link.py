@@ -8,11 +8,20 @@ of InfiniBand. Memory is typically fine; step time is what degrades.
 Evidence: per collective kind, the aggregate bus bandwidth of the collectives of at least
 slow_link_min_bytes (link-attributable: the fastest rank's time, so a straggler's peers are
 not blamed on the link), the link class and its expected bandwidth, the exposed time beyond
-the link baseline, the memory headroom.
+the link baseline, the memory headroom. Fires below slow_link_busbw_fraction of the link; with
+synchronous collectives also below slow_link_costly_busbw_fraction when the time beyond the
+link's expected time is at least exposed_fraction_crit of the step (a fixed delay on every
+collective: the step waits on the link whatever its bandwidth figure says), unless the
+wrapping is too fine (ZD002's condition: at least wrap_fine_min_units units, median
+all-gather below wrap_fine_median_bytes): then per-call latency explains the wait.
+Severity: ERROR when the exposure beyond the link is >= exposed_fraction_crit of the step,
+else WARNING (the engine raises it further to what it explains: ZD003 / ZD004 / ZD006).
 Fix: check the topology and transport; keep the shard group inside a node (HSDP).
 """
 
 from __future__ import annotations
+
+import statistics
 
 from ..findings import Severity
 from ..fmt import pct, rate
@@ -30,6 +39,10 @@ def evaluate(ctx) -> list:
     if not ctx.link_busbw:
         return []
     slow, evidence, cost = [], {}, 0.0
+    step = ctx.step_seconds
+    sizes = [v.bytes_per_call for v in ctx.views("all_gather") if v.count]
+    latency_bound = (len([u for u in ctx.units if u.params > 0]) >= t.wrap_fine_min_units
+                     and bool(sizes) and statistics.median(sizes) < t.wrap_fine_median_bytes)
     for coll in ("all_gather", "reduce_scatter", "all_reduce"):
         big = [v for v in ctx.views(coll) if v.count and v.seconds > 0
                and v.bytes_per_call >= t.slow_link_min_bytes]
@@ -42,12 +55,15 @@ def evaluate(ctx) -> list:
         evidence[coll] = {"busbw_bytes_per_second": r6(bw), "link_fraction": r6(frac),
                           "collectives_per_step": r6(sum(v.count for v in big)),
                           "group_size": n}
-        if frac < t.slow_link_busbw_fraction:
+        beyond = sum(max(0.0, v.exposed_seconds - (v.expected_seconds or 0.0)) for v in big)
+        costly = (ctx.sync and not latency_bound and step > 0
+                  and frac < t.slow_link_costly_busbw_fraction
+                  and beyond / step >= t.exposed_fraction_crit)
+        if frac < t.slow_link_busbw_fraction or costly:
             slow.append((coll, bw, frac))
-            cost += sum(max(0.0, v.exposed_seconds - (v.expected_seconds or 0.0)) for v in big)
+            cost += beyond
     if not slow:
         return []
-    step = ctx.step_seconds
     cost_frac = cost / step if step else 0.0
     severity = Severity.ERROR if cost_frac >= t.exposed_fraction_crit else Severity.WARNING
     w = next(iter(ctx.active.values()), None)
@@ -59,12 +75,14 @@ def evaluate(ctx) -> list:
     return [finding(
         CODE, NAME, severity,
         f"{coll.replace('_', '-')} bus bandwidth {rate(bw)} is {pct(frac)} of the "
-        f"{rate(ctx.link_busbw)} expected on {ctx.link}",
+        f"{rate(ctx.link_busbw)} expected on {ctx.link}; waiting on it beyond its expected "
+        f"time costs {pct(cost_frac)} of the step",
         evidence={"link": ctx.link, "link_busbw_bytes_per_second": ctx.link_busbw,
                   **evidence, "exposed_beyond_link_seconds_per_step": r6(cost),
                   "exposed_beyond_link_fraction": r6(cost_frac),
                   "min_headroom_fraction": r6(min(heads)) if heads else None},
         threshold={"slow_link_busbw_fraction": t.slow_link_busbw_fraction,
+                   "slow_link_costly_busbw_fraction": t.slow_link_costly_busbw_fraction,
                    "slow_link_min_bytes": t.slow_link_min_bytes,
                    "exposed_fraction_crit": t.exposed_fraction_crit},
         fix=("Check the path the collectives take: `nvidia-smi topo -m` (NVLink vs PCIe / "

@@ -6,8 +6,12 @@ The compute-to-exposed-communication ratio is the number to watch, not whether i
 
 Evidence: exposed communication (all collectives, link-attributable) per step, compute per
 step, their ratio; for synchronous collectives, the part the link baseline does not explain.
-Severity: WARNING / ERROR on the avoidable ratio (comm_compute_ratio_warn / _crit); INFO
-when only the raw ratio is high (synchronous gloo at the link's expected speed).
+Severity: WARNING / ERROR on the avoidable ratio (comm_compute_ratio_warn / _crit). With
+synchronous collectives (gloo: the link explains part of the time) the raw ratio still scales
+it: INFO between comm_compute_ratio_warn and _crit, WARNING at or above comm_compute_ratio_crit
+(exposed communication longer than the compute: comm-bound whatever the link's share; the
+slow-link rule, ZD005, says when the link is the cause). Without per-unit detail (not yet
+written, or a source without it) the ranks' own totals give the raw ratio, graded the same.
 Fix: more compute per byte (bigger micro-batch, longer sequences), fewer bytes (lower
 stage), a faster link or HSDP.
 """
@@ -29,27 +33,36 @@ def evaluate(ctx) -> list:
     t = ctx.t
     compute = ctx.compute_seconds
     views = [v for v in ctx.views() if v.count]
-    if compute <= 0 or not views:
+    if compute <= 0:
         return []
-    exposed = sum(v.exposed_seconds for v in views)
-    avoidable = sum(v.avoidable_seconds for v in views)
+    if views:
+        exposed = sum(v.exposed_seconds for v in views)
+        avoidable = sum(v.avoidable_seconds for v in views)
+        sync = ctx.sync
+    else:  # no per-unit detail: the ranks' totals (median rank), nothing known avoidable
+        exposed = ctx.median(w.exposed_seconds / w.steps for w in ctx.active.values())
+        avoidable, sync = 0.0, True
     raw, ratio = exposed / compute, avoidable / compute
     severity = grade(ratio, t.comm_compute_ratio_warn, t.comm_compute_ratio_crit)
     if severity is None:
         if raw < t.comm_compute_ratio_warn:
             return []
-        severity = Severity.INFO
-    shown = ratio if severity > Severity.INFO else raw
-    what = ("beyond what the link explains " if ctx.sync and severity > Severity.INFO else "")
+        # synchronous: the link explains part of it, but past crit the step is comm-bound
+        severity = Severity.WARNING if sync and raw >= t.comm_compute_ratio_crit \
+            else Severity.INFO
+    avoidable_led = ratio >= t.comm_compute_ratio_warn
+    shown = ratio if avoidable_led else raw
+    what = "beyond what the link explains " if sync and avoidable_led else ""
     return [finding(
         CODE, NAME, severity,
         f"exposed communication {what}is {shown:.2f}x the compute "
-        f"({secs(avoidable if what else exposed)} vs {secs(compute)} per step)",
+        f"({secs(avoidable if what else exposed)} vs {secs(compute)} per step)"
+        + ("" if views else "; ranks' totals: no per-unit detail yet"),
         evidence={"exposed_comm_seconds_per_step": r6(exposed),
                   "avoidable_comm_seconds_per_step": r6(avoidable),
                   "compute_seconds_per_step": r6(compute),
                   "comm_compute_ratio": r6(raw), "avoidable_comm_compute_ratio": r6(ratio),
-                  "synchronous": ctx.sync},
+                  "synchronous": sync, "per_unit_detail": bool(views)},
         threshold={"comm_compute_ratio_warn": t.comm_compute_ratio_warn,
                    "comm_compute_ratio_crit": t.comm_compute_ratio_crit},
         fix=("Give each byte more compute: a bigger micro-batch or longer sequences per "
