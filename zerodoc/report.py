@@ -146,6 +146,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "data_problems": [{"kind": p.kind, "message": p.message, "fix": p.fix}
                           for p in data_problems(snap)],
         "missing_ranks": sorted(snap.missing_ranks),
+        "log_notes": list(getattr(snap, "log_notes", ())),
     }
 
 
@@ -272,6 +273,8 @@ def render_text(rep: dict) -> str:
             lines.append(f"  - {p['message']}")
             if p["fix"]:
                 lines.append(f"    fix: {p['fix']}")
+    if rep.get("log_notes"):
+        lines += ["", "Run log"] + [f"  - {n}" for n in rep["log_notes"]]
     lines += ["", f"Findings: {_summary(rep)}"]
     for f in rep["findings"]:
         lines.append(f"  {f['severity'].upper():8} {f['code']} {f['name']}: {f['title']}")
@@ -306,6 +309,8 @@ def render_markdown(rep: dict) -> str:
         lines += [f"- {p['message']}" + (f" (fix: {p['fix']})" if p["fix"] else "")
                   for p in rep["data_problems"]]
         lines.append("")
+    if rep.get("log_notes"):
+        lines += ["## Run log", ""] + [f"- {n}" for n in rep["log_notes"]] + [""]
     lines += [f"## Findings ({_summary(rep)})", ""]
     for f in rep["findings"]:
         lines.append(f"### {f['severity'].upper()} {f['code']} `{f['name']}`: {f['title']}")

@@ -98,14 +98,46 @@ def _take(log: RankLog, line: bytes, names: list[str], parse_steps: bool = True)
         elif kind == "end":
             log.ended = True
             log.dropped = max(log.dropped, int(rec.get("dropped", 0)))
+            _lost(log, rec.get("lost", 0), rec.get("lost_steps", 0), rec.get("write_error"))
         elif kind == "header":
             pass
         else:
             if kind == "dropped":
                 log.dropped = max(log.dropped, int(rec.get("total", 0)))
+            elif kind == "lost":
+                _lost(log, rec.get("total", 0), rec.get("total_steps", 0), rec.get("error"))
             log.add_event(rec)
     except _BAD:
         log.bad_lines += 1
+
+
+def _lost(log: RankLog, records, steps, why) -> None:
+    """Cumulative counts of records the writer lost (a `lost` or `end` record)."""
+    log.lost = max(log.lost, int(records or 0))
+    log.lost_steps = max(log.lost_steps, int(steps or 0))
+    if why:
+        log.write_error = str(why)[:200]
+
+
+def log_notes(logs) -> list[str]:
+    """What the run logs say went wrong with themselves, one line each: records a failed
+    write lost ("N steps not recorded: disk full at PATH") and lines a reader skipped."""
+    out = []
+    for log in sorted(logs, key=lambda x: x.facts.rank):
+        name = Path(log.path).name or f"rank {log.facts.rank}"
+        if log.lost:
+            what = (f"{log.lost_steps} step{'s' if log.lost_steps != 1 else ''} not recorded"
+                    if log.lost_steps else f"{log.lost} record(s) not recorded")
+            more = log.lost - log.lost_steps
+            out.append(f"{what}: {log.write_error or 'write failed'} at {log.path}"
+                       + (f" (and {more} other record(s))" if log.lost_steps and more else ""))
+        if log.dropped:
+            out.append(f"{log.dropped} record(s) dropped by the writer (its queue was full: "
+                       f"a slow filesystem) in {name}")
+        if log.bad_lines:
+            out.append(f"{log.bad_lines} line{'s' if log.bad_lines != 1 else ''} skipped in "
+                       f"{name} (torn or not valid)")
+    return out
 
 
 def read_detail(run_dir: Path, rank: int, header_at: int, names: list[str],
@@ -468,6 +500,7 @@ def annotate(snap: RunSnapshot, logs, stale_after_s: float, now: float) -> None:
         elif not log.ended and now - log.last_unix > stale_after_s:
             snap.stale_ranks.add(rank)
     snap.missing_ranks = missing(snap)
+    snap.log_notes = log_notes(logs)
 
 
 def missing(snap: RunSnapshot) -> set[int]:

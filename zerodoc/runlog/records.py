@@ -139,6 +139,9 @@ class RankLog:
     segments: int = 1  # segments in this rank's file
     schema: int = SCHEMA
     dropped: int = 0  # records the writer dropped (queue full), as the log says
+    lost: int = 0  # records a failed write lost (disk full, read-only, size limit) ...
+    lost_steps: int = 0  # ... of which step lines, as the log says (`lost`, `end`)
+    write_error: str | None = None  # why those writes failed ("disk full", ...)
     path: str = ""
     header_at: int = 0  # byte offset of this segment's header in the file
     read_to: int = 0  # byte offset after the last complete line read
