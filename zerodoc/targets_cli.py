@@ -37,11 +37,11 @@ def add_parser(sub) -> None:
 
 def read_header(path: Path) -> tuple[dict, bool]:
     """The header dict of a rank log, and whether the log ends with a clean end record."""
-    from .runlog.scan import newest_head
+    from .runlog.scan import MAX_LINE, newest_head
 
     try:
         with open(path, "rb") as f:
-            first = f.readline()
+            first = f.readline(MAX_LINE)
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - 4096))
@@ -51,7 +51,7 @@ def read_header(path: Path) -> tuple[dict, bool]:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from None
     try:
         head = newest[1] if newest is not None else json.loads(first)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested beyond reason
         raise UserError(f"{path}: first line is not a zerodoc header") from None
     if not isinstance(head, dict) or head.get("type") != "header":
         raise UserError(f"{path}: first line is not a zerodoc header")

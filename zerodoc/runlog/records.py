@@ -7,6 +7,7 @@ The format itself is described in `zerodoc.runlog` (and docs/runlog.md).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from ..errors import UserError
@@ -179,6 +180,84 @@ class RankLog:
 # parsing
 
 
+MAX_WORLD = 1_000_000  # ranks: far beyond any job, small enough to list
+MAX_UNITS = 1_000_000
+MAX_COUNT = 1 << 62  # counts and bytes: an int64 that no real number reaches
+
+
+def _int(v, name: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
+    """An int field in [lo, hi] (a whole float such as 3.0 counts; a bool, a string or 2.5
+    does not), else ValueError."""
+    if type(v) is float and v.is_integer() and lo <= v <= hi:
+        return int(v)
+    if type(v) is not int or not lo <= v <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], not {v!r:.40}")
+    return v
+
+
+# Rounding slack below 0: interval lines are differences of cumulative float sums, and a
+# remainder like other_s is a difference too, so an honest zero can be written as -1e-17.
+SLACK = 1e-6
+
+
+def _num(v, name: str, lo: float = 0.0) -> float:
+    """A finite number >= lo (less rounding slack), else ValueError (NaN, infinities,
+    negative durations)."""
+    if type(v) not in (int, float) or not math.isfinite(v) or v < lo - SLACK:
+        raise ValueError(f"{name} must be a finite number >= {lo:g}, not {v!r:.40}")
+    return float(v)
+
+
+def _str(v, name: str, optional: bool = False, limit: int = 4096) -> None:
+    if v is None and optional:
+        return
+    if not isinstance(v, str) or len(v) > limit:
+        raise ValueError(f"{name} must be a string of at most {limit} characters")
+
+
+def check_unit(u) -> dict:
+    """A header's unit entry, each field checked against its meaning."""
+    if not isinstance(u, dict):
+        raise ValueError("a unit is not an object")
+    _str(u.get("name"), "unit name")
+    for k in ("params", "param_bytes", "gather_bytes", "sharded_bytes"):
+        _int(u.get(k), f"unit {k}")
+    _int(u.get("group_size"), "unit group_size", 1, MAX_WORLD)
+    _int(u.get("replicate_size", 1), "unit replicate_size", 1, MAX_WORLD)
+    if u.get("reshard_after_forward") not in (True, False, None):
+        raise ValueError("unit reshard_after_forward must be true, false or null")
+    return u
+
+
+def check_facts(d: dict) -> None:
+    """The header's rank facts checked against their meaning (ValueError says which)."""
+    world = _int(d.get("world_size"), "world_size", 1, MAX_WORLD)
+    _int(d.get("rank"), "rank", 0, world - 1)
+    lws = _int(d.get("local_world_size"), "local_world_size", 1, world)
+    _int(d.get("local_rank"), "local_rank", 0, lws - 1)
+    _num(d.get("started_unix"), "started_unix")
+    _int(d.get("pid"), "pid", 0, 1 << 31)
+    if d.get("zero_stage") is not None:
+        _int(d.get("zero_stage"), "zero_stage", 0, 3)
+    if d.get("device_capacity_bytes") is not None:
+        _int(d.get("device_capacity_bytes"), "device_capacity_bytes")
+    for k in ("node", "run_id", "framework", "framework_version", "torch_version",
+              "device_type", "backend", "param_dtype", "reduce_dtype"):
+        _str(d.get(k), k, optional=k not in ("node", "run_id"))
+    _str(d.get("metrics_endpoint"), "metrics_endpoint", optional=True, limit=300)
+    units = d.get("units")
+    if not isinstance(units, list) or len(units) > MAX_UNITS:
+        raise ValueError(f"units must be a list of at most {MAX_UNITS:,}")
+    mesh = d.get("mesh_shape") or ()
+    if not isinstance(mesh, (list, tuple)) or len(mesh) > 8:
+        raise ValueError("mesh_shape must be a list of at most 8 sizes")
+    for m in mesh:
+        _int(m, "mesh_shape", 1, MAX_WORLD)
+    for k in ("hooks", "config"):
+        if d.get(k) is not None and not isinstance(d.get(k), dict):
+            raise ValueError(f"{k} must be an object")
+
+
 _UNIT_FACTS: dict[int, tuple] = {}
 
 
@@ -187,7 +266,7 @@ def _unit_facts(units: list) -> tuple[UnitFacts, ...]:
     hit = _UNIT_FACTS.get(id(units))
     if hit is not None and hit[0] is units:
         return hit[1]
-    out = tuple(UnitFacts(**u) for u in units)
+    out = tuple(UnitFacts(**check_unit(u)) for u in units)
     if len(_UNIT_FACTS) > 256:
         _UNIT_FACTS.clear()
     _UNIT_FACTS[id(units)] = (units, out)
@@ -197,6 +276,7 @@ def _unit_facts(units: list) -> tuple[UnitFacts, ...]:
 def facts_from_dict(d: dict) -> RankFacts:
     """RankFacts from a header dict (run log header, or a cached scrape)."""
     try:
+        check_facts(d)
         units = _unit_facts(d["units"])
         names = {f.name for f in dataclasses.fields(RankFacts)}
         kw = {k: v for k, v in d.items() if k in names}
@@ -207,7 +287,7 @@ def facts_from_dict(d: dict) -> RankFacts:
         return RankFacts(**kw)
     except (KeyError, TypeError, ValueError) as e:
         raise RunLogError(f"run log header is not a zerodoc schema-{d.get('schema', SCHEMA)} "
-                          f"header: {e}") from e
+                          f"header: {e}") from None
 
 
 def check_header(head: object, where: str) -> dict:
@@ -228,43 +308,62 @@ def step_from_dict(d: dict, unit_names: list[str]) -> StepRecord:
     """A full step record (compute / comm rows refer to units by index)."""
     compute: dict[tuple[str, str], float] = {}
     for u, phase, s in d.get("compute", ()):
-        key = (unit_names[u], phase)
-        compute[key] = compute.get(key, 0.0) + float(s)
+        key = (unit_names[_unit(u, unit_names)], phase)
+        compute[key] = compute.get(key, 0.0) + _num(s, "compute seconds")
     comm: dict[tuple[str, str, str], CommTotals] = {}
     for u, phase, coll, n, b, s, ex, hid in d.get("comm", ()):
-        key = (unit_names[u], phase, coll)
+        key = (unit_names[_unit(u, unit_names)], phase, coll)
+        row = CommTotals(_int(n, "count"), _int(b, "bytes"), _num(s, "seconds"),
+                         _num(ex, "exposed seconds"), _num(hid, "hidden seconds"))
         t = comm.get(key)
         if t is None:  # the common case: one row per key
-            comm[key] = CommTotals(int(n), int(b), float(s), float(ex), float(hid))
+            comm[key] = row
         else:
-            t.add(CommTotals(int(n), int(b), float(s), float(ex), float(hid)))
+            t.add(row)
+    launch = _launch(d)
     return StepRecord(
-        step=int(d["step"]), end_unix=float(d["end_unix"]), step_seconds=float(d["step_s"]),
-        optimizer_seconds=float(d.get("optimizer_s", 0.0)),
-        framework_seconds=float(d.get("framework_s", 0.0)),
-        other_seconds=float(d.get("other_s", 0.0)), self_seconds=float(d.get("self_s", 0.0)),
+        step=_int(d["step"], "step", 1), end_unix=_num(d["end_unix"], "end_unix"),
+        step_seconds=_num(d["step_s"], "step_s"),
+        optimizer_seconds=_num(d.get("optimizer_s", 0.0), "optimizer_s"),
+        framework_seconds=_num(d.get("framework_s", 0.0), "framework_s"),
+        other_seconds=_num(d.get("other_s", 0.0), "other_s"),
+        self_seconds=_num(d.get("self_s", 0.0), "self_s"),
         compute=compute, comm=comm,
-        memory={k: int(v) for k, v in d.get("mem", {}).items()},
-        errors={k: int(v) for k, v in d.get("errors", {}).items()},
-        host_compute_seconds=float(d.get("host_compute_s", sum(compute.values()))),
-        launch_checks=int(d.get("launch", (0, 0))[0]),
-        launch_caught_up=int(d.get("launch", (0, 0))[1]))
+        memory=_counts(d.get("mem") or {}, "mem"),
+        errors=_counts(d.get("errors") or {}, "errors"),
+        host_compute_seconds=_num(d.get("host_compute_s", sum(compute.values())),
+                                  "host_compute_s"),
+        launch_checks=launch[0], launch_caught_up=launch[1])
+
+
+def _unit(u, names: list) -> int:
+    """A unit index of a record, within the header's units (no negative indexing)."""
+    return _int(u, "unit index", 0, len(names) - 1)
+
+
+def _launch(d: dict) -> tuple[int, int]:
+    launch = d.get("launch") or (0, 0)
+    return _int(launch[0], "launch checks"), _int(launch[1], "launch caught up")
+
+
+def _counts(m: dict, name: str) -> dict[str, int]:
+    """{name: count or bytes} (memory populations, error counts)."""
+    return {k: _int(v, f"{name} {k!s:.40}") for k, v in m.items()}
 
 
 def totals_from_dict(d: dict) -> StepTotals:
     """A step line's totals (schema 2 step line, or a schema 1 step line's totals)."""
     mem = d.get("mem")
     errs = d.get("errors")
-    launch = d.get("launch") or (0, 0)
-    compute = float(d.get("compute_s", 0.0))
+    launch = _launch(d)
+    compute = _num(d.get("compute_s", 0.0), "compute_s")
     return StepTotals(
-        int(d["step"]), float(d["end_unix"]), float(d["step_s"]),
-        float(d.get("optimizer_s", 0.0)), float(d.get("framework_s", 0.0)),
-        float(d.get("other_s", 0.0)), float(d.get("self_s", 0.0)),
-        compute, float(d.get("exposed_s", 0.0)),
-        {k: int(v) for k, v in mem.items()} if mem else None,
-        {k: int(v) for k, v in errs.items()} if errs else None,
-        float(d.get("host_compute_s", compute)), int(launch[0]), int(launch[1]))
+        _int(d["step"], "step", 1), _num(d["end_unix"], "end_unix"), _num(d["step_s"], "step_s"),
+        *(_num(d.get(k, 0.0), k) for k in ("optimizer_s", "framework_s", "other_s", "self_s")),
+        compute, _num(d.get("exposed_s", 0.0), "exposed_s"),
+        _counts(mem, "mem") if mem else None,
+        _counts(errs, "errors") if errs else None,
+        _num(d.get("host_compute_s", compute), "host_compute_s"), launch[0], launch[1])
 
 
 def totals_of(s: StepRecord) -> StepTotals:
@@ -298,6 +397,8 @@ def _keys(names: tuple, units: list[int], rest: tuple) -> list:
     if got is None:
         if len(_KEYS) > 4096:
             _KEYS.clear()
+        if not all(type(u) is int and 0 <= u < len(names) for u in units):
+            raise ValueError("unit indices must be integers within the header's units")
         got = _KEYS[k] = [(names[u], *rest) for u in units]
     return got
 
@@ -312,15 +413,26 @@ def arrays_from_columns(units: dict, unit_names: list[str]) -> tuple:
     for g in units.get("compute", ()):
         phase = g["phase"]
         ck += _keys(names, g["unit"], (phase,))
-        cv += g["seconds"]
+        cv += _same_length(g["seconds"], g["unit"])
     mk, cols = [], [[], [], [], [], []]
     for g in units.get("comm", ()):
         phase, coll = g["phase"], g["collective"]
         mk += _keys(names, g["unit"], (phase, coll))
         for i, f in enumerate(("count", "bytes", "seconds", "exposed", "hidden")):
-            cols[i] += g[f]
+            cols[i] += _same_length(g[f], g["unit"])
     mv = np.array(cols, np.float64).T.reshape(len(mk), 5) if mk else np.zeros((0, 5))
-    return _intern(tuple(ck)), np.array(cv, np.float64), _intern(tuple(mk)), mv
+    cv = np.array(cv, np.float64)
+    for a in (cv, mv):  # durations, counts and bytes: finite and >= 0
+        if a.size and not (np.isfinite(a).all() and (a >= -SLACK).all()):
+            raise ValueError("per-unit numbers must be finite and >= 0")
+    return _intern(tuple(ck)), cv, _intern(tuple(mk)), mv
+
+
+def _same_length(col: list, units: list) -> list:
+    """A per-unit column (its numbers are checked as an array: finite, >= 0)."""
+    if not isinstance(col, list) or not isinstance(units, list) or len(col) != len(units):
+        raise ValueError("a per-unit column must hold one number per unit")
+    return col
 
 
 def dicts_of(arrays: tuple) -> tuple[dict, dict]:
@@ -340,12 +452,13 @@ def units_from_columns(units: dict, unit_names: list[str]) -> tuple[dict, dict]:
 def block_from_dict(d: dict, unit_names: list[str]) -> UnitsBlock:
     arrays = arrays_from_columns(d.get("units", {}), unit_names)
     kind = d["type"]
-    last = int(d["last"] if kind == "interval" else d["step"])
-    first = int(d["first"]) if kind == "interval" else 1
-    b = UnitsBlock(kind, first, last, int(d["steps"]), float(d.get("end_unix", 0.0)),
-                   *(float(d.get(k, 0.0)) for k, _ in SCALARS),
-                   float(d.get("max_step_s", 0.0)), arrays)
-    launch = d.get("launch") or (0, 0)
-    b.host_compute_seconds = float(d.get("host_compute_s", float(arrays[1].sum())))
-    b.launch_checks, b.launch_caught_up = int(launch[0]), int(launch[1])
+    last = _int(d["last"] if kind == "interval" else d["step"], "last step", 1)
+    first = _int(d["first"], "first step", 1, last) if kind == "interval" else 1
+    b = UnitsBlock(kind, first, last, _int(d["steps"], "steps", 0, last),
+                   _num(d.get("end_unix", 0.0), "end_unix"),
+                   *(_num(d.get(k, 0.0), k) for k, _ in SCALARS),
+                   _num(d.get("max_step_s", 0.0), "max_step_s"), arrays)
+    b.host_compute_seconds = _num(d.get("host_compute_s", float(arrays[1].sum())),
+                                  "host_compute_s")
+    b.launch_checks, b.launch_caught_up = _launch(d)
     return b

@@ -1,0 +1,1 @@
+"""Helpers for testing zerodoc and for the benches: hostile inputs (`hostile`)."""
