@@ -185,7 +185,7 @@ MAX_UNITS = 1_000_000
 MAX_COUNT = 1 << 62  # counts and bytes: an int64 that no real number reaches
 
 
-def _int(v, name: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
+def _vint(v, name: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
     """An int field in [lo, hi] (a whole float such as 3.0 counts; a bool, a string or 2.5
     does not), else ValueError."""
     if type(v) is float and v.is_integer() and lo <= v <= hi:
@@ -200,7 +200,7 @@ def _int(v, name: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
 SLACK = 1e-6
 
 
-def _num(v, name: str, lo: float = 0.0) -> float:
+def _vnum(v, name: str, lo: float = 0.0) -> float:
     """A finite number >= lo (less rounding slack), else ValueError (NaN, infinities,
     negative durations)."""
     if type(v) not in (int, float) or not math.isfinite(v) or v < lo - SLACK:
@@ -221,9 +221,9 @@ def check_unit(u) -> dict:
         raise ValueError("a unit is not an object")
     _str(u.get("name"), "unit name")
     for k in ("params", "param_bytes", "gather_bytes", "sharded_bytes"):
-        _int(u.get(k), f"unit {k}")
-    _int(u.get("group_size"), "unit group_size", 1, MAX_WORLD)
-    _int(u.get("replicate_size", 1), "unit replicate_size", 1, MAX_WORLD)
+        _vint(u.get(k), f"unit {k}")
+    _vint(u.get("group_size"), "unit group_size", 1, MAX_WORLD)
+    _vint(u.get("replicate_size", 1), "unit replicate_size", 1, MAX_WORLD)
     if u.get("reshard_after_forward") not in (True, False, None):
         raise ValueError("unit reshard_after_forward must be true, false or null")
     return u
@@ -231,16 +231,16 @@ def check_unit(u) -> dict:
 
 def check_facts(d: dict) -> None:
     """The header's rank facts checked against their meaning (ValueError says which)."""
-    world = _int(d.get("world_size"), "world_size", 1, MAX_WORLD)
-    _int(d.get("rank"), "rank", 0, world - 1)
-    lws = _int(d.get("local_world_size"), "local_world_size", 1, world)
-    _int(d.get("local_rank"), "local_rank", 0, lws - 1)
-    _num(d.get("started_unix"), "started_unix")
-    _int(d.get("pid"), "pid", 0, 1 << 31)
+    world = _vint(d.get("world_size"), "world_size", 1, MAX_WORLD)
+    _vint(d.get("rank"), "rank", 0, world - 1)
+    lws = _vint(d.get("local_world_size"), "local_world_size", 1, world)
+    _vint(d.get("local_rank"), "local_rank", 0, lws - 1)
+    _vnum(d.get("started_unix"), "started_unix")
+    _vint(d.get("pid"), "pid", 0, 1 << 31)
     if d.get("zero_stage") is not None:
-        _int(d.get("zero_stage"), "zero_stage", 0, 3)
+        _vint(d.get("zero_stage"), "zero_stage", 0, 3)
     if d.get("device_capacity_bytes") is not None:
-        _int(d.get("device_capacity_bytes"), "device_capacity_bytes")
+        _vint(d.get("device_capacity_bytes"), "device_capacity_bytes")
     for k in ("node", "run_id", "framework", "framework_version", "torch_version",
               "device_type", "backend", "param_dtype", "reduce_dtype"):
         _str(d.get(k), k, optional=k not in ("node", "run_id"))
@@ -252,7 +252,7 @@ def check_facts(d: dict) -> None:
     if not isinstance(mesh, (list, tuple)) or len(mesh) > 8:
         raise ValueError("mesh_shape must be a list of at most 8 sizes")
     for m in mesh:
-        _int(m, "mesh_shape", 1, MAX_WORLD)
+        _vint(m, "mesh_shape", 1, MAX_WORLD)
     for k in ("hooks", "config"):
         if d.get(k) is not None and not isinstance(d.get(k), dict):
             raise ValueError(f"{k} must be an object")
@@ -306,64 +306,88 @@ def check_header(head: object, where: str) -> dict:
 
 def step_from_dict(d: dict, unit_names: list[str]) -> StepRecord:
     """A full step record (compute / comm rows refer to units by index)."""
+    check_record(d, len(unit_names))
     compute: dict[tuple[str, str], float] = {}
     for u, phase, s in d.get("compute", ()):
-        key = (unit_names[_unit(u, unit_names)], phase)
-        compute[key] = compute.get(key, 0.0) + _num(s, "compute seconds")
+        key = (unit_names[u], phase)
+        compute[key] = compute.get(key, 0.0) + float(s)
     comm: dict[tuple[str, str, str], CommTotals] = {}
     for u, phase, coll, n, b, s, ex, hid in d.get("comm", ()):
-        key = (unit_names[_unit(u, unit_names)], phase, coll)
-        row = CommTotals(_int(n, "count"), _int(b, "bytes"), _num(s, "seconds"),
-                         _num(ex, "exposed seconds"), _num(hid, "hidden seconds"))
+        key = (unit_names[u], phase, coll)
         t = comm.get(key)
         if t is None:  # the common case: one row per key
-            comm[key] = row
+            comm[key] = CommTotals(int(n), int(b), float(s), float(ex), float(hid))
         else:
-            t.add(row)
-    launch = _launch(d)
+            t.add(CommTotals(int(n), int(b), float(s), float(ex), float(hid)))
     return StepRecord(
-        step=_int(d["step"], "step", 1), end_unix=_num(d["end_unix"], "end_unix"),
-        step_seconds=_num(d["step_s"], "step_s"),
-        optimizer_seconds=_num(d.get("optimizer_s", 0.0), "optimizer_s"),
-        framework_seconds=_num(d.get("framework_s", 0.0), "framework_s"),
-        other_seconds=_num(d.get("other_s", 0.0), "other_s"),
-        self_seconds=_num(d.get("self_s", 0.0), "self_s"),
+        step=int(d["step"]), end_unix=float(d["end_unix"]), step_seconds=float(d["step_s"]),
+        optimizer_seconds=float(d.get("optimizer_s", 0.0)),
+        framework_seconds=float(d.get("framework_s", 0.0)),
+        other_seconds=float(d.get("other_s", 0.0)), self_seconds=float(d.get("self_s", 0.0)),
         compute=compute, comm=comm,
-        memory=_counts(d.get("mem") or {}, "mem"),
-        errors=_counts(d.get("errors") or {}, "errors"),
-        host_compute_seconds=_num(d.get("host_compute_s", sum(compute.values())),
-                                  "host_compute_s"),
-        launch_checks=launch[0], launch_caught_up=launch[1])
+        memory={k: int(v) for k, v in d.get("mem", {}).items()},
+        errors={k: int(v) for k, v in d.get("errors", {}).items()},
+        host_compute_seconds=float(d.get("host_compute_s", sum(compute.values()))),
+        launch_checks=int(d.get("launch", (0, 0))[0]),
+        launch_caught_up=int(d.get("launch", (0, 0))[1]))
 
 
-def _unit(u, names: list) -> int:
-    """A unit index of a record, within the header's units (no negative indexing)."""
-    return _int(u, "unit index", 0, len(names) - 1)
+# Numbers of step / interval / total lines that are durations or times: finite and >= 0
+# where present (null: not measured, left to the parser).
+_TIMES = ("end_unix", "step_s", "optimizer_s", "framework_s", "other_s", "wait_s", "self_s",
+          "compute_s", "exposed_s", "host_compute_s", "max_step_s")
 
 
-def _launch(d: dict) -> tuple[int, int]:
-    launch = d.get("launch") or (0, 0)
-    return _int(launch[0], "launch checks"), _int(launch[1], "launch caught up")
-
-
-def _counts(m: dict, name: str) -> dict[str, int]:
-    """{name: count or bytes} (memory populations, error counts)."""
-    return {k: _int(v, f"{name} {k!s:.40}") for k, v in m.items()}
+def check_record(d: dict, units: int | None = None) -> None:
+    """A step, interval or total line's fields checked against their meaning (ValueError
+    says which): times finite and >= 0, step numbers >= 1, counts and bytes non-negative
+    integers, unit indices within the header's `units`. The parsers call it first."""
+    if not isinstance(d, dict):
+        raise ValueError("a record is not an object")
+    for k in _TIMES:
+        v = d.get(k)
+        if v is not None:
+            _vnum(v, k)
+    for k in ("step", "first", "last"):
+        if k in d:
+            _vint(d[k], k, 1)
+    if "steps" in d:
+        _vint(d["steps"], "steps")
+    launch = d.get("launch")
+    if launch:
+        _vint(launch[0], "launch checks")
+        _vint(launch[1], "launch caught up")
+    for k in ("mem", "errors"):
+        for name, v in (d.get(k) or {}).items():
+            _vint(v, f"{k} {name!s:.40}")
+    if units is None:
+        return
+    for row in d.get("compute", ()):
+        _vint(row[0], "unit index", 0, units - 1)
+        _vnum(row[2], "compute seconds")
+    for row in d.get("comm", ()):
+        _vint(row[0], "unit index", 0, units - 1)
+        _vint(row[3], "count")
+        _vint(row[4], "bytes")
+        for x in row[5:8]:
+            _vnum(x, "comm seconds")
 
 
 def totals_from_dict(d: dict) -> StepTotals:
     """A step line's totals (schema 2 step line, or a schema 1 step line's totals)."""
+    check_record(d)
     mem = d.get("mem")
     errs = d.get("errors")
-    launch = _launch(d)
-    compute = _num(d.get("compute_s", 0.0), "compute_s")
+    launch = d.get("launch") or (0, 0)
+    compute = float(d.get("compute_s", 0.0))
     return StepTotals(
-        _int(d["step"], "step", 1), _num(d["end_unix"], "end_unix"), _num(d["step_s"], "step_s"),
-        *(_num(d.get(k, 0.0), k) for k in ("optimizer_s", "framework_s", "other_s", "self_s")),
-        compute, _num(d.get("exposed_s", 0.0), "exposed_s"),
-        _counts(mem, "mem") if mem else None,
-        _counts(errs, "errors") if errs else None,
-        _num(d.get("host_compute_s", compute), "host_compute_s"), launch[0], launch[1])
+        int(d["step"]), float(d["end_unix"]), float(d["step_s"]),
+        float(d.get("optimizer_s", 0.0)), float(d.get("framework_s", 0.0)),
+        float(d.get("other_s", 0.0)), float(d.get("self_s", 0.0)),
+        compute, float(d.get("exposed_s", 0.0)),
+        {k: int(v) for k, v in mem.items()} if mem else None,
+        {k: int(v) for k, v in errs.items()} if errs else None,
+        float(d.get("host_compute_s", compute)), int(launch[0]), int(launch[1]))
 
 
 def totals_of(s: StepRecord) -> StepTotals:
@@ -450,15 +474,15 @@ def units_from_columns(units: dict, unit_names: list[str]) -> tuple[dict, dict]:
 
 
 def block_from_dict(d: dict, unit_names: list[str]) -> UnitsBlock:
+    check_record(d, len(unit_names))
     arrays = arrays_from_columns(d.get("units", {}), unit_names)
     kind = d["type"]
-    last = _int(d["last"] if kind == "interval" else d["step"], "last step", 1)
-    first = _int(d["first"], "first step", 1, last) if kind == "interval" else 1
-    b = UnitsBlock(kind, first, last, _int(d["steps"], "steps", 0, last),
-                   _num(d.get("end_unix", 0.0), "end_unix"),
-                   *(_num(d.get(k, 0.0), k) for k, _ in SCALARS),
-                   _num(d.get("max_step_s", 0.0), "max_step_s"), arrays)
-    b.host_compute_seconds = _num(d.get("host_compute_s", float(arrays[1].sum())),
-                                  "host_compute_s")
-    b.launch_checks, b.launch_caught_up = _launch(d)
+    last = int(d["last"] if kind == "interval" else d["step"])
+    first = int(d["first"]) if kind == "interval" else 1
+    b = UnitsBlock(kind, first, last, int(d["steps"]), float(d.get("end_unix", 0.0)),
+                   *(float(d.get(k, 0.0)) for k, _ in SCALARS),
+                   float(d.get("max_step_s", 0.0)), arrays)
+    launch = d.get("launch") or (0, 0)
+    b.host_compute_seconds = float(d.get("host_compute_s", float(arrays[1].sum())))
+    b.launch_checks, b.launch_caught_up = int(launch[0]), int(launch[1])
     return b
