@@ -1,1 +1,1 @@
-"""Helpers for testing zerodoc and for the benches: hostile inputs (`hostile`)."""
+"""Stand-ins the tests and the benchmarks share (no test framework imported here)."""
