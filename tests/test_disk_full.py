@@ -13,69 +13,17 @@ must open its next detail file.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from zerodoc import cli
 from zerodoc.runlog import read_rank_log
-
-ROOT = Path(__file__).resolve().parent.parent
-
-# One rank writing steps 1-30 through the real writer; steps 11-20 while the file-size limit
-# leaves room for less than one step line (the first of them is torn by the kernel).
-JOB = r"""
-import json, os, resource, sys
-from zerodoc.runlog import RunLogWriter
-from zerodoc.runlog.replay import Replay
-from zerodoc.tui.synthetic import rank_facts, step_record
-
-run, mode = sys.argv[1], sys.argv[2]
-w = RunLogWriter(run, 0, every_steps=5, detail=True, queue_size=4096)
-rep = Replay(w, rank_facts(0, 1, 4, run_id="diskfull"))
-t = 1_700_000_000.0
-soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-nsoft, nhard = resource.getrlimit(resource.RLIMIT_NOFILE)
-
-def steps(a, b):
-    global t
-    for s in range(a, b + 1):
-        rec, step_s = step_record(s, 0, 1, 4, t, None)
-        t += step_s
-        rec["end_unix"] = t
-        rep.step(rec)
-    assert w.flush(30)
-
-during = 0
-steps(1, 10)
-if mode == "fsize":
-    size = os.path.getsize(w.path)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 150, hard))
-    steps(11, 20)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-elif mode == "nofile":
-    # no new descriptor (0-2 are taken; those open above the limit stay usable)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (3, nhard))
-    steps(11, 50)  # eight intervals: eight detail files the writer cannot open
-    during = max(os.stat(os.path.join(run, "detail", n)).st_size
-                 for n in ("00000-a.jsonl", "00000-b.jsonl"))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (nsoft, nhard))
-steps(max(21, 51 if mode == "nofile" else 21), 60 if mode == "nofile" else 30)
-rep.close(end=True)
-print(json.dumps({"lost": getattr(w, "lost", None), "lost_steps": getattr(w, "lost_steps", None),
-                  "errors": w.errors, "detail_bytes_during": during,
-                  "write_error": getattr(w, "write_error", None)}))
-"""
+from zerodoc.testing import hostile
 
 
 def run_job(tmp: Path, mode: str) -> tuple[Path, dict, str]:
     run = tmp / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "-c", JOB, str(run), mode], capture_output=True,
-                       text=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
-    assert p.returncode == 0, p.stderr
-    return run, json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
+    got, stderr = hostile.failing_writes_run(run, mode)
+    return run, got, stderr
 
 
 def test_file_size_limit_loses_whole_records_counted_and_reported(tmp_path, capsys):

@@ -137,6 +137,74 @@ def make_gzip_bomb(path: str | os.PathLike, expand_to: int = 4 << 30,
     return p
 
 
+# One rank writing steps through the real run-log writer in a child process (a limit set
+# there binds that process only). "fsize": steps 1-30, and 11-20 while the file-size limit
+# (RLIMIT_FSIZE: EFBIG after writing what fits, as a full disk gives ENOSPC) leaves room for
+# less than one step line; "nofile": steps 1-60, and 11-50 while no file descriptor can be
+# opened (RLIMIT_NOFILE: EMFILE when the writer opens its next detail file).
+_FAILING_WRITES_JOB = r"""
+
+import json, os, resource, sys
+from zerodoc.runlog import RunLogWriter
+from zerodoc.runlog.replay import Replay
+from zerodoc.tui.synthetic import rank_facts, step_record
+
+run, mode = sys.argv[1], sys.argv[2]
+w = RunLogWriter(run, 0, every_steps=5, detail=True, queue_size=4096)
+rep = Replay(w, rank_facts(0, 1, 4, run_id="diskfull"))
+t = 1_700_000_000.0
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+nsoft, nhard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+def steps(a, b):
+    global t
+    for s in range(a, b + 1):
+        rec, step_s = step_record(s, 0, 1, 4, t, None)
+        t += step_s
+        rec["end_unix"] = t
+        rep.step(rec)
+    assert w.flush(30)
+
+during = 0
+steps(1, 10)
+if mode == "fsize":
+    size = os.path.getsize(w.path)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 150, hard))
+    steps(11, 20)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+elif mode == "nofile":
+    # no new descriptor (0-2 are taken; those open above the limit stay usable)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (3, nhard))
+    steps(11, 50)  # eight intervals: eight detail files the writer cannot open
+    during = max(os.stat(os.path.join(run, "detail", n)).st_size
+                 for n in ("00000-a.jsonl", "00000-b.jsonl"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nsoft, nhard))
+steps(max(21, 51 if mode == "nofile" else 21), 60 if mode == "nofile" else 30)
+rep.close(end=True)
+print(json.dumps({"lost": getattr(w, "lost", None),
+                  "lost_steps": getattr(w, "lost_steps", None),
+                  "errors": w.errors, "detail_bytes_during": during,
+                  "write_error": getattr(w, "write_error", None)}))
+"""
+
+
+def failing_writes_run(run: str | os.PathLike, mode: str = "fsize",
+                       timeout: float = 120) -> tuple[dict, str]:
+    """Write `run` with failing writes (see above); (the writer's counts, its stderr)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-c", _FAILING_WRITES_JOB, str(run), mode],
+                       capture_output=True, text=True, env=env, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        raise RuntimeError(f"failing-writes job exited {p.returncode}: {p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
+
+
 HEADER_CASES = {
     # name: (header fields replaced, a piece of the one-line error)
     "world_size 1e9": ({"world_size": 10 ** 9}, "world_size must be an integer in [1, 1000000]"),
@@ -153,6 +221,6 @@ HEADER_CASES = {
     "mesh 1e9": ({"mesh_shape": [10 ** 9]}, "mesh_shape must be"),
 }
 
-__all__ = ["HEADER_CASES", "bad_duration_lines", "header", "make_bad_times_trace",
-           "make_deep_runlog", "make_deep_trace", "make_gzip_bomb", "make_long_last_line",
+__all__ = ["HEADER_CASES", "bad_duration_lines", "failing_writes_run", "header",
+           "make_bad_times_trace", "make_deep_runlog", "make_deep_trace", "make_gzip_bomb", "make_long_last_line",
            "make_run", "step_line"]
