@@ -62,7 +62,7 @@ def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ops")
     with LiveDemo(tmp, attach={"inject_latency_s": SLOW_LINK_S}, name="slowrun") as demo:
         sd = tmp / "file_sd" / "zerodoc.json"
-        assert main(["targets", str(demo.run_dir), "--write", str(sd)]) == 0
+        assert main(["targets", str(demo.run_dir), "--write", str(sd), "--mkdir"]) == 0
         rules = alerts.write_rules(tmp / "rules", opts=RuleOptions(
             window=WINDOW, alert_for=FOR, link=LINK))
         example = yaml.safe_load((ROOT / "exporters" / "prometheus.yml").read_text())

@@ -69,7 +69,7 @@ def test_json_report_is_stable_and_complete():
     assert list(rep) == ["schema", "generator", "generated_unix", "source", "run", "link",
                          "window", "ranks", "stale_ranks", "stopped", "summary", "findings",
                          "units", "steps", "thresholds", "ended_ranks", "data_problems",
-                         "missing_ranks", "interrupted_ranks", "trace_scope", "device"]
+                         "missing_ranks", "interrupted_ranks", "log_notes", "trace_scope", "device"]
     assert rep["stopped"] is None
     assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10,
                              "warmup_left_out": None}

@@ -133,7 +133,8 @@ def test_cli_writes_static_and_file_sd(tmp_path, capsys):
     run = write_run(tmp_path / "run", [facts(rank=r, endpoint=f"0.0.0.0:{9730 + r}",
                                              node=f"node-{r // 2}") for r in range(4)])
     out_file = tmp_path / "sd" / "zerodoc.json"
-    assert main(["targets", str(run), "--write", str(out_file), "--job", "llm"]) == 0
+    assert main(["targets", str(run), "--write", str(out_file), "--job", "llm",
+                 "--mkdir"]) == 0
     got = json.loads(out_file.read_text())
     assert [e["targets"][0] for e in got] == ["node-0:9730", "node-0:9731", "node-1:9732",
                                               "node-1:9733"]

@@ -45,6 +45,7 @@ class Shape:
     omit_reasons: int = 2  # zerodoc_exporter_omitted_series{reason}
     stalled: int = 0  # 1 while the watchdog says the rank is stuck (its stall gauge)
     closed: int = 0  # 1 once the rank closed cleanly (its closed signal, while it lingers)
+    lost: int = 0  # 1 once the run log lost a record to a failed write (a healthy run: 0)
 
     @property
     def unit_phase_keys(self) -> int:

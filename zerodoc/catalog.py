@@ -187,6 +187,11 @@ CATALOG: tuple[Metric, ...] = (
     Metric("zerodoc_runlog_dropped_records_total", "counter", "",
            "Run-log records dropped because the writer's queue was full (a slow filesystem); "
            "the training step never waits for the run log."),
+    Metric("zerodoc_runlog_records_lost_total", "counter", "",
+           "Run-log records lost because a write failed (disk full, a read-only filesystem, a "
+           "file-size limit); served once one was lost. Each record is written whole or not "
+           "at all, and the loss is also written to the log once it takes writes again.",
+           per="lost"),
     Metric("zerodoc_hook_available", "gauge", "",
            "1 if a torch hook point zerodoc relies on was found, 0 if missing.", ("hook",),
            per="hooks", into="hooks"),

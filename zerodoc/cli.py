@@ -28,10 +28,19 @@ COMMANDS: list[tuple[str, str]] = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (exit code 2): `zerodoc report: error: ...`,
+    pointing at --help instead of printing the usage block. Sub-command parsers are made of
+    the same class (argparse's default), so every `zerodoc` command line gets it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="zerodoc",
         description="Monitoring and diagnostics for sharded (FSDP / ZeRO) PyTorch training.",
     )

@@ -251,6 +251,9 @@ class RunSnapshot:
     # Per-unit numbers across ranks, when the source aggregated them (zerodoc.unitstats);
     # None: computed from the ranks' own per-unit totals when needed.
     unit_stats: object | None = None
+    # What the run logs say about themselves, one line each: records lost to failed writes,
+    # records dropped, lines skipped (zerodoc.runlog.reader.log_notes); empty: nothing.
+    log_notes: list[str] = field(default_factory=list)
 
     @property
     def any_rank(self) -> RankWindow | None:

@@ -384,6 +384,10 @@ def _number(text: str, what: str) -> Fraction:
     return v
 
 
+MAX_COUNT = 10 ** 16  # parameters: far beyond any model, and still exact in a float
+MAX_SIZE = 10 ** 21  # bytes (a zettabyte): far beyond any device or run
+
+
 def parse_count(text: str) -> int:
     """A parameter count: "70B", "1.3M", "13e9", "7_000_000", "125k"."""
     m = re.fullmatch(r"\s*([0-9][0-9_.,]*(?:e[+-]?\d+)?)\s*([kmbgt]?)\s*", str(text), re.I)
@@ -392,6 +396,8 @@ def parse_count(text: str) -> int:
     v = _number(m.group(1), "parameter count") * _COUNT_SUFFIX[m.group(2).lower()]
     if v < 1:
         raise UserError(f"parameter count {text!r} must be at least 1")
+    if v > MAX_COUNT:
+        raise UserError(f"parameter count {text!r} is more than {MAX_COUNT:.0e}")
     return round(v)
 
 
@@ -406,6 +412,8 @@ def parse_size(text: str) -> int:
     v = _number(m.group(1), "size") * _SIZE_UNITS[unit]
     if v <= 0:
         raise UserError(f"size {text!r} must be positive")
+    if v > MAX_SIZE:
+        raise UserError(f"size {text!r} is more than {MAX_SIZE:.0e} bytes")
     return round(v)
 
 

@@ -150,6 +150,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
                           for p in data_problems(snap)],
         "missing_ranks": sorted(snap.missing_ranks),
         "interrupted_ranks": sorted(snap.interrupted_ranks),
+        "log_notes": list(getattr(snap, "log_notes", ())),
         "trace_scope": scope(snap),
         "device": [{k: _r(v) if isinstance(v, float) else v for k, v in row.items()}
                    for row in device_rows(snap)],
@@ -287,6 +288,8 @@ def render_text(rep: dict) -> str:
             lines.append(f"  - {p['message']}")
             if p["fix"]:
                 lines.append(f"    fix: {p['fix']}")
+    if rep.get("log_notes"):
+        lines += ["", "Run log"] + [f"  - {n}" for n in rep["log_notes"]]
     lines += ["", f"Findings: {_summary(rep)}"]
     for f in rep["findings"]:
         lines.append(f"  {f['severity'].upper():8} {f['code']} {f['name']}: {f['title']}")
@@ -329,6 +332,8 @@ def render_markdown(rep: dict) -> str:
         lines += [f"- {p['message']}" + (f" (fix: {p['fix']})" if p["fix"] else "")
                   for p in rep["data_problems"]]
         lines.append("")
+    if rep.get("log_notes"):
+        lines += ["## Run log", ""] + [f"- {n}" for n in rep["log_notes"]] + [""]
     lines += [f"## Findings ({_summary(rep)})", ""]
     for f in rep["findings"]:
         lines.append(f"### {f['severity'].upper()} {f['code']} `{f['name']}`: {f['title']}")

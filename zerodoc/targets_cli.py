@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +23,10 @@ def add_parser(sub) -> None:
     p.add_argument("run_dir", nargs="?", default=None, metavar="RUN_DIR",
                    help="run directory (default: the latest run under ./zerodoc-runs)")
     p.add_argument("--write", metavar="FILE", default=None,
-                   help="write the targets to FILE (atomically) instead of printing them")
+                   help="write the targets to FILE (atomically) instead of printing them; "
+                        "its directory must exist (or --mkdir)")
+    p.add_argument("--mkdir", action="store_true",
+                   help="with --write: create FILE's directory when it does not exist")
     p.add_argument("--format", choices=FORMATS, default="file_sd", help="output format")
     p.add_argument("--job", default=None,
                    help="value of the job label (default $ZERODOC_JOB or 'zerodoc')")
@@ -33,11 +37,11 @@ def add_parser(sub) -> None:
 
 def read_header(path: Path) -> tuple[dict, bool]:
     """The header dict of a rank log, and whether the log ends with a clean end record."""
-    from .runlog.scan import newest_head
+    from .runlog.scan import MAX_LINE, newest_head
 
     try:
         with open(path, "rb") as f:
-            first = f.readline()
+            first = f.readline(MAX_LINE)
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - 4096))
@@ -47,7 +51,7 @@ def read_header(path: Path) -> tuple[dict, bool]:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from None
     try:
         head = newest[1] if newest is not None else json.loads(first)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested beyond reason
         raise UserError(f"{path}: first line is not a zerodoc header") from None
     if not isinstance(head, dict) or head.get("type") != "header":
         raise UserError(f"{path}: first line is not a zerodoc header")
@@ -110,6 +114,18 @@ def render(entries: list[dict], fmt: str) -> str:
 def run(args) -> int:
     from .runlog import latest_run
 
+    if args.mkdir and not args.write:
+        raise UserError("--mkdir goes with --write FILE")
+    if args.write:
+        out = Path(args.write)
+        if out.is_dir() or args.write.endswith(("/", os.sep)):
+            raise UserError(f"--write {args.write}: is a directory; give a file name "
+                            "(e.g. zerodoc.json)")
+        if out.parent.exists() and not out.parent.is_dir():
+            raise UserError(f"cannot write {args.write}: {out.parent} is not a directory")
+        if not out.parent.is_dir() and not args.mkdir:
+            raise UserError(f"--write {args.write}: directory {out.parent} does not exist "
+                            "(create it, or add --mkdir)")
     run_dir = Path(args.run_dir) if args.run_dir else latest_run()
     entries, warnings = run_targets(run_dir, args.job, args.include_ended)
     for w in warnings:

@@ -7,6 +7,8 @@ All ratios are plain fractions (0.15 = 15 %). Override per run with
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, fields, replace
 
 from .errors import UserError
@@ -87,6 +89,11 @@ class Thresholds:
             except ValueError:
                 raise UserError(f"threshold {name} needs a {type(cur).__name__}, got {raw!r}") \
                     from None
+            if isinstance(val, (int, float)) and not (math.isfinite(val) and val >= 0):
+                raise UserError(f"threshold {name} must be a finite number >= 0, got {raw!r}")
+            if name == "alert_for" and not re.fullmatch(r"(\d+(ms|s|m|h|d|w|y))+", val):
+                raise UserError(f"threshold alert_for needs a duration like 5m or 1h30m, "
+                                f"got {raw!r}")
             t = replace(t, **{name: val})
         return t
 

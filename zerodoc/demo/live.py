@@ -17,8 +17,8 @@ def _validate(args) -> None:
         raise UserError(f"--ranks must be between 1 and 64, not {args.ranks}")
     if args.steps < 0:
         raise UserError("--steps must be >= 0 (0 runs until Ctrl-C)")
-    if args.slow_link_ms < 0:
-        raise UserError("--slow-link-ms must be >= 0")
+    if not 0 <= args.slow_link_ms <= 60_000:  # also refuses nan
+        raise UserError(f"--slow-link-ms must be between 0 and 60000, not {args.slow_link_ms}")
     if args.port is not None and not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port} is not a port number")
     for name in ("blocks", "hidden", "seq", "batch"):

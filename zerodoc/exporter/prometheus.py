@@ -88,6 +88,8 @@ class ZerodocCollector:
         writer = getattr(m, "_writer", None)
         if writer is not None:
             yield _sample("zerodoc_runlog_dropped_records_total", rl, writer.dropped)
+            if writer.lost:  # served once a record was lost (cardinality.Shape.lost)
+                yield _sample("zerodoc_runlog_records_lost_total", rl, writer.lost)
 
         h = HistogramMetricFamily("zerodoc_step_duration_seconds",
                                   BY_NAME["zerodoc_step_duration_seconds"].help, labels=RANK_LABELS)

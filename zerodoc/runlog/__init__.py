@@ -25,7 +25,10 @@ Records of `rank-NNNNN.jsonl` (one JSON object per line, "type" first):
   (every K intervals and at a clean close), so "all steps" is read from the end.
 - ``dropped``: ``records`` the writer dropped since the last one (its queue was full: a slow
   filesystem), ``total`` so far.
-- ``end``: written by `close()`: ``end_unix``, ``steps``, ``dropped``; ``"failed": true``
+- ``lost``: ``records`` / ``steps`` that failed writes lost since the last one (disk full,
+  read-only, a size limit), ``total``, ``total_steps``, ``error``, ``path``.
+- ``end``: written by `close()`: ``end_unix``, ``steps``, ``dropped`` (and ``lost``,
+  ``lost_steps``, ``write_error`` after failed writes); ``"failed": true``
   when close() ran while an exception ended the training (after the watchdog's ``failed``
   record): then not a clean close; ``"interrupted": true`` when the user stopped the run
   (Ctrl-C, `close(interrupted=True)`): a clean close.

@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 
 from ..model import RunSnapshot
-from .reader import _take, log_window, rank_logs, read_rank_tail
+from .reader import RunLogInvalid, _take, log_window, rank_logs, read_rank_tail
 from .records import RankLog, RunLogError, StepRecord, StepTotals, step_from_dict
-from .scan import kind_of
+from .scan import MAX_LINE, forward_lines, kind_of
 from .segments import pick_segment
 from .writer import DETAIL_DIR, detail_names
 
@@ -57,6 +57,8 @@ class RunFollower:
                 t = self._tails[p] = _Tail(p)
             try:
                 new += self._poll_one(t)
+            except RunLogInvalid:
+                raise  # a header with wrong facts: waiting will not mend it
             except (OSError, RunLogError):
                 continue  # not readable yet (no header): the next poll tries again
         current = {id(x) for x in pick_segment([t.log for t in self._tails.values()
@@ -86,12 +88,13 @@ class RunFollower:
         out: list = []
         if size > log.read_to:
             with open(t.path, "rb") as f:
-                f.seek(log.read_to)
-                chunk = f.read(size - log.read_to)
-            end = chunk.rfind(b"\n")
-            if end >= 0:
+                lines, upto, overlong = forward_lines(f, log.read_to, size)
+            log.bad_lines += overlong
+            if not lines:
+                log.read_to = upto
+            else:
                 off = log.read_to
-                for line in chunk[:end].split(b"\n"):
+                for line in lines:
                     at = off
                     off += len(line) + 1
                     if not line.strip():
@@ -110,7 +113,7 @@ class RunFollower:
                     _take(log, line, t.names)
                     if not self.detail and len(log.totals) > n:
                         out.append((log.facts.rank, log.totals[-1]))
-                log.read_to += end + 1
+                log.read_to = upto
         if self.detail:
             out += [(log.facts.rank, s) for s in self._poll_detail(t)]
         self._trim(log)
@@ -136,28 +139,24 @@ class RunFollower:
             with f:
                 inode, pos = t.detail_pos.get(slot, (None, 0))
                 if inode != st.st_ino or st.st_size < pos or pos == 0:
-                    tag = f.readline()
+                    tag = f.readline(MAX_LINE)
                     try:
                         d = json.loads(tag)
-                    except (ValueError, UnicodeDecodeError):
+                    except (ValueError, UnicodeDecodeError, RecursionError):
                         continue
                     if not isinstance(d, dict) or d.get("header_at") != log.header_at:
                         t.detail_pos[slot] = (st.st_ino, 0)
                         continue
                     pos = len(tag)
-                f.seek(pos)
-                chunk = f.read(st.st_size - pos)
-            end = chunk.rfind(b"\n")
-            if end < 0:
-                t.detail_pos[slot] = (st.st_ino, pos)
-                continue
-            t.detail_pos[slot] = (st.st_ino, pos + end + 1)
-            for line in chunk[:end].split(b"\n"):
+                lines, upto, overlong = forward_lines(f, pos, st.st_size)
+            log.bad_lines += overlong
+            t.detail_pos[slot] = (st.st_ino, upto)
+            for line in lines:
                 if not line.strip():
                     continue
                 try:
                     s = step_from_dict(json.loads(line), t.names)
-                except (ValueError, KeyError, TypeError, IndexError):
+                except (ValueError, KeyError, TypeError, IndexError, RecursionError):
                     log.bad_lines += 1
                     continue
                 if s.step > last:

@@ -14,12 +14,17 @@ from .records import (
     SUMMED_SCALARS, RankLog, RunLogError, StepRecord, StepTotals, UnitsBlock, block_from_dict,
     check_header, facts_from_dict, rank_log_name, step_from_dict, totals_from_dict, totals_of,
 )
-from .scan import kind_of, reverse_lines, segment_heads
+from .scan import MAX_LINE, OVERLONG, kind_of, reverse_lines, segment_heads
 from .writer import DETAIL_DIR, detail_names
 
 DEFAULT_ROOT = "zerodoc-runs"
 _BAD = (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, AttributeError,
-        UnicodeDecodeError)
+        UnicodeDecodeError, RecursionError)  # RecursionError: JSON nested too deeply
+
+
+class RunLogInvalid(RunLogError):
+    """A complete header whose fields are wrong (world_size 1e9, "x", -5 ...): unlike a
+    header not written yet, waiting will not mend it."""
 
 
 def rank_logs(run_dir: str | os.PathLike) -> list[Path]:
@@ -41,11 +46,11 @@ def _segment(f, path: Path, segment: int | None) -> tuple[int, int, dict, int, i
     heads = segment_heads(f, size)
     if not heads:
         f.seek(0)
-        first = f.readline()
+        first = f.readline(MAX_LINE)
         try:
             head = json.loads(first)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RunLogError(f"{path}: first line is not JSON ({e})") from e
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise RunLogError(f"{path}: first line is not JSON ({e})") from None
         check_header(head, str(path))
         heads = [(0, head)]
     numbers = [int(h.get("segment", i)) for i, (_o, h) in enumerate(heads)]
@@ -65,7 +70,11 @@ def _segment(f, path: Path, segment: int | None) -> tuple[int, int, dict, int, i
 
 
 def _new_log(path: Path, head: dict, number: int, count: int, start: int) -> RankLog:
-    return RankLog(facts=facts_from_dict(head), segment=number, segments=count,
+    try:
+        facts = facts_from_dict(head)
+    except RunLogError as e:
+        raise RunLogInvalid(f"{path}: {e}") from None
+    return RankLog(facts=facts, segment=number, segments=count,
                    schema=int(head.get("schema", 1)), path=str(path), header_at=start)
 
 
@@ -75,7 +84,7 @@ def _open_segment(f, path: Path, segment: int | None):
     start, end, head, number, count = _segment(f, path, segment)
     log = _new_log(path, head, number, count, start)
     f.seek(start)
-    body = start + len(f.readline())
+    body = start + len(f.readline(MAX_LINE))
     return start, end, log, [u.name for u in log.facts.units], body
 
 
@@ -99,14 +108,46 @@ def _take(log: RankLog, line: bytes, names: list[str], parse_steps: bool = True)
             log.ended = True
             log.interrupted = bool(rec.get("interrupted"))
             log.dropped = max(log.dropped, int(rec.get("dropped", 0)))
+            _lost(log, rec.get("lost", 0), rec.get("lost_steps", 0), rec.get("write_error"))
         elif kind == "header":
             pass
         else:
             if kind == "dropped":
                 log.dropped = max(log.dropped, int(rec.get("total", 0)))
+            elif kind == "lost":
+                _lost(log, rec.get("total", 0), rec.get("total_steps", 0), rec.get("error"))
             log.add_event(rec)
     except _BAD:
         log.bad_lines += 1
+
+
+def _lost(log: RankLog, records, steps, why) -> None:
+    """Cumulative counts of records the writer lost (a `lost` or `end` record)."""
+    log.lost = max(log.lost, int(records or 0))
+    log.lost_steps = max(log.lost_steps, int(steps or 0))
+    if why:
+        log.write_error = str(why)[:200]
+
+
+def log_notes(logs) -> list[str]:
+    """What the run logs say went wrong with themselves, one line each: records a failed
+    write lost ("N steps not recorded: disk full at PATH") and lines a reader skipped."""
+    out = []
+    for log in sorted(logs, key=lambda x: x.facts.rank):
+        name = Path(log.path).name or f"rank {log.facts.rank}"
+        if log.lost:
+            what = (f"{log.lost_steps} step{'s' if log.lost_steps != 1 else ''} not recorded"
+                    if log.lost_steps else f"{log.lost} record(s) not recorded")
+            more = log.lost - log.lost_steps
+            out.append(f"{what}: {log.write_error or 'write failed'} at {log.path}"
+                       + (f" (and {more} other record(s))" if log.lost_steps and more else ""))
+        if log.dropped:
+            out.append(f"{log.dropped} record(s) dropped by the writer (its queue was full: "
+                       f"a slow filesystem) in {name}")
+        if log.bad_lines:
+            out.append(f"{log.bad_lines} line{'s' if log.bad_lines != 1 else ''} skipped in "
+                       f"{name} (torn or not valid)")
+    return out
 
 
 def read_detail(run_dir: Path, rank: int, header_at: int, names: list[str],
@@ -122,10 +163,10 @@ def read_detail(run_dir: Path, rank: int, header_at: int, names: list[str],
         except OSError:
             continue
         with f:
-            tag = f.readline()
+            tag = f.readline(MAX_LINE)
             try:
                 t = json.loads(tag)
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):
                 continue
             if not isinstance(t, dict) or t.get("header_at") != header_at:
                 continue
@@ -200,7 +241,9 @@ def read_rank_tail(path: str | os.PathLike, window: int | None = 20,
         newest_total = None
         log.read_to = end
         for off, line in reverse_lines(f, end, body):
-            if log.torn and off + len(line) == end:
+            if log.torn and line is OVERLONG and log.read_to == end:
+                log.torn = False  # no record is that long: not one being written, skipped
+            elif log.torn and off + len(line) == end:
                 log.read_to = off
             kind = kind_of(line)
             if kind == "step":
@@ -479,6 +522,7 @@ def annotate(snap: RunSnapshot, logs, stale_after_s: float, now: float) -> None:
         elif not log.ended and now - log.last_unix > stale_after_s:
             snap.stale_ranks.add(rank)
     snap.missing_ranks = missing(snap)
+    snap.log_notes = log_notes(logs)
 
 
 def missing(snap: RunSnapshot) -> set[int]:

@@ -7,6 +7,7 @@ The format itself is described in `zerodoc.runlog` (and docs/runlog.md).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from ..errors import UserError
@@ -140,6 +141,9 @@ class RankLog:
     segments: int = 1  # segments in this rank's file
     schema: int = SCHEMA
     dropped: int = 0  # records the writer dropped (queue full), as the log says
+    lost: int = 0  # records a failed write lost (disk full, read-only, size limit) ...
+    lost_steps: int = 0  # ... of which step lines, as the log says (`lost`, `end`)
+    write_error: str | None = None  # why those writes failed ("disk full", ...)
     path: str = ""
     header_at: int = 0  # byte offset of this segment's header in the file
     read_to: int = 0  # byte offset after the last complete line read
@@ -177,6 +181,84 @@ class RankLog:
 # parsing
 
 
+MAX_WORLD = 1_000_000  # ranks: far beyond any job, small enough to list
+MAX_UNITS = 1_000_000
+MAX_COUNT = 1 << 62  # counts and bytes: an int64 that no real number reaches
+
+
+def _vint(v, name: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
+    """An int field in [lo, hi] (a whole float such as 3.0 counts; a bool, a string or 2.5
+    does not), else ValueError."""
+    if type(v) is float and v.is_integer() and lo <= v <= hi:
+        return int(v)
+    if type(v) is not int or not lo <= v <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], not {v!r:.40}")
+    return v
+
+
+# Rounding slack below 0: interval lines are differences of cumulative float sums, and a
+# remainder like other_s is a difference too, so an honest zero can be written as -1e-17.
+SLACK = 1e-6
+
+
+def _vnum(v, name: str, lo: float = 0.0) -> float:
+    """A finite number >= lo (less rounding slack), else ValueError (NaN, infinities,
+    negative durations)."""
+    if type(v) not in (int, float) or not math.isfinite(v) or v < lo - SLACK:
+        raise ValueError(f"{name} must be a finite number >= {lo:g}, not {v!r:.40}")
+    return float(v)
+
+
+def _str(v, name: str, optional: bool = False, limit: int = 4096) -> None:
+    if v is None and optional:
+        return
+    if not isinstance(v, str) or len(v) > limit:
+        raise ValueError(f"{name} must be a string of at most {limit} characters")
+
+
+def check_unit(u) -> dict:
+    """A header's unit entry, each field checked against its meaning."""
+    if not isinstance(u, dict):
+        raise ValueError("a unit is not an object")
+    _str(u.get("name"), "unit name")
+    for k in ("params", "param_bytes", "gather_bytes", "sharded_bytes"):
+        _vint(u.get(k), f"unit {k}")
+    _vint(u.get("group_size"), "unit group_size", 1, MAX_WORLD)
+    _vint(u.get("replicate_size", 1), "unit replicate_size", 1, MAX_WORLD)
+    if u.get("reshard_after_forward") not in (True, False, None):
+        raise ValueError("unit reshard_after_forward must be true, false or null")
+    return u
+
+
+def check_facts(d: dict) -> None:
+    """The header's rank facts checked against their meaning (ValueError says which)."""
+    world = _vint(d.get("world_size"), "world_size", 1, MAX_WORLD)
+    _vint(d.get("rank"), "rank", 0, world - 1)
+    lws = _vint(d.get("local_world_size"), "local_world_size", 1, world)
+    _vint(d.get("local_rank"), "local_rank", 0, lws - 1)
+    _vnum(d.get("started_unix"), "started_unix")
+    _vint(d.get("pid"), "pid", 0, 1 << 31)
+    if d.get("zero_stage") is not None:
+        _vint(d.get("zero_stage"), "zero_stage", 0, 3)
+    if d.get("device_capacity_bytes") is not None:
+        _vint(d.get("device_capacity_bytes"), "device_capacity_bytes")
+    for k in ("node", "run_id", "framework", "framework_version", "torch_version",
+              "device_type", "backend", "param_dtype", "reduce_dtype"):
+        _str(d.get(k), k, optional=k not in ("node", "run_id"))
+    _str(d.get("metrics_endpoint"), "metrics_endpoint", optional=True, limit=300)
+    units = d.get("units")
+    if not isinstance(units, list) or len(units) > MAX_UNITS:
+        raise ValueError(f"units must be a list of at most {MAX_UNITS:,}")
+    mesh = d.get("mesh_shape") or ()
+    if not isinstance(mesh, (list, tuple)) or len(mesh) > 8:
+        raise ValueError("mesh_shape must be a list of at most 8 sizes")
+    for m in mesh:
+        _vint(m, "mesh_shape", 1, MAX_WORLD)
+    for k in ("hooks", "config"):
+        if d.get(k) is not None and not isinstance(d.get(k), dict):
+            raise ValueError(f"{k} must be an object")
+
+
 _UNIT_FACTS: dict[int, tuple] = {}
 
 
@@ -185,7 +267,7 @@ def _unit_facts(units: list) -> tuple[UnitFacts, ...]:
     hit = _UNIT_FACTS.get(id(units))
     if hit is not None and hit[0] is units:
         return hit[1]
-    out = tuple(UnitFacts(**u) for u in units)
+    out = tuple(UnitFacts(**check_unit(u)) for u in units)
     if len(_UNIT_FACTS) > 256:
         _UNIT_FACTS.clear()
     _UNIT_FACTS[id(units)] = (units, out)
@@ -195,6 +277,7 @@ def _unit_facts(units: list) -> tuple[UnitFacts, ...]:
 def facts_from_dict(d: dict) -> RankFacts:
     """RankFacts from a header dict (run log header, or a cached scrape)."""
     try:
+        check_facts(d)
         units = _unit_facts(d["units"])
         names = {f.name for f in dataclasses.fields(RankFacts)}
         kw = {k: v for k, v in d.items() if k in names}
@@ -205,7 +288,7 @@ def facts_from_dict(d: dict) -> RankFacts:
         return RankFacts(**kw)
     except (KeyError, TypeError, ValueError) as e:
         raise RunLogError(f"run log header is not a zerodoc schema-{d.get('schema', SCHEMA)} "
-                          f"header: {e}") from e
+                          f"header: {e}") from None
 
 
 def check_header(head: object, where: str) -> dict:
@@ -224,6 +307,7 @@ def check_header(head: object, where: str) -> dict:
 
 def step_from_dict(d: dict, unit_names: list[str]) -> StepRecord:
     """A full step record (compute / comm rows refer to units by index)."""
+    check_record(d, len(unit_names))
     compute: dict[tuple[str, str], float] = {}
     for u, phase, s in d.get("compute", ()):
         key = (unit_names[u], phase)
@@ -249,8 +333,50 @@ def step_from_dict(d: dict, unit_names: list[str]) -> StepRecord:
         launch_caught_up=int(d.get("launch", (0, 0))[1]))
 
 
+# Numbers of step / interval / total lines that are durations or times: finite and >= 0
+# where present (null: not measured, left to the parser).
+_TIMES = ("end_unix", "step_s", "optimizer_s", "framework_s", "other_s", "wait_s", "self_s",
+          "compute_s", "exposed_s", "host_compute_s", "max_step_s")
+
+
+def check_record(d: dict, units: int | None = None) -> None:
+    """A step, interval or total line's fields checked against their meaning (ValueError
+    says which): times finite and >= 0, step numbers >= 1, counts and bytes non-negative
+    integers, unit indices within the header's `units`. The parsers call it first."""
+    if not isinstance(d, dict):
+        raise ValueError("a record is not an object")
+    for k in _TIMES:
+        v = d.get(k)
+        if v is not None:
+            _vnum(v, k)
+    for k in ("step", "first", "last"):
+        if k in d:
+            _vint(d[k], k, 1)
+    if "steps" in d:
+        _vint(d["steps"], "steps")
+    launch = d.get("launch")
+    if launch:
+        _vint(launch[0], "launch checks")
+        _vint(launch[1], "launch caught up")
+    for k in ("mem", "errors"):
+        for name, v in (d.get(k) or {}).items():
+            _vint(v, f"{k} {name!s:.40}")
+    if units is None:
+        return
+    for row in d.get("compute", ()):
+        _vint(row[0], "unit index", 0, units - 1)
+        _vnum(row[2], "compute seconds")
+    for row in d.get("comm", ()):
+        _vint(row[0], "unit index", 0, units - 1)
+        _vint(row[3], "count")
+        _vint(row[4], "bytes")
+        for x in row[5:8]:
+            _vnum(x, "comm seconds")
+
+
 def totals_from_dict(d: dict) -> StepTotals:
     """A step line's totals (schema 2 step line, or a schema 1 step line's totals)."""
+    check_record(d)
     mem = d.get("mem")
     errs = d.get("errors")
     launch = d.get("launch") or (0, 0)
@@ -296,6 +422,8 @@ def _keys(names: tuple, units: list[int], rest: tuple) -> list:
     if got is None:
         if len(_KEYS) > 4096:
             _KEYS.clear()
+        if not all(type(u) is int and 0 <= u < len(names) for u in units):
+            raise ValueError("unit indices must be integers within the header's units")
         got = _KEYS[k] = [(names[u], *rest) for u in units]
     return got
 
@@ -310,15 +438,26 @@ def arrays_from_columns(units: dict, unit_names: list[str]) -> tuple:
     for g in units.get("compute", ()):
         phase = g["phase"]
         ck += _keys(names, g["unit"], (phase,))
-        cv += g["seconds"]
+        cv += _same_length(g["seconds"], g["unit"])
     mk, cols = [], [[], [], [], [], []]
     for g in units.get("comm", ()):
         phase, coll = g["phase"], g["collective"]
         mk += _keys(names, g["unit"], (phase, coll))
         for i, f in enumerate(("count", "bytes", "seconds", "exposed", "hidden")):
-            cols[i] += g[f]
+            cols[i] += _same_length(g[f], g["unit"])
     mv = np.array(cols, np.float64).T.reshape(len(mk), 5) if mk else np.zeros((0, 5))
-    return _intern(tuple(ck)), np.array(cv, np.float64), _intern(tuple(mk)), mv
+    cv = np.array(cv, np.float64)
+    for a in (cv, mv):  # durations, counts and bytes: finite and >= 0
+        if a.size and not (np.isfinite(a).all() and (a >= -SLACK).all()):
+            raise ValueError("per-unit numbers must be finite and >= 0")
+    return _intern(tuple(ck)), cv, _intern(tuple(mk)), mv
+
+
+def _same_length(col: list, units: list) -> list:
+    """A per-unit column (its numbers are checked as an array: finite, >= 0)."""
+    if not isinstance(col, list) or not isinstance(units, list) or len(col) != len(units):
+        raise ValueError("a per-unit column must hold one number per unit")
+    return col
 
 
 def dicts_of(arrays: tuple) -> tuple[dict, dict]:
@@ -336,6 +475,7 @@ def units_from_columns(units: dict, unit_names: list[str]) -> tuple[dict, dict]:
 
 
 def block_from_dict(d: dict, unit_names: list[str]) -> UnitsBlock:
+    check_record(d, len(unit_names))
     arrays = arrays_from_columns(d.get("units", {}), unit_names)
     kind = d["type"]
     last = int(d["last"] if kind == "interval" else d["step"])

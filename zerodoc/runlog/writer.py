@@ -8,6 +8,16 @@ the writer thread, never a step; the records that did not fit are counted, the c
 exported (`zerodoc_runlog_dropped_records_total`) and written to the log (a `dropped`
 record) once the filesystem moves again.
 
+A record is written whole or not at all: a write that fails half-way (disk full, a
+file-size limit, a filesystem turned read-only) is cut back to where the record began, or,
+where even that fails, the next record starts on a new line, so no reader ever sees a
+record glued to a torn one. Every record a failed write lost is counted (`lost`,
+`lost_steps`), exported (`zerodoc_runlog_records_lost_total`), warned about with the path,
+and written to the log once it takes writes again: a `lost` record, and the counts in the
+`end` record. On a full disk the detail files (which only repeat the latest steps) are
+emptied to make room for the main log's records. The detail files stay bounded whatever
+fails: a detail file that cannot be replaced at an interval is closed, not appended to.
+
 Construction (at attach) opens the file, takes an exclusive `flock` (a second writer of the
 same rank log is refused: two writers would interleave their lines) and reads the tail of
 an existing log to number the new segment. That is bounded, attach-time I/O; from then on
@@ -19,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import logging
 import os
 import queue
 import threading
@@ -33,6 +44,37 @@ _STOP = object()
 
 # os.write, looked up at call time: the writer-never-blocks test puts a blocking one here.
 _os_write = os.write
+
+
+log = logging.getLogger("zerodoc")
+
+# why a write failed, as the report says it
+_WHY = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
+        errno.EFBIG: "file size limit reached", errno.EROFS: "read-only filesystem",
+        errno.EMFILE: "too many open files", errno.EIO: "I/O error"}
+
+
+def write_error(e: OSError) -> str:
+    """A failed write's reason in words ("disk full", "read-only filesystem", ...)."""
+    return _WHY.get(e.errno, e.strerror or str(e))
+
+
+def _append_whole(fd: int, data: bytes, at: int) -> None:
+    """Append `data` (the file is `at` bytes long) all or nothing: after a write that fails
+    half-way the file is cut back to `at`. Raises the OSError; its `torn` attribute says
+    the cut failed too (the file ends inside this record)."""
+    n = 0
+    try:
+        while n < len(data):
+            n += _os_write(fd, data[n:])
+    except OSError as e:
+        e.torn = False
+        if n:
+            try:
+                os.ftruncate(fd, at)
+            except OSError:
+                e.torn = True
+        raise
 
 
 def detail_names(rank: int) -> tuple[str, str]:
@@ -71,6 +113,12 @@ class RunLogWriter:
         self.dropped = 0  # records dropped because the queue was full
         self.written = 0  # records written
         self.errors = 0  # write errors (counted through on_error too)
+        self.lost = 0  # records a failed write lost (disk full, read-only, size limit)
+        self.lost_steps = 0  # ... of which step lines
+        self.write_error: str | None = None  # why the newest failed write failed
+        self._unlogged_lost = [0, 0]  # lost records / steps not yet told in the log
+        self._failing = False  # the last write to the main log failed
+        self._torn = False  # the main log ends inside a record that could not be cut back
         self._unlogged_drops = 0
         self._q: queue.Queue = queue.Queue(maxsize=max(1, int(queue_size)))
         self._closed = False
@@ -95,6 +143,7 @@ class RunLogWriter:
         self._intervals = 0
         self._interval_max = 0.0  # longest step line written since the last interval
         self._detail_fd: int | None = None
+        self._detail_pos = 0
         self._detail_slot = 1
         self._thread = threading.Thread(target=self._run, name=f"zerodoc-runlog-{rank}",
                                         daemon=True)
@@ -245,10 +294,21 @@ class RunLogWriter:
                 if item is _STOP:
                     return
                 self._handle(*item)
+                if self._unlogged_lost[0]:
+                    (n, k), self._unlogged_lost = self._unlogged_lost, [0, 0]
+                    try:
+                        self._main({"type": "lost", "records": n, "steps": k,
+                                    "total": self.lost, "total_steps": self.lost_steps,
+                                    "error": self.write_error, "path": str(self.path),
+                                    "end_unix": self.clock()}, meta=True)
+                    except OSError:
+                        self._unlogged_lost = [self._unlogged_lost[0] + n,
+                                               self._unlogged_lost[1] + k]
+                        raise
                 if self._unlogged_drops:
                     n, self._unlogged_drops = self._unlogged_drops, 0
                     self._main({"type": "dropped", "records": n, "total": self.dropped,
-                                "end_unix": self.clock()})
+                                "end_unix": self.clock()}, meta=True)
             except Exception as e:  # noqa: BLE001 - counted, the thread carries on
                 self.errors += 1
                 if self.on_error is not None:
@@ -259,15 +319,53 @@ class RunLogWriter:
             finally:
                 self._q.task_done()
 
-    def _main(self, rec: dict) -> int:
+    def _main(self, rec: dict, meta: bool = False) -> int:
+        """Append one record to the main log, whole or not at all; its offset. A failed
+        write is counted as lost (`meta`: a `lost` / `dropped` record, not counted) and
+        raised."""
         data = _dumps(rec)
+        lead = b"\n" if self._torn else b""
         at = self._pos
-        n = 0
-        while n < len(data):
-            n += _os_write(self._fd, data[n:])
-        self._pos += n
+        try:
+            try:
+                _append_whole(self._fd, lead + data, at)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or e.torn or \
+                        not self._free_detail():
+                    raise
+                _append_whole(self._fd, lead + data, at)  # once more, in the space freed
+        except OSError as e:
+            self._torn = self._torn or e.torn
+            if self._torn:
+                try:
+                    self._pos = os.fstat(self._fd).st_size
+                except OSError:
+                    pass
+            if not meta:
+                self.lost += 1
+                self._unlogged_lost[0] += 1
+                if rec.get("type") == "step":
+                    self.lost_steps += 1
+                    self._unlogged_lost[1] += 1
+            self._write_failed(e)
+            raise
+        self._torn = False
+        self._pos = at + len(lead) + len(data)
         self.written += 1
-        return at
+        if self._failing:
+            self._failing = False
+            log.warning("zerodoc: run log %s takes writes again; %d record(s) (%d step(s)) "
+                        "were lost", self.path, self.lost, self.lost_steps)
+        return at + len(lead)
+
+    def _write_failed(self, e: OSError) -> None:
+        """Note why (warned once per run of failures, with the path)."""
+        self.write_error = write_error(e)
+        if not self._failing:
+            self._failing = True
+            log.warning("zerodoc: cannot write the run log %s (%s); records are lost and "
+                        "counted until it takes writes again; training continues",
+                        self.path, self.write_error)
 
     def _handle(self, kind: str, *rec) -> None:
         rec = rec[0] if kind != "units" else rec
@@ -281,13 +379,17 @@ class RunLogWriter:
             self._interval_max = max(self._interval_max, float(rec.get("step_s", 0.0)))
             if self._detail_fd is not None:
                 data = _dumps(rec)
-                n = 0
-                while n < len(data):
-                    n += _os_write(self._detail_fd, data[n:])
+                try:
+                    _append_whole(self._detail_fd, data, self._detail_pos)
+                except OSError as e:
+                    if e.torn:  # a torn detail line: stop this file (readers skip it)
+                        self._close_detail()
+                    raise
+                self._detail_pos += len(data)
         elif kind == "units":
             self._units(*rec)
         elif kind == "end":
-            self._main({**rec, "dropped": self.dropped})
+            self._main(self._end(rec))
         else:
             self._main(rec)
 
@@ -295,13 +397,47 @@ class RunLogWriter:
         """Make the other detail file current: truncate it, tag it with this segment."""
         self._detail_slot ^= 1
         path = self.run_dir / DETAIL_DIR / detail_names(self.rank)[self._detail_slot]
+        self._close_detail()  # whatever fails below, no detail file grows past its interval
         path.parent.mkdir(exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        old, self._detail_fd = self._detail_fd, fd
-        if old is not None:
-            os.close(old)
-        _os_write(fd, _dumps({"type": "detail", "segment": segment,
-                              "header_at": self._header_at, "first_step": first_step}))
+        tag = _dumps({"type": "detail", "segment": segment, "header_at": self._header_at,
+                      "first_step": first_step})
+        try:
+            _append_whole(fd, tag, 0)
+        except OSError:
+            os.close(fd)
+            raise
+        self._detail_fd, self._detail_pos = fd, len(tag)
+
+    def _close_detail(self) -> None:
+        fd, self._detail_fd = self._detail_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _free_detail(self) -> bool:
+        """Empty both detail files (they only repeat the latest steps in full): room for
+        the main log's records when the disk is full. Whether that freed anything; the
+        detail starts again at the next interval."""
+        self._close_detail()
+        freed = False
+        for name in detail_names(self.rank):
+            p = self.run_dir / DETAIL_DIR / name
+            try:
+                if p.stat().st_size:
+                    os.truncate(p, 0)
+                    freed = True
+            except OSError:
+                pass
+        return freed
+
+    def _end(self, rec: dict) -> dict:
+        out = {**rec, "dropped": self.dropped}
+        if self.lost:
+            out.update(lost=self.lost, lost_steps=self.lost_steps, write_error=self.write_error)
+        return out
 
     def _units(self, snap: tuple, final: bool) -> None:
         step, steps, end_unix, scalars, max_step, compute, comm = snap

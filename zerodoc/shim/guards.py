@@ -195,7 +195,8 @@ def startup_line(mon, problems: list[str]) -> str:
     out.append(f"run log {mon.run_dir}" if mon._writer is not None else "no run log")
     if mon.endpoint:
         port = mon.endpoint.rpartition(":")[2]
-        out.append(f"/metrics on http://{mon.endpoint}/metrics"
+        scheme = getattr(mon._server, "scheme", "http")  # https when TLS is on
+        out.append(f"/metrics on {scheme}://{mon.endpoint}/metrics"
                    + (" (each rank: base port + LOCAL_RANK)" if mon.local_world_size > 1
                       and mon.cfg.port else f" (port {port})" if not mon.cfg.port else ""))
     elif mon.cfg.port is False:

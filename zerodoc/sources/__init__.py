@@ -81,6 +81,7 @@ def open_source(spec: str | None, window: int | None = 20, *,
             if run_id is not None and run_id != val:
                 raise UserError(f"two runs asked for: #run={val} and --run-id {run_id}")
             run_id = val
+        check_url(url)
         return PrometheusSource(url, window, stale_after_s=stale_after_s, run_id=run_id)
     if is_endpoint_spec(spec):
         if run_id is not None:
@@ -91,6 +92,22 @@ def open_source(spec: str | None, window: int | None = 20, *,
         raise UserError(f"no run directory at {spec}")
     raise UserError(f"{spec!r} is neither a run directory, a Prometheus URL (http://...) "
                     "nor rank endpoints (host:port, host:port,host:port or host:9730-9737)")
+
+
+def check_url(url: str) -> None:
+    """A UserError for an http(s) URL that cannot name a server (`http://[::1`, a port that
+    is not a number or out of range), before anything tries to open it."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # ValueError: not a number, or outside 0-65535
+        host = parts.hostname
+    except ValueError as e:
+        raise UserError(f"{url!r} is not a valid URL: {e}") from None
+    if not host or port == 0:
+        raise UserError(f"{url!r} is not a valid URL: no host" if not host
+                        else f"{url!r} is not a valid URL: port 0")
 
 
 __all__ = ["Cumulative", "EndpointsSource", "LEVELS", "PrometheusSource", "RunDirSource",

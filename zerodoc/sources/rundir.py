@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..model import LazyRankWindow, RankWindow, RunSnapshot
 from ..runlog import (
-    DETAIL_DIR, RunFollower, RunLogError, load_run, log_window, rank_logs, read_rank_log,
+    DETAIL_DIR, RunFollower, RunLogError, load_run, log_window, rank_logs, read_rank_tail,
 )
 from ..runlog.reader import _latest
 from ..thresholds import DEFAULT
@@ -175,5 +175,6 @@ class RunDirSource:
         if not paths:
             raise RunLogError(f"{self.run_dir} holds no rank-*.jsonl run logs")
         for p in paths:
-            read_rank_log(p)  # raises the precise reason (empty, not JSON, wrong schema)
+            # raises the precise reason (empty, not JSON, wrong schema), reading only the end
+            read_rank_tail(p, 1, detail=False)
         raise RunLogError(f"{self.run_dir}: no readable run log header yet")

@@ -24,10 +24,12 @@ those named `...Memcpy...`, `Memset...` or `...Sync` (HTA counts those as neithe
 
 from __future__ import annotations
 
+import math
 import re
 from array import array
 from dataclasses import dataclass, field
 
+MAX_KEPT = 2_000_000  # objects kept per trace (about 200 B each): bounded memory
 STEP = re.compile(r"ProfilerStep#(\d+)$")
 ANNOTATION_PREFIXES = ("ProfilerStep#", "FSDP::", "FullyShardedDataParallel.", "Optimizer.step#",
                        "DistributedDataParallel.", "DeepSpeed", "## ")
@@ -244,9 +246,24 @@ class RankEvents:
     pid: int | None = None
     events: int = 0
     cpu_ops: int = 0
+    bad_times: int = 0  # events skipped: NaN, infinite or negative ts / dur
+
+    def _check_size(self) -> None:
+        """Memory grows with what is kept (collectives, annotations, kernels): past
+        MAX_KEPT of them the trace is refused, not read into a MemoryError."""
+        kept = len(self.spans) + len(self.comm_ops) + len(self.comm_kernels) + \
+            len(self.kernel_ts) // 8 + len(self.launch_ts) // 8
+        if kept > MAX_KEPT:
+            from .stream import TraceError
+
+            raise TraceError(f"over {MAX_KEPT:,} collectives, annotations and kernels in one "
+                             "trace: more than zerodoc reads at once; profile fewer steps "
+                             "(torch.profiler schedule active=...)")
 
     def add(self, ev: dict) -> None:
         self.events += 1
+        if self.events & 0xFFFF == 0:
+            self._check_size()
         if ev.get("ph") != "X":
             return
         cat = ev.get("cat")
@@ -255,9 +272,13 @@ class RankEvents:
             return
         try:
             ts = float(ev["ts"])
-            end = ts + float(ev.get("dur", 0.0))
+            dur = float(ev.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
             return
+        if not (math.isfinite(ts) and math.isfinite(dur) and dur >= 0.0):
+            self.bad_times += 1  # NaN, infinite or negative: never into the numbers
+            return
+        end = ts + dur
         if cat == "cpu_op":
             self._cpu_op(ev, name, ts, end)
         elif cat == "user_annotation":

@@ -107,9 +107,17 @@ class _Progress:
         pct = 100.0 * done / total if total else 100.0
         sys.stderr.write(f"\rzerodoc: reading traces {self.i + 1}/{self.n} {self.name}: "
                          f"{pct:3.0f}% of {total / 1e6:,.1f} MB ")
+        self.open = done < total
         if done >= total:
             sys.stderr.write("\n")
         sys.stderr.flush()
+
+    def abort(self) -> None:
+        """End a progress line left open (an error follows on its own line)."""
+        if getattr(self, "open", False):
+            self.open = False
+            sys.stderr.write("\n")
+            sys.stderr.flush()
 
 
 @dataclass
@@ -125,6 +133,7 @@ def read_rank(path: Path, progress=None,
               world_size: int | None = None) -> tuple[dict, RankResult, int | None]:
     ev = RankEvents()
     header = read_trace(path, ev.add, progress=progress)
+    header["_bad_times"] = ev.bad_times
     if not ev.spans and not ev.comm_ops and not ev.comm_kernels and not ev.cpu_ops:
         raise TraceError(f"{path}: no profiler events (operators, annotations or kernels)")
     return header, attribute(ev, default_group_size(header) or world_size), ev.pid
@@ -173,7 +182,11 @@ class TraceSource:
         self.ranks: dict[int, RankTrace] = {}
         for i, path in enumerate(files):
             prog.file(i, path)
-            header, result, pid = read_rank(path, prog, self.opts.world_size)
+            try:
+                header, result, pid = read_rank(path, prog, self.opts.world_size)
+            except BaseException:
+                prog.abort()
+                raise
             rank = _rank_of(path, header, len(files) == 1)
             if rank in self.ranks:
                 raise UserError(f"{path} and {self.ranks[rank].path} are both rank {rank}")
@@ -186,6 +199,10 @@ class TraceSource:
         for rank, t in sorted(self.ranks.items()):
             facts = self._facts(t, world)
             snap.ranks[rank] = window_of(facts, t.result, self.window)
+            bad = t.header.get("_bad_times", 0)
+            if bad:
+                snap.log_notes.append(f"{bad} event{'s' if bad != 1 else ''} skipped in "
+                                      f"{t.path.name}: NaN, infinite or negative times")
         return snap
 
     # --- facts ---------------------------------------------------------------------

@@ -25,6 +25,12 @@ from ..errors import UserError
 
 CHUNK_BYTES = 4 << 20  # read size
 MAX_EVENT_CHARS = 64 << 20  # one event larger than this is taken as a malformed file
+# A gzip file that expands more than this many times its size, past BOMB_AFTER bytes, is not
+# a profiler trace (those compress 5-30x) but a decompression bomb: refused before it
+# expands to gigabytes. MAX_UNPACKED bounds any trace file.
+BOMB_RATIO = 200
+BOMB_AFTER = 16 << 20
+MAX_UNPACKED = 64 << 30
 _SKIP = re.compile(r"[\s,]*")
 _WS = re.compile(r"\s*")
 
@@ -52,6 +58,8 @@ class _Reader:
         self.pos = 0
         self.eof = False
         self.consumed = 0  # characters dropped from the front of buf
+        self.gzip = self.stream is not self.raw
+        self.unpacked = 0  # bytes read from the (decompressed) stream
         self.fast = True  # batch() still worth trying
 
     def close(self) -> None:
@@ -65,6 +73,15 @@ class _Reader:
             data = self.stream.read(CHUNK_BYTES)
         except (OSError, EOFError, gzip.BadGzipFile) as e:
             raise TraceError(f"{self.path}: cannot decompress ({e})") from None
+        self.unpacked += len(data)
+        if self.unpacked > MAX_UNPACKED or (
+                self.gzip and self.unpacked > BOMB_AFTER
+                and self.unpacked > BOMB_RATIO * max(1, self.bytes_read())):
+            raise TraceError(
+                f"{self.path}: expands to over {self.unpacked / 1e6:,.0f} MB from "
+                f"{self.bytes_read() / 1e6:,.2f} MB" + (" compressed (over "
+                f"{BOMB_RATIO}x: not a profiler trace, a decompression bomb?)"
+                if self.gzip else "") + "; refused")
         if not data:
             self.eof = True
             self.buf += self.decoder.decode(b"", final=True)
@@ -105,7 +122,7 @@ class _Reader:
             return None
         try:
             out = loads("[" + self.buf[self.pos:end + 4] + "]")
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             self.fast = False
             return None
         self.pos = end + 4
@@ -129,6 +146,8 @@ class _Reader:
             except json.JSONDecodeError as e:
                 if self.eof or len(self.buf) - self.pos > MAX_EVENT_CHARS:
                     self.fail(f"not valid JSON ({e.msg})", self.pos)
+            except RecursionError:
+                self.fail("JSON nested too deeply", self.pos)
             self.fill()
 
     def fail(self, why: str, at: int | None = None):

@@ -158,7 +158,8 @@ class Frame:
 def _error_text(e: BaseException) -> str:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     name = type(e).__name__
-    return f"{name}: {msg}" if msg and name not in ("UserError", "RunLogError") else (msg or name)
+    plain = ("UserError", "RunLogError", "RunLogInvalid")  # their message says it all
+    return f"{name}: {msg}" if msg and name not in plain else (msg or name)
 
 
 def _data_problems(snap: RunSnapshot) -> list:
