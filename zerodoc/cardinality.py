@@ -43,6 +43,7 @@ class Shape:
     gpu: int = 0  # 1 on a GPU run: the allocator and NVML series
     pcie_directions: int = 0  # 2 on a GPU run with NVML
     omit_reasons: int = 2  # zerodoc_exporter_omitted_series{reason}
+    exporter_outcomes: int = 6  # zerodoc_exporter_requests_total{outcome}, all served
     stalled: int = 0  # 1 while the watchdog says the rank is stuck (its stall gauge)
     closed: int = 0  # 1 once the rank closed cleanly (its closed signal, while it lingers)
 

@@ -194,6 +194,16 @@ CATALOG: tuple[Metric, ...] = (
            "Series this rank leaves out of its scrape, by reason: unit_facts (per-unit facts, "
            "served by rank 0 only), unit_detail (coarse mode: per-unit series folded into "
            "this rank's totals).", ("reason",), per="omit_reasons"),
+    Metric("zerodoc_exporter_requests_total", "counter", "",
+           "Requests to this rank's /metrics server by outcome: ok (a page served), "
+           "unauthorized, rate_limited (429: too many failed logins, no password checked), "
+           "over_capacity (503: too many connections at once, the request not read), "
+           "timed_out (cut off at the whole-request deadline), client_gone (the client "
+           "closed or reset the connection).", ("outcome",), per="exporter_outcomes"),
+    Metric("zerodoc_exporter_cpu_seconds_total", "counter", "seconds",
+           "CPU time of this rank's /metrics server threads (accepting, TLS, password checks, "
+           "rendering, sending), from their per-thread CPU clocks: what serving /metrics "
+           "took from the training process."),
     Metric("zerodoc_build", "info", "",
            "The zerodoc version serving these metrics and the Python it runs on "
            "(zerodoc_build_info, always 1).", ("version", "python_version")),

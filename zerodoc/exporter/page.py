@@ -12,7 +12,11 @@ escaping labels). Here:
   names and labels, in the same order: the per-unit totals between step ends); the text of
   each series up to its value is made by prometheus_client's own encoder and kept (a family
   whose encoder output does not split that way is encoded whole, as before);
-- the page's gzip is kept while the page is byte-identical, and made at level 1.
+- the page's gzip is kept while the page is byte-identical, and made at level 1;
+- with a `stamp` (the server's: the collector's step-fold count, close and stall state), a
+  page is served as rendered for up to `max_age_s` while the stamp is unchanged: scrapes
+  faster than that (a flood, many scrapers) cost a dictionary lookup, not a render, and the
+  scrape rate does not reach the training job.
 
 The bytes served are exactly those of `prometheus_client`'s encoders (text 0.0.4 or
 OpenMetrics, chosen from the Accept header as its handler does; tests compare them).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import gzip
 import threading
+import time
 from urllib.parse import parse_qs, urlparse
 
 from prometheus_client.exposition import MetricsHandler, choose_encoder, gzip_accepted
@@ -110,10 +115,14 @@ class _Format:
 class Page:
     """The /metrics page of a registry (or any object with `collect()`), per format."""
 
-    def __init__(self, registry):
+    def __init__(self, registry, stamp=None, max_age_s: float = 0.0, clock=time.monotonic):
         self.registry = registry
+        self.stamp, self.max_age_s, self.clock = stamp, max_age_s, clock
         self._formats: dict[str, _Format] = {}
         self._lock = threading.Lock()  # one page at a time: scrapes do not pile up work
+        # (content type, gzip) -> (rendered at, stamp, body, headers)
+        self._served: dict[tuple, tuple] = {}
+        self.renders = 0  # pages rendered (not served from `_served`)
 
     def render(self, accept_header: str | None) -> tuple[bytes, str, _Format]:
         encoder, content_type = choose_encoder(accept_header or "")
@@ -138,6 +147,21 @@ class Page:
     def bake(self, accept_header: str | None,
              accept_encoding_header: str | None) -> tuple[bytes, list[tuple[str, str]]]:
         """Body and headers of a 200 response, as prometheus_client's handler makes them."""
+        if self.max_age_s <= 0:
+            return self._bake(accept_header, accept_encoding_header)
+        _enc, content_type = choose_encoder(accept_header or "")
+        key = (content_type, gzip_accepted(accept_encoding_header or ""))
+        stamp = self.stamp() if self.stamp is not None else None
+        hit = self._served.get(key)
+        if hit is not None and hit[1] == stamp and self.clock() - hit[0] < self.max_age_s:
+            return hit[2], hit[3]
+        t = self.clock()
+        body, headers = self._bake(accept_header, accept_encoding_header)
+        self._served[key] = (t, stamp, body, headers)
+        return body, headers
+
+    def _bake(self, accept_header, accept_encoding_header):
+        self.renders += 1
         page, content_type, fmt = self.render(accept_header)
         headers = [("Content-Type", content_type)]
         if gzip_accepted(accept_encoding_header or ""):

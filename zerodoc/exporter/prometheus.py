@@ -70,6 +70,17 @@ class ZerodocCollector:
         self._units_key = self._facts_of = None
         self._units_cache: tuple[list, int] = ([], 0)
         self._facts_cache: list = []
+        self.server_stats = None  # the /metrics server's `limits.Stats`, set by server.serve()
+
+    def stamp(self) -> tuple:
+        """Changes whenever the page must be rendered anew rather than served as it was (a
+        step end, the close, a stall starting or ending, a counted error); cheap."""
+        m = self.m
+        wd = getattr(m, "watchdog", None)
+        errors = getattr(getattr(m, "registry", None), "errors", None) or {}
+        return (getattr(m, "_folds", None), self.closing.closed_unix,
+                None if wd is None else (wd.count, wd.current is None),
+                sum(errors.values()))
 
     def describe(self):
         return []  # no collect() at registration time
@@ -197,6 +208,13 @@ class ZerodocCollector:
                            0 if facts.rank == 0 else sum(len(f.samples) for f in unit_facts))
         omitted.add_metric(rl + ["unit_detail"], folded)
         yield omitted
+        stats = self.server_stats
+        if stats is not None:
+            req = _family("zerodoc_exporter_requests_total")
+            for outcome, n in list(stats.requests.items()):
+                req.add_metric(rl + [outcome], n)
+            yield req
+            yield _sample("zerodoc_exporter_cpu_seconds_total", rl, stats.cpu_seconds())
         build = InfoMetricFamily("zerodoc_build", BY_NAME["zerodoc_build"].help,
                                  labels=list(RANK_LABELS))
         build.add_metric(rl, {"version": __version__,
