@@ -32,11 +32,15 @@ from dataclasses import dataclass
 
 OUTCOMES = ("ok", "unauthorized", "rate_limited", "over_capacity", "timed_out", "client_gone")
 
-_BUSY_BODY = b"503 too many connections to this rank's /metrics\n"
-BUSY_RESPONSE = (b"HTTP/1.0 503 Service Unavailable\r\n"
-                 b"Content-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\n"
-                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
-                 % (len(_BUSY_BODY), _BUSY_BODY))
+def _canned(status: str, body: bytes, retry_after: int) -> bytes:
+    return (b"HTTP/1.0 %s\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: %d\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+            % (status.encode(), retry_after, len(body), body))
+
+
+BUSY_RESPONSE = _canned("503 Service Unavailable",
+                        b"503 too many connections to this rank's /metrics\n", 1)
+LIMITED_RESPONSE = _canned("429 Too Many Requests", b"429 too many failed logins\n", 10)
 
 
 @dataclass(frozen=True)
@@ -170,8 +174,8 @@ class Deadlines:
             self.stats.report_thread()
 
 
-def refuse(sock) -> None:
-    """Answer 503 and close, from the accepting thread: never blocks, reads nothing but what
+def refuse(sock, response: bytes = BUSY_RESPONSE) -> None:
+    """Answer `response` (503) and close, from the accepting thread: never blocks, reads nothing but what
     has already arrived (so that the close does not reset the connection under the answer)."""
     try:
         sock.setblocking(False)
@@ -179,7 +183,7 @@ def refuse(sock) -> None:
             sock.recv(65536)
         except OSError:
             pass
-        sock.send(BUSY_RESPONSE)
+        sock.send(response)
         sock.shutdown(socket.SHUT_WR)
     except OSError:
         pass

@@ -28,7 +28,7 @@ from __future__ import annotations
 import gzip
 import threading
 import time
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs
 
 from prometheus_client.exposition import MetricsHandler, choose_encoder, gzip_accepted
 from prometheus_client.utils import floatToGoString
@@ -177,20 +177,82 @@ class Page:
         return page, headers
 
 
+class Headers(dict):
+    """Request headers by lower-cased name (what the handlers read: `.get(name)`)."""
+
+    def get(self, key, default=None):
+        return dict.get(self, key.lower(), default)
+
+    def __getitem__(self, key):
+        return dict.get(self, key.lower())
+
+    def __contains__(self, key):
+        return dict.__contains__(self, key.lower())
+
+
+MAX_HEADERS = 100  # as http.client's
+MAX_LINE = 65536
+
+
 class PageHandler(MetricsHandler):
     """prometheus_client's handler, serving from the class's `page` (a `Page`); requests it
-    does not cover (`name[]` filters) and handlers without a page take the library's path."""
+    does not cover (`name[]` filters) and handlers without a page take the library's path.
+
+    A request is read by a small parser (`parse_request`: the request line and `Name: value`
+    headers, bounded as http.client bounds them) instead of the standard library's e-mail
+    parser, and a response goes out in one send: a scrape costs the training process a few
+    hundred microseconds of CPU, not a millisecond."""
 
     page: Page | None = None
+    _pending: bytes | None = None
+
+    def parse_request(self) -> bool:
+        self.command = None
+        self.request_version = version = self.default_request_version
+        self.close_connection = True  # HTTP/1.0: one request per connection
+        requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        self.requestline = requestline
+        words = requestline.split()
+        if len(words) != 3 or not words[2].startswith("HTTP/1."):
+            self.send_error(400, f"Bad request {requestline[:100]!r}")
+            return False
+        self.command, self.path, version = words
+        self.request_version = version
+        headers = Headers()
+        for _ in range(MAX_HEADERS + 1):
+            line = self.rfile.readline(MAX_LINE + 1)
+            if len(line) > MAX_LINE:
+                self.send_error(431, "Line too long")
+                return False
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, sep, value = str(line, "iso-8859-1").partition(":")
+            if not sep or not name.strip():
+                self.send_error(400, "Bad header line")
+                return False
+            headers[name.strip().lower()] = value.strip()
+        else:
+            self.send_error(431, "Too many headers")
+            return False
+        self.headers = headers
+        return True
+
+    def flush_headers(self) -> None:
+        """The headers, and the body when there is one waiting, in one write."""
+        if self._pending is not None and hasattr(self, "_headers_buffer"):
+            self._headers_buffer.append(self._pending)
+            self._pending = None
+        super().flush_headers()
 
     def do_GET(self) -> None:  # noqa: N802
         page = self.page
-        if page is None or "name[]" in parse_qs(urlparse(self.path).query):
+        query = self.path.partition("?")[2]
+        if page is None or (query and "name[]" in parse_qs(query)):
             return super().do_GET()
         body, headers = page.bake(self.headers.get("Accept"),
                                   self.headers.get("Accept-Encoding"))
         self.send_response(200)
         for header in headers:
             self.send_header(*header)
+        self._pending = body
         self.end_headers()
-        self.wfile.write(body)

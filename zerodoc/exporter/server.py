@@ -33,7 +33,7 @@ from .prometheus import ZerodocCollector  # first: it configures prometheus_clie
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from . import webconfig  # noqa: E402
-from .limits import Deadlines, Limits, Stats, Workers, refuse  # noqa: E402
+from .limits import LIMITED_RESPONSE, Deadlines, Limits, Stats, Workers, refuse  # noqa: E402
 from .page import Page, PageHandler  # noqa: E402
 from .webconfig import Authenticator, WebConfig, WebConfigError  # noqa: E402
 
@@ -168,6 +168,11 @@ class MetricsServer(HTTPServer):
         if over:
             self.stats.count("over_capacity")
             refuse(request)
+        elif self._auth is not None and self._auth.refuse_early(client_address[0]):
+            with self._active_lock:
+                self._active -= 1
+            self.stats.count("rate_limited")
+            refuse(request, LIMITED_RESPONSE)
         else:
             self._workers.submit(request, client_address)
         self.stats.report_thread()

@@ -307,7 +307,10 @@ class Authenticator:
       "rate_limited" (429) for new credentials without a check until its window ends, and
       new credentials are checked at most `CHECKS_PER_S` a second in all (a flood of
       distinct guesses from many addresses), one at a time;
-    - a credential that was verified is accepted from any address, rate-limited or not;
+    - a credential that was verified is accepted from any address, rate-limited or not; an
+      address over its limit that has not logged in within the window is refused before
+      its request is read (`refuse_early`: the server answers 429 from its accepting
+      thread);
     - an unknown user costs as much as a known one (no user enumeration by timing).
     """
 
@@ -318,6 +321,7 @@ class Authenticator:
         self._right: OrderedDict[bytes, None] = OrderedDict()
         self._wrong: OrderedDict[bytes, None] = OrderedDict()
         self._fails: OrderedDict[str, list] = OrderedDict()  # address -> [window start, n]
+        self._passed: OrderedDict[str, float] = OrderedDict()  # address -> last success
         self._tokens, self._refilled = CHECKS_BURST, clock()
         self._lock = threading.Lock()  # the tables
         self._check_lock = threading.Lock()  # one hash check at a time
@@ -333,6 +337,7 @@ class Authenticator:
         with self._lock:
             if key in self._right:
                 self._right.move_to_end(key)
+                self._passed_now(client)
                 return "ok"
             if key in self._wrong:
                 self._wrong.move_to_end(key)
@@ -349,9 +354,26 @@ class Authenticator:
             table[key] = None
             if len(table) > size:
                 table.popitem(last=False)
-            if not ok:
+            if ok:
+                self._passed_now(client)
+            else:
                 self._failed(client)
         return "ok" if ok else "unauthorized"
+
+    def refuse_early(self, client: str) -> bool:
+        """True for an address over its failure limit that has not logged in within the
+        window: its next connections can be answered 429 before their request is read."""
+        with self._lock:
+            if not self._limited(client):
+                return False
+            t = self._passed.get(client)
+            return t is None or self.clock() - t >= FAIL_WINDOW_S
+
+    def _passed_now(self, client: str) -> None:
+        self._passed[client] = self.clock()
+        self._passed.move_to_end(client)
+        if len(self._passed) > CLIENTS:
+            self._passed.popitem(last=False)
 
     def _limited(self, client: str) -> bool:
         f = self._fails.get(client)
