@@ -134,16 +134,19 @@ class Deadlines:
         self._open: dict[int, list] = {}  # key -> [deadline, socket]
         self._thread: threading.Thread | None = None
         self._next = 0
+        self._wake_at: float | None = None  # when the thread wakes next (None: idle)
 
     def add(self, sock, seconds: float) -> int:
         with self._cond:
             self._next += 1
             key = self._next
-            self._open[key] = [time.monotonic() + seconds, sock]
+            deadline = time.monotonic() + seconds
+            self._open[key] = [deadline, sock]
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._wake_at is None or deadline < self._wake_at:
+                self._cond.notify()  # else it wakes early enough: no wake-up per connection
             return key
 
     def swap(self, key: int, sock) -> None:
@@ -169,8 +172,9 @@ class Deadlines:
                     except OSError:
                         pass
                     self.stats.count("timed_out")
-                soonest = min((d for d, _s in self._open.values()), default=None)
-                self._cond.wait(None if soonest is None else max(0.01, soonest - now))
+                self._wake_at = min((d for d, _s in self._open.values()), default=None)
+                self._cond.wait(None if self._wake_at is None
+                                else max(0.01, self._wake_at - now))
             self.stats.report_thread()
 
 
