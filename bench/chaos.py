@@ -12,13 +12,15 @@ pinned to one core (os.sched_setaffinity) that reports its own CPU. Columns:
   (`zerodoc_exporter_requests_total` by outcome, the difference over the stretch), or for a
   hostile file the exit code and first line of `zerodoc report`;
 - slowdown: the mean step time of rank 0's steps that ended in the stretch (from the run
-  log) against the control stretches' mean, with the control stretches' own spread
-  (max - min over mean): a slowdown inside that spread is noise;
+  log) against the mean of the control stretches just before and after it (the job runs
+  control, fault, control, fault, ..., control), beside half the spread (max - min over
+  mean) of all its control stretches: a slowdown inside that is noise;
 - records lost: `zerodoc_runlog_dropped_records_total` (and `..._records_lost_total` where
   the build has it) over the stretch, both ranks;
 - exporter CPU per request: `zerodoc_exporter_cpu_seconds_total` (the server threads' own
-  per-thread CPU clocks) over the requests it answered, both ranks; beside it, the witness:
-  the rank processes' CPU (/proc/PID/stat) above the control's, per request;
+  per-thread CPU clocks) over the requests it answered, both ranks; in brackets the witness
+  read from outside the rank: the kernel's CPU time (/proc/PID/task/TID/stat, 10 ms ticks)
+  of the rank's threads named `zd-metrics*`, per request;
 - reader peak memory (hostile files: the `zerodoc report` process's peak RSS);
 - load generator CPU (its own getrusage).
 
@@ -211,9 +213,26 @@ def floor_main(a) -> int:
 
 
 # ------------------------------------------------------------------------------ job side
-def proc_cpu(pid: int) -> float:
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+def _ticks(stat_path: str) -> float:
+    f = open(stat_path).read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid: int) -> float:
+    return _ticks(f"/proc/{pid}/stat")
+
+
+def server_threads_cpu(pid: int) -> float:
+    """The witness: the kernel's CPU time of the rank's threads named zd-metrics* (the
+    /metrics server's, `zerodoc.exporter.limits.name_thread`), read from outside."""
+    total = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            if open(f"/proc/{pid}/task/{tid}/comm").read().startswith("zd-metrics"):
+                total += _ticks(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:  # the thread ended
+            pass
+    return total
 
 
 def scrape_counters(endpoint: str, auth: str | None) -> dict:
@@ -251,14 +270,14 @@ class Stretch:
     def __init__(self, demo, auth):
         self.demo, self.auth = demo, auth
         self.t0 = time.time()
-        self.cpu0 = [proc_cpu(p.pid) for p in demo.job.procs]
+        self.cpu0 = [server_threads_cpu(p.pid) for p in demo.job.procs]
         self.c0 = [scrape_counters(ep, auth) for ep in demo.endpoints]
 
     def end(self) -> dict:
         from zerodoc.runlog import read_rank_tail
 
         c1 = [scrape_counters(ep, self.auth) for ep in self.demo.endpoints]
-        cpu1 = [proc_cpu(p.pid) for p in self.demo.job.procs]
+        cpu1 = [server_threads_cpu(p.pid) for p in self.demo.job.procs]
         t1 = time.time()
         delta: dict = {}
         for a, b in zip(self.c0, c1):
@@ -269,7 +288,7 @@ class Stretch:
         steps = [s.step_seconds for s in log.steps if self.t0 <= s.end_unix <= t1]
         return {"seconds": t1 - self.t0, "steps": len(steps),
                 "step_s": statistics.mean(steps) if steps else float("nan"),
-                "rank_cpu_s": sum(cpu1) - sum(self.cpu0), "counters": delta}
+                "server_threads_cpu_s": sum(cpu1) - sum(self.cpu0), "counters": delta}
 
 
 def run_load(kind: str, demo, auth, seconds: float) -> dict:
@@ -306,13 +325,13 @@ def said(counters: dict, load: dict) -> str:
     return "; ".join(parts) or "nothing"
 
 
-def load_rows(a, tmp: Path, controls_per_job: int) -> tuple[list, dict]:
+def load_rows(a, tmp: Path) -> tuple[list, dict]:
     from tests.helpers import LiveDemo
 
     faults = {"plain": [("scrape flood 200/s", "scrape"), ("slow clients", "slow"),
                         ("many connections", "conns")],
-              "auth": [("wrong-password flood 200/s", "wrong"),
-                       ("right-password flood 200/s", "right")]}
+              "auth": [("right-password flood 200/s", "right"),
+                       ("wrong-password flood 200/s", "wrong")]}
     rows, spreads = [], {}
     for job, todo in faults.items():
         todo = [t for t in todo if not a.only or t[1] in a.only]
@@ -323,21 +342,27 @@ def load_rows(a, tmp: Path, controls_per_job: int) -> tuple[list, dict]:
             env, auth = {"ZERODOC_WEB_CONFIG_FILE": str(web_config(tmp))}, f"{USER}:{RIGHT}"
         with LiveDemo(tmp, name=f"chaos-{job}", env=env, model=DEMO_MODEL) as demo:
             demo.wait_steps(5)
-            ctl = [control(demo, auth, a.seconds) for _ in range(controls_per_job)]
-            per_s = statistics.mean(c["rank_cpu_s"] / c["seconds"] for c in ctl)
-            base = statistics.mean(c["step_s"] for c in ctl)
-            spread = (max(c["step_s"] for c in ctl) - min(c["step_s"] for c in ctl)) / base
-            spreads[job] = {"step_s": base, "spread": spread, "stretches": len(ctl),
-                            "steps": sum(c["steps"] for c in ctl)}
+            # control, fault, control, fault, ..., control: each fault against the mean of
+            # the control stretches on either side of it (the machine drifts)
+            ctl = [control(demo, auth, a.seconds)]
+            done = []
             for name, kind in todo:
                 secs = max(a.seconds, 12.0) if kind == "slow" else a.seconds
-                r = run_load(kind, demo, auth, secs)
+                done.append((name, kind, run_load(kind, demo, auth, secs)))
+                ctl.append(control(demo, auth, a.seconds))
+            steps = [c["step_s"] for c in ctl]
+            base = statistics.mean(steps)
+            spread = (max(steps) - min(steps)) / base
+            spreads[job] = {"step_s": base, "spread": spread, "stretches": len(ctl),
+                            "steps": sum(c["steps"] for c in ctl)}
+            for i, (name, _kind, r) in enumerate(done):
+                near = statistics.mean([ctl[i]["step_s"], ctl[i + 1]["step_s"]])
                 c = r["counters"]
                 answered = sum(v for k, v in c.items() if k.startswith("req:"))
-                extra_cpu = r["rank_cpu_s"] - per_s * r["seconds"]
+                load = r["load"]
                 rows.append({
-                    "fault": name, "job": job, "said": said(c, r["load"]),
-                    "slowdown": r["step_s"] / base - 1, "control_spread": spread,
+                    "fault": name, "job": job, "said": said(c, load),
+                    "slowdown": r["step_s"] / near - 1, "control_spread": spread,
                     "steps": r["steps"],
                     "records_lost": int(c.get("zerodoc_runlog_dropped_records_total", 0)
                                         + c.get("zerodoc_runlog_records_lost_total", 0)),
@@ -345,14 +370,20 @@ def load_rows(a, tmp: Path, controls_per_job: int) -> tuple[list, dict]:
                     "exporter_cpu_per_request_us":
                         c.get("zerodoc_exporter_cpu_seconds_total", 0) / answered * 1e6
                         if answered else None,
-                    "rank_cpu_per_request_us": extra_cpu / answered * 1e6 if answered else None,
+                    "witness_cpu_per_request_us":
+                        r["server_threads_cpu_s"] / answered * 1e6 if answered else None,
                     "exporter_cpu_s": c.get("zerodoc_exporter_cpu_seconds_total", 0),
-                    "reader_peak_mb": None,
-                    "loadgen_cpu_s": r["load"].get("cpu_s"), "seconds": r["seconds"],
-                    "load": r["load"]})
-            ctl.append(control(demo, auth, a.seconds))  # the job is still the same job
-            spreads[job]["after"] = ctl[-1]["step_s"]
+                    "witness_cpu_s": r["server_threads_cpu_s"],
+                    "reader_peak_mb": None, "loadgen_cpu_s": load.get("cpu_s"),
+                    "rate_per_s": sum(v for k, v in load.get("codes", {}).items()
+                                      if k != "probe") / load["wall_s"]
+                    if load.get("wall_s") and kind_is_flood(_kind) else None,
+                    "seconds": r["seconds"], "load": load})
     return rows, spreads
+
+
+def kind_is_flood(kind: str) -> bool:
+    return kind in ("scrape", "wrong", "right")
 
 
 def web_config(tmp: Path) -> Path:
@@ -442,7 +473,7 @@ def fmt(v, spec: str, none: str = "n/a") -> str:
 
 def table(rows: list, spreads: dict, floor: dict | None) -> str:
     lines = ["| fault | what zerodoc said | slowdown (control spread) | records lost | "
-             "exporter CPU / request (rank CPU witness) | reader peak | load generator CPU |",
+             "exporter CPU / request (witness) | reader peak | load generator |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         slow = (f"{r['slowdown'] * 100:+.1f} % (±{r['control_spread'] * 100 / 2:.1f} %)"
@@ -450,9 +481,11 @@ def table(rows: list, spreads: dict, floor: dict | None) -> str:
         cpu = "n/a"
         if r.get("exporter_cpu_per_request_us") is not None:
             cpu = (f"{r['exporter_cpu_per_request_us']:.0f} µs × {r['requests']} "
-                   f"({fmt(r.get('rank_cpu_per_request_us'), '.0f')} µs)")
-        gen = (f"{r['loadgen_cpu_s']:.1f} s in {r['seconds']:.0f} s"
+                   f"({fmt(r.get('witness_cpu_per_request_us'), '.0f')} µs)")
+        gen = (f"{r['loadgen_cpu_s']:.1f} s CPU in {r['seconds']:.0f} s"
                if r.get("loadgen_cpu_s") is not None else "n/a")
+        if r.get("rate_per_s"):
+            gen += f", {r['rate_per_s']:.0f} req/s"
         peak = fmt(r.get("reader_peak_mb"), ".0f", "n/a")
         peak = peak + " MB" if peak != "n/a" else peak
         lost = fmt(r.get("records_lost"), "d")
@@ -462,8 +495,8 @@ def table(rows: list, spreads: dict, floor: dict | None) -> str:
     for job, s in spreads.items():
         lines.append("")
         lines.append(f"Control ({job} job): mean step {s['step_s'] * 1e3:.1f} ms over "
-                     f"{s['stretches']} stretches ({s['steps']} steps of rank 0), spread "
-                     f"{s['spread'] * 100:.1f} %; after the faults {s['after'] * 1e3:.1f} ms.")
+                     f"{s['stretches']} stretches, one before and after each fault "
+                     f"({s['steps']} steps of rank 0), spread {s['spread'] * 100:.1f} %.")
     if floor:
         lines.append("")
         lines.append(f"Floor: a bare Python accept/read/answer/close loop costs "
@@ -499,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                       else []),
                              capture_output=True, text=True, timeout=300)
         floor = json.loads(out.stdout.strip().splitlines()[-1])
-    r, spreads = load_rows(a, tmp, 2 if a.quick else 3)
+    r, spreads = load_rows(a, tmp)
     rows += r
     if a.only is None or "files" in a.only:
         rows += hostile_rows(a, tmp)

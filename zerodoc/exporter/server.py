@@ -33,7 +33,9 @@ from .prometheus import ZerodocCollector  # first: it configures prometheus_clie
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from . import webconfig  # noqa: E402
-from .limits import LIMITED_RESPONSE, Deadlines, Limits, Stats, Workers, refuse  # noqa: E402
+from .limits import (  # noqa: E402
+    LIMITED_RESPONSE, Deadlines, Limits, Stats, Workers, name_thread, refuse,
+)
 from .page import Page, PageHandler  # noqa: E402
 from .webconfig import Authenticator, WebConfig, WebConfigError  # noqa: E402
 
@@ -268,7 +270,12 @@ def start(host: str, port: int, registry, cfg: WebConfig | None = None,
     `stamp`: a cheap callable whose value changes when the page must be rendered anew (then
     the page is rendered at most once per `PAGE_MAX_AGE_S` otherwise); None: every scrape."""
     server = MetricsServer(host, port, registry, cfg, on_error, limits, stamp)
-    threading.Thread(target=server.serve_forever, name="zerodoc-metrics", daemon=True).start()
+
+    def accept() -> None:
+        name_thread("zd-metrics")
+        server.serve_forever()
+
+    threading.Thread(target=accept, name="zerodoc-metrics", daemon=True).start()
     return server
 
 
