@@ -212,6 +212,28 @@ def floor_main(a) -> int:
     return 0
 
 
+def credential_costs(tmp: Path, n: int = 20000) -> dict:
+    """CPU of one basic-auth verdict (this process, per-thread clock): the first check of a
+    credential (the hash), and a repeated right and wrong one (the remembered verdict)."""
+    from zerodoc.exporter import webconfig
+
+    users = json.loads(web_config(tmp).read_text())["basic_auth_users"]
+    auth = webconfig.Authenticator(users)
+    out = {"hash": users[USER].split("$")[1]}
+    t = time.thread_time()
+    auth.verdict(USER, RIGHT, "10.0.0.1")
+    out["first_check_ms"] = (time.thread_time() - t) * 1e3
+    auth.verdict(USER, WRONG, "10.0.0.2")
+    for name, pw in (("repeated_right_us", RIGHT), ("repeated_wrong_us", WRONG)):
+        t = time.thread_time()
+        for _ in range(n):
+            auth.verdict(USER, pw, "10.0.0.3")
+        out[name] = (time.thread_time() - t) / n * 1e6
+    out["hash_checks"] = auth.hash_checks
+    out["calls"] = 2 * n + 2
+    return out
+
+
 # ------------------------------------------------------------------------------ job side
 def _ticks(stat_path: str) -> float:
     f = open(stat_path).read().rsplit(")", 1)[1].split()
@@ -471,7 +493,7 @@ def fmt(v, spec: str, none: str = "n/a") -> str:
     return format(v, spec)
 
 
-def table(rows: list, spreads: dict, floor: dict | None) -> str:
+def table(rows: list, spreads: dict, floor: dict | None, cred: dict | None = None) -> str:
     lines = ["| fault | what zerodoc said | slowdown (control spread) | records lost | "
              "exporter CPU / request (witness) | reader peak | load generator |",
              "|---|---|---|---|---|---|---|"]
@@ -502,6 +524,13 @@ def table(rows: list, spreads: dict, floor: dict | None) -> str:
         lines.append(f"Floor: a bare Python accept/read/answer/close loop costs "
                      f"{floor['cpu_per_connection_us']:.0f} µs of CPU per connection on this "
                      f"machine ({floor['connections']} connections).")
+    if cred:
+        lines.append("")
+        lines.append(f"Credential check (bcrypt ${cred['hash']}$ cost 10 or PBKDF2): the first "
+                     f"check of a credential {cred['first_check_ms']:.1f} ms of CPU; a repeated "
+                     f"right one {cred['repeated_right_us']:.1f} µs, a repeated wrong one "
+                     f"{cred['repeated_wrong_us']:.1f} µs ({cred['hash_checks']} hash checks "
+                     f"in {cred['calls']} verdicts).")
     return "\n".join(lines)
 
 
@@ -532,15 +561,16 @@ def main(argv: list[str] | None = None) -> int:
                                                                       else []),
                              capture_output=True, text=True, timeout=300)
         floor = json.loads(out.stdout.strip().splitlines()[-1])
+    cred = credential_costs(tmp) if a.only is None or "floor" in a.only else None
     r, spreads = load_rows(a, tmp)
     rows += r
     if a.only is None or "files" in a.only:
         rows += hostile_rows(a, tmp)
     if a.json:
-        print(json.dumps({"rows": rows, "controls": spreads, "floor": floor,
+        print(json.dumps({"rows": rows, "controls": spreads, "floor": floor, "credential": cred,
                           "cpus": os.cpu_count()}, indent=1, default=str))
     else:
-        print(table(rows, spreads, floor))
+        print(table(rows, spreads, floor, cred))
     return 0
 
 
