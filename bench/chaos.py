@@ -65,8 +65,10 @@ _SAMPLE = re.compile(r'^(zerodoc_[a-z_]+)(?:\{([^}]*)\})? (\S+)$')
 
 
 # ------------------------------------------------------------------------------ load side
-def _request(auth: str | None) -> bytes:
-    head = f"GET /metrics HTTP/1.0\r\nHost: {HOST}\r\nAccept-Encoding: gzip\r\n"
+def _request(auth: str | None, path: str = "/metrics", gz: bool = True) -> bytes:
+    head = f"GET {path} HTTP/1.0\r\nHost: {HOST}\r\n"
+    if gz:
+        head += "Accept-Encoding: gzip\r\n"
     if auth:
         head += "Authorization: Basic " + base64.b64encode(auth.encode()).decode() + "\r\n"
     return (head + "\r\n").encode()
@@ -257,19 +259,25 @@ def server_threads_cpu(pid: int) -> float:
     return total
 
 
-def scrape_counters(endpoint: str, auth: str | None) -> dict:
+def _get(endpoint: str, auth: str | None, path: str) -> str:
     host, port = endpoint.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10,
                                   source_address=(OBSERVER, 0)) as s:
-        s.sendall(_request(auth).replace(b"Accept-Encoding: gzip\r\n", b""))
+        s.sendall(_request(auth, path, gz=False))
         data = b""
         while True:
             b = s.recv(1 << 20)
             if not b:
                 break
             data += b
+    return data.decode("utf-8", "replace").split("\r\n\r\n", 1)[-1]
+
+
+def scrape_counters(endpoint: str, auth: str | None) -> dict:
+    """The server's own counters (/metrics/exporter) and the run log's lost records."""
     out: dict = {}
-    for line in data.decode("utf-8", "replace").split("\r\n\r\n", 1)[-1].splitlines():
+    text = _get(endpoint, auth, "/metrics/exporter") + _get(endpoint, auth, "/metrics")
+    for line in text.splitlines():
         m = _SAMPLE.match(line)
         if not m:
             continue
@@ -305,7 +313,7 @@ class Stretch:
         for a, b in zip(self.c0, c1):
             for k in b:
                 delta[k] = delta.get(k, 0.0) + b[k] - a.get(k, 0.0)
-        delta["req:ok"] = delta.get("req:ok", 0) - 2 * len(c1)  # our own two scrapes a rank
+        delta["req:ok"] = delta.get("req:ok", 0) - 2 * len(c1)  # our own 2 at the start, a rank
         log = read_rank_tail(self.demo.run_dir / "rank-00000.jsonl", 400, detail=True)
         steps = [s.step_seconds for s in log.steps if self.t0 <= s.end_unix <= t1]
         return {"seconds": t1 - self.t0, "steps": len(steps),

@@ -276,3 +276,36 @@ def test_many_connections_do_not_take_the_files_of_the_rank(tmp_path):
             s.close()
         child.stdin.close()
         child.wait(timeout=10)
+
+
+def test_the_server_serves_its_own_counters_apart(monkeypatch):
+    """/metrics/exporter: requests by outcome and the server threads' CPU, by rank; the rank's
+    /metrics page (and its series budget) does not carry them."""
+    from types import SimpleNamespace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from zerodoc.shim.hookpoints import HookRegistry
+
+    monkeypatch.delenv(webconfig.ENV, raising=False)
+    mon = SimpleNamespace(registry=HookRegistry(), rank=3, local_rank=1, local_world_size=2,
+                          facts=SimpleNamespace(rank=3, local_rank=1, node="n0"))
+    srv, where = server.serve(mon, 0, "127.0.0.1")
+    try:
+        for _ in range(3):
+            c = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
+            c.request("GET", "/metrics/exporter")
+            r = c.getresponse()
+            text = r.read().decode()
+            c.close()
+            assert r.status == 200
+        got = {(s.name, s.labels.get("outcome")): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+        assert got[("zerodoc_exporter_requests_total", "ok")] == 2  # the third is being served
+        assert got[("zerodoc_exporter_requests_total", "over_capacity")] == 0
+        assert got[("zerodoc_exporter_cpu_seconds_total", None)] > 0
+        labels = next(s.labels for f in text_string_to_metric_families(text) for s in f.samples)
+        assert (labels["rank"], labels["local_rank"], labels["node"]) == ("3", "1", "n0")
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -249,6 +249,9 @@ class PageHandler(MetricsHandler):
         query = self.path.partition("?")[2]
         if page is None or (query and "name[]" in parse_qs(query)):
             return super().do_GET()
+        self.serve_page(page)
+
+    def serve_page(self, page: Page) -> None:
         body, headers = page.bake(self.headers.get("Accept"),
                                   self.headers.get("Accept-Encoding"))
         self.send_response(200)

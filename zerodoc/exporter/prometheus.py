@@ -70,7 +70,6 @@ class ZerodocCollector:
         self._units_key = self._facts_of = None
         self._units_cache: tuple[list, int] = ([], 0)
         self._facts_cache: list = []
-        self.server_stats = None  # the /metrics server's `limits.Stats`, set by server.serve()
 
     def stamp(self) -> tuple:
         """Changes whenever the page must be rendered anew rather than served as it was (a
@@ -208,18 +207,28 @@ class ZerodocCollector:
                            0 if facts.rank == 0 else sum(len(f.samples) for f in unit_facts))
         omitted.add_metric(rl + ["unit_detail"], folded)
         yield omitted
-        stats = self.server_stats
-        if stats is not None:
-            req = _family("zerodoc_exporter_requests_total")
-            for outcome, n in list(stats.requests.items()):
-                req.add_metric(rl + [outcome], n)
-            yield req
-            yield _sample("zerodoc_exporter_cpu_seconds_total", rl, stats.cpu_seconds())
         build = InfoMetricFamily("zerodoc_build", BY_NAME["zerodoc_build"].help,
                                  labels=list(RANK_LABELS))
         build.add_metric(rl, {"version": __version__,
                               "python_version": platform.python_version()})
         yield build
+
+
+class ServerCollector:
+    """The /metrics server's own counters (`/metrics/exporter`: outside the rank's /metrics
+    page and its series budget): requests by outcome and the server threads' CPU time."""
+
+    def __init__(self, monitor, stats):
+        self.m, self.stats = monitor, stats
+
+    def collect(self):
+        f = self.m.facts
+        rl = [str(f.rank), str(f.local_rank), f.node]
+        req = _family("zerodoc_exporter_requests_total")
+        for outcome, n in list(self.stats.requests.items()):
+            req.add_metric(rl + [outcome], n)
+        yield req
+        yield _sample("zerodoc_exporter_cpu_seconds_total", rl, self.stats.cpu_seconds())
 
 
 def _per_unit(rl: list[str], compute: list, comm: list):

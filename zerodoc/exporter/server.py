@@ -29,7 +29,9 @@ import threading
 import warnings
 from http.server import HTTPServer
 
-from .prometheus import ZerodocCollector  # first: it configures prometheus_client  # isort: skip
+from .prometheus import (  # first: it configures prometheus_client  # isort: skip
+    ServerCollector, ZerodocCollector,
+)
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from . import webconfig  # noqa: E402
@@ -42,6 +44,7 @@ from .webconfig import Authenticator, WebConfig, WebConfigError  # noqa: E402
 PORT_TRIES = 8
 HANDSHAKE_TIMEOUT_S = 10.0
 PAGE_MAX_AGE_S = 1.0  # a page is rendered at most once a second (sooner at a step end)
+OWN_PATH = "/metrics/exporter"  # the server's own counters (outside the series budget)
 
 
 class _Handler(PageHandler):
@@ -56,6 +59,8 @@ class _Handler(PageHandler):
         elif verdict == "rate_limited":  # answered without a password check
             self._refuse(429, "429 Too Many Requests: too many failed logins\n",
                          ("Retry-After", str(int(webconfig.FAIL_WINDOW_S))))
+        elif self.path.partition("?")[0] == OWN_PATH and self.server.own_page is not None:
+            self.serve_page(self.server.own_page)  # the server's own counters
         else:
             super().do_GET()
             seen = getattr(self.server, "on_scraped", None)
@@ -128,6 +133,7 @@ class MetricsServer(HTTPServer):
         self._tls = _TLS(cfg, self.on_error) if cfg and cfg.tls else None
         self.rejected = 0  # connections refused in the TLS handshake or by client_allowed_sans
         self.stats = Stats()
+        self.own_page: Page | None = None  # serve() sets it: OWN_PATH
         self._active = 0
         self._active_lock = threading.Lock()
         self._workers = Workers(self._handle, self.stats, self.limits.worker_idle_s)
@@ -317,7 +323,7 @@ def serve(monitor, base_port: int | bool | None, host: str):
             if e.errno not in (errno.EADDRINUSE, errno.EACCES):
                 break
             continue
-        collector.server_stats = server.stats
+        server.own_page = Page(ServerCollector(monitor, server.stats))
         signal = getattr(monitor, "close_signal", None)  # set by the collector
         if signal is not None:
             server.on_scraped = signal.scraped
