@@ -112,13 +112,21 @@ class Workers:
         if spawn:
             threading.Thread(target=self._run, name=self.name, daemon=True).start()
 
+    def stop(self) -> None:
+        """Idle threads leave now, busy ones after their connection."""
+        for _ in range(self.threads):
+            self._jobs.put(None)
+
     def _run(self) -> None:
         name_thread(self.name)
         last = time.thread_time()
         try:
             while True:
                 try:
-                    conn, addr = self._jobs.get(timeout=self.idle_s)
+                    job = self._jobs.get(timeout=self.idle_s)
+                    if job is None:  # stop()
+                        return
+                    conn, addr = job
                 except queue.Empty:
                     with self._lock:
                         if self._idle > 0:  # nobody counted on this thread: leave
@@ -148,6 +156,7 @@ class Deadlines:
         self._thread: threading.Thread | None = None
         self._next = 0
         self._wake_at: float | None = None  # when the thread wakes next (None: idle)
+        self._stopped = False
 
     def add(self, sock, seconds: float) -> int:
         with self._cond:
@@ -173,9 +182,14 @@ class Deadlines:
         with self._cond:
             return self._open.pop(key, None) is not None
 
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
     def _run(self) -> None:
         name_thread(self.name)
-        while True:
+        while not self._stopped:
             with self._cond:
                 now = time.monotonic()
                 late = [k for k, (d, _s) in self._open.items() if d <= now]

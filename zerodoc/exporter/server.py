@@ -13,6 +13,14 @@ from code. A broken file means no /metrics server (never an unprotected one) and
 a rank bound off loopback with neither TLS nor auth gets a warning. The TLS files are reloaded
 when they change on disk (certificate rotation), and the TLS handshake runs on the request's
 own thread, so a slow or hostile client cannot stall the others.
+
+Whatever the configuration, what clients can take from the training process is bounded
+(`limits.py`, docs/reliability.md): at most `Limits.max_connections` connections at once (one
+more is answered 503 from the accepting thread, its request unread), a whole-request deadline,
+a pool of worker threads, the page rendered at most once per `PAGE_MAX_AGE_S` unless the
+collector's stamp changed (`page.py`), password verdicts remembered and failed logins
+rate-limited (`webconfig.Authenticator`); how it answered and what it cost are served on
+`OWN_PATH`.
 """
 
 from __future__ import annotations
@@ -224,6 +232,11 @@ class MetricsServer(HTTPServer):
                 conn.close()
             except OSError:
                 pass
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._workers.stop()
+        self._deadlines.stop()
 
     def handle_error(self, request, client_address) -> None:
         """Never print (socketserver prints a traceback): count it."""
