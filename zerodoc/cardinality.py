@@ -43,6 +43,7 @@ class Shape:
     gpu: int = 0  # 1 on a GPU run: the allocator and NVML series
     pcie_directions: int = 0  # 2 on a GPU run with NVML
     omit_reasons: int = 2  # zerodoc_exporter_omitted_series{reason}
+    exporter_outcomes: int = 6  # zerodoc_exporter_requests_total{outcome} (/metrics/exporter)
     stalled: int = 0  # 1 while the watchdog says the rank is stuck (its stall gauge)
     closed: int = 0  # 1 once the rank closed cleanly (its closed signal, while it lingers)
     lost: int = 0  # 1 once the run log lost a record to a failed write (a healthy run: 0)
@@ -71,7 +72,7 @@ def series_count(shape: Shape = CPU_FSDP2, *, rank0: bool = False,
     outside the unit sample in coarse mode (its `unit` metrics summed over units)."""
     out: dict[str, int] = {}
     for m in CATALOG:
-        if m.scope == "run" and not rank0:
+        if (m.scope == "run" and not rank0) or m.scope == "server":  # server: not /metrics
             continue
         per = m.per if unit_detail or m.scope != "unit" else FOLDED[m.per]
         n = getattr(shape, per) if per else 1

@@ -13,7 +13,9 @@ metric are bounded (unit = the sharded module's path, phase, collective, populat
 
 Each metric has a scope: `rank` (every rank serves it), `unit` (per-unit detail: in coarse
 mode the ranks outside the unit sample serve it summed over units, without the `unit`
-label) or `run` (a per-unit fact of the run, served by rank 0 only).
+label), `run` (a per-unit fact of the run, served by rank 0 only) or `server` (the /metrics
+server's own counters, served by every rank on `/metrics/exporter`, not in its `/metrics`
+page: outside the series budget).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class Metric:
     unit: str  # seconds | bytes | ratio | bytes_per_second | "" (a count or a flag)
     help: str
     labels: tuple[str, ...] = ()
-    scope: str = "rank"  # rank | unit | run (see the module docstring)
+    scope: str = "rank"  # rank | unit | run | server (see the module docstring)
     per: str = ""
     """What its number of series per rank grows with: a `cardinality.Shape` field ("": one)."""
     into: str = ""
@@ -199,6 +201,17 @@ CATALOG: tuple[Metric, ...] = (
            "Series this rank leaves out of its scrape, by reason: unit_facts (per-unit facts, "
            "served by rank 0 only), unit_detail (coarse mode: per-unit series folded into "
            "this rank's totals).", ("reason",), per="omit_reasons"),
+    Metric("zerodoc_exporter_requests_total", "counter", "",
+           "Requests to this rank's /metrics server by outcome: ok (a page served), "
+           "unauthorized, rate_limited (429: too many failed logins, no password checked), "
+           "over_capacity (503: too many connections at once, the request not read), "
+           "timed_out (cut off at the whole-request deadline), client_gone (the client "
+           "closed or reset the connection).", ("outcome",), scope="server",
+           per="exporter_outcomes"),
+    Metric("zerodoc_exporter_cpu_seconds_total", "counter", "seconds",
+           "CPU time of this rank's /metrics server threads (accepting, TLS, password checks, "
+           "rendering, sending), from their per-thread CPU clocks: what serving /metrics "
+           "took from the training process.", scope="server"),
     Metric("zerodoc_build", "info", "",
            "The zerodoc version serving these metrics and the Python it runs on "
            "(zerodoc_build_info, always 1).", ("version", "python_version")),
@@ -213,7 +226,7 @@ def all_series_names() -> set[str]:
 
 
 SCOPES = {"rank": "every rank", "unit": "every rank; coarse: per-rank total",
-          "run": "rank 0 only"}
+          "run": "rank 0 only", "server": "every rank, on `/metrics/exporter`"}
 
 
 def markdown() -> str:

@@ -12,7 +12,11 @@ escaping labels). Here:
   names and labels, in the same order: the per-unit totals between step ends); the text of
   each series up to its value is made by prometheus_client's own encoder and kept (a family
   whose encoder output does not split that way is encoded whole, as before);
-- the page's gzip is kept while the page is byte-identical, and made at level 1.
+- the page's gzip is kept while the page is byte-identical, and made at level 1;
+- with a `stamp` (the server's: the collector's step-fold count, close and stall state), a
+  page is served as rendered for up to `max_age_s` while the stamp is unchanged: scrapes
+  faster than that (a flood, many scrapers) cost a dictionary lookup, not a render, and the
+  scrape rate does not reach the training job.
 
 The bytes served are exactly those of `prometheus_client`'s encoders (text 0.0.4 or
 OpenMetrics, chosen from the Accept header as its handler does; tests compare them).
@@ -23,7 +27,8 @@ from __future__ import annotations
 
 import gzip
 import threading
-from urllib.parse import parse_qs, urlparse
+import time
+from urllib.parse import parse_qs
 
 from prometheus_client.exposition import MetricsHandler, choose_encoder, gzip_accepted
 from prometheus_client.utils import floatToGoString
@@ -110,10 +115,14 @@ class _Format:
 class Page:
     """The /metrics page of a registry (or any object with `collect()`), per format."""
 
-    def __init__(self, registry):
+    def __init__(self, registry, stamp=None, max_age_s: float = 0.0, clock=time.monotonic):
         self.registry = registry
+        self.stamp, self.max_age_s, self.clock = stamp, max_age_s, clock
         self._formats: dict[str, _Format] = {}
         self._lock = threading.Lock()  # one page at a time: scrapes do not pile up work
+        # (content type, gzip) -> (rendered at, stamp, body, headers)
+        self._served: dict[tuple, tuple] = {}
+        self.renders = 0  # pages rendered (not served from `_served`)
 
     def render(self, accept_header: str | None) -> tuple[bytes, str, _Format]:
         encoder, content_type = choose_encoder(accept_header or "")
@@ -138,6 +147,21 @@ class Page:
     def bake(self, accept_header: str | None,
              accept_encoding_header: str | None) -> tuple[bytes, list[tuple[str, str]]]:
         """Body and headers of a 200 response, as prometheus_client's handler makes them."""
+        if self.max_age_s <= 0:
+            return self._bake(accept_header, accept_encoding_header)
+        _enc, content_type = choose_encoder(accept_header or "")
+        key = (content_type, gzip_accepted(accept_encoding_header or ""))
+        stamp = self.stamp() if self.stamp is not None else None
+        hit = self._served.get(key)
+        if hit is not None and hit[1] == stamp and self.clock() - hit[0] < self.max_age_s:
+            return hit[2], hit[3]
+        t = self.clock()
+        body, headers = self._bake(accept_header, accept_encoding_header)
+        self._served[key] = (t, stamp, body, headers)
+        return body, headers
+
+    def _bake(self, accept_header, accept_encoding_header):
+        self.renders += 1
         page, content_type, fmt = self.render(accept_header)
         headers = [("Content-Type", content_type)]
         if gzip_accepted(accept_encoding_header or ""):
@@ -153,20 +177,85 @@ class Page:
         return page, headers
 
 
+class Headers(dict):
+    """Request headers by lower-cased name (what the handlers read: `.get(name)`)."""
+
+    def get(self, key, default=None):
+        return dict.get(self, key.lower(), default)
+
+    def __getitem__(self, key):
+        return dict.get(self, key.lower())
+
+    def __contains__(self, key):
+        return dict.__contains__(self, key.lower())
+
+
+MAX_HEADERS = 100  # as http.client's
+MAX_LINE = 65536
+
+
 class PageHandler(MetricsHandler):
     """prometheus_client's handler, serving from the class's `page` (a `Page`); requests it
-    does not cover (`name[]` filters) and handlers without a page take the library's path."""
+    does not cover (`name[]` filters) and handlers without a page take the library's path.
+
+    A request is read by a small parser (`parse_request`: the request line and `Name: value`
+    headers, bounded as http.client bounds them) instead of the standard library's e-mail
+    parser, and a response goes out in one send: a scrape costs the training process a few
+    hundred microseconds of CPU, not a millisecond."""
 
     page: Page | None = None
+    _pending: bytes | None = None
+
+    def parse_request(self) -> bool:
+        self.command = None
+        self.request_version = version = self.default_request_version
+        self.close_connection = True  # HTTP/1.0: one request per connection
+        requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        self.requestline = requestline
+        words = requestline.split()
+        if len(words) != 3 or not words[2].startswith("HTTP/1."):
+            self.send_error(400, f"Bad request {requestline[:100]!r}")
+            return False
+        self.command, self.path, version = words
+        self.request_version = version
+        headers = Headers()
+        for _ in range(MAX_HEADERS + 1):
+            line = self.rfile.readline(MAX_LINE + 1)
+            if len(line) > MAX_LINE:
+                self.send_error(431, "Line too long")
+                return False
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, sep, value = str(line, "iso-8859-1").partition(":")
+            if not sep or not name.strip():
+                self.send_error(400, "Bad header line")
+                return False
+            headers[name.strip().lower()] = value.strip()
+        else:
+            self.send_error(431, "Too many headers")
+            return False
+        self.headers = headers
+        return True
+
+    def flush_headers(self) -> None:
+        """The headers, and the body when there is one waiting, in one write."""
+        if self._pending is not None and hasattr(self, "_headers_buffer"):
+            self._headers_buffer.append(self._pending)
+            self._pending = None
+        super().flush_headers()
 
     def do_GET(self) -> None:  # noqa: N802
         page = self.page
-        if page is None or "name[]" in parse_qs(urlparse(self.path).query):
+        query = self.path.partition("?")[2]
+        if page is None or (query and "name[]" in parse_qs(query)):
             return super().do_GET()
+        self.serve_page(page)
+
+    def serve_page(self, page: Page) -> None:
         body, headers = page.bake(self.headers.get("Accept"),
                                   self.headers.get("Accept-Encoding"))
         self.send_response(200)
         for header in headers:
             self.send_header(*header)
+        self._pending = body
         self.end_headers()
-        self.wfile.write(body)

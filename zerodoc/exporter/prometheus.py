@@ -71,6 +71,16 @@ class ZerodocCollector:
         self._units_cache: tuple[list, int] = ([], 0)
         self._facts_cache: list = []
 
+    def stamp(self) -> tuple:
+        """Changes whenever the page must be rendered anew rather than served as it was (a
+        step end, the close, a stall starting or ending, a counted error); cheap."""
+        m = self.m
+        wd = getattr(m, "watchdog", None)
+        errors = getattr(getattr(m, "registry", None), "errors", None) or {}
+        return (getattr(m, "_folds", None), self.closing.closed_unix,
+                None if wd is None else (wd.count, wd.current is None),
+                sum(errors.values()))
+
     def describe(self):
         return []  # no collect() at registration time
 
@@ -204,6 +214,23 @@ class ZerodocCollector:
         build.add_metric(rl, {"version": __version__,
                               "python_version": platform.python_version()})
         yield build
+
+
+class ServerCollector:
+    """The /metrics server's own counters (`/metrics/exporter`: outside the rank's /metrics
+    page and its series budget): requests by outcome and the server threads' CPU time."""
+
+    def __init__(self, monitor, stats):
+        self.m, self.stats = monitor, stats
+
+    def collect(self):
+        f = self.m.facts
+        rl = [str(f.rank), str(f.local_rank), f.node]
+        req = _family("zerodoc_exporter_requests_total")
+        for outcome, n in list(self.stats.requests.items()):
+            req.add_metric(rl + [outcome], n)
+        yield req
+        yield _sample("zerodoc_exporter_cpu_seconds_total", rl, self.stats.cpu_seconds())
 
 
 def _per_unit(rl: list[str], compute: list, comm: list):

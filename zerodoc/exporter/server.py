@@ -13,6 +13,14 @@ from code. A broken file means no /metrics server (never an unprotected one) and
 a rank bound off loopback with neither TLS nor auth gets a warning. The TLS files are reloaded
 when they change on disk (certificate rotation), and the TLS handshake runs on the request's
 own thread, so a slow or hostile client cannot stall the others.
+
+Whatever the configuration, what clients can take from the training process is bounded
+(`limits.py`, docs/reliability.md): at most `Limits.max_connections` connections at once (one
+more is answered 503 from the accepting thread, its request unread), a whole-request deadline,
+a pool of worker threads, the page rendered at most once per `PAGE_MAX_AGE_S` unless the
+collector's stamp changed (`page.py`), password verdicts remembered and failed logins
+rate-limited (`webconfig.Authenticator`); how it answered and what it cost are served on
+`OWN_PATH`.
 """
 
 from __future__ import annotations
@@ -24,39 +32,58 @@ import ipaddress
 import os
 import socket
 import ssl
+import sys
 import threading
 import warnings
-from http.server import ThreadingHTTPServer
+from http.server import HTTPServer
 
-from .prometheus import ZerodocCollector  # first: it configures prometheus_client  # isort: skip
+from .prometheus import (  # first: it configures prometheus_client  # isort: skip
+    ServerCollector, ZerodocCollector,
+)
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from . import webconfig  # noqa: E402
+from .limits import (  # noqa: E402
+    LIMITED_RESPONSE, Deadlines, Limits, Stats, Workers, name_thread, refuse,
+)
 from .page import Page, PageHandler  # noqa: E402
 from .webconfig import Authenticator, WebConfig, WebConfigError  # noqa: E402
 
 PORT_TRIES = 8
 HANDSHAKE_TIMEOUT_S = 10.0
+PAGE_MAX_AGE_S = 1.0  # a page is rendered at most once a second (sooner at a step end)
+OWN_PATH = "/metrics/exporter"  # the server's own counters (outside the series budget)
 
 
 class _Handler(PageHandler):
-    timeout = 30  # seconds a client may take to send its request (no slowloris)
+    timeout = HANDSHAKE_TIMEOUT_S  # per receive; a whole request has Limits.request_deadline_s
     server: "MetricsServer"
 
     def do_GET(self) -> None:  # noqa: N802
-        if not self.server.authorized(self.headers.get("Authorization")):
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", 'Basic realm="zerodoc"')
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
-            body = b"401 Unauthorized\n"
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        super().do_GET()
-        seen = getattr(self.server, "on_scraped", None)
-        if seen is not None:  # the page is out: who scraped (exporter/closing.py)
-            seen((self.client_address[0], self.headers.get("User-Agent", "")))
+        verdict = self.server.authorize(self.headers.get("Authorization"),
+                                        self.client_address[0])
+        if verdict == "unauthorized":
+            self._refuse(401, "401 Unauthorized\n", ("WWW-Authenticate", 'Basic realm="zerodoc"'))
+        elif verdict == "rate_limited":  # answered without a password check
+            self._refuse(429, "429 Too Many Requests: too many failed logins\n",
+                         ("Retry-After", str(int(webconfig.FAIL_WINDOW_S))))
+        elif self.path.partition("?")[0] == OWN_PATH and self.server.own_page is not None:
+            self.serve_page(self.server.own_page)  # the server's own counters
+        else:
+            super().do_GET()
+            seen = getattr(self.server, "on_scraped", None)
+            if seen is not None:  # the page is out: who scraped (exporter/closing.py)
+                seen((self.client_address[0], self.headers.get("User-Agent", "")))
+        self.server.stats.count(verdict)
+
+    def _refuse(self, code: int, text: str, header: tuple[str, str]) -> None:
+        self.send_response(code)
+        self.send_header(*header)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        body = text.encode()
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def end_headers(self) -> None:
         for k, v in self.server.extra_headers.items():
@@ -96,47 +123,102 @@ class _TLS:
         return self._ctx
 
 
-class MetricsServer(ThreadingHTTPServer):
-    """A threading HTTP(S) server for one registry, with the web configuration's protections."""
+class MetricsServer(HTTPServer):
+    """An HTTP(S) server for one registry, with the web configuration's protections and the
+    limits of `limits.py` (connection cap answered 503, whole-request deadline, a pool of
+    worker threads, its own requests and CPU counted)."""
 
-    daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 64
 
     def __init__(self, host: str, port: int, registry, cfg: WebConfig | None = None,
-                 on_error=None):
+                 on_error=None, limits: Limits | None = None, stamp=None):
         self.cfg = cfg
         self.on_error = on_error or (lambda e: None)
+        self.limits = limits or Limits()
         self.extra_headers = dict(cfg.headers) if cfg else {}
         self._auth = Authenticator(cfg.users) if cfg and cfg.auth else None
         self._tls = _TLS(cfg, self.on_error) if cfg and cfg.tls else None
         self.rejected = 0  # connections refused in the TLS handshake or by client_allowed_sans
+        self.stats = Stats()
+        self.own_page: Page | None = None  # serve() sets it: OWN_PATH
+        self._active = 0
+        self._active_lock = threading.Lock()
+        self._workers = Workers(self._handle, self.stats, self.limits.worker_idle_s)
+        self._deadlines = Deadlines(self.stats)
         self.address_family = _family(host, port)
-        # The page is served from a `Page` (page.py: unchanged families and gzip reused).
+        # The page is served from a `Page` (page.py: rendered at most once a second or per
+        # step end, unchanged families and gzip reused).
+        page = Page(registry, stamp=stamp, max_age_s=PAGE_MAX_AGE_S if stamp else 0.0)
         super().__init__((host, port),
                          type("ZerodocMetricsHandler", (_Handler,),
-                              {"registry": registry, "page": Page(registry)}))
+                              {"registry": registry, "page": page}))
 
     @property
     def scheme(self) -> str:
         return "https" if self._tls else "http"
 
-    def authorized(self, header: str | None) -> bool:
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def authorize(self, header: str | None, client: str) -> str:
+        """"ok", "unauthorized" or "rate_limited" (webconfig.Authenticator.verdict)."""
         if self._auth is None:
-            return True
+            return "ok"
         if not header or not header.startswith("Basic "):
-            return False
+            return "unauthorized"
         try:
             user, _, password = base64.b64decode(header[6:].strip()).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
-            return False
-        return self._auth.check(user, password)
+            return "unauthorized"
+        return self._auth.verdict(user, password, client)
 
-    def finish_request(self, request, client_address) -> None:
-        if self._tls is None:
-            return super().finish_request(request, client_address)
+    # --- connections: capped, deadlined, handled by the worker pool -----------------------
+    def process_request(self, request, client_address) -> None:
+        """On the accepting thread: over the cap, a canned 503 without reading the request."""
+        with self._active_lock:
+            over = self._active >= self.limits.max_connections
+            if not over:
+                self._active += 1
+        if over:
+            self.stats.count("over_capacity")
+            refuse(request)
+        elif self._auth is not None and self._auth.refuse_early(client_address[0]):
+            with self._active_lock:
+                self._active -= 1
+            self.stats.count("rate_limited")
+            refuse(request, LIMITED_RESPONSE)
+        else:
+            self._workers.submit(request, client_address)
+        self.stats.report_thread()
+
+    def _handle(self, request, client_address) -> None:
+        key = self._deadlines.add(request, self.limits.request_deadline_s)
+        try:
+            if self._tls is None:
+                self.finish_request(request, client_address)
+            else:
+                self._finish_tls(request, client_address, key)
+        except Exception as e:  # noqa: BLE001 - never a traceback from a client's doing
+            if self._deadlines.done(key):  # not cut off by the deadline (counted there)
+                if isinstance(e, OSError):
+                    self.stats.count("client_gone")
+                else:
+                    self.on_error(e)
+        finally:
+            self._deadlines.done(key)
+            self.shutdown_request(request)
+            with self._active_lock:
+                self._active -= 1
+
+    def _finish_tls(self, request, client_address, key: int) -> None:
         request.settimeout(HANDSHAKE_TIMEOUT_S)
         try:
-            conn = self._tls.context().wrap_socket(request, server_side=True)
+            conn = self._tls.context().wrap_socket(request, server_side=True,
+                                                   do_handshake_on_connect=False)
+            self._deadlines.swap(key, conn)
+            conn.do_handshake()
         except (ssl.SSLError, OSError):
             self.rejected += 1
             return
@@ -144,12 +226,25 @@ class MetricsServer(ThreadingHTTPServer):
             if self.cfg.client_allowed_sans and not _san_allowed(conn, self.cfg):
                 self.rejected += 1
                 return
-            super().finish_request(conn, client_address)
+            self.finish_request(conn, client_address)
         finally:
             try:
                 conn.close()
             except OSError:
                 pass
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._workers.stop()
+        self._deadlines.stop()
+
+    def handle_error(self, request, client_address) -> None:
+        """Never print (socketserver prints a traceback): count it."""
+        e = sys.exc_info()[1]
+        if isinstance(e, OSError):
+            self.stats.count("client_gone")
+        elif e is not None:
+            self.on_error(e)
 
 
 def _san_allowed(conn: ssl.SSLSocket, cfg: WebConfig) -> bool:
@@ -189,10 +284,17 @@ def _candidate_ports(base: int, local_rank: int, local_world: int):
 
 
 def start(host: str, port: int, registry, cfg: WebConfig | None = None,
-          on_error=None) -> MetricsServer:
-    """Bind and serve on a daemon thread (raises OSError when the port cannot be bound)."""
-    server = MetricsServer(host, port, registry, cfg, on_error)
-    threading.Thread(target=server.serve_forever, name="zerodoc-metrics", daemon=True).start()
+          on_error=None, limits: Limits | None = None, stamp=None) -> MetricsServer:
+    """Bind and serve on a daemon thread (raises OSError when the port cannot be bound).
+    `stamp`: a cheap callable whose value changes when the page must be rendered anew (then
+    the page is rendered at most once per `PAGE_MAX_AGE_S` otherwise); None: every scrape."""
+    server = MetricsServer(host, port, registry, cfg, on_error, limits, stamp)
+
+    def accept() -> None:
+        name_thread("zd-metrics")
+        server.serve_forever()
+
+    threading.Thread(target=accept, name="zerodoc-metrics", daemon=True).start()
     return server
 
 
@@ -221,18 +323,20 @@ def serve(monitor, base_port: int | bool | None, host: str):
             warnings.warn(f"zerodoc: /metrics on {host or '0.0.0.0'} uses basic auth without "
                           "TLS: the password crosses the network in clear text.", stacklevel=4)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ZerodocCollector(monitor))
+    collector = ZerodocCollector(monitor)
+    registry.register(collector)
     base = int(base_port or 0)
     wanted = base + monitor.local_rank if base else 0
     last_err = None
     for port in _candidate_ports(base, monitor.local_rank, monitor.local_world_size):
         try:
-            server = start(host, port, registry, cfg, on_error)
+            server = start(host, port, registry, cfg, on_error, stamp=collector.stamp)
         except OSError as e:
             last_err = e
             if e.errno not in (errno.EADDRINUSE, errno.EACCES):
                 break
             continue
+        server.own_page = Page(ServerCollector(monitor, server.stats))
         signal = getattr(monitor, "close_signal", None)  # set by the collector
         if signal is not None:
             server.on_scraped = signal.scraped

@@ -36,6 +36,8 @@ import os
 import ssl
 import sys
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -279,35 +281,122 @@ def verify_password(password: str, h: str) -> bool:
     return hmac.compare_digest(got, digest)
 
 
-class Authenticator:
-    """Checks basic-auth credentials against the configured hashes.
+# Failed logins: a client address with FAIL_LIMIT failures within FAIL_WINDOW_S is answered
+# 429 without a password check until its window ends; password checks of credentials not
+# seen before run at most CHECKS_PER_S a second overall (burst CHECKS_BURST).
+FAIL_LIMIT = 5
+FAIL_WINDOW_S = 10.0
+CHECKS_PER_S = 2.0
+CHECKS_BURST = 4.0
+CACHE_RIGHT = 64  # verified credentials remembered
+CACHE_WRONG = 1024  # refused credentials remembered
+CLIENTS = 4096  # client addresses whose failures are tracked
 
-    A hash check is deliberately slow (bcrypt, PBKDF2): successful checks are remembered (by a
-    SHA-256 of user, password and hash, never the password) so Prometheus' scrape every few
-    seconds costs one check per credential, not one per scrape; checks run one at a time so
-    a flood of wrong passwords costs at most one core; an unknown user costs as much as a
-    known one (no user enumeration by timing).
+
+class Authenticator:
+    """Checks basic-auth credentials against the configured hashes, cheaply when repeated.
+
+    A hash check is deliberately slow (bcrypt, PBKDF2: milliseconds of CPU in the training
+    process). So:
+
+    - a credential is checked once: the verdict is remembered, right and wrong ones apart
+      (bounded, least recently used out), keyed by a SHA-256 of a per-process random salt,
+      the user and the password (never the password itself); a Prometheus scraping every
+      few seconds, or a flood repeating one wrong password, costs a hash lookup per request;
+    - a client address with `FAIL_LIMIT` failed logins within `FAIL_WINDOW_S` is answered
+      "rate_limited" (429) for new credentials without a check until its window ends, and
+      new credentials are checked at most `CHECKS_PER_S` a second in all (a flood of
+      distinct guesses from many addresses), one at a time;
+    - a credential that was verified is accepted from any address, rate-limited or not; an
+      address over its limit that has not logged in within the window is refused before
+      its request is read (`refuse_early`: the server answers 429 from its accepting
+      thread);
+    - an unknown user costs as much as a known one (no user enumeration by timing).
     """
 
-    def __init__(self, users: dict[str, str]):
+    def __init__(self, users: dict[str, str], clock=time.monotonic):
         self.users = dict(users)
-        self._ok: set[bytes] = set()
-        self._lock = threading.Lock()
+        self.clock = clock
+        self._salt = os.urandom(16)
+        self._right: OrderedDict[bytes, None] = OrderedDict()
+        self._wrong: OrderedDict[bytes, None] = OrderedDict()
+        self._fails: OrderedDict[str, list] = OrderedDict()  # address -> [window start, n]
+        self._passed: OrderedDict[str, float] = OrderedDict()  # address -> last success
+        self._tokens, self._refilled = CHECKS_BURST, clock()
+        self._lock = threading.Lock()  # the tables
+        self._check_lock = threading.Lock()  # one hash check at a time
         self._dummy = next(iter(self.users.values()), "")
+        self.hash_checks = 0  # password hashes verified (the expensive part)
 
-    def check(self, user: str, password: str) -> bool:
-        h = self.users.get(user)
-        key = hashlib.sha256(f"{user}\0{password}\0{h}".encode()).digest()
-        if h is not None and key in self._ok:
-            return True
+    def check(self, user: str, password: str, client: str = "") -> bool:
+        return self.verdict(user, password, client) == "ok"
+
+    def verdict(self, user: str, password: str, client: str = "") -> str:
+        """"ok", "unauthorized" or "rate_limited" (refused without checking the password)."""
+        key = hashlib.sha256(self._salt + f"{user}\0{password}".encode()).digest()
         with self._lock:
-            ok = verify_password(password, h if h is not None else self._dummy)
-        if ok and h is not None:
-            if len(self._ok) > 64:
-                self._ok.clear()
-            self._ok.add(key)
-            return True
-        return False
+            if key in self._right:
+                self._right.move_to_end(key)
+                self._passed_now(client)
+                return "ok"
+            if key in self._wrong:
+                self._wrong.move_to_end(key)
+                self._failed(client)
+                return "unauthorized"
+            if self._limited(client) or not self._take_token():
+                return "rate_limited"
+        h = self.users.get(user)
+        with self._check_lock:
+            self.hash_checks += 1
+            ok = verify_password(password, h if h is not None else self._dummy) and h is not None
+        with self._lock:
+            table, size = (self._right, CACHE_RIGHT) if ok else (self._wrong, CACHE_WRONG)
+            table[key] = None
+            if len(table) > size:
+                table.popitem(last=False)
+            if ok:
+                self._passed_now(client)
+            else:
+                self._failed(client)
+        return "ok" if ok else "unauthorized"
+
+    def refuse_early(self, client: str) -> bool:
+        """True for an address over its failure limit that has not logged in within the
+        window: its next connections can be answered 429 before their request is read."""
+        with self._lock:
+            if not self._limited(client):
+                return False
+            t = self._passed.get(client)
+            return t is None or self.clock() - t >= FAIL_WINDOW_S
+
+    def _passed_now(self, client: str) -> None:
+        self._passed[client] = self.clock()
+        self._passed.move_to_end(client)
+        if len(self._passed) > CLIENTS:
+            self._passed.popitem(last=False)
+
+    def _limited(self, client: str) -> bool:
+        f = self._fails.get(client)
+        return f is not None and self.clock() - f[0] < FAIL_WINDOW_S and f[1] >= FAIL_LIMIT
+
+    def _failed(self, client: str) -> None:
+        now = self.clock()
+        f = self._fails.get(client)
+        if f is None or now - f[0] >= FAIL_WINDOW_S:
+            f = self._fails[client] = [now, 0]
+        f[1] += 1
+        self._fails.move_to_end(client)
+        if len(self._fails) > CLIENTS:
+            self._fails.popitem(last=False)
+
+    def _take_token(self) -> bool:
+        now = self.clock()
+        self._tokens = min(CHECKS_BURST, self._tokens + (now - self._refilled) * CHECKS_PER_S)
+        self._refilled = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:
