@@ -78,41 +78,56 @@ class RunDirSource:
     """A run directory (live or finished). `segment`: an older segment of a reused run
     directory (a number, or -2 for the one before the newest); None: the newest.
     `detail`: read full per-step detail (None: when the run has at most DETAIL_MAX_RANKS
-    ranks)."""
+    ranks and keeps detail files; decided again on each snapshot until it has, so a front
+    end opened before the job wrote anything reads the detail as soon as it appears).
+    `wait`: a run directory that does not exist yet is waited for (each snapshot says so
+    until it appears) instead of refused."""
 
     def __init__(self, run_dir: str | Path, window: int | None = 20, *,
                  stale_after_s: float = STALE_AFTER_S, segment: int | None = None,
-                 detail: bool | None = None):
+                 detail: bool | None = None, wait: bool = False):
         self.run_dir = Path(run_dir)
-        if not self.run_dir.is_dir():
+        if not wait and not self.run_dir.is_dir():
             raise UserError(f"no run directory at {self.run_dir}")
         self.window = window
         self.stale_after_s = stale_after_s
         self.segment = segment
-        if detail is None:  # small runs that kept their detail files: read them
-            detail = len(rank_logs(self.run_dir)) <= DETAIL_MAX_RANKS and \
-                any((self.run_dir / DETAIL_DIR).glob("*.jsonl"))
-        self.detail = detail
-        # Bounded memory on long runs: a few windows of step records per rank.
-        self.follower = RunFollower(self.run_dir, keep=4 * window if window else 1024,
-                                    detail=detail, window=window)
+        self._auto_detail = detail is None
         self.description = f"run log {self.run_dir}" + \
             (f" (segment {segment})" if segment is not None else "")
+        self._fixed: RunSnapshot | None = None
+        self._follow(bool(detail) if detail is not None else self._has_detail())
+        # per-step points (step, step s, exposed s, compute s) since the last snapshot, for
+        # a front end's history (the TUI's sparklines)
+        self.points: dict[int, list[tuple[int, float, float | None, float | None]]] = {}
+
+    def _has_detail(self) -> bool:
+        """Small runs that keep their detail files: read them."""
+        return self.run_dir.is_dir() and \
+            len(rank_logs(self.run_dir)) <= DETAIL_MAX_RANKS and \
+            any((self.run_dir / DETAIL_DIR).glob("*.jsonl"))
+
+    def _follow(self, detail: bool) -> None:
+        """(Re)start following, with or without the full per-step detail."""
+        self.detail = detail
+        # Bounded memory on long runs: a few windows of step records per rank.
+        window = self.window
+        self.follower = RunFollower(self.run_dir, keep=4 * window if window else 1024,
+                                    detail=detail, window=window)
         self._windows: dict[int, tuple[tuple, RankWindow]] = {}
         self._units: dict[int, tuple] = {}
         self._runs: dict[int, _Running] = {}
         self._sliding = None
-        self._fixed: RunSnapshot | None = None
-        # per-step points (step, step s, exposed s, compute s) since the last snapshot, for
-        # a front end's history (the TUI's sparklines)
-        self.points: dict[int, list[tuple[int, float, float, float]]] = {}
-
     def snapshot(self) -> RunSnapshot:
         if self.segment is not None:  # an older segment does not change: read it once
             if self._fixed is None:
                 self._fixed = load_run(self.run_dir, self.window, float("inf"),
                                        segment=self.segment)
             return self._fixed
+        if not self.run_dir.is_dir():
+            raise RunLogError(f"waiting for {self.run_dir} (no run directory yet)")
+        if self._auto_detail and not self.detail and self._has_detail():
+            self._follow(True)  # the job has written its first detail: read it from now on
         new = self.follower.poll()
         logs = self.follower.logs
         if not logs:
