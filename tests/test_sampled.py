@@ -55,3 +55,33 @@ async def test_tui_opened_on_an_empty_run_dir_picks_up_per_unit_detail(tmp_path)
         await until(pilot, lambda: any(f.code == "ZD004" for f in app.frame.findings),
                     what="a per-unit finding")
         close_run(run)
+
+
+def _key(findings) -> list[tuple]:
+    return [(f.code, f.severity, f.units, f.ranks,
+             {k: round(v, 9) if isinstance(v, float) else v for k, v in f.evidence.items()})
+            for f in findings]
+
+
+async def test_tui_waits_for_the_run_dir_and_ends_on_what_report_says(tmp_path):
+    pytest.importorskip("textual")
+    from zerodoc.diagnosis import diagnose
+    from zerodoc.tui.app import ZerodocApp
+
+    run = tmp_path / "later" / "run"
+    app = ZerodocApp(open_source(str(run), window=20, wait=True), refresh=0.1)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.frame is not None and app.frame.source_error,
+                    what="first frame")
+        assert "waiting for" in app.frame.source_error
+        write_run(run, ranks=2, units=4, steps=30, started_unix=time.time() - 30,
+                  every_steps=100)
+        await until(pilot, lambda: app.frame.run_ended, what="the run's end")
+        await pilot.pause(0.3)
+        tui = app.frame
+    rep = open_source(str(run), window=20).snapshot()
+    w, t = rep.ranks[0], tui.snapshot.ranks[0]
+    assert (t.first_step, t.last_step, t.steps) == (w.first_step, w.last_step, w.steps) \
+        == (11, 30, 20)
+    assert t.compute == pytest.approx(w.compute)
+    assert _key(tui.findings) == _key(diagnose(rep)) and tui.findings
