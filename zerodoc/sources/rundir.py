@@ -5,7 +5,7 @@ week-long log), then what was appended. Small runs (up to `DETAIL_MAX_RANKS` ran
 read with full per-step detail, so windows are exactly the last N steps; bigger runs from
 the step lines and the per-unit interval lines (`zerodoc.runlog.follow`): step-level
 numbers over the last N steps, per-unit numbers over the newest interval(s)
-(`RankWindow.unit_steps` says how many steps those cover).
+(`RankWindow.detail_steps` says how many steps those cover).
 """
 
 from __future__ import annotations
@@ -33,15 +33,16 @@ class _Running:
 
         self.facts, self.window = facts, window
         self.steps: deque = deque()
-        self.sums = [0.0] * 10
+        self.sums = [0.0] * 11
         self.last = 0
         self.evictions = 0
 
     @staticmethod
     def _vals(t) -> tuple:
+        measured = t.compute_seconds is not None  # not on an unsampled step
         return (t.step_seconds, t.optimizer_seconds, t.framework_seconds, t.other_seconds,
-                t.self_seconds, t.compute_seconds, t.exposed_seconds, t.host_compute_seconds,
-                t.launch_checks, t.launch_caught_up)
+                t.self_seconds, t.compute_seconds or 0.0, t.exposed_seconds or 0.0,
+                t.host_compute_seconds, t.launch_checks, t.launch_caught_up, float(measured))
 
     def add(self, totals) -> None:
         new = [t for t in totals[-self.window:] if t.step > self.last]
@@ -57,7 +58,7 @@ class _Running:
             self.last = new[-1].step
         if self.evictions >= self.window:
             self.evictions = 0
-            self.sums = [sum(col) for col in zip(*map(self._vals, self.steps))] or [0.0] * 10
+            self.sums = [sum(col) for col in zip(*map(self._vals, self.steps))] or [0.0] * 11
 
     def fill(self, w: RankWindow) -> None:
         if not self.steps:
@@ -68,6 +69,11 @@ class _Running:
         (w.step_seconds, w.optimizer_seconds, w.framework_seconds, w.other_seconds,
          w.self_seconds, w.compute_total, w.exposed_total, w.host_compute_seconds) = s[:8]
         w.launch_checks, w.launch_caught_up = int(s[8]), int(s[9])
+        measured = int(round(s[10]))  # compute / exposed: sampled steps, scaled to all
+        if measured != w.steps:
+            scale = w.steps / measured if measured else None
+            w.compute_total = w.compute_total * scale if scale else None
+            w.exposed_total = w.exposed_total * scale if scale else None
         w.step_times = [t.step_seconds for t in self.steps]
         w.last_step_seconds = w.step_times[-1]
         w.max_step_seconds = max(w.step_times)
@@ -170,14 +176,14 @@ class RunDirSource:
             u = self._units.get(rank)
             if u is None or u[0] != ukey:
                 lw = log_window(log, self.window, detail=False)
-                u = self._units[rank] = (ukey, getattr(lw, "unit_arrays", None), lw.unit_steps)
+                u = self._units[rank] = (ukey, getattr(lw, "unit_arrays", None), lw.detail_steps)
             run = self._runs.get(rank)
             if run is None or run.facts is not log.facts:
                 run = self._runs[rank] = _Running(log.facts, self.window)
             run.add(log.totals)
             w = LazyRankWindow(facts=log.facts, unit_arrays=u[1])
             run.fill(w)
-            w.unit_steps = u[2] if u[1] is not None else 0
+            w.detail_steps = u[2] if u[1] is not None else 0
             w.memory = _latest(log, "memory")
             w.errors = _latest(log, "errors")
         self._windows[rank] = (ver, w)
