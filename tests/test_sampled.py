@@ -85,3 +85,72 @@ async def test_tui_waits_for_the_run_dir_and_ends_on_what_report_says(tmp_path):
         == (11, 30, 20)
     assert t.compute == pytest.approx(w.compute)
     assert _key(tui.findings) == _key(diagnose(rep)) and tui.findings
+
+
+# --------------------------------------------------------------------------------------
+# the readers' counts, against the raw JSON lines
+
+
+def raw_steps(run: Path, rank: int) -> dict[int, dict]:
+    """Step records with their per-unit rows straight from the detail files (no zerodoc)."""
+    import json
+
+    out = {}
+    for name in (f"{rank:05d}-a.jsonl", f"{rank:05d}-b.jsonl"):
+        p = run / "detail" / name
+        if p.exists():
+            for line in p.read_text().splitlines()[1:]:
+                rec = json.loads(line)
+                out[rec["step"]] = rec
+    return out
+
+
+def raw_compute(recs: list[dict], unit: int) -> float:
+    return sum(s for r in recs for u, _phase, s in r["compute"] if u == unit)
+
+
+@pytest.fixture(scope="module")
+def sampled_run(tmp_path_factory) -> Path:
+    """60 steps, 2 ranks, per-unit detail on every 10th step, written by the real writer."""
+    return write_run(tmp_path_factory.mktemp("sampled") / "run", ranks=2, units=4, steps=60,
+                     straggler=None, sample_every=10)
+
+
+def test_the_log_holds_unsampled_steps(sampled_run):
+    raw = raw_steps(sampled_run, 0)
+    assert sorted(s for s, r in raw.items() if r["detail"]) == [10, 20, 30, 40, 50, 60]
+    r = raw[41]
+    assert (r["compute"], r["comm"], r["compute_s"], r["exposed_s"]) == ([], [], None, None)
+    assert r["coll"]["all_gather"][0] == 7  # 4 forward + 3 backward
+
+
+@pytest.mark.parametrize("how", ["load_run", "source"])
+def test_window_counts_steps_and_samples(sampled_run, how):
+    from zerodoc.runlog import load_run
+
+    raw = raw_steps(sampled_run, 0)
+    get = (lambda n: load_run(sampled_run, n).ranks[0]) if how == "load_run" else \
+        (lambda n: open_source(str(sampled_run), window=n).snapshot().ranks[0])
+    w = get(30)  # steps 31..60: samples 40, 50, 60
+    assert (w.steps, w.first_step, w.last_step) == (30, 31, 60)
+    assert (w.detail_steps, w.detail_before, w.detail_last_step, w.detail_every) == (3, 0, 60, 10)
+    samples = [raw[s] for s in (40, 50, 60)]
+    assert w.unit_compute("layers.0") == pytest.approx(raw_compute(samples, 1))
+    # step-level numbers count every step; compute per step is the samples' mean
+    assert w.step_seconds == pytest.approx(sum(raw[s]["step_s"] for s in range(31, 61)))
+    mean = sum(raw[s]["compute_s"] for s in (40, 50, 60)) / 3
+    assert w.compute_seconds / w.steps == pytest.approx(mean)
+    w = get(20)  # steps 41..60: two samples inside, the newest one before it is taken too
+    assert (w.steps, w.first_step) == (20, 41)
+    assert (w.detail_steps, w.detail_before) == (3, 1)
+    assert w.unit_compute("layers.0") == pytest.approx(raw_compute(samples, 1))
+
+
+def test_at_scale_reader_counts_the_intervals_samples(sampled_run):
+    from zerodoc.sources.rundir import RunDirSource
+
+    w = RunDirSource(sampled_run, 20, detail=False).snapshot().ranks[0]
+    raw = raw_steps(sampled_run, 0)
+    assert w.steps == 20 and w.per_unit_steps == 6  # the closing interval: steps 1..60
+    assert w.unit_compute("layers.0") == pytest.approx(
+        raw_compute([raw[s] for s in range(10, 61, 10)], 1))

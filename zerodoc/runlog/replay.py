@@ -51,10 +51,11 @@ class Replay:
         tot.step_seconds += step_s
         tot.last_step_seconds = step_s
         tot.max_step_seconds = max(tot.max_step_seconds, step_s)
-        tot.optimizer_seconds += rec.get("optimizer_s", 0.0)
-        tot.framework_seconds += rec.get("framework_s", 0.0)
-        tot.other_seconds += rec.get("other_s", 0.0)
-        tot.self_seconds += rec.get("self_s", 0.0)
+        # null: not measured on an unsampled step
+        tot.optimizer_seconds += rec.get("optimizer_s") or 0.0
+        tot.framework_seconds += rec.get("framework_s") or 0.0
+        tot.other_seconds += rec.get("other_s") or 0.0
+        tot.self_seconds += rec.get("self_s") or 0.0
         host = rec.get("host_compute_s")
         tot.host_compute_seconds += sum(r[2] for r in rec.get("compute", ())) \
             if host is None else host
