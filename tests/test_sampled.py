@@ -154,3 +154,73 @@ def test_at_scale_reader_counts_the_intervals_samples(sampled_run):
     assert w.steps == 20 and w.per_unit_steps == 6  # the closing interval: steps 1..60
     assert w.unit_compute("layers.0") == pytest.approx(
         raw_compute([raw[s] for s in range(10, 61, 10)], 1))
+
+
+# --------------------------------------------------------------------------------------
+# the report's wording and the rules that wait
+
+
+def report_of(run: Path, window: int, fmt: str = "text") -> str:
+    """`zerodoc report RUN --window N` as the command line runs it."""
+    import contextlib
+    import io
+
+    from zerodoc.cli import main
+
+    out = io.StringIO()
+    args = ["report", str(run), "--window", str(window)] + ([f"--{fmt}"] if fmt != "text" else [])
+    with contextlib.redirect_stdout(out):
+        assert main(args) == 0
+    return out.getvalue()
+
+
+def test_report_says_how_many_sampled_steps(sampled_run):
+    import json
+
+    text = report_of(sampled_run, 30)
+    assert "per-unit: 3 sampled steps of 30 (about 1 step in 10 is sampled)" in text
+    assert "Per unit (per step, mean over ranks; per-unit: 3 sampled steps of 30)" in text
+    text = report_of(sampled_run, 20)
+    assert "per-unit: the newest 3 sampled steps (up to step 60; 2 inside the window of 20)" \
+        in text
+    doc = json.loads(report_of(sampled_run, 30, "json"))
+    pu = doc["window"]["per_unit"]
+    assert (pu["sampled"], pu["detail_steps"], pu["steps"], pu["every"]) == (True, 3, 30, 10)
+    assert doc["steps"][0]["detail_steps"] == 3 and doc["waiting"] is None
+    # the per-unit table's means are over the 3 samples, not over 30 steps
+    raw = raw_steps(sampled_run, 0)
+    ag = [r for s in (40, 50, 60) for r in raw[s]["comm"]
+          if r[0] == 1 and r[2] == "all_gather"]
+    row = next(u for u in doc["units"] if u["unit"] == "layers.0")
+    assert row["all_gather_count_per_step"] == pytest.approx(sum(r[3] for r in ag) / 3)
+    raw1 = raw_steps(sampled_run, 1)
+    ag1 = [r for s in (40, 50, 60) for r in raw1[s]["comm"]
+           if r[0] == 1 and r[2] == "all_gather"]
+    mean_s = (sum(r[5] for r in ag) + sum(r[5] for r in ag1)) / 6
+    assert row["all_gather_seconds_per_step"] == pytest.approx(mean_s, rel=1e-5)
+
+
+def test_rules_wait_for_the_first_sample_and_say_when(tmp_path):
+    from zerodoc.diagnosis import diagnose, waiting
+
+    run = write_run(tmp_path / "young", ranks=2, units=4, steps=8, straggler=None,
+                    sample_every=10, end=False)
+    snap = open_source(str(run), window=20).snapshot()
+    assert snap.ranks[0].steps == 8 and snap.ranks[0].detail_steps == 0
+    findings = diagnose(snap)
+    assert not [f for f in findings if f.code in ("ZD004", "ZD006", "ZD010")]
+    w = waiting(snap)
+    assert w["samples"] == 0 and "ZD004" in w["rules"] and "ZD007" not in w["rules"]
+    assert w["message"] == "per-unit detail after the first sampled step, about every 10 steps"
+    text = report_of(run, 20)
+    assert "waiting for samples: ZD001, ZD002" in text
+    assert "no per-unit numbers yet: per-unit detail after the first sampled step, about " \
+        "every 10 steps" in text
+    assert "nothing the rules know of is wrong" not in text
+    assert " 0 s " not in text.split("Step breakdown")[1]  # not measured is not zero
+    # the first sample arrives: the per-unit rules run
+    append_steps(run, ranks=2, units=4, first_step=9, count=3, end_unix=time.time())
+    snap = open_source(str(run), window=20).snapshot()
+    assert snap.ranks[0].detail_steps == 1 and waiting(snap)["rules"] == ["ZD010"]
+    assert any(f.code == "ZD004" for f in diagnose(snap))
+    close_run(run)

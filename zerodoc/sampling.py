@@ -65,7 +65,7 @@ def coverage(w: RankWindow) -> str:
     if not w.sampled:
         return f"per-unit: every step of {w.steps}"
     if n == 0:
-        return f"per-unit: no sampled step yet of {w.steps}"
+        return f"per-unit: no sampled step yet in {w.steps} steps"
     noun = "sampled step" if n == 1 else "sampled steps"
     if w.detail_before:
         inside = n - w.detail_before
