@@ -69,9 +69,13 @@ def test_json_report_is_stable_and_complete():
     assert list(rep) == ["schema", "generator", "generated_unix", "source", "run", "link",
                          "window", "ranks", "stale_ranks", "stopped", "summary", "findings",
                          "units", "steps", "thresholds", "ended_ranks", "data_problems",
-                         "missing_ranks"]
+                         "missing_ranks", "waiting"]
     assert rep["stopped"] is None
-    assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10}
+    assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10,
+                             "per_unit": {"sampled": False, "detail_steps": 5, "steps": 5,
+                                          "before_window": 0, "every": None, "text": None,
+                                          "next": None}}
+    assert rep["waiting"] is None
     assert rep["link"] == {"class": "gloo-cpu", "expected_busbw_bytes_per_second": 1.2e8}
     assert rep["summary"]["top"] == "ZD002" and rep["summary"]["worst_severity"] == "warning"
     sev = [f["severity"] for f in rep["findings"]]

@@ -224,3 +224,47 @@ def test_rules_wait_for_the_first_sample_and_say_when(tmp_path):
     assert snap.ranks[0].detail_steps == 1 and waiting(snap)["rules"] == ["ZD010"]
     assert any(f.code == "ZD004" for f in diagnose(snap))
     close_run(run)
+
+
+# --------------------------------------------------------------------------------------
+# the TUI on a run that samples
+
+
+async def test_tui_says_when_the_next_sample_is_due_then_shows_it(tmp_path):
+    pytest.importorskip("textual")
+    from zerodoc.tui import views
+    from zerodoc.tui.app import ZerodocApp
+    from zerodoc.tui.textshot import screen_text
+
+    run = tmp_path / "run"
+    run.mkdir()
+    app = ZerodocApp(open_source(str(run), window=20), refresh=0.1)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.frame is not None, what="first frame")
+        write_run(run, ranks=2, units=4, steps=8, started_unix=time.time() - 8, end=False,
+                  straggler=None, sample_every=10)
+        await until(pilot, lambda: 0 in app.frame.snapshot.ranks
+                    and app.frame.snapshot.ranks[0].last_step == 8, what="step 8")
+        await pilot.pause(0.2)
+        due = "per-unit detail after the first sampled step, about every 10 steps"
+        heads = {h.label: h for h in views.headlines(app.frame, views.MEAN)}
+        assert (heads["Exposed comm"].value, heads["Exposed comm"].detail) == ("-", due)
+        assert heads["Worst unit"].detail == due
+        assert heads["Step time"].value != "-"  # step-level numbers on every step
+        table = views.unit_table(app.frame, views.MEAN)
+        assert all(c == "-" for _k, cells in table.rows for c in cells[2:9])  # no zeros
+        assert due in table.caption
+        assert app.frame.waiting and "ZD004" in app.frame.waiting["rules"]
+        assert "Waiting for samples" in screen_text(app)
+        append_steps(run, ranks=2, units=4, first_step=9, count=4, end_unix=time.time())
+        await until(pilot, lambda: app.frame.snapshot.ranks[0].last_step == 12,
+                    what="step 12")
+        await until(pilot, lambda: any(f.code == "ZD004" for f in app.frame.findings),
+                    what="ZD004 after the first sample")
+        heads = {h.label: h for h in views.headlines(app.frame, views.MEAN)}
+        assert heads["Exposed comm"].value != "-"
+        assert "per-unit: the newest 1 sampled step" not in heads["Exposed comm"].detail
+        assert "per-unit: 1 sampled step of 12" in heads["Exposed comm"].detail
+        assert app.frame.units[0]["layers.0"].compute_seconds == pytest.approx(
+            raw_compute([raw_steps(run, 0)[10]], 1))
+        close_run(run)
