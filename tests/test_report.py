@@ -26,8 +26,8 @@ UNIT_KEYS = {"unit", "params", "all_gather_count_per_step", "all_gather_bytes_pe
              "all_gather_exposed_fraction", "all_gather_busbw_bytes_per_second",
              "compute_forward_seconds_per_step", "compute_backward_seconds_per_step",
              "reduce_scatter_seconds_per_step", "reduce_scatter_exposed_seconds_per_step"}
-STEP_KEYS = {"rank", "stale", "steps", "first_step", "last_step", "step_seconds",
-             "compute_seconds", "exposed_comm_seconds", "optimizer_seconds",
+STEP_KEYS = {"rank", "stale", "steps", "detail_steps", "first_step", "last_step",
+             "step_seconds", "compute_seconds", "exposed_comm_seconds", "optimizer_seconds",
              "framework_seconds", "other_seconds", "exposed_fraction"}
 
 

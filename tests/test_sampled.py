@@ -268,3 +268,57 @@ async def test_tui_says_when_the_next_sample_is_due_then_shows_it(tmp_path):
         assert app.frame.units[0]["layers.0"].compute_seconds == pytest.approx(
             raw_compute([raw_steps(run, 0)[10]], 1))
         close_run(run)
+
+
+# --------------------------------------------------------------------------------------
+# /metrics readers: the endpoints and Prometheus sources
+
+
+def test_scraped_windows_divide_per_unit_counters_by_sampled_steps():
+    """Two scrapes of a rank that sampled 3 of its 30 steps between them: the window counts 30
+    steps, its per-unit totals cover 3 (zerodoc_detail_steps_total), and compute per step is
+    those 3 steps' mean."""
+    from zerodoc.sources import Cumulative, add_sample, facts_of, window_of
+
+    def scrape(steps: int, detail: int, compute_s: float) -> dict:
+        got: dict[int, Cumulative] = {}
+        lab = {"rank": "0", "local_rank": "0", "node": "n0"}
+        add_sample(got, "zerodoc_step_duration_seconds_count", lab, steps)
+        add_sample(got, "zerodoc_step_duration_seconds_sum", lab, steps * 0.5)
+        add_sample(got, "zerodoc_detail_steps_total", lab, detail)
+        add_sample(got, "zerodoc_last_step", lab, steps)
+        add_sample(got, "zerodoc_compute_seconds_total",
+                   {**lab, "unit": "layers.0", "phase": "forward"}, compute_s)
+        return got
+
+    base, cur = scrape(10, 1, 0.2)[0], scrape(40, 4, 0.8)[0]
+    w = window_of(facts_of(cur), cur, base)
+    assert (w.steps, w.detail_steps, w.per_unit_steps) == (30, 3, 3)
+    assert w.unit_compute("layers.0") == pytest.approx(0.6)  # over the 3 samples
+    assert w.compute_seconds / w.steps == pytest.approx(0.2)  # a sample's compute per step
+    old = scrape(40, 4, 0.8)[0]
+    del old.scalars["detail_steps"]  # an exporter without the counter: every step
+    assert window_of(facts_of(old), old).per_unit_steps == 40
+
+
+def test_prometheus_unit_stats_divide_by_sampled_steps():
+    """The PromQL that makes per-unit stats divides by the sampled-steps counter where the
+    ranks serve it (else by the step count)."""
+    from zerodoc.sources.prometheus import PrometheusSource
+
+    seen = []
+
+    class Probe(PrometheusSource):
+        def _many(self, exprs, at, *a, **k):
+            seen.extend(exprs.values())
+            return {k: [] for k in exprs}
+
+    from zerodoc.model import RunSnapshot
+
+    src = Probe.__new__(Probe)
+    src.timeout_s, src.lookback = 5.0, "5m"
+    src._unit_stats('job="x"', lambda n, e="": f"increase({n}{{job=\"x\"{e}}}[60s])", 0.0,
+                    (0,), RunSnapshot(source="probe"))
+    per = [e for e in seen if "zerodoc_collective_seconds_total" in e and ") / " in e]
+    assert per and all("increase(zerodoc_detail_steps_total" in e and
+                       " or increase(zerodoc_step_duration_seconds_count" in e for e in per)

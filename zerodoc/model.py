@@ -172,16 +172,17 @@ class RankWindow:
         some carry per-unit detail: their sum scaled to `steps`)."""
         if self.compute_total is not None:
             return self.compute_total
-        return self._to_window(sum(self.compute.values()))
+        return self.to_window(sum(self.compute.values()))
 
     @property
     def exposed_seconds(self) -> float:
         """Exposed communication over the window's `steps` (as `compute_seconds`)."""
         if self.exposed_total is not None:
             return self.exposed_total
-        return self._to_window(sum(c.exposed_seconds for c in self.comm.values()))
+        return self.to_window(sum(c.exposed_seconds for c in self.comm.values()))
 
-    def _to_window(self, per_unit_total: float) -> float:
+    def to_window(self, per_unit_total: float) -> float:
+        """A total over the per-unit steps (`detail_steps`) scaled to the window's `steps`."""
         n = self.per_unit_steps
         if n == self.steps:
             return per_unit_total
