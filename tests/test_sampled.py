@@ -63,7 +63,8 @@ def _key(findings) -> list[tuple]:
             for f in findings]
 
 
-async def test_tui_waits_for_the_run_dir_and_ends_on_what_report_says(tmp_path):
+@pytest.mark.parametrize("sample_every", [None, 10], ids=["every-step", "sampled"])
+async def test_tui_waits_for_the_run_dir_and_ends_on_what_report_says(tmp_path, sample_every):
     pytest.importorskip("textual")
     from zerodoc.diagnosis import diagnose
     from zerodoc.tui.app import ZerodocApp
@@ -75,7 +76,7 @@ async def test_tui_waits_for_the_run_dir_and_ends_on_what_report_says(tmp_path):
                     what="first frame")
         assert "waiting for" in app.frame.source_error
         write_run(run, ranks=2, units=4, steps=30, started_unix=time.time() - 30,
-                  every_steps=100)
+                  every_steps=100, sample_every=sample_every)
         await until(pilot, lambda: app.frame.run_ended, what="the run's end")
         await pilot.pause(0.3)
         tui = app.frame
@@ -83,6 +84,8 @@ async def test_tui_waits_for_the_run_dir_and_ends_on_what_report_says(tmp_path):
     w, t = rep.ranks[0], tui.snapshot.ranks[0]
     assert (t.first_step, t.last_step, t.steps) == (w.first_step, w.last_step, w.steps) \
         == (11, 30, 20)
+    assert (t.per_unit_steps, t.detail_before) == (w.per_unit_steps, w.detail_before) \
+        == ((20, 0) if sample_every is None else (3, 1))
     assert t.compute == pytest.approx(w.compute)
     assert _key(tui.findings) == _key(diagnose(rep)) and tui.findings
 
@@ -322,3 +325,25 @@ def test_prometheus_unit_stats_divide_by_sampled_steps():
     per = [e for e in seen if "zerodoc_collective_seconds_total" in e and ") / " in e]
     assert per and all("increase(zerodoc_detail_steps_total" in e and
                        " or increase(zerodoc_step_duration_seconds_count" in e for e in per)
+
+
+def test_compare_says_how_many_sampled_steps_each_side_has(sampled_run, tmp_path):
+    import contextlib
+    import io
+    import json
+
+    from zerodoc.cli import main
+
+    every = write_run(tmp_path / "every", ranks=2, units=4, steps=30, straggler=None)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["compare", str(every), str(sampled_run), "--window", "30"])
+    text = out.getvalue()
+    assert "30 steps) -> run run (fsdp2, 2 ranks, 30 steps; per-unit: 3 sampled steps of 30)" \
+        in text.splitlines()[0]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["compare", str(every), str(sampled_run), "--window", "30", "--json"])
+    doc = json.loads(out.getvalue())
+    assert doc["after"]["window"]["per_unit"]["detail_steps"] == 3
+    assert doc["before"]["window"]["per_unit"]["sampled"] is False
