@@ -347,3 +347,47 @@ def test_compare_says_how_many_sampled_steps_each_side_has(sampled_run, tmp_path
     doc = json.loads(out.getvalue())
     assert doc["after"]["window"]["per_unit"]["detail_steps"] == 3
     assert doc["before"]["window"]["per_unit"]["sampled"] is False
+
+
+def test_live_demo_tui_shows_per_unit_numbers_while_the_job_runs(tmp_path, monkeypatch):
+    """Issue 20 item 1 on a real job: `zerodoc demo` with a slow link opens its TUI before
+    the ranks have written anything; the Overview's worst unit and a per-unit finding show up
+    while the job still runs (before: only after the run ended)."""
+    pytest.importorskip("textual")
+    import asyncio
+    import gc
+
+    from zerodoc.cli import build_parser
+    from zerodoc.demo.live import spec_from_args
+    from zerodoc.tui import app as appmod
+    from zerodoc.tui import views
+
+    seen = {}
+
+    def headless_run(self):
+        async def drive():
+            async with self.run_test(size=SIZE) as pilot:
+                def per_unit():
+                    f = self.frame
+                    if f is None or not f.snapshot.ranks:
+                        return False
+                    heads = {h.label: h for h in views.headlines(f, views.MEAN)}
+                    worst = heads.get("Worst unit")
+                    return worst is not None and worst.value != "-" and \
+                        any(x.code in ("ZD004", "ZD005", "ZD006") for x in f.findings)
+
+                await until(pilot, per_unit, timeout=120, what="per-unit numbers, live")
+                seen["running"] = self.job.running()
+                seen["step"] = max(w.last_step for w in self.frame.snapshot.ranks.values())
+                await pilot.press("q")
+
+        asyncio.run(drive())
+
+    monkeypatch.setattr(appmod.ZerodocApp, "run", headless_run)
+    monkeypatch.setattr(appmod, "tune_gc", lambda: None)
+    monkeypatch.setattr(gc, "freeze", lambda: None)
+    args = build_parser().parse_args(["demo", "--ranks", "2", "--steps", "0", "--port", "0",
+                                      "--blocks", "2", "--slow-link-ms", "40",
+                                      "--run-dir", str(tmp_path / "live")])
+    assert appmod.run_live_demo(args, spec_from_args(args)) == 0
+    assert seen["running"] and seen["step"] >= 1
