@@ -13,20 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import until
 from zerodoc.sources import open_source
 from zerodoc.tui.synthetic import append_steps, close_run, write_run
 
 SIZE = (120, 36)
-
-
-async def until(pilot, cond, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # --------------------------------------------------------------------------------------

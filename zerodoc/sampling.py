@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from .model import RankWindow, RunSnapshot
 
-# A window with fewer sampled steps than this inside it takes its per-unit figures from the
-# newest this many samples (the ones before the window too), and says so.
+# A window with unsampled steps and fewer sampled steps than this inside it takes its
+# per-unit figures from the newest this many samples (the ones before the window too), and
+# says so.
 MIN_WINDOW_SAMPLES = 3
 
 # Sampled steps (on every active rank) a rule family needs before its rules run. "per-unit":
@@ -99,7 +100,11 @@ def next_sample(snap: RunSnapshot) -> str:
 
 
 def waiting(snap: RunSnapshot, ranks=None) -> dict[str, int]:
-    """Rule family -> samples still missing before its rules run ({} when none waits)."""
+    """Rule family -> samples still missing before its rules run ({} when none waits, and
+    always on a run whose every step has per-unit detail)."""
+    ws = [snap.ranks[r] for r in (snap.ranks if ranks is None else ranks) if r in snap.ranks]
+    if not any(w.sampled or w.per_unit_steps == 0 for w in ws if w.steps):
+        return {}
     have = samples(snap, ranks)
     return {fam: need - have for fam, need in MIN_SAMPLES.items() if have < need}
 

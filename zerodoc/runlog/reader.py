@@ -288,10 +288,11 @@ def _add_detail(w: RankWindow, s: StepRecord) -> None:
 
 def per_unit_from_samples(w: RankWindow, steps: list[StepRecord],
                           least: int = MIN_WINDOW_SAMPLES) -> RankWindow:
-    """A window with fewer than `least` sampled steps takes its per-unit totals from the
-    newest `least` sampled steps of `steps` (the records before it too); `detail_before`
-    says how many of them lie before the window."""
-    if w.steps == 0 or w.per_unit_steps >= least:
+    """A window with unsampled steps and fewer than `least` sampled ones takes its per-unit
+    totals from the newest `least` sampled steps of `steps` (the records before it too);
+    `detail_before` says how many of them lie before the window. (A window whose every step
+    is sampled keeps its own, however short.)"""
+    if w.steps == 0 or w.per_unit_steps >= least or w.per_unit_steps == w.steps:
         return w
     samples = [s for s in steps if s.detail and s.step <= w.last_step][-least:]
     before = sum(1 for s in samples if s.step < w.first_step)

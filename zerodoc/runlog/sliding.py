@@ -165,7 +165,7 @@ class _RankTotals:
         newest = self.samples[-1] if self.samples else None
         w.detail_last_step = newest.step if newest else 0
         w.detail_every = newest.detail_k if newest else None
-        if self.sampled < MIN_WINDOW_SAMPLES and len(self.samples) > self.sampled:
+        if self.sampled < min(MIN_WINDOW_SAMPLES, w.steps) and len(self.samples) > self.sampled:
             self._from_samples(w)
         for s in reversed(self.steps):  # latest non-empty, as window_from_steps does
             if s.memory:
