@@ -60,7 +60,7 @@ async def test_tui_waits_for_the_run_dir_and_ends_on_what_report_says(tmp_path, 
     from zerodoc.diagnosis import diagnose
     from zerodoc.tui.app import ZerodocApp
 
-    run = tmp_path / "later" / "run"
+    run = tmp_path / "run"  # not there yet; its parent is (a typo'd root is still refused)
     app = ZerodocApp(open_source(str(run), window=20, wait=True), refresh=0.1)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.frame is not None and app.frame.source_error,

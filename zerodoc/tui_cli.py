@@ -14,7 +14,8 @@ def add_parser(sub) -> None:
         "communication, comm/compute, worst unit and rank, memory headroom), per-unit table, "
         "findings with evidence and fix, per-rank comparison. Press ? inside for the keys.")
     p.add_argument("source", nargs="?", metavar="SOURCE",
-                   help="a run directory (one that does not exist yet is waited for), rank endpoints (host:port,...), a Prometheus URL or "
+                   help="a run directory (one that does not exist yet, in a directory that "
+                        "does, is waited for), rank endpoints (host:port,...), a Prometheus URL or "
                         "PyTorch profiler traces; "
                         "default: the newest run under ./zerodoc-runs")
     p.add_argument("--refresh", type=float, default=1.0, metavar="SECONDS",

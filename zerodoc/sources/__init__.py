@@ -49,8 +49,9 @@ def open_source(spec: str | None, window: int | None = 20, *,
     traces (a directory of them, a file, files separated by commas; `trace_facts`: see
     `zerodoc.trace.TraceFacts`); None the latest local run (under ./zerodoc-runs). `run_id`:
     which run of a Prometheus server holding several (also `http://host:9090#run=ID`);
-    `segment`: an older segment of a run directory. `wait`: a path that is not a directory
-    yet is a run directory to wait for (the TUI opened before the job starts)."""
+    `segment`: an older segment of a run directory. `wait`: a path that does not exist yet,
+    in a directory that does, is a run directory to wait for (the TUI opened before the job
+    starts)."""
     from .. import trace  # profiler traces: zerodoc/trace (no heavy import until opened)
 
     if spec is not None and trace.is_trace_spec(spec.strip()):
@@ -87,7 +88,7 @@ def open_source(spec: str | None, window: int | None = 20, *,
                             "serve one run")
         return EndpointsSource(spec, window, stale_after_s=stale_after_s)
     if "/" in spec or spec.startswith("."):
-        if wait and not Path(spec).exists():
+        if wait and not Path(spec).exists() and Path(spec).parent.is_dir():
             return RunDirSource(spec, window, stale_after_s=stale_after_s, segment=segment,
                                 wait=True)
         raise UserError(f"no run directory at {spec}")
