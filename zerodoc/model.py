@@ -199,6 +199,15 @@ class RankWindow:
         """Per-unit numbers were measured (at least one sampled step)."""
         return self.per_unit_steps > 0
 
+    def per_sampled_step(self, x: float) -> float | None:
+        """A window sum of a number measured on sampled steps only (host launch time of the
+        compute, framework time: none on unsampled steps) per step of those inside the
+        window (None: none inside it); per step when every step is sampled."""
+        if not self.sampled:
+            return x / (self.steps or 1)
+        inside = self.per_unit_steps - self.detail_before
+        return x / inside if inside > 0 else None
+
     @property
     def sampled(self) -> bool:
         """Per-unit numbers cover other steps than the step-level ones (sampled steps, or

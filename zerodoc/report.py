@@ -114,7 +114,7 @@ def step_rows(snap: RunSnapshot) -> list[dict]:
         # compute, exposed comm and framework time are measured on sampled steps only:
         # their means over those (None before the first sample)
         m = w.per_unit_steps > 0
-        inside = w.per_unit_steps - w.detail_before
+        framework = w.per_sampled_step(w.framework_seconds)
         rows.append({
             "rank": r, "stale": r in snap.stale_ranks, "steps": w.steps,
             "detail_steps": w.per_unit_steps,
@@ -123,8 +123,7 @@ def step_rows(snap: RunSnapshot) -> list[dict]:
             "compute_seconds": _r(w.compute_seconds / n) if m else None,
             "exposed_comm_seconds": _r(w.exposed_seconds / n) if m else None,
             "optimizer_seconds": _r(w.optimizer_seconds / n),
-            "framework_seconds": _r(w.framework_seconds / (inside if w.sampled else n))
-            if not w.sampled or inside > 0 else None,
+            "framework_seconds": _r(framework),
             "other_seconds": _r(w.other_seconds / n),
             "exposed_fraction": _r(w.exposed_fraction) if m else None,
         })
