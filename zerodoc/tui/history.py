@@ -91,6 +91,8 @@ class History:
             compute -= prev.compute_seconds
             step_s -= prev.step_seconds
         n = max(1, steps)
+        if not w.unit_detail:  # no sampled step yet: exposed and compute not measured
+            exposed = compute = _NAN
         if w.step_times and len(w.step_times) == w.steps and \
                 w.last_step - w.first_step + 1 == w.steps:
             # per-step times are known: one point per new step (comm/compute spread evenly)
