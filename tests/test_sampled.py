@@ -146,6 +146,11 @@ def test_at_scale_reader_counts_the_intervals_samples(sampled_run):
     w = RunDirSource(sampled_run, 20, detail=False).snapshot().ranks[0]
     raw = raw_steps(sampled_run, 0)
     assert w.steps == 20 and w.per_unit_steps == 6  # the closing interval: steps 1..60
+    from zerodoc.sampling import coverage
+
+    assert coverage(w) == ("per-unit: 6 steps with per-unit detail in the newest run-log "
+                           "intervals (the window: 20 steps)")
+    assert w.window_samples == 2  # steps 50 and 60 among the window's step lines
     assert w.unit_compute("layers.0") == pytest.approx(
         raw_compute([raw[s] for s in range(10, 61, 10)], 1))
 

@@ -164,6 +164,9 @@ class RankWindow:
     detail_before: int = 0
     detail_last_step: int = 0  # the newest step with per-unit detail (0: none / unknown)
     detail_every: int | None = None  # K: about 1 step in K is sampled (None: unknown)
+    # Sampled steps among the window's own `steps` where the per-unit totals cover others
+    # (a run log read at scale: intervals); None: detail_steps - detail_before.
+    window_samples: int | None = None
 
     # --- derived numbers everyone wants -----------------------------------------------
     @property
@@ -205,7 +208,10 @@ class RankWindow:
         window (None: none inside it); per step when every step is sampled."""
         if not self.sampled:
             return x / (self.steps or 1)
-        inside = self.per_unit_steps - self.detail_before
+        inside = self.per_unit_steps - self.detail_before if self.window_samples is None \
+            else self.window_samples
+        if inside == self.steps:
+            return x / (self.steps or 1)
         return x / inside if inside > 0 else None
 
     @property

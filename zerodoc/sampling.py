@@ -67,6 +67,10 @@ def coverage(w: RankWindow) -> str:
         return f"per-unit: every step of {w.steps}"
     if n == 0:
         return f"per-unit: no sampled step yet in {w.steps} steps"
+    if n > w.steps or w.window_samples is not None:
+        # a run log read at scale: per-unit numbers of its newest interval lines
+        return (f"per-unit: {n} steps with per-unit detail in the newest run-log intervals "
+                f"(the window: {w.steps} steps)")
     noun = "sampled step" if n == 1 else "sampled steps"
     if w.detail_before:
         inside = n - w.detail_before

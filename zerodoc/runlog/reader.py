@@ -320,6 +320,7 @@ def _scalars_from_totals(w: RankWindow, totals: list[StepTotals]) -> None:
     w.first_step, w.last_step = totals[0].step, totals[-1].step
     for f in SUMMED_SCALARS:
         setattr(w, f, sum(getattr(t, f) for t in totals))
+    w.window_samples = sum(1 for t in totals if t.detail)
     w.compute_total = _measured_total(totals, "compute_seconds")
     w.exposed_total = _measured_total(totals, "exposed_seconds")
     w.step_times = [t.step_seconds for t in totals]

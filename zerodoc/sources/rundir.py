@@ -70,6 +70,7 @@ class _Running:
          w.self_seconds, w.compute_total, w.exposed_total, w.host_compute_seconds) = s[:8]
         w.launch_checks, w.launch_caught_up = int(s[8]), int(s[9])
         measured = int(round(s[10]))  # compute / exposed: sampled steps, scaled to all
+        w.window_samples = measured
         if measured != w.steps:
             scale = w.steps / measured if measured else None
             w.compute_total = w.compute_total * scale if scale else None
