@@ -50,7 +50,8 @@ def unit_rows(snap: RunSnapshot) -> list[dict]:
     if first is None:
         return []
     stats = unit_stats(snap, ranks).units if ranks else {}
-    measured = samples(snap, ranks) > 0  # no sampled step yet: not measured, not zero
+    # a run that samples, before its first sampled step: not measured, not zero
+    measured = samples(snap, ranks) > 0 or not any(snap.ranks[r].sampled for r in ranks)
     rows = []
     for u in first.facts.units:
         st = stats.get(u.name, {})
@@ -215,7 +216,8 @@ def _count(n: int) -> str:
 
 
 def _unit_cells(u: dict) -> tuple[str, ...]:
-    return (u["unit"], _count(u["params"]), f"{u['all_gather_count_per_step']:g}",
+    n = u["all_gather_count_per_step"]
+    return (u["unit"], _count(u["params"]), "-" if n is None else f"{n:g}",
             nbytes(u["all_gather_bytes_per_step"]), secs(u["all_gather_seconds_per_step"]),
             secs(u["all_gather_exposed_seconds_per_step"]), pct(u["all_gather_exposed_fraction"]),
             rate(u["all_gather_busbw_bytes_per_second"]),
