@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import statistics
+import time
 from pathlib import Path
 
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import RankLog, read_rank_log, read_rank_tail
+
+async def until(pilot, cond, timeout: float = 30.0, what: str = "condition"):
+    """Wait on a Textual Pilot until `cond()` is true (its value), or fail saying what."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        await pilot.pause(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
 
 # Small but real: 4 transformer blocks, steps of ~0.1-0.3 s on 2 CPU cores.
 SMALL_MODEL = {"blocks": 4, "hidden": 256, "heads": 4, "vocab": 1024, "seq": 128, "batch": 4}

@@ -26,8 +26,8 @@ UNIT_KEYS = {"unit", "params", "all_gather_count_per_step", "all_gather_bytes_pe
              "all_gather_exposed_fraction", "all_gather_busbw_bytes_per_second",
              "compute_forward_seconds_per_step", "compute_backward_seconds_per_step",
              "reduce_scatter_seconds_per_step", "reduce_scatter_exposed_seconds_per_step"}
-STEP_KEYS = {"rank", "stale", "steps", "first_step", "last_step", "step_seconds",
-             "compute_seconds", "exposed_comm_seconds", "optimizer_seconds",
+STEP_KEYS = {"rank", "stale", "steps", "detail_steps", "first_step", "last_step",
+             "step_seconds", "compute_seconds", "exposed_comm_seconds", "optimizer_seconds",
              "framework_seconds", "other_seconds", "exposed_fraction"}
 
 
@@ -69,10 +69,15 @@ def test_json_report_is_stable_and_complete():
     assert list(rep) == ["schema", "generator", "generated_unix", "source", "run", "link",
                          "window", "ranks", "stale_ranks", "stopped", "summary", "findings",
                          "units", "steps", "thresholds", "ended_ranks", "data_problems",
-                         "missing_ranks", "interrupted_ranks", "log_notes", "trace_scope", "device"]
+                         "missing_ranks", "interrupted_ranks", "log_notes", "trace_scope", "device",
+                         "waiting"]
     assert rep["stopped"] is None
     assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10,
-                             "warmup_left_out": None}
+                             "warmup_left_out": None,
+                             "per_unit": {"sampled": False, "detail_steps": 5, "steps": 5,
+                                          "before_window": 0, "every": None, "text": None,
+                                          "next": None}}
+    assert rep["waiting"] is None
     assert rep["link"] == {"class": "gloo-cpu", "expected_busbw_bytes_per_second": 1.2e8}
     assert rep["summary"]["top"] == "ZD002" and rep["summary"]["worst_severity"] == "warning"
     sev = [f["severity"] for f in rep["findings"]]

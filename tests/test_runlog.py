@@ -169,7 +169,7 @@ def test_seek_from_end_on_a_long_log(tmp_path, monkeypatch):
     monkeypatch.setattr(reader, "json", CountingJson)
     log = read_rank_tail(path, 20, detail=False)
     w = log_window(log, 20, detail=False)
-    assert (w.steps, w.last_step) == (20, 30_000) and w.unit_steps == 100
+    assert (w.steps, w.last_step) == (20, 30_000) and w.detail_steps == 100
     assert len(parsed) < 40 and sum(parsed) < 200_000, (len(parsed), sum(parsed))
     parsed.clear()
     log = read_rank_tail(path, None, detail=False)
@@ -292,7 +292,7 @@ def test_big_run_reading_equals_full_detail_when_the_window_is_an_interval(tmp_p
     for r in range(4):
         a, b = small.ranks[r], big.ranks[r]
         assert (a.steps, a.first_step, a.last_step) == (b.steps, b.first_step, b.last_step)
-        assert b.unit_steps == 10 and getattr(b, "unit_arrays", None) is not None
+        assert b.detail_steps == 10 and getattr(b, "unit_arrays", None) is not None
         assert math.isclose(a.compute_seconds, b.compute_seconds, rel_tol=1e-9)
         assert math.isclose(a.exposed_seconds, b.exposed_seconds, rel_tol=1e-9)
     sa, sb = unit_stats(small, [0, 1, 2, 3]), unit_stats(big, [0, 1, 2, 3])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_demo
+from tests.helpers import run_demo, until
 from zerodoc.diagnosis.findings import Finding, Severity
 from zerodoc.model import RunSnapshot
 from zerodoc.runlog import load_run, read_rank_log, window_from_steps
@@ -108,16 +108,6 @@ def shown(number: float, cell: float) -> bool:
 
 def rows_in_order(table: ZTable) -> list[str]:
     return [r.key.value for r in table.ordered_rows]
-
-
-async def until(pilot, cond, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def first_frame(app, pilot):

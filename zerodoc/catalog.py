@@ -73,6 +73,9 @@ CATALOG: tuple[Metric, ...] = (
            "Wall time of the last completed step.", into="scalar:last_step_seconds"),
     Metric("zerodoc_last_step_timestamp_seconds", "gauge", "seconds",
            "Unix time at which the last step completed (staleness check).", into="scalar:updated_unix"),
+    Metric("zerodoc_detail_steps_total", "counter", "",
+           "Steps whose per-unit detail was recorded (sampled steps); the per-unit counters "
+           "cover these steps, not every step.", into="scalar:detail_steps"),
     Metric("zerodoc_optimizer_seconds_total", "counter", "seconds",
            "Time spent in optimizer.step().", into="scalar:optimizer_seconds"),
     Metric("zerodoc_other_seconds_total", "counter", "seconds",

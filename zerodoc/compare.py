@@ -32,7 +32,7 @@ from .diagnosis.findings import Predicted
 from .diagnosis.fmt import nbytes
 from .diagnosis.observables import OBSERVABLES, config_facts, observe_all
 from .model import RunSnapshot
-from .report import finding_dict, unit_rows
+from .report import finding_dict, per_unit_coverage, unit_rows
 from .thresholds import DEFAULT, Thresholds
 
 SCHEMA = 1
@@ -63,7 +63,9 @@ class Side:
         return {"source": self.source, "run_id": f.run_id if f else None,
                 "framework": f.framework if f else None,
                 "world_size": f.world_size if f else None,
-                "window": {"steps_requested": self.window, "steps": min(steps, default=0)}}
+                "window": {"steps_requested": self.window, "steps": min(steps, default=0),
+                           # how many steps the per-unit numbers come from (sampled steps)
+                           "per_unit": per_unit_coverage(self.snapshot)}}
 
 
 def side(snapshot: RunSnapshot, source: str, *, thresholds: Thresholds = DEFAULT,

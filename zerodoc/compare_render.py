@@ -84,8 +84,10 @@ def _effect_cells(e: dict) -> tuple[str, str, str, str]:
 
 def _head(doc: dict) -> list[str]:
     def one(s):
+        pu = s["window"].get("per_unit") or {}
+        sampled = f"; {pu['text']}" if pu.get("text") else ""
         return (f"run {s['run_id'] or '?'} ({s['framework'] or '?'}, {s['world_size'] or '?'} "
-                f"ranks, {s['window']['steps']} steps)")
+                f"ranks, {s['window']['steps']} steps{sampled})")
     return [f"zerodoc compare: {one(doc['before'])} -> {one(doc['after'])}",
             f"before: {doc['before']['source']}",
             f"after:  {doc['after']['source']}"]

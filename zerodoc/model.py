@@ -164,13 +164,23 @@ class RankWindow:
     errors: dict[str, int] = field(default_factory=dict)  # hook -> count (cumulative)
     step_times: list[float] = field(default_factory=list)  # per step, when the source has them
     # Sources that know the totals without the per-unit detail (run-log step lines, a
-    # Prometheus sum over units) set these; None: summed from `compute` / `comm`.
+    # Prometheus sum over units) set these, over the window's `steps`; None: from `compute`
+    # / `comm` (see `compute_seconds`).
     compute_total: float | None = None
     exposed_total: float | None = None
-    # Steps the per-unit `compute` / `comm` totals cover, when not the same steps as the rest
-    # (a run log read at scale: per-unit numbers of the latest interval, step totals of the
-    # last `steps` steps). None: `steps`.
-    unit_steps: int | None = None
+    # Steps the per-unit `compute` / `comm` totals cover, when not the same steps as the rest:
+    # the sampled steps (only 1 in K steps records per-unit detail, zerodoc.sampling), or a
+    # run log read at scale (per-unit numbers of the latest interval, step totals of the last
+    # `steps` steps). None: all `steps`. 0: no per-unit detail yet.
+    detail_steps: int | None = None
+    # How many of the `detail_steps` lie before `first_step` (a window with too few samples
+    # of its own takes the newest ones before it: zerodoc.sampling.MIN_WINDOW_SAMPLES).
+    detail_before: int = 0
+    detail_last_step: int = 0  # the newest step with per-unit detail (0: none / unknown)
+    detail_every: int | None = None  # K: about 1 step in K is sampled (None: unknown)
+    # Sampled steps among the window's own `steps` where the per-unit totals cover others
+    # (a run log read at scale: intervals); None: detail_steps - detail_before.
+    window_samples: int | None = None
     # Profiler traces with device activity: device time over the window's steps (unions of
     # kernel intervals within the steps' spans, zerodoc.trace), None for every other source.
     device: "DeviceTotals | None" = None
@@ -181,20 +191,54 @@ class RankWindow:
     # --- derived numbers everyone wants -----------------------------------------------
     @property
     def compute_seconds(self) -> float:
+        """Compute over the window's `steps` (estimated from the sampled steps when only
+        some carry per-unit detail: their sum scaled to `steps`)."""
         if self.compute_total is not None:
             return self.compute_total
-        return sum(self.compute.values())
+        return self.to_window(sum(self.compute.values()))
 
     @property
     def exposed_seconds(self) -> float:
+        """Exposed communication over the window's `steps` (as `compute_seconds`)."""
         if self.exposed_total is not None:
             return self.exposed_total
-        return sum(c.exposed_seconds for c in self.comm.values())
+        return self.to_window(sum(c.exposed_seconds for c in self.comm.values()))
+
+    def to_window(self, per_unit_total: float) -> float:
+        """A total over the per-unit steps (`detail_steps`) scaled to the window's `steps`."""
+        n = self.per_unit_steps
+        if n == self.steps:
+            return per_unit_total
+        return per_unit_total * self.steps / n if n else 0.0
 
     @property
     def per_unit_steps(self) -> int:
-        """The steps to divide the per-unit totals by (see `unit_steps`)."""
-        return self.steps if self.unit_steps is None else self.unit_steps
+        """The steps to divide the per-unit totals (`compute`, `comm`) by: the steps they
+        cover (see `detail_steps`), never simply `steps`."""
+        return self.steps if self.detail_steps is None else self.detail_steps
+
+    @property
+    def unit_detail(self) -> bool:
+        """Per-unit numbers were measured (at least one sampled step)."""
+        return self.per_unit_steps > 0
+
+    def per_sampled_step(self, x: float) -> float | None:
+        """A window sum of a number measured on sampled steps only (host launch time of the
+        compute, framework time: none on unsampled steps) per step of those inside the
+        window (None: none inside it); per step when every step is sampled."""
+        if not self.sampled:
+            return x / (self.steps or 1)
+        inside = self.per_unit_steps - self.detail_before if self.window_samples is None \
+            else self.window_samples
+        if inside == self.steps:
+            return x / (self.steps or 1)
+        return x / inside if inside > 0 else None
+
+    @property
+    def sampled(self) -> bool:
+        """Per-unit numbers cover other steps than the step-level ones (sampled steps, or
+        samples from before the window)."""
+        return self.per_unit_steps != self.steps or self.detail_before > 0
 
     @property
     def comm_seconds(self) -> float:

@@ -15,14 +15,15 @@ from dataclasses import fields
 from .diagnosis import Finding, Severity
 from .diagnosis.fmt import nbytes, pct, rate, secs, value
 from .model import RunSnapshot, busbw
+from .sampling import every, next_sample, run_coverage, samples
 from .thresholds import LINK_BUSBW, Thresholds
 
 SCHEMA = 1
 SEVERITIES = [s.name.lower() for s in sorted(Severity, reverse=True)]
 
 
-def _r(x: float) -> float:
-    return float(f"{x:.6g}")
+def _r(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.6g}")
 
 
 def finding_dict(f: Finding) -> dict:
@@ -44,19 +45,20 @@ def unit_rows(snap: RunSnapshot) -> list[dict]:
     """Per unit, per step, mean over the fresh ranks (all ranks when every one is stale)."""
     from .unitstats import unit_stats
 
-    ranks = [r for r, w in snap.ranks.items() if r not in snap.stale_ranks and w.steps] or \
-        [r for r, w in snap.ranks.items() if w.steps]
+    ranks = _fresh(snap)
     first = snap.any_rank
     if first is None:
         return []
     stats = unit_stats(snap, ranks).units if ranks else {}
+    # a run that samples, before its first sampled step: not measured, not zero
+    measured = samples(snap, ranks) > 0 or not any(snap.ranks[r].sampled for r in ranks)
     rows = []
     for u in first.facts.units:
         st = stats.get(u.name, {})
 
-        def mean(f: str) -> float:
+        def mean(f: str) -> float | None:
             s = st.get(f)
-            return s.mean if s is not None and s.n else 0.0
+            return s.mean if s is not None and s.n else (0.0 if measured else None)
 
         a = {k: mean(f) for k, f in (("ag_n", "ag_count"), ("ag_b", "ag_bytes"),
                                      ("ag_s", "ag_seconds"), ("ag_e", "ag_exposed_seconds"),
@@ -80,22 +82,51 @@ def unit_rows(snap: RunSnapshot) -> list[dict]:
     return rows
 
 
+def _fresh(snap: RunSnapshot) -> list[int]:
+    """The ranks the per-unit table is over: fresh ones with steps (all when all stale)."""
+    return [r for r, w in snap.ranks.items() if r not in snap.stale_ranks and w.steps] or \
+        [r for r, w in snap.ranks.items() if w.steps]
+
+
+def per_unit_coverage(snap: RunSnapshot) -> dict:
+    """How many steps the per-unit numbers come from (the rank with the fewest samples):
+    `detail_steps` of `steps`, `before_window` of them before the window's first step
+    (fewer than MIN_WINDOW_SAMPLES inside it), `every` (K: about 1 step in K is sampled) and
+    the sentence the renderers print."""
+    ranks = _fresh(snap)
+    ws = [snap.ranks[r] for r in ranks]
+    if not ws:
+        return {"sampled": False, "detail_steps": 0, "steps": 0, "before_window": 0,
+                "every": None, "text": None}
+    w = min(ws, key=lambda x: (x.per_unit_steps, -x.steps))
+    on = any(x.sampled for x in ws)
+    return {"sampled": on, "detail_steps": w.per_unit_steps, "steps": w.steps,
+            "before_window": w.detail_before, "every": every(snap),
+            "text": run_coverage(snap, ranks) if on else None,
+            "next": next_sample(snap) if on and w.per_unit_steps == 0 else None}
+
+
 def step_rows(snap: RunSnapshot) -> list[dict]:
     """The step breakdown per rank, per step: step = compute + exposed comm + optimizer +
     framework + other (+ zerodoc's own time, which is not shown)."""
     rows = []
     for r, w in sorted(snap.ranks.items()):
         n = w.steps or 1
+        # compute, exposed comm and framework time are measured on sampled steps only:
+        # their means over those (None before the first sample)
+        m = w.per_unit_steps > 0
+        framework = w.per_sampled_step(w.framework_seconds)
         rows.append({
             "rank": r, "stale": r in snap.stale_ranks, "steps": w.steps,
+            "detail_steps": w.per_unit_steps,
             "first_step": w.first_step, "last_step": w.last_step,
             "step_seconds": _r(w.step_seconds / n),
-            "compute_seconds": _r(w.compute_seconds / n),
-            "exposed_comm_seconds": _r(w.exposed_seconds / n),
+            "compute_seconds": _r(w.compute_seconds / n) if m else None,
+            "exposed_comm_seconds": _r(w.exposed_seconds / n) if m else None,
             "optimizer_seconds": _r(w.optimizer_seconds / n),
-            "framework_seconds": _r(w.framework_seconds / n),
+            "framework_seconds": _r(framework),
             "other_seconds": _r(w.other_seconds / n),
-            "exposed_fraction": _r(w.exposed_fraction),
+            "exposed_fraction": _r(w.exposed_fraction) if m else None,
         })
     return rows
 
@@ -104,6 +135,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
                  thresholds: Thresholds, link: str | None, window: int | None,
                  generated_unix: float | None = None) -> dict:
     from . import __version__
+    from .diagnosis import waiting
     from .diagnosis.coverage import data_problems
     from .trace.scope import device_rows, scope
 
@@ -134,7 +166,8 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
                    "first_step": min((w.first_step for w in snap.ranks.values()), default=0),
                    "last_step": max((w.last_step for w in snap.ranks.values()), default=0),
                    "warmup_left_out": next((w.warmup_left_out for w in snap.ranks.values()
-                                            if w.warmup_left_out), None)},
+                                            if w.warmup_left_out), None),
+                   "per_unit": per_unit_coverage(snap)},
         "ranks": sorted(snap.ranks),
         "stale_ranks": sorted(snap.stale_ranks),
         "stopped": stopped(findings),
@@ -154,6 +187,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "trace_scope": scope(snap),
         "device": [{k: _r(v) if isinstance(v, float) else v for k, v in row.items()}
                    for row in device_rows(snap)],
+        "waiting": waiting(snap),  # rules waiting for sampled steps (zerodoc.sampling)
     }
 
 
@@ -190,7 +224,8 @@ def _count(n: int) -> str:
 
 
 def _unit_cells(u: dict) -> tuple[str, ...]:
-    return (u["unit"], _count(u["params"]), f"{u['all_gather_count_per_step']:g}",
+    n = u["all_gather_count_per_step"]
+    return (u["unit"], _count(u["params"]), "-" if n is None else f"{n:g}",
             nbytes(u["all_gather_bytes_per_step"]), secs(u["all_gather_seconds_per_step"]),
             secs(u["all_gather_exposed_seconds_per_step"]), pct(u["all_gather_exposed_fraction"]),
             rate(u["all_gather_busbw_bytes_per_second"]),
@@ -231,6 +266,10 @@ def _header(rep: dict) -> list[str]:
     wtxt = (f"last {req} steps" if req else "all steps") + \
         f" ({win['steps']} steps, {win['first_step']}-{win['last_step']}{warm})"
     lines = ["zerodoc report: " + " | ".join(bits), f"source: {rep['source']}; window: {wtxt}"]
+    pu = win.get("per_unit") or {}
+    if pu.get("text"):
+        lines.append(pu["text"] + (f" (about 1 step in {pu['every']} is sampled)"
+                                   if pu.get("every") and pu["every"] > 1 else ""))
     if rep["stale_ranks"]:
         lines.append(f"stale ranks (stopped reporting): "
                      f"{', '.join(map(str, rep['stale_ranks']))}")
@@ -277,7 +316,32 @@ def _no_findings(rep: dict) -> str:
     if rep.get("trace_scope"):
         return ("no findings in what the traces show (steps, collectives, ranks); they show no "
                 "per-unit detail (see Profiler traces below)")
+    if rep.get("waiting"):
+        return "no findings yet from the step-level rules; the per-unit rules are waiting " \
+            "(see above): not an all-clear"
     return "no findings: nothing the rules know of is wrong"
+
+
+def _waiting(rep: dict) -> str | None:
+    w = rep.get("waiting")
+    if not w:
+        return None
+    return (f"waiting for samples: {', '.join(w['rules'])} need per-unit detail "
+            f"({w['samples']} sampled step{'s' if w['samples'] != 1 else ''} so far); "
+            f"{w['message']}")
+
+
+def _unit_title(rep: dict) -> str:
+    pu = rep["window"].get("per_unit") or {}
+    return "Per unit (per step, mean over ranks" + \
+        (f"; {pu['text']})" if pu.get("text") else ")")
+
+
+def _no_units(rep: dict) -> str | None:
+    pu = rep["window"].get("per_unit") or {}
+    if pu.get("sampled") and not pu.get("detail_steps"):
+        return f"no per-unit numbers yet: {pu.get('next') or 'no sampled step yet'}"
+    return None
 
 
 def render_text(rep: dict) -> str:
@@ -291,6 +355,8 @@ def render_text(rep: dict) -> str:
     if rep.get("log_notes"):
         lines += ["", "Run log"] + [f"  - {n}" for n in rep["log_notes"]]
     lines += ["", f"Findings: {_summary(rep)}"]
+    if _waiting(rep):
+        lines.append(f"  {_waiting(rep)}")
     for f in rep["findings"]:
         lines.append(f"  {f['severity'].upper():8} {f['code']} {f['name']}: {f['title']}")
         lines.append(f"           evidence: {_evidence(f['evidence'])}")
@@ -305,8 +371,11 @@ def render_text(rep: dict) -> str:
         lines.append(f"           docs: {f['doc']}")
     if not rep["findings"]:
         lines.append(f"  {_no_findings(rep)}")
-    lines += ["", "Per unit (per step, mean over ranks)"]
-    lines += ["  " + x for x in _table(UNIT_HEAD, [_unit_cells(u) for u in rep["units"]])]
+    lines += ["", _unit_title(rep)]
+    if _no_units(rep):
+        lines.append(f"  {_no_units(rep)}")
+    else:
+        lines += ["  " + x for x in _table(UNIT_HEAD, [_unit_cells(u) for u in rep["units"]])]
     lines += ["", "Step breakdown (per step)"]
     lines += ["  " + x for x in _table(STEP_HEAD, [_step_cells(s) for s in rep["steps"]])]
     lines += _trace_lines(rep)
@@ -335,6 +404,8 @@ def render_markdown(rep: dict) -> str:
     if rep.get("log_notes"):
         lines += ["## Run log", ""] + [f"- {n}" for n in rep["log_notes"]] + [""]
     lines += [f"## Findings ({_summary(rep)})", ""]
+    if _waiting(rep):
+        lines += [_waiting(rep)[0].upper() + _waiting(rep)[1:] + ".", ""]
     for f in rep["findings"]:
         lines.append(f"### {f['severity'].upper()} {f['code']} `{f['name']}`: {f['title']}")
         lines.append("")
@@ -351,9 +422,12 @@ def render_markdown(rep: dict) -> str:
         lines.append("")
     if not rep["findings"]:
         lines += [_no_findings(rep)[0].upper() + _no_findings(rep)[1:] + ".", ""]
-    lines += ["## Per unit (per step, mean over ranks)", "", _md_row(UNIT_HEAD),
-              _md_row(["---"] * len(UNIT_HEAD))]
-    lines += [_md_row(_unit_cells(u)) for u in rep["units"]]
+    lines += [f"## {_unit_title(rep)}", ""]
+    if _no_units(rep):
+        lines += [_no_units(rep)[0].upper() + _no_units(rep)[1:] + "."]
+    else:
+        lines += [_md_row(UNIT_HEAD), _md_row(["---"] * len(UNIT_HEAD))]
+        lines += [_md_row(_unit_cells(u)) for u in rep["units"]]
     lines += ["", "## Step breakdown (per step)", "", _md_row(STEP_HEAD),
               _md_row(["---"] * len(STEP_HEAD))]
     lines += [_md_row(_step_cells(s)) for s in rep["steps"]]

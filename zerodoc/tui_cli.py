@@ -14,7 +14,8 @@ def add_parser(sub) -> None:
         "communication, comm/compute, worst unit and rank, memory headroom), per-unit table, "
         "findings with evidence and fix, per-rank comparison. Press ? inside for the keys.")
     p.add_argument("source", nargs="?", metavar="SOURCE",
-                   help="a run directory, rank endpoints (host:port,...), a Prometheus URL or "
+                   help="a run directory (one that does not exist yet, in a directory that "
+                        "does, is waited for), rank endpoints (host:port,...), a Prometheus URL or "
                         "PyTorch profiler traces; "
                         "default: the newest run under ./zerodoc-runs")
     p.add_argument("--refresh", type=float, default=1.0, metavar="SECONDS",
@@ -46,7 +47,7 @@ def run(args) -> int:
 
     source = open_source(args.source, window=args.window or None,
                          trace_facts=facts_from_args(args), run_id=getattr(args, "run_id", None),
-                         segment=getattr(args, "segment", None))
+                         segment=getattr(args, "segment", None), wait=True)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UserError("needs an interactive terminal (stdin and stdout are not a TTY); "
                         "`zerodoc report` prints the same diagnosis as text")

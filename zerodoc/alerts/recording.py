@@ -75,13 +75,18 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
     w = window
     steps = f"rate(zerodoc_step_duration_seconds_count[{w}])"
     step_sum = f"rate(zerodoc_step_duration_seconds_sum[{w}])"
+    # Per-unit counters (compute, collectives) count the sampled steps only (issue 19): their
+    # per-step means divide by the sampled steps' rate (every step where a rank does not
+    # count them), and shares of step time are those means over the mean step.
+    sampled = "rank:zerodoc_detail_steps:rate"
+    mean_step = "rank:zerodoc_step_seconds:mean"
     exposed = "zerodoc_collective_exposed_seconds_total"
     nbytes = f"rate(zerodoc_collective_bytes_total[{w}])"
     unit_bytes = f"rate(zerodoc_collective_bytes_total{{{UNITS}}}[{w}])"
 
     def per_step(metric: str, sel: str = UNITS) -> str:
         """Per step, per rank, unit, phase and collective (inline, not recorded)."""
-        return f"rate({metric}{{{sel}}}[{w}])\n  / ignoring ({COLL}) group_left ()\n  {steps}"
+        return f"rate({metric}{{{sel}}}[{w}])\n  / ignoring ({COLL}) group_left ()\n  {sampled}"
 
     rules = [
         # ---- the run's facts (rank 0) and the busbw factors ------------------------------
@@ -92,7 +97,8 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
         _rec(WORLD_FACTOR, _factor("job:zerodoc_world_size:max")),
         # ---- per rank: step time --------------------------------------------------------
         _rec("rank:zerodoc_steps:rate", steps),
-        _rec("rank:zerodoc_step_seconds:mean", f"{step_sum}\n/\n{steps}"),
+        _rec(mean_step, f"{step_sum}\n/\n{steps}"),
+        _rec(sampled, f"rate(zerodoc_detail_steps_total[{w}])\nor\n{steps}"),
     ]
     for q in (0.5, 0.9, 0.99):
         rules.append(_rec(f"rank:zerodoc_step_seconds:p{round(q * 100)}",
@@ -105,19 +111,20 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
         # ---- per rank: exposure, compute, skew ------------------------------------------
         _rec("unit_rank:zerodoc_all_gather_exposed:fraction",
              f"sum without (phase, collective) (rate({exposed}{{{AG}, {UNITS}}}[{w}]))\n"
-             f"/ ignoring (unit) group_left ()\n{step_sum}"),
+             f"/ ignoring (unit) group_left ()\n{sampled}\n"
+             f"/ ignoring (unit) group_left ()\n{mean_step}"),
         _rec("unit_rank:zerodoc_all_gather_exposed:ratio",
              f"sum without (phase, collective) (rate({exposed}{{{AG}, {UNITS}}}[{w}]))\n/\n"
              f"sum without (phase, collective) (rate(zerodoc_collective_seconds_total{{{AG}, {UNITS}}}[{w}]))"),
         _rec("rank:zerodoc_all_gather_exposed:fraction",
-             f"sum without ({COLL}) (rate({exposed}{{{AG}}}[{w}]))\n/\n{step_sum}"),
+             f"sum without ({COLL}) (rate({exposed}{{{AG}}}[{w}]))\n/\n{sampled}\n/\n{mean_step}"),
         _rec("rank:zerodoc_comm_exposed:fraction",
-             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n{step_sum}"),
+             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n{sampled}\n/\n{mean_step}"),
         _rec("rank:zerodoc_comm_compute:ratio",
              f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n"
              f"sum without (unit, phase) (rate(zerodoc_compute_seconds_total[{w}]))"),
         _rec("rank:zerodoc_compute_seconds:per_step",
-             f"sum without (unit, phase) (rate(zerodoc_compute_seconds_total[{w}]))\n/\n{steps}"),
+             f"sum without (unit, phase) (rate(zerodoc_compute_seconds_total[{w}]))\n/\n{sampled}"),
         # The engine's straggler ratio: a rank's compute per step over the median of the
         # *other* ranks. For the slowest rank that is the median of all but the slowest;
         # every other rank's ratio is below it, so "some rank above the threshold" agrees.
@@ -131,7 +138,7 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
         # The straggler's cost: the other ranks' exposed time beyond its own, per step (the
         # median over them), as a share of the median step.
         _rec("rank:zerodoc_comm_exposed_seconds:per_step",
-             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n{steps}"),
+             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n{sampled}"),
         _rec("job:zerodoc_slowest_rank_exposed_seconds:per_step",
              f"max by ({JOB}) (\n  rank:zerodoc_comm_exposed_seconds:per_step\n  and\n"
              f"  (rank:zerodoc_compute_seconds:per_step == on ({JOB}) group_left ()\n"

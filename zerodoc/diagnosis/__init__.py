@@ -21,7 +21,7 @@ from .context import Context, infer_link
 from .findings import Finding, Severity
 from .rules import BY_CODE, RULES, Rule
 
-__all__ = ["diagnose", "RULES", "Rule", "Finding", "Severity", "Context", "infer_link",
+__all__ = ["diagnose", "waiting", "RULES", "Rule", "Finding", "Severity", "Context", "infer_link",
            "LINK_BUSBW", "BY_CODE"]
 
 
@@ -41,11 +41,32 @@ def diagnose(snapshot: RunSnapshot, thresholds: Thresholds = DEFAULT, *,
             the planner's "fits").
 
     Raises `UserError` for an unknown link class; a rule that fails becomes a ZD000 INFO
-    finding rather than an exception.
+    finding rather than an exception. Rules that need per-unit detail wait until the
+    active ranks have enough sampled steps (`zerodoc.sampling.MIN_SAMPLES`, `waiting`): a
+    run that samples gives no per-unit findings before its first sample, never findings from
+    zeros.
     """
+    from ..sampling import waiting_rules
     from .engine import evaluate
 
     if not snapshot.ranks:
         return []
     ctx = Context(snapshot, thresholds, link=link, device_memory_bytes=device_memory_bytes)
-    return evaluate(ctx)
+    wait = set(waiting_rules(snapshot, list(ctx.active)))
+    return evaluate(ctx, [r for r in RULES if r.code not in wait] if wait else None)
+
+
+def waiting(snapshot: RunSnapshot) -> dict | None:
+    """What the rules wait for, or None: {"rules": [codes], "samples": sampled steps so far,
+    "message": "per-unit detail after the first sampled step, about every K steps"}; the
+    report and the TUI show it where findings would be."""
+    from ..sampling import next_sample, samples, waiting_rules
+
+    fresh = list(Context(snapshot).active) if snapshot.ranks else []
+    if not fresh:
+        return None
+    codes = waiting_rules(snapshot, fresh)
+    if not codes:
+        return None
+    return {"rules": codes, "samples": samples(snapshot, fresh),
+            "message": next_sample(snapshot)}

@@ -27,7 +27,9 @@ given (a pass case may also say `"fires": true, "severity": "info"`). Evidence v
 compared exactly, or within [lo, hi]. `copies` repeats the rank list that many times (ranks
 0..N-1). `host_compute` (GPU: the host's launch time of the compute; default: equal to
 the compute) and `launch` ([unit compute segments checked, caught up by the device]) are
-per step too. Unit defaults: stored and gathered dtype bf16 (2 bytes), group size = world size,
+per step too. A rank's `detail_steps` (fewer than its `steps`) makes a run that samples: the
+per-unit rows, `host_compute`, `launch` and `framework` are then per sampled step and
+multiplied by `detail_steps` (zerodoc.sampling). Unit defaults: stored and gathered dtype bf16 (2 bytes), group size = world size,
 reshard after forward. Run defaults: NCCL on CUDA, FSDP2, ZeRO-3, one node, 80 GB devices.
 
 `python -m zerodoc.diagnosis.testdata RUN_DIR` prints a case skeleton from a real run.
@@ -109,17 +111,23 @@ def _units(spec: list[dict], world: int) -> tuple[UnitFacts, ...]:
 
 
 def _window(facts: RankFacts, r: dict) -> RankWindow:
-    n = int(r.get("steps", 10))
-    w = RankWindow(facts=facts, steps=n, first_step=1, last_step=n)
-    w.step_seconds = float(r.get("step", 0.0)) * n
+    steps = int(r.get("steps", 10))
+    w = RankWindow(facts=facts, steps=steps, first_step=1, last_step=steps)
+    w.step_seconds = float(r.get("step", 0.0)) * steps
     w.last_step_seconds = w.max_step_seconds = float(r.get("step", 0.0))
-    w.optimizer_seconds = float(r.get("optimizer", 0.0)) * n
+    w.optimizer_seconds = float(r.get("optimizer", 0.0)) * steps
+    w.other_seconds = float(r.get("other", 0.0)) * steps
+    # `detail_steps`: per-unit detail on that many sampled steps only (zerodoc.sampling); the
+    # per-unit rows, host launch time, launch probe and framework time are per sampled step
+    n = int(r["detail_steps"]) if "detail_steps" in r else steps
+    if "detail_steps" in r:
+        w.detail_steps = n
     w.framework_seconds = float(r.get("framework", 0.0)) * n
-    w.other_seconds = float(r.get("other", 0.0)) * n
     w.updated_unix = float(r.get("updated_unix", 0.0))
     for unit, phase, s in r.get("compute", ()):
         w.compute[(unit, phase)] = w.compute.get((unit, phase), 0.0) + float(s) * n
-    w.host_compute_seconds = float(r.get("host_compute", w.compute_seconds / n if n else 0)) * n
+    w.host_compute_seconds = float(r.get("host_compute",
+                                         sum(w.compute.values()) / n if n else 0)) * n
     checks, caught = r.get("launch", (0, 0))
     w.launch_checks, w.launch_caught_up = int(checks) * n, int(caught) * n
     for row in r.get("comm", ()):

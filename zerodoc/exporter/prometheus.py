@@ -131,6 +131,8 @@ class ZerodocCollector:
             ("zerodoc_launch_caught_up_total", tot.launch_caught_up),
         ):
             yield _sample(name, rl, value)
+        # the steps the per-unit counters cover: the sampled ones (every step without sampling)
+        yield _sample("zerodoc_detail_steps_total", rl, tot.per_unit_steps)
 
         folds = getattr(m, "_folds", None)  # read before the totals: a fold ends by bumping it
         key = (folds, unit_detail, tuple(rl))

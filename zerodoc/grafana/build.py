@@ -121,7 +121,8 @@ def layers(t: Thresholds) -> db.Dashboard:
                    "Per sharded unit: exposed all-gathers against the compute that should hide "
                    "them, bus bandwidth and bytes. With metrics_detail=coarse the per-unit "
                    "panels show the ranks of the unit sample only.")
-    per_step = f"/ ignoring (unit) group_left () rate(zerodoc_step_duration_seconds_count{{{SEL}}}[{RATE}])"
+    # per-unit counters cover the sampled steps: per step of those (recording rules)
+    per_step = f"/ ignoring (unit) group_left () rank:zerodoc_detail_steps:rate{{{SEL}}}"
     d = (d.with_row(row("Exposure"))
          .with_panel(cells("Exposed all-gather per unit (share of step time)",
                            "One row per unit, one column per scrape: the share of step time "

@@ -15,9 +15,12 @@ Records of `rank-NNNNN.jsonl` (one JSON object per line, "type" first):
 - ``step``: one per completed step, the step's totals only: ``step``, ``end_unix``,
   ``step_s``, ``optimizer_s``, ``framework_s``, ``other_s``, ``wait_s``, ``self_s``,
   ``compute_s`` (all units' compute), ``exposed_s`` (all exposed communication), ``mem``
-  ({population: bytes}), ``errors`` ({hook: count}, cumulative, when any).
+  ({population: bytes}), ``errors`` ({hook: count}, cumulative, when any); with sampling
+  ``detail`` (false: an unsampled step, no per-unit rows, per-unit-derived sums null),
+  ``detail_k`` and ``coll`` (docs/runlog.md, "Sampled steps").
 - ``interval``: per-unit totals over steps ``first``..``last`` (every N steps or T seconds):
-  ``steps``, ``end_unix``, ``header_at`` (this segment's header offset), the scalar sums
+  ``steps``, ``detail_steps`` (with sampling: the sampled steps the per-unit totals cover),
+  ``end_unix``, ``header_at`` (this segment's header offset), the scalar sums
   (``step_s`` ... ``self_s``), ``max_step_s`` and ``units``: columnar per-unit totals,
   ``{"compute": [{"phase", "unit": [index...], "seconds": [...]}...], "comm": [{"phase",
   "collective", "unit": [...], "count", "bytes", "seconds", "exposed", "hidden"}...]}``.

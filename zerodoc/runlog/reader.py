@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..model import CommTotals, LazyRankWindow, RankFacts, RankWindow, RunSnapshot
+from ..sampling import MIN_WINDOW_SAMPLES
 from .records import (
     SUMMED_SCALARS, RankLog, RunLogError, StepRecord, StepTotals, UnitsBlock, block_from_dict,
     check_header, facts_from_dict, rank_log_name, step_from_dict, totals_from_dict, totals_of,
@@ -153,9 +154,12 @@ def log_notes(logs) -> list[str]:
 def read_detail(run_dir: Path, rank: int, header_at: int, names: list[str],
                 last: int | None = None) -> tuple[list[StepRecord], int]:
     """The full-detail steps of the segment whose header is at `header_at` (the newest
-    segment only keeps them), oldest first; `last`: only the newest N. (records, bad)."""
+    segment only keeps them), oldest first; `last`: only the newest N, and further back
+    until MIN_WINDOW_SAMPLES of them are sampled steps (a window with fewer samples takes
+    the newest ones before it). (records, bad)."""
     out: dict[int, StepRecord] = {}
     bad = 0
+    keep = last
     for name in detail_names(rank):
         p = run_dir / DETAIL_DIR / name
         try:
@@ -172,7 +176,7 @@ def read_detail(run_dir: Path, rank: int, header_at: int, names: list[str],
                 continue
             start = len(tag)
             size = os.fstat(f.fileno()).st_size
-            got = 0
+            got = sampled = 0
             for _off, line in reverse_lines(f, size, start):
                 try:
                     s = step_from_dict(json.loads(line), names)
@@ -181,10 +185,18 @@ def read_detail(run_dir: Path, rank: int, header_at: int, names: list[str],
                     continue
                 out.setdefault(s.step, s)
                 got += 1
-                if last is not None and got >= last:
+                sampled += s.detail
+                if last is not None and got >= last and sampled >= MIN_WINDOW_SAMPLES:
                     break
+        if last is not None:
+            keep = max(keep, got)
     steps = [out[k] for k in sorted(out)]
-    return (steps[-last:] if last else steps), bad
+    if last:
+        cut = max(0, len(steps) - last)
+        while cut > 0 and sum(s.detail for s in steps[cut:]) < MIN_WINDOW_SAMPLES:
+            cut -= 1
+        steps = steps[cut:]
+    return steps, bad
 
 
 def read_rank_log(path: str | os.PathLike, segment: int | None = None, *,
@@ -283,8 +295,9 @@ def read_rank_tail(path: str | os.PathLike, window: int | None = 20,
 
 def window_from_steps(facts: RankFacts, steps: Iterable[StepRecord],
                       errors: dict[str, int] | None = None) -> RankWindow:
-    """Fold full step records into one RankWindow (totals over those steps)."""
-    w = RankWindow(facts=facts)
+    """Fold step records into one RankWindow (totals over those steps; per-unit totals over
+    the sampled ones among them, `detail_steps`)."""
+    w = RankWindow(facts=facts, detail_steps=0)
     for s in steps:
         if w.steps == 0:
             w.first_step = s.step
@@ -295,16 +308,47 @@ def window_from_steps(facts: RankFacts, steps: Iterable[StepRecord],
         w.max_step_seconds = max(w.max_step_seconds, s.step_seconds)
         w.updated_unix = s.end_unix
         w.step_times.append(s.step_seconds)
-        for k, v in s.compute.items():
-            w.compute[k] = w.compute.get(k, 0.0) + v
-        for k, t in s.comm.items():
-            w.comm.setdefault(k, CommTotals()).add(t)
+        if s.detail:
+            _add_detail(w, s)
         if s.memory:
             w.memory = dict(s.memory)
         if s.errors:
             w.errors = dict(s.errors)
     if errors:
         w.errors = dict(errors)
+    return w
+
+
+def _add_detail(w: RankWindow, s: StepRecord) -> None:
+    """Add one sampled step's per-unit rows to `w`."""
+    w.detail_steps = (w.detail_steps or 0) + 1
+    w.detail_last_step = max(w.detail_last_step, s.step)
+    w.detail_every = s.detail_k or w.detail_every
+    for k, v in s.compute.items():
+        w.compute[k] = w.compute.get(k, 0.0) + v
+    for k, t in s.comm.items():
+        w.comm.setdefault(k, CommTotals()).add(t)
+
+
+def per_unit_from_samples(w: RankWindow, steps: list[StepRecord],
+                          least: int = MIN_WINDOW_SAMPLES) -> RankWindow:
+    """A window with unsampled steps and fewer than `least` sampled ones takes its per-unit
+    totals from the newest `least` sampled steps of `steps` (the records before it too);
+    `detail_before` says how many of them lie before the window. (A window whose every step
+    is sampled keeps its own, however short.)"""
+    if w.steps == 0 or w.per_unit_steps >= least or w.per_unit_steps == w.steps:
+        return w
+    samples = [s for s in steps if s.detail and s.step <= w.last_step][-least:]
+    before = sum(1 for s in samples if s.step < w.first_step)
+    if not before:
+        return w
+    k = w.detail_every
+    w.compute, w.comm = {}, {}
+    w.detail_steps, w.detail_last_step = 0, 0
+    for s in samples:
+        _add_detail(w, s)
+    w.detail_every = w.detail_every or k
+    w.detail_before = before
     return w
 
 
@@ -320,12 +364,22 @@ def _scalars_from_totals(w: RankWindow, totals: list[StepTotals]) -> None:
     w.first_step, w.last_step = totals[0].step, totals[-1].step
     for f in SUMMED_SCALARS:
         setattr(w, f, sum(getattr(t, f) for t in totals))
-    w.compute_total = sum(t.compute_seconds for t in totals)
-    w.exposed_total = sum(t.exposed_seconds for t in totals)
+    w.window_samples = sum(1 for t in totals if t.detail)
+    w.compute_total = _measured_total(totals, "compute_seconds")
+    w.exposed_total = _measured_total(totals, "exposed_seconds")
     w.step_times = [t.step_seconds for t in totals]
     w.last_step_seconds = totals[-1].step_seconds
     w.max_step_seconds = max(w.step_times)
     w.updated_unix = totals[-1].end_unix
+
+
+def _measured_total(totals: list[StepTotals], attr: str) -> float | None:
+    """The sum over all steps of a number measured on sampled steps only: their sum scaled
+    to every step (None: no step measured it; the per-unit totals say then)."""
+    got = [v for v in (getattr(t, attr) for t in totals) if v is not None]
+    if len(got) == len(totals):
+        return sum(got)
+    return sum(got) * len(totals) / len(got) if got else None
 
 
 def _add_block(w: RankWindow, b: UnitsBlock, first: bool) -> None:
@@ -333,6 +387,9 @@ def _add_block(w: RankWindow, b: UnitsBlock, first: bool) -> None:
     if first:
         w.first_step = b.first_step
     w.steps += b.steps
+    if b.detail_steps != b.steps or w.detail_steps is not None:
+        w.detail_steps = (w.steps - b.steps if w.detail_steps is None else w.detail_steps) \
+            + b.detail_steps
     w.last_step = b.last_step
     _add_scalars(w, b)
     w.max_step_seconds = max(w.max_step_seconds, b.max_step_seconds)
@@ -392,7 +449,7 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
     numbers come from the newest interval lines that cover the window (all steps: the
     newest total line and the intervals after it) plus any full-detail steps after them;
     when `detail` is off, the step-level numbers are the last `window` step lines and
-    `unit_steps` says how many steps the per-unit numbers cover."""
+    `detail_steps` says how many steps the per-unit numbers cover."""
     facts = log.facts
     det = log.steps if detail else []
     # the whole window in full detail: the last `window` steps, or every step of a young
@@ -404,6 +461,7 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
         left_out = skip_warmup and len(steps) >= 2 and steps[0].step == 1
         w = window_from_steps(facts, steps[1:] if left_out else steps)
         w.warmup_left_out = 1 if left_out else None
+        per_unit_from_samples(w, det[1:] if left_out else det)
         w.memory = _latest(log, "memory") or w.memory
         return w
     intervals = [b for b in log.blocks if b.kind == "interval"]
@@ -440,6 +498,8 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
                     comp[k] = comp.get(k, 0.0) + v
                 for k, t in b.comm.items():
                     comm.setdefault(k, CommTotals()).add(t)
+            w.detail_steps = w.per_unit_steps + part.per_unit_steps
+            w.detail_last_step, w.detail_every = part.detail_last_step, part.detail_every
             w.steps += part.steps
             w.last_step = part.last_step
             _add_scalars(w, part)
@@ -455,15 +515,15 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
     if lines:
         if not detail and window is not None:
             # step-level numbers: exactly the last `window` step lines, fresh; per-unit: the
-            # intervals above, over `unit_steps` steps
-            unit_steps = w.steps if (pieces or tail) else 0
+            # intervals above, over `detail_steps` steps
+            detail_steps = w.per_unit_steps if (pieces or tail) else 0
             _scalars_from_totals(w, lines[-window:])
-            w.unit_steps = unit_steps
+            w.detail_steps = detail_steps
         else:
             inside = [t for t in lines if w.first_step <= t.step <= w.last_step]
             if w.steps == 0 and not pieces:
                 _scalars_from_totals(w, lines if window is None else lines[-window:])
-                w.unit_steps = 0
+                w.detail_steps = 0
             else:
                 if len(inside) == w.steps:
                     w.step_times = [t.step_seconds for t in inside]

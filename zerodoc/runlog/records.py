@@ -55,14 +55,18 @@ class StepRecord:
     host_compute_seconds: float = 0.0  # GPU: the host's launch time of the compute rows
     launch_checks: int = 0  # GPU launch-bound probe: segments checked ...
     launch_caught_up: int = 0  # ... and how many found the device already caught up
+    # A sampled step (per-unit rows recorded); False: step-level numbers only (its `compute`
+    # and `comm` are empty, not zero). Records without the field (older logs): True.
+    detail: bool = True
+    detail_k: int | None = None  # K in force: about 1 step in K is sampled
 
     @property
-    def compute_seconds(self) -> float:
-        return sum(self.compute.values())
+    def compute_seconds(self) -> float | None:
+        return sum(self.compute.values()) if self.detail else None
 
     @property
-    def exposed_seconds(self) -> float:
-        return sum(t.exposed_seconds for t in self.comm.values())
+    def exposed_seconds(self) -> float | None:
+        return sum(t.exposed_seconds for t in self.comm.values()) if self.detail else None
 
 
 @dataclass(slots=True)
@@ -76,13 +80,14 @@ class StepTotals:
     framework_seconds: float
     other_seconds: float
     self_seconds: float
-    compute_seconds: float
-    exposed_seconds: float
+    compute_seconds: float | None  # None: not measured (an unsampled step)
+    exposed_seconds: float | None
     memory: dict[str, int] | None
     errors: dict[str, int] | None
     host_compute_seconds: float = 0.0
     launch_checks: int = 0
     launch_caught_up: int = 0
+    detail: bool = True  # a sampled step (see StepRecord.detail)
 
 
 class UnitsBlock:
@@ -96,7 +101,7 @@ class UnitsBlock:
     __slots__ = ("kind", "first_step", "last_step", "steps", "end_unix", "step_seconds",
                  "optimizer_seconds", "framework_seconds", "other_seconds", "self_seconds",
                  "max_step_seconds", "unit_arrays", "_dicts", "host_compute_seconds",
-                 "launch_checks", "launch_caught_up")
+                 "launch_checks", "launch_caught_up", "detail_steps")
 
     def __init__(self, kind, first_step, last_step, steps, end_unix, step_seconds,
                  optimizer_seconds, framework_seconds, other_seconds, self_seconds,
@@ -110,6 +115,7 @@ class UnitsBlock:
         self._dicts = None
         self.host_compute_seconds = 0.0
         self.launch_checks = self.launch_caught_up = 0
+        self.detail_steps = steps  # steps the per-unit totals cover (sampled steps)
 
     def _make(self):
         if self._dicts is None:
@@ -320,17 +326,30 @@ def step_from_dict(d: dict, unit_names: list[str]) -> StepRecord:
             comm[key] = CommTotals(int(n), int(b), float(s), float(ex), float(hid))
         else:
             t.add(CommTotals(int(n), int(b), float(s), float(ex), float(hid)))
+    k = d.get("detail_k")
     return StepRecord(
         step=int(d["step"]), end_unix=float(d["end_unix"]), step_seconds=float(d["step_s"]),
-        optimizer_seconds=float(d.get("optimizer_s", 0.0)),
-        framework_seconds=float(d.get("framework_s", 0.0)),
-        other_seconds=float(d.get("other_s", 0.0)), self_seconds=float(d.get("self_s", 0.0)),
+        optimizer_seconds=_num(d, "optimizer_s"), framework_seconds=_num(d, "framework_s"),
+        other_seconds=_num(d, "other_s"), self_seconds=_num(d, "self_s"),
         compute=compute, comm=comm,
         memory={k: int(v) for k, v in d.get("mem", {}).items()},
         errors={k: int(v) for k, v in d.get("errors", {}).items()},
-        host_compute_seconds=float(d.get("host_compute_s", sum(compute.values()))),
+        host_compute_seconds=_num(d, "host_compute_s") if "host_compute_s" in d
+        else sum(compute.values()),
         launch_checks=int(d.get("launch", (0, 0))[0]),
-        launch_caught_up=int(d.get("launch", (0, 0))[1]))
+        launch_caught_up=int(d.get("launch", (0, 0))[1]),
+        detail=d.get("detail") is not False, detail_k=int(k) if k else None)
+
+
+def _num(d: dict, key: str) -> float:
+    """A step-level number; absent or null (not measured on an unsampled step): 0."""
+    v = d.get(key)
+    return 0.0 if v is None else float(v)
+
+
+def _opt(d: dict, key: str) -> float | None:
+    v = d.get(key)
+    return None if v is None else float(v)
 
 
 # Numbers of step / interval / total lines that are durations or times: finite and >= 0
@@ -380,22 +399,29 @@ def totals_from_dict(d: dict) -> StepTotals:
     mem = d.get("mem")
     errs = d.get("errors")
     launch = d.get("launch") or (0, 0)
-    compute = float(d.get("compute_s", 0.0))
+    detail = d.get("detail") is not False
+    compute = _opt(d, "compute_s") if detail or d.get("compute_s") is not None else None
+    if compute is None and detail:
+        compute = 0.0
+    exposed = _opt(d, "exposed_s")
+    if exposed is None and detail:
+        exposed = 0.0
+    host = _opt(d, "host_compute_s")
     return StepTotals(
         int(d["step"]), float(d["end_unix"]), float(d["step_s"]),
-        float(d.get("optimizer_s", 0.0)), float(d.get("framework_s", 0.0)),
-        float(d.get("other_s", 0.0)), float(d.get("self_s", 0.0)),
-        compute, float(d.get("exposed_s", 0.0)),
+        _num(d, "optimizer_s"), _num(d, "framework_s"), _num(d, "other_s"), _num(d, "self_s"),
+        compute, exposed,
         {k: int(v) for k, v in mem.items()} if mem else None,
         {k: int(v) for k, v in errs.items()} if errs else None,
-        float(d.get("host_compute_s", compute)), int(launch[0]), int(launch[1]))
+        host if host is not None else (compute or 0.0), int(launch[0]), int(launch[1]),
+        detail)
 
 
 def totals_of(s: StepRecord) -> StepTotals:
     return StepTotals(s.step, s.end_unix, s.step_seconds, s.optimizer_seconds,
                       s.framework_seconds, s.other_seconds, s.self_seconds, s.compute_seconds,
                       s.exposed_seconds, s.memory or None, s.errors or None,
-                      s.host_compute_seconds, s.launch_checks, s.launch_caught_up)
+                      s.host_compute_seconds, s.launch_checks, s.launch_caught_up, s.detail)
 
 
 _INTERN: dict[tuple, tuple] = {}
@@ -486,4 +512,6 @@ def block_from_dict(d: dict, unit_names: list[str]) -> UnitsBlock:
     launch = d.get("launch") or (0, 0)
     b.host_compute_seconds = float(d.get("host_compute_s", float(arrays[1].sum())))
     b.launch_checks, b.launch_caught_up = int(launch[0]), int(launch[1])
+    if d.get("detail_steps") is not None:
+        b.detail_steps = int(d["detail_steps"])
     return b

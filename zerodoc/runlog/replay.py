@@ -43,18 +43,22 @@ class Replay:
             else:
                 t.add(CommTotals(*a))
         step_s = rec["step_s"]
+        if rec.get("detail") is not None:  # a log with sampled steps (zerodoc.sampling)
+            tot.detail_steps = (tot.detail_steps or 0) + (rec["detail"] is not False)
         tot.steps += 1
         tot.last_step = rec["step"]
         tot.first_step = tot.first_step or rec["step"]
         tot.step_seconds += step_s
         tot.last_step_seconds = step_s
         tot.max_step_seconds = max(tot.max_step_seconds, step_s)
-        tot.optimizer_seconds += rec.get("optimizer_s", 0.0)
-        tot.framework_seconds += rec.get("framework_s", 0.0)
-        tot.other_seconds += rec.get("other_s", 0.0)
-        tot.self_seconds += rec.get("self_s", 0.0)
-        tot.host_compute_seconds += rec.get(
-            "host_compute_s", sum(r[2] for r in rec.get("compute", ())))
+        # null: not measured on an unsampled step
+        tot.optimizer_seconds += rec.get("optimizer_s") or 0.0
+        tot.framework_seconds += rec.get("framework_s") or 0.0
+        tot.other_seconds += rec.get("other_s") or 0.0
+        tot.self_seconds += rec.get("self_s") or 0.0
+        host = rec.get("host_compute_s")
+        tot.host_compute_seconds += sum(r[2] for r in rec.get("compute", ())) \
+            if host is None else host
         launch = rec.get("launch") or (0, 0)
         tot.launch_checks += launch[0]
         tot.launch_caught_up += launch[1]
@@ -66,8 +70,9 @@ class Replay:
         """What the training thread does with the run log at a step end: hand the record to
         the writer and, once per interval, a copy of the totals."""
         full = dict(rec)
-        full.setdefault("compute_s", sum(r[2] for r in rec.get("compute", ())))
-        full.setdefault("exposed_s", sum(r[6] for r in rec.get("comm", ())))
+        if rec.get("detail") is not False:  # an unsampled step's per-unit sums stay null
+            full.setdefault("compute_s", sum(r[2] for r in rec.get("compute", ())))
+            full.setdefault("exposed_s", sum(r[6] for r in rec.get("comm", ())))
         self.writer.write(full)
         if self.writer.units_due(rec["step"]):
             self.writer.write_units(self.totals)

@@ -19,6 +19,7 @@ from collections import deque
 import numpy as np
 
 from ..model import CommTotals, RankWindow
+from ..sampling import MIN_WINDOW_SAMPLES
 from .records import RankLog, StepRecord
 
 
@@ -46,7 +47,7 @@ class _Step:
     """One step record, compact: its key tuples (shared between steps) and float arrays."""
 
     __slots__ = ("step", "end_unix", "scalars", "ckeys", "cvals", "mkeys", "mvals", "memory",
-                 "errors")
+                 "errors", "detail", "detail_k")
 
     def __init__(self, s: StepRecord, ckeys: tuple, mkeys: tuple):
         self.step = s.step
@@ -63,6 +64,8 @@ class _Step:
         self.mvals = np.array(m, np.float64).reshape(len(mkeys), 5)
         self.memory = s.memory or None
         self.errors = s.errors or None
+        self.detail = s.detail  # a sampled step (an unsampled one has no keys)
+        self.detail_k = s.detail_k
 
 
 class _RankTotals:
@@ -75,6 +78,8 @@ class _RankTotals:
         self.steps: deque[_Step] = deque()
         self.evictions = 0
         self.last_step: int | None = None  # newest step number taken from the log
+        self.samples: deque[_Step] = deque(maxlen=MIN_WINDOW_SAMPLES)  # newest sampled steps
+        self.sampled = 0  # sampled steps inside the window
         self._interned: dict[tuple, tuple] = {}
         self._reset()
 
@@ -101,6 +106,7 @@ class _RankTotals:
             self.msum = np.concatenate((self.msum, np.zeros((grow, 5))))
             self.mn = np.concatenate((self.mn, np.zeros(grow, np.intp)))
         # a step never repeats a key, so fancy-index += is a plain element-wise add
+        self.sampled += sign * s.detail
         if sign > 0:
             self.sums += s.scalars
             self.csum[ci] += s.cvals
@@ -114,6 +120,7 @@ class _RankTotals:
 
     def _refold(self) -> None:
         self._reset()
+        self.sampled = 0
         for s in self.steps:
             self._apply(s, +1)
 
@@ -121,6 +128,7 @@ class _RankTotals:
         def compact(rec: StepRecord) -> _Step:
             return _Step(rec, self._intern(tuple(rec.compute)), self._intern(tuple(rec.comm)))
 
+        self.samples.extend(compact(s) for s in new[-64 * MIN_WINDOW_SAMPLES:] if s.detail)
         if self.window and len(new) >= self.window:  # a long gap (first load): fold the tail
             self.steps = deque(compact(s) for s in new[-self.window:])
             self._refold()
@@ -166,6 +174,12 @@ class _RankTotals:
         mn = self.mn.tolist()
         w.comm = {k: CommTotals(int(r[0]), int(r[1]), r[2], r[3], r[4])
                   for k, r, n in zip(self.mk.keys, self.msum.tolist(), mn) if n > 0}
+        w.detail_steps = self.sampled
+        newest = self.samples[-1] if self.samples else None
+        w.detail_last_step = newest.step if newest else 0
+        w.detail_every = newest.detail_k if newest else None
+        if self.sampled < min(MIN_WINDOW_SAMPLES, w.steps) and len(self.samples) > self.sampled:
+            self._from_samples(w)
         for s in reversed(self.steps):  # latest non-empty, as window_from_steps does
             if s.memory:
                 w.memory = dict(s.memory)
@@ -175,6 +189,20 @@ class _RankTotals:
                 w.errors = dict(s.errors)
                 break
         return w
+
+
+    def _from_samples(self, w: RankWindow) -> None:
+        """Per-unit totals of the newest MIN_WINDOW_SAMPLES sampled steps, those before the
+        window too (a window with fewer samples of its own; `detail_before` says so)."""
+        w.compute, w.comm = {}, {}
+        for s in self.samples:
+            for k, v in zip(s.ckeys, s.cvals.tolist()):
+                w.compute[k] = w.compute.get(k, 0.0) + v
+            for k, r in zip(s.mkeys, s.mvals.tolist()):
+                w.comm.setdefault(k, CommTotals()).add(
+                    CommTotals(int(r[0]), int(r[1]), r[2], r[3], r[4]))
+        w.detail_steps = len(self.samples)
+        w.detail_before = sum(1 for s in self.samples if s.step < w.first_step)
 
 
 def new_records(steps: list[StepRecord], last_step: int | None) -> list[StepRecord]:

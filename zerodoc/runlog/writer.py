@@ -229,7 +229,9 @@ class RunLogWriter:
                 totals.max_step_seconds,
                 dict(totals.compute),
                 {k: (t.count, t.bytes, t.seconds, t.exposed_seconds, t.hidden_seconds)
-                 for k, t in totals.comm.items()})
+                 for k, t in totals.comm.items()},
+                # sampled steps: the per-unit totals cover these (None: every step)
+                getattr(totals, "detail_steps", None))
         self._put(("units", snap, final))
 
     def close(self, steps: int, totals=None, timeout: float = 5.0,
@@ -440,7 +442,7 @@ class RunLogWriter:
         return out
 
     def _units(self, snap: tuple, final: bool) -> None:
-        step, steps, end_unix, scalars, max_step, compute, comm = snap
+        step, steps, end_unix, scalars, max_step, compute, comm, detail_steps = snap
         prev = self._prev_cum
         if prev is not None and step <= prev[0]:  # no step since the last interval
             if final:
@@ -460,8 +462,10 @@ class RunLogWriter:
                 "framework_s": scalars[2] - pscal[2], "other_s": scalars[3] - pscal[3],
                 "self_s": scalars[4] - pscal[4], "host_compute_s": scalars[5] - pscal[5],
                 "launch": [scalars[6] - pscal[6], scalars[7] - pscal[7]]}
+        sampled = {} if detail_steps is None else \
+            {"detail_steps": detail_steps - ((prev[7] or 0) if prev else 0)}
         self._main({"type": "interval", "first": first, "last": step,
-                    "steps": steps - (prev[1] if prev else 0), "end_unix": end_unix,
+                    "steps": steps - (prev[1] if prev else 0), **sampled, "end_unix": end_unix,
                     "header_at": self._header_at, **base, "max_step_s": self._interval_max,
                     "units": self._columns(d_comp, d_comm, skip_zero=True)})
         self._interval_max = 0.0
@@ -473,8 +477,10 @@ class RunLogWriter:
             self._switch_detail(self.segment, first_step=step + 1)
 
     def _total(self, snap: tuple) -> None:
-        step, steps, end_unix, scalars, max_step, compute, comm = snap
-        self._main({"type": "total", "step": step, "steps": steps, "end_unix": end_unix,
+        step, steps, end_unix, scalars, max_step, compute, comm, detail_steps = snap
+        sampled = {} if detail_steps is None else {"detail_steps": detail_steps}
+        self._main({"type": "total", "step": step, "steps": steps, **sampled,
+                    "end_unix": end_unix,
                     "header_at": self._header_at, "step_s": scalars[0],
                     "optimizer_s": scalars[1], "framework_s": scalars[2],
                     "other_s": scalars[3], "self_s": scalars[4], "host_compute_s": scalars[5],

@@ -43,14 +43,16 @@ class Source(Protocol):
 def open_source(spec: str | None, window: int | None = 20, *,
                 stale_after_s: float = STALE_AFTER_S, trace_facts: dict | None = None,
                 run_id: str | None = None, segment: int | None = None,
-                skip_warmup: bool = True) -> Source:
+                skip_warmup: bool = True, wait: bool = False) -> Source:
     """A source from a command-line SOURCE: a run directory; `http(s)://...` a Prometheus
     server; `host:port[,host:port...]` or `host:first-last` rank endpoints; PyTorch profiler
     traces (a directory of them, a file, files separated by commas; `trace_facts`: see
     `zerodoc.trace.TraceFacts`); None the latest local run (under ./zerodoc-runs). `run_id`:
     which run of a Prometheus server holding several (also `http://host:9090#run=ID`);
     `segment`: an older segment of a run directory; `skip_warmup`: a run directory's short
-    window leaves the warm-up step (step 1) out (`RankWindow.warmup_left_out`)."""
+    window leaves the warm-up step (step 1) out (`RankWindow.warmup_left_out`); `wait`: a
+    path that does not exist yet, in a directory that does, is a run directory to wait for
+    (the TUI opened before the job starts)."""
     from .. import trace  # profiler traces: zerodoc/trace (no heavy import until opened)
 
     if spec is not None and trace.is_trace_spec(spec.strip()):
@@ -89,6 +91,9 @@ def open_source(spec: str | None, window: int | None = 20, *,
                             "serve one run")
         return EndpointsSource(spec, window, stale_after_s=stale_after_s)
     if "/" in spec or spec.startswith("."):
+        if wait and not Path(spec).exists() and Path(spec).parent.is_dir():
+            return RunDirSource(spec, window, stale_after_s=stale_after_s, segment=segment,
+                                wait=True)
         raise UserError(f"no run directory at {spec}")
     raise UserError(f"{spec!r} is neither a run directory, a Prometheus URL (http://...) "
                     "nor rank endpoints (host:port, host:port,host:port or host:9730-9737)")

@@ -50,6 +50,7 @@ from .samples import (
 )
 
 _STEPS = series_of("scalar", "steps")[0]  # the step histogram's _count
+_DETAIL = series_of("scalar", "detail_steps")[0]  # sampled steps (absent: every step)
 _STEP_SUM = series_of("scalar", "step_seconds")[0]
 _TIMESTAMP = series_of("scalar", "updated_unix")[0]
 _RUN_INFO = series_of("info")[0]
@@ -292,10 +293,12 @@ class PrometheusSource:
         w = LazyRankWindow(facts=facts, loader=lambda: self._rank_units(sel, span, at, rank))
         for f in ("steps", "first_step", "last_step", "step_seconds", "last_step_seconds",
                   "max_step_seconds", "optimizer_seconds", "framework_seconds",
-                  "other_seconds", "self_seconds", "updated_unix", "memory", "errors"):
+                  "other_seconds", "self_seconds", "updated_unix", "memory", "errors",
+                  "detail_steps"):
             setattr(w, f, getattr(base, f))
-        w.compute_total = totals["compute_total"].get(rank, 0.0)
-        w.exposed_total = totals["exposed_total"].get(rank, 0.0)
+        # sums over units: over the sampled steps, scaled to the window's steps
+        w.compute_total = w.to_window(totals["compute_total"].get(rank, 0.0))
+        w.exposed_total = w.to_window(totals["exposed_total"].get(rank, 0.0))
         return w
 
     def _rank_units(self, sel: str, span, at, rank: int):
@@ -355,7 +358,9 @@ class PrometheusSource:
 
     def _unit_stats(self, sel: str, rng, at, ranks: tuple, snap: RunSnapshot) -> UnitStats:
         """Per (unit, phase, collective): per-step numbers' stats over ranks, in PromQL."""
-        steps = f"on (rank) group_left () {rng(_STEPS)}"
+        # per step of the steps the per-unit counters cover: the sampled ones where the
+        # ranks count them, else every step
+        steps = f"on (rank) group_left () ({rng(_DETAIL)} or {rng(_STEPS)})"
         per = {f: f"({rng(_COMM[a])}) / {steps}" for f, a in
                (("count", "count"), ("bytes", "bytes"), ("seconds", "seconds"),
                 ("exposed", "exposed_seconds"))}

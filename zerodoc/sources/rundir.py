@@ -5,7 +5,7 @@ week-long log), then what was appended. Small runs (up to `DETAIL_MAX_RANKS` ran
 read with full per-step detail, so windows are exactly the last N steps; bigger runs from
 the step lines and the per-unit interval lines (`zerodoc.runlog.follow`): step-level
 numbers over the last N steps, per-unit numbers over the newest interval(s)
-(`RankWindow.unit_steps` says how many steps those cover).
+(`RankWindow.detail_steps` says how many steps those cover).
 """
 
 from __future__ import annotations
@@ -33,15 +33,16 @@ class _Running:
 
         self.facts, self.window = facts, window
         self.steps: deque = deque()
-        self.sums = [0.0] * 10
+        self.sums = [0.0] * 11
         self.last = 0
         self.evictions = 0
 
     @staticmethod
     def _vals(t) -> tuple:
+        measured = t.compute_seconds is not None  # not on an unsampled step
         return (t.step_seconds, t.optimizer_seconds, t.framework_seconds, t.other_seconds,
-                t.self_seconds, t.compute_seconds, t.exposed_seconds, t.host_compute_seconds,
-                t.launch_checks, t.launch_caught_up)
+                t.self_seconds, t.compute_seconds or 0.0, t.exposed_seconds or 0.0,
+                t.host_compute_seconds, t.launch_checks, t.launch_caught_up, float(measured))
 
     def add(self, totals) -> None:
         new = [t for t in totals[-self.window:] if t.step > self.last]
@@ -57,7 +58,7 @@ class _Running:
             self.last = new[-1].step
         if self.evictions >= self.window:
             self.evictions = 0
-            self.sums = [sum(col) for col in zip(*map(self._vals, self.steps))] or [0.0] * 10
+            self.sums = [sum(col) for col in zip(*map(self._vals, self.steps))] or [0.0] * 11
 
     def fill(self, w: RankWindow) -> None:
         if not self.steps:
@@ -68,6 +69,12 @@ class _Running:
         (w.step_seconds, w.optimizer_seconds, w.framework_seconds, w.other_seconds,
          w.self_seconds, w.compute_total, w.exposed_total, w.host_compute_seconds) = s[:8]
         w.launch_checks, w.launch_caught_up = int(s[8]), int(s[9])
+        measured = int(round(s[10]))  # compute / exposed: sampled steps, scaled to all
+        w.window_samples = measured
+        if measured != w.steps:
+            scale = w.steps / measured if measured else None
+            w.compute_total = w.compute_total * scale if scale else None
+            w.exposed_total = w.exposed_total * scale if scale else None
         w.step_times = [t.step_seconds for t in self.steps]
         w.last_step_seconds = w.step_times[-1]
         w.max_step_seconds = max(w.step_times)
@@ -78,42 +85,57 @@ class RunDirSource:
     """A run directory (live or finished). `segment`: an older segment of a reused run
     directory (a number, or -2 for the one before the newest); None: the newest.
     `detail`: read full per-step detail (None: when the run has at most DETAIL_MAX_RANKS
-    ranks)."""
+    ranks and keeps detail files; decided again on each snapshot until it has, so a front
+    end opened before the job wrote anything reads the detail as soon as it appears).
+    `wait`: a run directory that does not exist yet is waited for (each snapshot says so
+    until it appears) instead of refused."""
 
     def __init__(self, run_dir: str | Path, window: int | None = 20, *,
                  stale_after_s: float = STALE_AFTER_S, segment: int | None = None,
-                 detail: bool | None = None, skip_warmup: bool = False):
+                 detail: bool | None = None, skip_warmup: bool = False, wait: bool = False):
         self.run_dir = Path(run_dir)
-        if not self.run_dir.is_dir():
+        if not wait and not self.run_dir.is_dir():
             raise UserError(f"no run directory at {self.run_dir}")
         self.window = window
         self.skip_warmup = skip_warmup  # a short run's window leaves step 1 out (log_window)
         self.stale_after_s = stale_after_s
         self.segment = segment
-        if detail is None:  # small runs that kept their detail files: read them
-            detail = len(rank_logs(self.run_dir)) <= DETAIL_MAX_RANKS and \
-                any((self.run_dir / DETAIL_DIR).glob("*.jsonl"))
-        self.detail = detail
-        # Bounded memory on long runs: a few windows of step records per rank.
-        self.follower = RunFollower(self.run_dir, keep=4 * window if window else 1024,
-                                    detail=detail, window=window)
+        self._auto_detail = detail is None
         self.description = f"run log {self.run_dir}" + \
             (f" (segment {segment})" if segment is not None else "")
+        self._fixed: RunSnapshot | None = None
+        self._follow(bool(detail) if detail is not None else self._has_detail())
+        # per-step points (step, step s, exposed s, compute s) since the last snapshot, for
+        # a front end's history (the TUI's sparklines)
+        self.points: dict[int, list[tuple[int, float, float | None, float | None]]] = {}
+
+    def _has_detail(self) -> bool:
+        """Small runs that keep their detail files: read them."""
+        return self.run_dir.is_dir() and \
+            len(rank_logs(self.run_dir)) <= DETAIL_MAX_RANKS and \
+            any((self.run_dir / DETAIL_DIR).glob("*.jsonl"))
+
+    def _follow(self, detail: bool) -> None:
+        """(Re)start following, with or without the full per-step detail."""
+        self.detail = detail
+        # Bounded memory on long runs: a few windows of step records per rank.
+        window = self.window
+        self.follower = RunFollower(self.run_dir, keep=4 * window if window else 1024,
+                                    detail=detail, window=window)
         self._windows: dict[int, tuple[tuple, RankWindow]] = {}
         self._units: dict[int, tuple] = {}
         self._runs: dict[int, _Running] = {}
         self._sliding = None
-        self._fixed: RunSnapshot | None = None
-        # per-step points (step, step s, exposed s, compute s) since the last snapshot, for
-        # a front end's history (the TUI's sparklines)
-        self.points: dict[int, list[tuple[int, float, float, float]]] = {}
-
     def snapshot(self) -> RunSnapshot:
         if self.segment is not None:  # an older segment does not change: read it once
             if self._fixed is None:
                 self._fixed = load_run(self.run_dir, self.window, float("inf"),
                                        segment=self.segment, skip_warmup=self.skip_warmup)
             return self._fixed
+        if not self.run_dir.is_dir():
+            raise RunLogError(f"waiting for {self.run_dir} (no run directory yet)")
+        if self._auto_detail and not self.detail and self._has_detail():
+            self._follow(True)  # the job has written its first detail: read it from now on
         new = self.follower.poll()
         logs = self.follower.logs
         if not logs:
@@ -157,14 +179,14 @@ class RunDirSource:
             u = self._units.get(rank)
             if u is None or u[0] != ukey:
                 lw = log_window(log, self.window, detail=False)
-                u = self._units[rank] = (ukey, getattr(lw, "unit_arrays", None), lw.unit_steps)
+                u = self._units[rank] = (ukey, getattr(lw, "unit_arrays", None), lw.detail_steps)
             run = self._runs.get(rank)
             if run is None or run.facts is not log.facts:
                 run = self._runs[rank] = _Running(log.facts, self.window)
             run.add(log.totals)
             w = LazyRankWindow(facts=log.facts, unit_arrays=u[1])
             run.fill(w)
-            w.unit_steps = u[2] if u[1] is not None else 0
+            w.detail_steps = u[2] if u[1] is not None else 0
             w.memory = _latest(log, "memory")
             w.errors = _latest(log, "errors")
         self._windows[rank] = (ver, w)

@@ -178,6 +178,9 @@ def window_of(facts: RankFacts, cur: Cumulative, base: Cumulative | None = None)
         setattr(w, k, d(sc.get(k, 0.0), bs.get(k, 0.0)))
     for k in ("launch_checks", "launch_caught_up"):
         setattr(w, k, int(round(d(sc.get(k, 0), bs.get(k, 0)))))
+    if "detail_steps" in sc:  # sampled steps: the per-unit counters cover these
+        w.detail_steps = min(w.steps, int(round(d(sc["detail_steps"],
+                                                  bs.get("detail_steps", 0)))))
     w.updated_unix = sc.get("updated_unix", 0.0)
     for k, v in cur.compute.items():
         s = d(v, base.compute.get(k, 0.0) if base else 0.0)

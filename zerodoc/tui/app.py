@@ -172,7 +172,11 @@ class ZerodocApp(App):
             self.log.error(self.display_error)
 
     def _render_chrome(self) -> None:
-        self.query_one(TitleBar).show(self.feed.description, self.frame)
+        try:
+            title = self.query_one(TitleBar)
+        except NoMatches:  # a timer tick while the app quits: its widgets are gone
+            return
+        title.show(self.feed.description, self.frame)
         job = self._job_text()
         if self.display_error:
             job = f"{job} · {self.display_error}" if job else self.display_error

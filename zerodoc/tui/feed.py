@@ -140,6 +140,9 @@ class Frame:
     units: dict[int, dict[str, UnitTotals]] = field(default_factory=dict)
     window: int | None = None
     signature: tuple = ()
+    # rules waiting for sampled steps (zerodoc.diagnosis.waiting): {"rules", "samples",
+    # "message"}, or None
+    waiting: dict | None = None
 
     @property
     def run_ended(self) -> bool:
@@ -171,6 +174,17 @@ def _data_problems(snap: RunSnapshot) -> list:
         return data_problems(snap) if snap.ranks else []
     except Exception:  # noqa: BLE001 - odd data must not take the UI down
         return []
+
+
+def _waiting(snap: RunSnapshot) -> dict | None:
+    try:
+        from ..diagnosis import waiting
+    except ImportError:
+        return None
+    try:
+        return waiting(snap)
+    except Exception:  # noqa: BLE001 - odd data must not take the UI down
+        return None
 
 
 def default_diagnose() -> tuple[Diagnose | None, str | None]:
@@ -269,11 +283,14 @@ class Feed:
         self._history_update(full)
         findings, diag_error = self._diagnose(full)
         problems = _data_problems(full) if source_error is None or full.ranks else []
+        waiting = _waiting(full)
         units = LazyUnits(full, self._units)
         sig = (
             tuple((r, w.steps, w.last_step, w.updated_unix) for r, w in full.ranks.items()),
             tuple(sorted(stale.items())), tuple(sorted(ended)), source_error, diag_error,
             tuple((f.code, f.title, f.ranks, f.units) for f in findings),
+            tuple((r, w.per_unit_steps, w.detail_last_step) for r, w in full.ranks.items()),
+            None if waiting is None else (tuple(waiting["rules"]), waiting["message"]),
         )
         return Frame(
             description=self.description, snapshot=full, findings=findings,
@@ -281,7 +298,7 @@ class Feed:
             diagnose_error=diag_error, stale=stale, ended=ended, data_problems=problems,
             missing=set(full.missing_ranks),
             history={r: self.history.series(r) for r in full.ranks}, units=units,
-            window=self.window, signature=sig)
+            window=self.window, signature=sig, waiting=waiting)
 
     # -- pieces ----------------------------------------------------------------------
     def _history_update(self, snap: RunSnapshot) -> None:
@@ -297,7 +314,8 @@ class Feed:
     def _diagnose(self, snap: RunSnapshot) -> tuple[list, str | None]:
         if self.diagnose is None:
             return [], self._no_engine
-        key = (tuple((r, w.steps, w.last_step, w.updated_unix) for r, w in snap.ranks.items()),
+        key = (tuple((r, w.steps, w.last_step, w.updated_unix, w.per_unit_steps,
+                      w.detail_last_step) for r, w in snap.ranks.items()),
                tuple(sorted(snap.stale_ranks)), tuple(sorted(snap.ended_ranks)),
                tuple(sorted((r, s.get("state"), s.get("since_unix"))
                             for r, s in snap.stalls.items())))

@@ -15,6 +15,9 @@ from ..model import RankWindow
 from ..runlog import StepRecord
 
 
+_NAN = float("nan")
+
+
 @dataclass(frozen=True)
 class Series:
     """One rank's recent steps, oldest first; seconds per step."""
@@ -58,14 +61,16 @@ class History:
 
     def add_points(self, rank: int, points: list[tuple[int, float, float, float]]) -> None:
         """(step, step s, exposed s, compute s) per step, oldest first, newer than the last
-        point taken (a step number going back means the rank restarted)."""
+        point taken (a step number going back means the rank restarted). Exposed and compute
+        None (an unsampled step: not measured) are kept as NaN, shown as gaps."""
         r = self._rank(rank)
         if points and r.last_step is not None and points[-1][0] < r.last_step:
             r.points.clear()  # the log restarted
             r.last_step = None
         for step, step_s, exposed, compute in points[-self.length:]:
             if r.last_step is None or step > r.last_step:
-                self._put(r, step, (step_s, exposed, compute))
+                self._put(r, step, (step_s, _NAN if exposed is None else exposed,
+                                    _NAN if compute is None else compute))
         if points:
             r.last_step = max(points[-1][0], r.last_step or 0)
 
@@ -86,6 +91,8 @@ class History:
             compute -= prev.compute_seconds
             step_s -= prev.step_seconds
         n = max(1, steps)
+        if not w.unit_detail:  # no sampled step yet: exposed and compute not measured
+            exposed = compute = _NAN
         if w.step_times and len(w.step_times) == w.steps and \
                 w.last_step - w.first_step + 1 == w.steps:
             # per-step times are known: one point per new step (comm/compute spread evenly)

@@ -26,7 +26,7 @@ def unit_names(units: int) -> list[str]:
 
 
 def rank_facts(rank: int, world: int, units: int, *, run_id: str = "synthetic",
-               started_unix: float = 1_700_000_000.0) -> RankFacts:
+               started_unix: float = 1_700_000_000.0, config: dict | None = None) -> RankFacts:
     names = unit_names(units)
     ufacts = []
     for i, name in enumerate(names):
@@ -41,7 +41,25 @@ def rank_facts(rank: int, world: int, units: int, *, run_id: str = "synthetic",
         framework_version="2.13.0", torch_version="2.13.0", device_type="cuda",
         backend="nccl", zero_stage=3, mesh_shape=(world,), mesh_dim_names=("dp",),
         param_dtype="bfloat16", reduce_dtype="float32", units=tuple(ufacts),
-        device_capacity_bytes=80 * GIB, started_unix=started_unix, pid=10_000 + rank)
+        device_capacity_bytes=80 * GIB, started_unix=started_unix, pid=10_000 + rank,
+        config=dict(config or {}))
+
+
+def unsampled(rec: dict, k: int) -> dict:
+    """The record as the shim writes a step outside the sampled ones (zerodoc.sampling): no
+    per-unit rows, per-unit-derived sums null, collective counts and bytes per kind."""
+    coll: dict[str, list[int]] = {}
+    for _u, _phase, kind, n, b, *_ in rec["comm"]:
+        c = coll.setdefault(kind, [0, 0])
+        c[0] += n
+        c[1] += b
+    return {**rec, "detail": False, "compute": [], "comm": [], "coll": coll,
+            "compute_s": None, "exposed_s": None, "framework_s": None}
+
+
+def sampled(rec: dict, k: int) -> dict:
+    """The record of a sampled step: as without sampling, plus the K in force."""
+    return {**rec, "detail": True, "detail_k": k}
 
 
 def step_record(step: int, rank: int, world: int, units: int, end_unix: float,
@@ -87,32 +105,45 @@ def step_record(step: int, rank: int, world: int, units: int, end_unix: float,
 
 # Open synthetic runs (end=False): append_steps continues their writers.
 _OPEN: dict[Path, dict[int, Replay]] = {}
+_SAMPLE: dict[Path, int | None] = {}  # their sample_every
+
+
+def _sample(rec: dict, step: int, k: int | None) -> dict:
+    if k is None:
+        return rec
+    return (sampled if step % k == 0 else unsampled)(rec, k)
 
 
 def write_run(run_dir: str | os.PathLike, *, ranks: int = 64, units: int = 128,
               steps: int = 20, straggler: int | None = 3, started_unix: float = 1_700_000_000.0,
               end: bool = True, stop_rank_after: dict[int, int] | None = None,
-              every_steps: int = 100, detail: bool = True) -> Path:
+              every_steps: int = 100, detail: bool = True,
+              sample_every: int | None = None) -> Path:
     """Write a synthetic run dir; returns its path.
 
     `end`: close each rank cleanly (its "end" line); otherwise the run stays open for
     `append_steps`. `stop_rank_after`: {rank: steps} makes those ranks stop early without an
-    end line (a hung or crashed rank).
+    end line (a hung or crashed rank). `sample_every`: K, per-unit detail on steps K, 2K, ...
+    only (the others written as unsampled steps, as the shim does with sampling on).
     """
     run_dir = Path(run_dir)
     stop = stop_rank_after or {}
     replays = {}
+    config = {} if sample_every is None else {
+        "sampling": {"mode": "every" if sample_every == 1 else "adaptive",
+                     "every": sample_every, "budget": 0.002}}
     for r in range(ranks):
         rep = Replay(RunLogWriter(run_dir, r, every_steps=every_steps, detail=detail,
                                   queue_size=1 << 20),
-                     rank_facts(r, ranks, units, run_id=run_dir.name, started_unix=started_unix))
+                     rank_facts(r, ranks, units, run_id=run_dir.name, started_unix=started_unix,
+                                config=config))
         t = started_unix
         last = stop.get(r, steps)
         for s in range(1, last + 1):
             rec, step_s = step_record(s, r, ranks, units, t, straggler)
             t += step_s
             rec["end_unix"] = t
-            rep.step(rec)
+            rep.step(_sample(rec, s, sample_every))
         if r in stop:
             rep.close(end=False)
         elif end:
@@ -123,6 +154,7 @@ def write_run(run_dir: str | os.PathLike, *, ranks: int = 64, units: int = 128,
         rep.writer.flush(60)
     if replays:
         _OPEN[run_dir.resolve()] = replays
+        _SAMPLE[run_dir.resolve()] = sample_every
     return run_dir
 
 
@@ -136,11 +168,12 @@ def append_steps(run_dir: str | os.PathLike, *, ranks: int, units: int, first_st
     if replays is None:
         raise ValueError(f"{run_dir} is not an open synthetic run (write_run(..., end=False))")
     t = end_unix if end_unix is not None else time.time()
+    k = _SAMPLE.get(Path(run_dir).resolve())
     for r in range(ranks):
         rep = replays[r]
         for s in range(first_step, first_step + count):
             rec, _ = step_record(s, r, ranks, units, t, straggler)
-            rep.step(rec)
+            rep.step(_sample(rec, s, k))
     for r in range(ranks):
         replays[r].writer.flush(60)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from ..sampling import next_sample, run_coverage, samples
 from ..thresholds import DEFAULT as T
 from . import fmt
 from .feed import Frame, UnitTotals
@@ -106,6 +107,11 @@ def unit_values(frame: Frame, scope: Scope) -> dict[str, dict[str, float | None]
     """Per unit: the numbers of the unit table in base units, aggregated over `scope`
     (mean / worst over ranks from `zerodoc.unitstats`, computed once per frame)."""
     ranks = scope_ranks(frame, scope)
+    if ranks and samples(frame.snapshot, ranks) == 0:  # no sampled step yet: not measured
+        names = [u.name for u in frame.snapshot.ranks[ranks[0]].facts.units]
+        return {n: dict.fromkeys(("ag_bytes", "ag_seconds", "ag_exposed_seconds",
+                                  "ag_exposed_fraction", "ag_busbw", "compute_seconds",
+                                  "rs_seconds")) for n in names}
     if isinstance(scope, int):
         return _rank_unit_values(frame, ranks)
     if not ranks:
@@ -181,8 +187,21 @@ def unit_table(frame: Frame, scope: Scope, sort: str = "exposed_ms",
     rows = _sorted(rows, col, reverse)
     n = len(frame.snapshot.ranks)
     cap = (f"{len(rows)} units · {scope_label(scope, frame)} of {n} · per step over the last "
-           f"{_window_text(frame)} · sorted by {col.label} {_arrow(col, reverse)}")
+           f"{_window_text(frame)}{_sampled_text(frame, scope)} · sorted by {col.label} "
+           f"{_arrow(col, reverse)}")
     return Table(_mark(UNIT_COLUMNS, col, reverse), tuple((k, c) for k, c, _ in rows), cap)
+
+
+def _sampled_text(frame: Frame, scope: Scope) -> str:
+    """' · per-unit: 3 sampled steps of 20' where per-unit numbers come from sampled steps
+    ('' when every step has them); before the first sample, when the next is due."""
+    ranks = scope_ranks(frame, scope)
+    text = run_coverage(frame.snapshot, ranks)
+    if text is None:
+        return ""
+    if samples(frame.snapshot, ranks) == 0:
+        return f" · {next_sample(frame.snapshot)}"
+    return f" · {text}"
 
 
 RANK_COLUMNS = (
@@ -229,7 +248,8 @@ def _rank_cells(frame: Frame, r: int, w, sortv: dict) -> tuple[str, ...]:
 
 def rank_table(frame: Frame, sort: str = "rank", reverse: bool = False) -> Table:
     snap = frame.snapshot
-    comp = {r: w.compute_seconds / w.steps for r, w in snap.ranks.items() if w.steps}
+    comp = {r: w.compute_seconds / w.steps for r, w in snap.ranks.items()
+            if w.steps and w.unit_detail}
     fresh = [comp[r] for r in frame.fresh_ranks if r in comp]
     med = statistics.median(fresh) if fresh else 0.0
     rows = []
@@ -239,9 +259,10 @@ def rank_table(frame: Frame, sort: str = "rank", reverse: bool = False) -> Table
         sortv = {
             "rank": r, "node": w.facts.node, "last_step": w.last_step if n else None,
             "step_ms": w.mean_step_seconds if n else None,
-            "compute_ms": comp.get(r), "exposed_ms": w.exposed_seconds / n if n else None,
-            "exposed_pct": w.exposed_fraction if n else None,
-            "ratio": w.comm_compute_ratio if n else None,
+            "compute_ms": comp.get(r),
+            "exposed_ms": w.exposed_seconds / n if n and w.unit_detail else None,
+            "exposed_pct": w.exposed_fraction if n and w.unit_detail else None,
+            "ratio": w.comm_compute_ratio if n and w.unit_detail else None,
             "vs_median": comp[r] / med if r in comp and med > 0 else None,
             "headroom": head,
         }
@@ -254,7 +275,7 @@ def rank_table(frame: Frame, sort: str = "rank", reverse: bool = False) -> Table
     shown = f"the first {len(rows)} of {total} by this sort; " if total > len(rows) else ""
     stale = len(frame.stale)
     cap = (f"{shown}{total} ranks{f', {stale} stale' if stale else ''} · per step over the last "
-           f"{_window_text(frame)} · sorted by {col.label} {_arrow(col, reverse)} · "
+           f"{_window_text(frame)}{_sampled_text(frame, MEAN)} · sorted by {col.label} {_arrow(col, reverse)} · "
            f"enter: show this rank in Units")
     return Table(_mark(RANK_COLUMNS, col, reverse), tuple((k, c) for k, c, _ in rows), cap)
 
@@ -369,13 +390,22 @@ def headlines(frame: Frame, scope: Scope) -> list[Headline]:
     who = f"rank {slowest} slowest" if len(ranks) > 1 else f"rank {slowest}"
     out.append(Headline("Step time", fmt.duration(step),
                         f"{who} · last {fmt.duration(last)} · mean of {_window_text(frame)}"))
-    ef = _agg([ws[r].exposed_fraction for r in ranks], scope)
-    ex = _agg([ws[r].exposed_seconds / ws[r].steps for r in ranks], scope)
+    measured = [r for r in ranks if ws[r].unit_detail]
+    if not measured:  # sampled steps only, none yet: say when, never 0 %
+        due = next_sample(snap)
+        out += [Headline("Exposed comm", "-", due), Headline("Comm/compute", "-", due),
+                Headline("Worst unit", "-", due)]
+        out.append(_worst_rank(frame))
+        out.append(_headroom(frame, scope))
+        return out
+    sampled = _sampled_text(frame, scope)
+    ef = _agg([ws[r].exposed_fraction for r in measured], scope)
+    ex = _agg([ws[r].exposed_seconds / ws[r].steps for r in measured], scope)
     out.append(Headline("Exposed comm", fmt.pct(ef),
-                        f"of step time · {fmt.duration(ex)}/step the compute waited",
+                        f"of step time · {fmt.duration(ex)}/step the compute waited{sampled}",
                         _level(ef, T.exposed_fraction_warn, T.exposed_fraction_crit)))
-    ratio = _agg([ws[r].comm_compute_ratio for r in ranks], scope)
-    comp = _agg([ws[r].compute_seconds / ws[r].steps for r in ranks], scope)
+    ratio = _agg([ws[r].comm_compute_ratio for r in measured], scope)
+    comp = _agg([ws[r].compute_seconds / ws[r].steps for r in measured], scope)
     bound = "comm-bound" if ratio is not None and ratio >= T.comm_compute_ratio_warn \
         else "compute-bound"
     if not isinstance(scope, int) and frame.diagnose_error is None:
@@ -406,7 +436,7 @@ def headlines(frame: Frame, scope: Scope) -> list[Headline]:
 def _worst_rank(frame: Frame) -> Headline:
     snap = frame.snapshot
     comp = {r: snap.ranks[r].compute_seconds / snap.ranks[r].steps
-            for r in frame.fresh_ranks if snap.ranks[r].steps}
+            for r in frame.fresh_ranks if snap.ranks[r].steps and snap.ranks[r].unit_detail}
     slow = None
     if comp:
         r = max(comp, key=comp.get)
@@ -420,7 +450,8 @@ def _worst_rank(frame: Frame) -> Headline:
             detail += f" · slowest live: rank {slow[0]}, compute {fmt.num(slow[1])}× median"
         return Headline("Worst rank", f"rank {r} STALE", detail, "crit")
     if slow is None:
-        return Headline("Worst rank", "-", "no steps yet")
+        steps = any(snap.ranks[r].steps for r in frame.fresh_ranks)
+        return Headline("Worst rank", "-", next_sample(snap) if steps else "no steps yet")
     r, ratio = slow
     w = snap.ranks[r]
     return Headline("Worst rank", f"rank {r}",
@@ -468,12 +499,16 @@ def sparkline_series(frame: Frame, scope: Scope) -> dict[str, list[float]]:
     order = np.argsort(steps, kind="stable")
     steps, vals = steps[order], vals[order]
     uniq, first = np.unique(steps, return_index=True)
+    # NaN: not measured (exposed / compute of an unsampled step): left out, a gap if all are
+    seen = ~np.isnan(vals)
     if scope == MEAN:
-        agg = np.add.reduceat(vals, first, axis=0) / np.diff(
-            np.append(first, len(steps)))[:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            agg = np.add.reduceat(np.where(seen, vals, 0.0), first, axis=0) / \
+                np.add.reduceat(seen.astype(np.float64), first, axis=0)
     elif scope == WORST:
-        agg = np.maximum.reduceat(vals, first, axis=0)
+        agg = np.fmax.reduceat(vals, first, axis=0)
     else:  # one rank: its own points
         agg = vals[first]
-    out["step"], out["exposed"], out["compute"] = (agg[:, i].tolist() for i in range(3))
+    out["step"], out["exposed"], out["compute"] = (
+        [None if x != x else x for x in agg[:, i].tolist()] for i in range(3))
     return out

@@ -40,8 +40,10 @@ def evaluate(ctx) -> list:
     for r, w in ctx.active.items():
         if w.facts.device_type != "cuda" or not w.launch_checks or w.compute_seconds <= 0:
             continue
-        dev = w.compute_seconds / w.steps
-        host = w.host_compute_seconds / w.steps
+        dev = w.compute_seconds / w.steps  # the sampled steps' mean (zerodoc.sampling)
+        host = w.per_sampled_step(w.host_compute_seconds)  # launched on sampled steps only
+        if host is None:
+            continue
         per[r] = (host, dev, w.launch_caught_up / w.launch_checks)
     if not per:
         return []

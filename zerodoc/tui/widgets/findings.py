@@ -38,6 +38,9 @@ class FindingsView(Vertical):
             cap += f" · NO DATA, not an all-clear: {frame.data_problems[0].message}"
         if frame.diagnose_error:
             cap += f" · {frame.diagnose_error}"
+        if frame.waiting:
+            cap += f" · waiting for samples ({', '.join(frame.waiting['rules'])}): " \
+                f"{frame.waiting['message']}"
         self.query_one("#findings-caption", Static).update(Text(cap))
         t = self.query_one(ZTable)
         t.show(table)
@@ -70,6 +73,10 @@ class FindingsView(Vertical):
         if found is None:
             msg = ("No findings: nothing crossed a threshold in this window."
                    if frame.snapshot.ranks else "Waiting for ranks to report…")
+            if frame.snapshot.ranks and frame.waiting:
+                msg = (f"No step-level finding so far. Waiting for samples: "
+                       f"{', '.join(frame.waiting['rules'])} need per-unit detail; "
+                       f"{frame.waiting['message']}.")
             detail.update(Text(msg, style="dim"))
             return
         grid = RichTable.grid(padding=(0, 2))

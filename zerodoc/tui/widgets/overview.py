@@ -106,6 +106,9 @@ def _top_finding(frame: Frame) -> Text:
     if not frame.findings:
         if not frame.snapshot.ranks:
             return Text("Waiting for ranks to report…", style="dim")
+        if frame.waiting:
+            return Text(f"Waiting for samples  {frame.waiting['message']} (no step-level "
+                        "finding so far; the per-unit rules run then)", style="yellow")
         return Text("No findings: nothing crossed a threshold in this window.", style="green")
     f = frame.findings[0]
     t = Text("Top finding  ")
