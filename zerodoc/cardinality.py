@@ -18,8 +18,10 @@ from dataclasses import dataclass, replace
 
 from .catalog import CATALOG, STEP_BUCKETS
 
-# The budgets of issue "a 1,024-GPU, 80-layer job": series per rank at 81 units.
-BUDGET_FULL = 1200
+# The budgets of issue "a 1,024-GPU, 80-layer job": series per rank at 81 units. 1,200 at
+# first; issue 19 added one per-rank counter (zerodoc_detail_steps_total), which put the
+# modelled GPU rank at 1,201: the per-rank allowance grew by 10, the per-unit one did not.
+BUDGET_FULL = 1210
 BUDGET_COARSE = 150
 BUDGET_UNITS = 81
 

@@ -129,6 +129,10 @@ class RankWindow:
 
     facts: RankFacts
     steps: int = 0
+    # Steps whose per-unit numbers are in `compute` / `comm` (and in framework, other, host
+    # compute and launch totals): the detail steps (zerodoc/shim/sampling.py). The step-level
+    # totals (step time, optimizer, memory) cover all `steps`.
+    detail_steps: int = 0
     first_step: int = 0
     last_step: int = 0
     step_seconds: float = 0.0

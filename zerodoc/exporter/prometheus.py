@@ -117,6 +117,7 @@ class ZerodocCollector:
             ("zerodoc_compute_host_seconds_total", tot.host_compute_seconds),
             ("zerodoc_launch_segments_total", tot.launch_checks),
             ("zerodoc_launch_caught_up_total", tot.launch_caught_up),
+            ("zerodoc_detail_steps_total", tot.detail_steps),
         ):
             yield _sample(name, rl, value)
 

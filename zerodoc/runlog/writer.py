@@ -176,7 +176,8 @@ class RunLogWriter:
                 (totals.step_seconds, totals.optimizer_seconds, totals.framework_seconds,
                  totals.other_seconds, totals.self_seconds,
                  getattr(totals, "host_compute_seconds", 0.0),
-                 getattr(totals, "launch_checks", 0), getattr(totals, "launch_caught_up", 0)),
+                 getattr(totals, "launch_checks", 0), getattr(totals, "launch_caught_up", 0),
+                 getattr(totals, "detail_steps", totals.steps)),
                 totals.max_step_seconds,
                 dict(totals.compute),
                 {k: (t.count, t.bytes, t.seconds, t.exposed_seconds, t.hidden_seconds)
@@ -308,7 +309,7 @@ class RunLogWriter:
                 self._total(snap)
             return
         first = prev[0] + 1 if prev else 1
-        pscal = prev[3] if prev else (0.0,) * 8
+        pscal = prev[3] if prev else (0.0,) * 9
         pcomp = prev[5] if prev else {}
         pcomm = prev[6] if prev else {}
         zero = (0, 0, 0.0, 0.0, 0.0)
@@ -320,7 +321,9 @@ class RunLogWriter:
         base = {"step_s": scalars[0] - pscal[0], "optimizer_s": scalars[1] - pscal[1],
                 "framework_s": scalars[2] - pscal[2], "other_s": scalars[3] - pscal[3],
                 "self_s": scalars[4] - pscal[4], "host_compute_s": scalars[5] - pscal[5],
-                "launch": [scalars[6] - pscal[6], scalars[7] - pscal[7]]}
+                "launch": [scalars[6] - pscal[6], scalars[7] - pscal[7]],
+                # the steps the interval's per-unit numbers come from (sampling.py)
+                "detail_steps": scalars[8] - pscal[8]}
         self._main({"type": "interval", "first": first, "last": step,
                     "steps": steps - (prev[1] if prev else 0), "end_unix": end_unix,
                     "header_at": self._header_at, **base, "max_step_s": self._interval_max,
@@ -339,7 +342,8 @@ class RunLogWriter:
                     "header_at": self._header_at, "step_s": scalars[0],
                     "optimizer_s": scalars[1], "framework_s": scalars[2],
                     "other_s": scalars[3], "self_s": scalars[4], "host_compute_s": scalars[5],
-                    "launch": [scalars[6], scalars[7]], "max_step_s": max_step,
+                    "launch": [scalars[6], scalars[7]], "detail_steps": scalars[8],
+                    "max_step_s": max_step,
                     "units": self._columns(compute, comm, skip_zero=False)})
 
     def _columns(self, compute: dict, comm: dict, skip_zero: bool) -> dict:
