@@ -300,3 +300,44 @@ def test_two_ranks_sample_the_same_steps(tmp_path):
                 assert s["comm"] == [] and s["exposed_s"] is None
                 # the schedule repeats: the split of the latest detail step, same count
                 assert coll["all_gather"][0] > 0, coll
+
+
+def test_watchdog_names_the_unit_on_a_step_without_detail(fsdp2, tmp_path):
+    """Outside detail steps the recorder knows nothing of the units: the watchdog reads the
+    training thread's frames (the unit module whose forward runs) instead. Ground truth: the
+    test blocks the training thread inside one unit's forward."""
+    import threading
+
+    make, step = fsdp2
+    model, opt = make()
+    inside, gate, box = threading.Event(), threading.Event(), {}
+
+    def train():
+        mon = box["mon"] = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"),
+                                          port=False, detail="off", stall_after_s=0)
+        try:
+            for i in range(2):
+                step(model, opt, i)
+            unit = mon.adapter.units[2]
+            box["unit"] = unit.name
+
+            def block(mod, args):
+                inside.set()
+                gate.wait(30)
+            unit.module.register_forward_pre_hook(block)
+            step(model, opt, 2)
+        finally:
+            mon.close()
+    t = threading.Thread(target=train)
+    t.start()
+    try:
+        assert inside.wait(60)
+        mon = box["mon"]
+        assert not mon._detail_on and mon.rec.stack == [0]  # nothing from the recorder
+        now = time.perf_counter()
+        rec = mon.watchdog.stuck(now, now - 1.0, mon.step_index, 0.1)
+    finally:
+        gate.set()
+        t.join(60)
+    assert (rec["unit"], rec["phase"], rec["in"], rec["collective"]) == \
+        (box["unit"], "forward", "compute", ""), rec
