@@ -168,6 +168,7 @@ class Monitor:
                                os.path.basename(os.path.normpath(self.run_dir)))
         self.seq = SeqCounter(self.registry)
         self._install_root_hook()
+        self._undo += self.adapter.install_always(self.rec, self.timer)
         if self.sampler.due(1):
             self._install_detail()
         elif self.timer.device:
