@@ -73,48 +73,6 @@ class Counter:
             setattr(cls, name, wrap)
 
 
-def units_spec(n: int) -> list:
-    """(name, forward ms, backward ms, all-gather ms, reduce-scatter ms): root + blocks."""
-    return [("(root)", 0.2, 0.4, 0.1, 0.1)] + [
-        (f"blocks.{i}", 0.5, 1.0, 0.2, 0.3) for i in range(n - 1)]
-
-
-def build(n: int):
-    from zerodoc.testing.cudasim import Sim
-    from zerodoc.testing.fakefsdp2 import FakeFSDP2
-
-    sim = Sim(launch_ms=0.005)
-    fsdp = FakeFSDP2(sim, units_spec(n))
-    p = torch.nn.Parameter(torch.zeros(4))
-    opt = torch.optim.SGD([p], lr=0.0)
-    return sim, fsdp, opt
-
-
-def make_adapter(fsdp, names):
-    from zerodoc.shim import fsdp2
-    from zerodoc.shim.adapters import Adapter, AdapterFacts
-    from zerodoc.shim.wiring import unit_facts_placeholder
-
-    class FakeFSDP2Adapter(Adapter):
-        framework = "fsdp2"
-
-        def discover(self):
-            self.units = [fsdp2.Unit(i, name, m, [g], i == 0) for i, (name, m, g) in
-                          enumerate(zip(names, fsdp.modules, fsdp.groups))]
-            self.unit_names = list(names)
-
-        def facts(self):
-            return AdapterFacts(framework="fsdp2", framework_version="sim",
-                                units=[unit_facts_placeholder(n) for n in names])
-
-        def instrument(self, rec, timer, on_root_forward, slow_link_s):
-            return fsdp2.instrument(self.units, rec, timer, self.registry, on_root_forward)
-
-        def memory_module(self):
-            return fsdp.root
-    return FakeFSDP2Adapter
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--units", type=int, default=21, help="sharded units (root + blocks)")
@@ -126,17 +84,14 @@ def main(argv=None) -> int:
         return 2
     torch.set_num_threads(1)
 
-    import zerodoc
-    from zerodoc.shim import adapters, cuda
     from zerodoc.shim import hookpoints as hp
     from zerodoc.shim import monitor as monmod
-    from zerodoc.shim.devclock import DeviceRecorder, EventPool
     from zerodoc.shim.sampling import Sampler
+    from zerodoc.testing import simmonitor
 
     counter = Counter()
     counter.install()
     queue: list = []
-    hp.queue_autograd_callback = queue.append  # autograd callbacks: the fake runs them
 
     # zerodoc's own code on an unsampled step, timed directly (wrappers on the class, so the
     # bound methods attach() registers are the timed ones)
@@ -152,23 +107,12 @@ def main(argv=None) -> int:
                 direct[0] += time.thread_time() - t
         setattr(monmod.Monitor, name, timed)
 
-    names = [u[0] for u in units_spec(args.units)]
-    sim_a, fsdp_a, opt_a = build(args.units)
-    sim_b, fsdp_b, opt_b = build(args.units)
-    FakeAdapter = make_adapter(fsdp_a, names)
-    real_detect = adapters.detect
-    adapters.detect = lambda model, optimizer, registry: FakeAdapter(model, optimizer, registry)
+    sim_a, fsdp_a, opt_a = simmonitor.build(args.units)
+    sim_b, fsdp_b, opt_b = simmonitor.build(args.units)
     tmp = tempfile.mkdtemp(prefix="zd-gpu-hotpath-")
-    try:
-        mon = zerodoc.attach(fsdp_a.root, opt_a, run_dir=os.path.join(tmp, "run"),
-                             port=False, detail="off", stall_after_s=0)
-    finally:
-        adapters.detect = real_detect
-    # The GPU path on the stand-in's events (attach saw CPU parameters)
-    rec = DeviceRecorder(len(names), EventPool(sim_a.Event))
-    mon.rec, mon.timer = rec, cuda.CudaTimer(rec, mon.registry, event_factory=sim_a.Event)
-    rec.pause()
-    mon.sampler = Sampler("off", "bench")
+    mon, real_queue = simmonitor.attach(sim_a, fsdp_a, opt_a, "off", os.path.join(tmp, "run"),
+                                        queue)
+    hp.queue_autograd_callback = queue.append  # autograd callbacks: the fake runs them
 
     def step(sim, fsdp, opt):
         fsdp.step(queue)
@@ -224,6 +168,7 @@ def main(argv=None) -> int:
             res[kind].append(block(kind))
         remove.append(set_kind("unsampled"))
     mon.close()
+    hp.queue_autograd_callback = real_queue
 
     plain = statistics.median(r[0] for r in res["plain"])
     plain_calls = statistics.median(r[2] for r in res["plain"])

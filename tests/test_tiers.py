@@ -341,3 +341,59 @@ def test_watchdog_names_the_unit_on_a_step_without_detail(fsdp2, tmp_path):
         t.join(60)
     assert (rec["unit"], rec["phase"], rec["in"], rec["collective"]) == \
         (box["unit"], "forward", "compute", ""), rec
+
+
+def test_gpu_tiers_on_the_cuda_stand_in(tmp_path, monkeypatch):
+    """The GPU path (device recorder, collective timer) under the real monitor on the CUDA
+    stand-in: an unsampled step records one event (the step boundary) and nothing per unit;
+    detail steps record the per-unit marks; the device step time read back lazily equals the
+    stand-in's trace (the optimizer kernel's end, step to step)."""
+    from zerodoc.shim import hookpoints as hp
+    from zerodoc.testing import simmonitor
+
+    sim, fsdp, opt = simmonitor.build(5)
+    queue: list = []
+    mon, _real = simmonitor.attach(sim, fsdp, opt, 3, str(tmp_path / "run"), queue)
+    monkeypatch.setattr(hp, "queue_autograd_callback", queue.append)
+    pool = mon.rec.pool
+    recorded = [0]
+    real_record = pool.record
+
+    def counting(ev):
+        recorded[0] += 1
+        real_record(ev)
+    pool.record = counting
+    per_step, opt_end = {}, {}
+    try:
+        for i in range(1, 16):
+            due = mon.sampler.due(i)
+            n0 = recorded[0]
+            fsdp.step(queue)
+            sim.kernel(0.5, "optimizer")
+            opt.step()
+            opt_end[i] = max(o.end for o in sim.ops if o.label == "optimizer")
+            sim.drain()  # the job's own wait (loss.item()), not zerodoc's
+            per_step[i] = (due, recorded[0] - n0)
+    finally:
+        mon.close()
+    assert sim.syncs == []
+    # an unsampled step records its step-boundary event, and, when the next step is a detail
+    # step, the mark that opens that step's device clock (installed at this step's end)
+    unsampled = [n - per_step.get(i + 1, (False,))[0] for i, (d, n) in per_step.items()
+                 if not d and i > 1]
+    sampled = [n for d, n in per_step.values() if d]
+    assert unsampled and sampled
+    assert set(unsampled) == {1}, per_step
+    assert min(sampled) > 4 * len(mon.unit_names), per_step
+    steps = _steps(tmp_path / "run", 0)
+    got = {s["device_step_s_for"]: s["device_step_s"] for s in steps if "device_step_s" in s}
+    assert len(got) >= 10
+    for n, secs in got.items():
+        if n >= 2:
+            assert secs == pytest.approx((opt_end[n] - opt_end[n - 1]) / 1e3, abs=1e-9), n
+    for s in steps:
+        if not s["detail"]:
+            assert s["compute"] == [] and s["comm"] == [] and s["compute_s"] is None
+    # device numbers are read back lazily: a detail record carries what was read since the
+    # previous one; all of the samples' rows arrive in detail records
+    assert sum(bool(s["compute"]) for s in steps if s["detail"]) >= 2
