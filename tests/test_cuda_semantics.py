@@ -1,5 +1,5 @@
 """zerodoc's GPU timing against a CPU stand-in that keeps CUDA's and NCCL's semantics
-(tests/cudasim.py): several streams with ordered queues, events that complete when their
+(zerodoc/testing/cudasim.py): several streams with ordered queues, events that complete when their
 stream reaches them, async NCCL ops on the process group's own stream after it waited on the
 issuing stream, futures that complete at enqueue, sync ops on the current stream.
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.cudasim import Sim
-from tests.fakefsdp2 import FakeFSDP2
+from zerodoc.testing.cudasim import Sim
+from zerodoc.testing.fakefsdp2 import FakeFSDP2
 from zerodoc.shim import fsdp2
 from zerodoc.shim import hookpoints as hp
 from zerodoc.shim.cuda import CudaTimer
@@ -292,7 +292,7 @@ class _SimDist:
 def test_ddp_bucket_all_reduces(monkeypatch):
     """Buckets issued during backward on the process group's stream, DDP's wait at the end:
     zerodoc's bucket times and exposure equal the stand-in's trace."""
-    from tests.cudasim import SimPG
+    from zerodoc.testing.cudasim import SimPG
     from zerodoc.shim import zero1
 
     sim = Sim()
@@ -342,7 +342,7 @@ class _FakeCoordinator:
     the compute stream wait for that stream; then it prefetches the next module."""
 
     def __init__(self, sim, cdb_all_gather, order):
-        from tests.cudasim import SimStream
+        from zerodoc.testing.cudasim import SimStream
 
         self.sim, self.ag, self.order = sim, cdb_all_gather, order
         self.stream = SimStream(sim, "ds_allgather")
@@ -394,7 +394,7 @@ class _DSModule(torch.nn.Module):
 def test_deepspeed_fetch_order_and_prefetch():
     """Each block's fetch waits for its (pre)fetched all-gather: zerodoc's window opens at
     the fetch's entry (before DeepSpeed's wait_stream), so the wait is seen, not 0."""
-    from tests.cudasim import SimPG
+    from zerodoc.testing.cudasim import SimPG
     from zerodoc.shim.deepspeed_comm import _State, _wrap_comm
     from zerodoc.shim.deepspeed_zero import install_stage3
 

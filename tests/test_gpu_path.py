@@ -1,5 +1,5 @@
 """The GPU path on a CPU machine: its modules import without CUDA, the NVML link class, the
-CUDA facts the timer is built on (checked on the stand-in of tests/cudasim.py), zerodoc's
+CUDA facts the timer is built on (checked on the stand-in of zerodoc/testing/cudasim.py), zerodoc's
 GPU code making no synchronisation, and the fault injector's gate. On a CUDA machine, one
 real FSDP2 step under the sync debug mode (the full check is bench/gpu_check.py)."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bench.syncwatch import SyncWatch
-from tests.cudasim import Sim, SimPG
+from zerodoc.testing.cudasim import Sim, SimPG
 from zerodoc.config import AttachConfig
 from zerodoc.shim import hookpoints as hp
 from zerodoc.shim.cuda import CudaTimer
@@ -209,7 +209,7 @@ def test_real_gpu_step_adds_no_synchronisation(tmp_path):
 CUDA_BRANCH = r"""
 import warnings, torch
 from zerodoc.shim import monitor as M, cuda_memory
-from tests.cudasim import Sim
+from zerodoc.testing.cudasim import Sim
 sim = Sim()
 class NoAllocator:
     def __init__(self, *a, **k): pass

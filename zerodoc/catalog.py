@@ -67,15 +67,17 @@ CATALOG: tuple[Metric, ...] = (
     # --- per step, per rank -------------------------------------------------------------
     Metric("zerodoc_step_duration_seconds", "histogram", "seconds",
            "Wall time of training steps (optimizer step to optimizer step).", into="histogram:step_seconds,steps"),
+    Metric("zerodoc_detail_steps_total", "counter", "",
+           "Steps with per-unit detail (1 in K, sampled; attach option detail): the steps the "
+           "per-unit compute and collective totals come from, and framework, other and host "
+           "compute time. Step time, optimizer time and memory cover every step.",
+           into="scalar:detail_steps"),
     Metric("zerodoc_last_step", "gauge", "",
            "Index of the last completed step.", into="scalar:last_step"),
     Metric("zerodoc_last_step_seconds", "gauge", "seconds",
            "Wall time of the last completed step.", into="scalar:last_step_seconds"),
     Metric("zerodoc_last_step_timestamp_seconds", "gauge", "seconds",
            "Unix time at which the last step completed (staleness check).", into="scalar:updated_unix"),
-    Metric("zerodoc_detail_steps_total", "counter", "",
-           "Steps whose per-unit detail was recorded (sampled steps); the per-unit counters "
-           "cover these steps, not every step.", into="scalar:detail_steps"),
     Metric("zerodoc_optimizer_seconds_total", "counter", "seconds",
            "Time spent in optimizer.step().", into="scalar:optimizer_seconds"),
     Metric("zerodoc_other_seconds_total", "counter", "seconds",

@@ -81,6 +81,11 @@ class AttachConfig:
     metrics_unit_ranks: int = detail.DEFAULT_UNIT_RANKS
     """Coarse mode: how many ranks, spread evenly over the job (rank 0 first), keep their
     per-unit series (0: none). Not given: $ZERODOC_METRICS_UNIT_RANKS, else 8."""
+    detail: str | int = "adaptive"
+    """Per-unit detail (zerodoc/shim/sampling.py): "adaptive" (1 step in K, K chosen so the
+    shim's own host time stays within 0.2 % of the median step), "every" (every step: short
+    diagnostic runs), an int K (1 step in K) or "off" (step-level numbers only). Not given:
+    $ZERODOC_DETAIL, else "adaptive". Fault injection (inject_latency_s) forces "every"."""
     stall_after_s: float = 120.0
     """Watchdog: a rank with no progress for this long (and no step for 3x its slowest step)
     records where it is stuck, once per stall; 0 turns the watchdog thread off. Also
@@ -120,6 +125,9 @@ class AttachConfig:
         if not 0 <= self.stall_after_s < float("inf"):
             raise ValueError(f"zerodoc.attach(): stall_after_s must be a finite number >= 0 "
                              f"(0: no watchdog), not {self.stall_after_s!r}")
+        from .shim.sampling import parse  # stdlib only: no torch import
+
+        parse(self.detail)
         for key in ("run_log_every", "run_log_queue"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -162,6 +170,8 @@ class AttachConfig:
             from .shim.faults import from_env  # stdlib only: no torch import
 
             options["inject_latency_s"] = from_env(os.environ)
+        if "detail" not in options and os.environ.get("ZERODOC_DETAIL", ""):
+            options["detail"] = os.environ["ZERODOC_DETAIL"]
         options = detail.options_from_env(options)
         if os.environ.get("ZERODOC_DISABLE", "") not in ("", "0"):
             options["enabled"] = False

@@ -36,7 +36,9 @@ def _validate(args) -> None:
 def spec_from_args(args) -> dict:
     run_dir = args.run_dir or os.path.join("zerodoc-runs",
                                            time.strftime("demo-%Y%m%d-%H%M%S"))
-    attach = {"run_dir": run_dir, "inject_latency_s": args.slow_link_ms / 1000.0}
+    # a demo exists to be diagnosed: per-unit detail on every step ($ZERODOC_DETAIL wins)
+    attach = {"run_dir": run_dir, "inject_latency_s": args.slow_link_ms / 1000.0,
+              "detail": os.environ.get("ZERODOC_DETAIL") or "every"}
     if args.no_metrics:
         attach["port"] = False
     elif args.port is not None:

@@ -58,6 +58,12 @@ class Adapter:
         """Install instrumentation; return undo callables."""
         return []
 
+    def install_always(self, rec, timer) -> list:
+        """Instrumentation that stays for the whole run (installed once at attach, before
+        the first backward), idle outside detail steps; return undo callables. Most
+        adapters have none: all of theirs is per-unit and comes and goes with `instrument`."""
+        return []
+
     def step_optimizer(self):
         """The object whose step() marks step boundaries (a torch Optimizer) or None."""
         return self.optimizer

@@ -98,9 +98,34 @@ class DeviceRecorder(Recorder):
         self._seg_start: Mark | None = None  # mark that started the current unit segment
         self.max_marks = 1 << 16
         self.dropped_marks = 0
+        self.on = True  # marks only on detail steps (sampling.py); host clock always
+
+    # --- tiers: marks on detail steps only -----------------------------------------------
+    def pause(self) -> None:
+        """Stop marking (the end of a detail step): the device time after the last mark is
+        charged to no bucket, up to the first mark of the next detail step."""
+        if not self.on:
+            return
+        self.on = False
+        seg = self._seg_start
+        if seg is not None:
+            self._seg_start = None
+            seg.release(self.pool)
+        if self.marks:
+            self.marks[-1].bucket = -1  # ends the chain: collect() charges nothing after it
+        self.last_mark = None
+
+    def resume(self) -> None:
+        """Start marking again (a detail step begins): one mark opens the chain."""
+        if self.on:
+            return
+        self.on = True
+        self._mark()
 
     # --- the hot path ------------------------------------------------------------------
     def _mark(self) -> None:
+        if not self.on:
+            return
         top = self.stack[-1]
         seg = self._seg_start
         if seg is not None and seg.bucket != top:
@@ -153,7 +178,8 @@ class DeviceRecorder(Recorder):
         prev = marks[0]
         for i in range(1, k):
             m = marks[i]
-            acc[prev.bucket] += prev.ev.elapsed_time(m.ev) / 1e3
+            if prev.bucket >= 0:  # -1: the end of a detail step's chain (pause())
+                acc[prev.bucket] += prev.ev.elapsed_time(m.ev) / 1e3
             prev.release(pool)
             prev = m
         del marks[: k - 1]

@@ -31,6 +31,7 @@ and zerodoc exports what still works.
 | `dist.Work` subclassing + `Work.get_future()` | yes | exposed time of async all-gathers     | 2.13    |
 | `Optimizer.register_step_pre_hook/post_hook` | yes | step boundaries, optimizer time     | 2.13    |
 | `nn.Module.register_forward_pre_hook(prepend=)` / `register_forward_hook(prepend=)` | yes | forward compute per unit | 2.13 |
+| `distributed_c10d._world.pg_map` (the process groups) and `ProcessGroup._get_sequence_number_for_group()` | no | step-level collective counts on steps without per-unit detail (`sampling.SeqCounter`: one C call per group and step, ~0.3 us); missing: no `coll` counts on those steps | 2.13 (gloo); NCCL and gloo implement it since 1.9 (read) |
 | `DTensor._local_tensor` (else the public `to_local()`) | no | memory walks: a shard's bytes without `to_local()`'s autograd op (~6x faster) | 2.13 |
 
 CUDA (the GPU path, `zerodoc/shim/cuda.py`, `devclock.py`; read from the 2.11 and 2.13
@@ -295,6 +296,18 @@ def zero_optimizer_class() -> type | None:
 def zero_optimizer_module() -> Any:
     from torch.distributed.optim import zero_redundancy_optimizer
     return zero_redundancy_optimizer
+
+
+def process_group_sequence_readers() -> list:
+    """The bound `_get_sequence_number_for_group` of every process group in this process
+    (`distributed_c10d._world.pg_map`, private); [] before init_process_group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return []
+    from torch.distributed.distributed_c10d import _world
+
+    return [pg._get_sequence_number_for_group for pg in list(_world.pg_map)]
 
 
 def queue_autograd_callback(fn) -> None:

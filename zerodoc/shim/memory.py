@@ -39,11 +39,21 @@ def optimizer_state_bytes(optimizer) -> int:
     return total
 
 
+_statm: list = []  # a file descriptor of /proc/self/statm kept open (pid-checked)
+
+
 def process_resident_bytes() -> int:
+    """Resident bytes of this process: one pread of /proc/self/statm (every step end: an
+    open() each time cost ~60 us of the step end's CPU time on the 2-core bench machine)."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
+        pid = os.getpid()
+        if not _statm or _statm[0] != pid:  # first call, or a forked child
+            if _statm:
+                os.close(_statm[1])
+            _statm[:] = [pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)]
+        return int(os.pread(_statm[1], 128, 0).split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):
+        _statm.clear()
         return 0
 
 

@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 import warnings
-from time import perf_counter
+from time import perf_counter, thread_time
 
 import torch.distributed as dist
 
@@ -28,6 +28,7 @@ from ..runlog import DEFAULT_ROOT, RunLogWriter
 from . import adapters, faults, guards, memory
 from . import hookpoints as hp
 from .comm import HostTimer
+from .sampling import Sampler, SeqCounter
 from .wiring import torch_version
 from .recorder import (
     B_FRAMEWORK, B_OPTIMIZER, B_OTHER, B_WAIT, COLLECTIVES, FORWARD, OPTIMIZER, PHASES,
@@ -124,6 +125,12 @@ class Monitor:
         self._comm_keys: dict = {}  # (unit, phase, coll) -> run-log row head, totals key
         self._folds = 0  # folds into the totals so far (the exporter's cache key)
         self._undo: list = []
+        self._unit_undo: list = []  # removes the per-unit instrumentation (detail steps)
+        self._detail_on = False  # the per-unit hooks and wrappers are installed
+        self._cpu_mark = thread_time()  # the training thread's CPU clock at the last step end
+        self._cpu_carry = 0.0  # install cost paid at a step end, for the step it serves
+        self._step_ev: list = []  # GPU: (step, event) at step boundaries, not yet read back
+        self._device_step: tuple[int, float] | None = None
 
         self.adapter = adapters.detect(model, optimizer, self.registry)
         self.adapter.discover()
@@ -152,8 +159,20 @@ class Monitor:
             self.rec = Recorder(len(self.adapter.unit_names))
             self.timer = HostTimer(self.rec, self.registry, cfg.completion_callbacks)
         info = self.adapter.facts()
-        self._undo += self.adapter.instrument(self.rec, self.timer, self._on_root_forward,
-                                              inject)
+        self._inject = inject
+        self.run_dir = os.fspath(cfg.run_dir) if cfg.run_dir else \
+            os.path.join(DEFAULT_ROOT, run_id())
+        # Tiers (sampling.py): seeded by the run id, the same on every rank. Fault injection
+        # lives beneath the comm wrappers: a run that injects is a diagnostic run, every step.
+        self.sampler = Sampler("every" if inject > 0 else cfg.detail,
+                               os.path.basename(os.path.normpath(self.run_dir)))
+        self.seq = SeqCounter(self.registry)
+        self._install_root_hook()
+        self._undo += self.adapter.install_always(self.rec, self.timer)
+        if self.sampler.due(1):
+            self._install_detail()
+        elif self.timer.device:
+            self.rec.pause()
         self.optimizer = self.adapter.step_optimizer()
         self._install_optimizer_hooks()
 
@@ -162,8 +181,6 @@ class Monitor:
         self.endpoint: str | None = None
         self._server = None
 
-        self.run_dir = os.fspath(cfg.run_dir) if cfg.run_dir else \
-            os.path.join(DEFAULT_ROOT, run_id())
         self._writer = None
         self._target = None  # this rank's file_sd target file, once written
         self._unwritable: str | None = None  # why the run directory cannot be written
@@ -186,6 +203,7 @@ class Monitor:
         extra = dict(info.extra)
         extra["compute_clock"] = "device" if self.device_type == "cuda" else "host"
         extra["fault_injection"] = inject > 0
+        extra["sampling"] = self.sampler.header()
         extra["inject_latency_s"] = inject  # the delay in force (0: none, or ignored)
         try:  # the name a wrap fix gives the model's blocks (ZD001 / ZD002)
             extra["block_container"] = guards.block_container(model)
@@ -213,7 +231,8 @@ class Monitor:
             config={**cfg.as_dict(), "zerodoc_version": __version__, **extra,
                     **({"attach_warnings": problems} if problems else {})},
         )
-        self.totals = RankWindow(facts=self.facts)
+        self.totals = RankWindow(facts=self.facts, detail_steps=0)  # counted at detail steps
+        self.seq.start()
         self.hist_counts = [0] * len(STEP_BUCKETS)
         if self._writer is not None:
             self._writer.write_header(self.facts)
@@ -297,6 +316,45 @@ class Monitor:
 
             self.nvml = NvmlSampler.start(self.registry)
 
+    # --- tiers: per-unit instrumentation on detail steps only ---------------------------
+    def _install_root_hook(self) -> None:
+        """Always on: the first step starts at the model's first forward (on detail steps the
+        adapter's root hook, which runs before this one, does the same first)."""
+        try:
+            h = self.model.register_forward_pre_hook(self._root_pre, prepend=True)
+            self._undo.append(h.remove)
+        except Exception as e:  # noqa: BLE001 - not a module (the first step starts at attach)
+            self.registry.missing("root forward pre-hook", repr(e))
+
+    def _root_pre(self, mod, args) -> None:
+        if self._step_start is None:
+            self._on_root_forward()
+
+    def _install_detail(self) -> None:
+        """Install the adapter's per-unit hooks and comm wrappers (a detail step begins)."""
+        try:
+            self._unit_undo = self.adapter.instrument(self.rec, self.timer,
+                                                      self._on_root_forward, self._inject)
+            self._detail_on = True
+        except Exception as e:
+            self.registry.error("detail.install", e)
+            self._remove_detail()
+        if self.timer.device:
+            self.rec.resume()
+
+    def _remove_detail(self) -> None:
+        """Take them out again (a detail step ended and the next one is not): outside detail
+        steps they are not entered at all."""
+        undo, self._unit_undo = self._unit_undo, []
+        self._detail_on = False
+        for fn in reversed(undo):
+            try:
+                fn()
+            except Exception as e:
+                self.registry.error("detail.remove", e)
+        if self.timer.device:
+            self.rec.pause()
+
     # --- hooks ------------------------------------------------------------------------
     def _on_root_forward(self) -> None:
         self.rec.phase = FORWARD
@@ -304,6 +362,8 @@ class Monitor:
             now = perf_counter()
             self._step_start = now
             self.rec.reset(now)
+            if self.timer.device:
+                self._step_event(0)
 
     def _opt_pre(self, opt, args, kwargs):
         try:
@@ -414,6 +474,8 @@ class Monitor:
             atexit.unregister(self._at_exit)
         except Exception:  # noqa: BLE001
             pass
+        if undo:
+            self._remove_detail()
         for fn in reversed(self._undo if undo else ()):
             try:
                 fn()
@@ -518,19 +580,38 @@ class Monitor:
 
     def _end_step(self) -> None:
         now = perf_counter()
+        detail = self._detail_on
+        device = self.timer.device
         self.timer.collect()  # CUDA: read back finished events (never blocks)
-        acc, comm = self.rec.drain(now)
+        # GPU: the collectives read back outside a detail step wait for the next one (the
+        # previous sample's tail): a step without detail carries no per-unit rows.
+        acc, comm = self.rec.drain(now, keep_comm=device and not detail)
         host = None
         checks = caught = 0
-        if self.timer.device:  # bucket times from the device clock; the host's are launches
+        if device:  # bucket times from the device clock; the host's are launches
             host = acc
-            acc, checks, caught = self.rec.take_device()
+            if detail:
+                acc, checks, caught = self.rec.take_device()
+            self._step_event(self.step_index + 1)
         start = self._step_start if self._step_start is not None else self._t_attach
         step_s = now - start
         self._step_start = now
         self.step_index += 1
         tot = self.totals
-        compute_rows, comm_rows, host_s = self._fold(acc, comm, host, checks, caught)
+        if detail:
+            compute_rows, comm_rows, host_s = self._fold(acc, comm, host, checks, caught)
+            tot.detail_steps += 1
+            # This step's collectives by kind (on a GPU the rows read back are not all this
+            # step's: its count alone, from sequence numbers).
+            kinds: dict | None = None if device else {}
+            for (_u, _p, c), a in (comm.items() if kinds is not None else ()):
+                k = kinds.setdefault(COLLECTIVES[c], [0, 0])
+                k[0] += a[0]
+                k[1] += a[1]
+        else:
+            tot.optimizer_seconds += acc[B_OPTIMIZER]
+            compute_rows, comm_rows, host_s, kinds = [], [], 0.0, None
+        coll = self.seq.step(kinds)
 
         mem = self._memory()
         self_s = self._pending_self_s
@@ -551,16 +632,26 @@ class Monitor:
         if self._writer is not None:
             rec = {
                 "type": "step", "step": self.step_index, "end_unix": tot.updated_unix,
-                "step_s": step_s, "optimizer_s": acc[B_OPTIMIZER],
-                "framework_s": acc[B_FRAMEWORK], "other_s": acc[B_OTHER],
-                "wait_s": acc[B_WAIT], "self_s": self_s,
-                "compute_s": sum(r[2] for r in compute_rows),
-                "exposed_s": sum(a[3] for a in comm.values()),
-                "compute": compute_rows, "comm": comm_rows, "mem": mem,
+                "detail": detail, "step_s": step_s, "optimizer_s": acc[B_OPTIMIZER],
+                "self_s": self_s, "compute": compute_rows, "comm": comm_rows, "mem": mem,
             }
+            if detail:
+                rec.update(framework_s=acc[B_FRAMEWORK], other_s=acc[B_OTHER],
+                           wait_s=acc[B_WAIT], compute_s=sum(r[2] for r in compute_rows),
+                           exposed_s=sum(a[3] for a in comm.values()),
+                           detail_k=self.sampler.k)
+            else:  # per-unit-derived: not measured on this step (null, never 0)
+                rec.update(framework_s=None, other_s=None, wait_s=None, compute_s=None,
+                           exposed_s=None)
+            if coll is not None:
+                rec["coll"] = coll
             if host is not None:  # GPU: compute rows are device time; launches kept apart
-                rec["host_compute_s"] = host_s
-                rec["launch"] = [checks, caught]
+                if detail:
+                    rec["host_compute_s"] = host_s
+                    rec["launch"] = [checks, caught]
+                if self._device_step is not None:
+                    rec["device_step_s_for"], rec["device_step_s"] = self._device_step
+                    self._device_step = None
             if self.registry.errors:
                 rec["errors"] = dict(self.registry.errors)
             try:
@@ -569,9 +660,48 @@ class Monitor:
                     self._writer.write_units(tot)
             except (OSError, ValueError) as e:
                 self.registry.error("runlog", e)
+        self._tiers(detail, step_s)
         self._pending_self_s = perf_counter() - now
         if self.step_index == 1 and self.rank == 0:
             self._first_step_checks()
+
+    def _tiers(self, detail: bool, step_s: float) -> None:
+        """Step end: install or remove the per-unit instrumentation for the next step, and
+        feed the sampler the training thread's CPU time over the step that ended (from the
+        end of the previous step end to the end of this one, a removal included; an install
+        paid here is counted in the detail step it serves)."""
+        sampler = self.sampler
+        due = sampler.due(self.step_index + 1)
+        if detail and not due:
+            self._remove_detail()
+        t0 = thread_time()
+        sampler.observe(self.step_index, step_s, t0 - self._cpu_mark + self._cpu_carry,
+                        detail)
+        self._cpu_carry = 0.0
+        if due and not detail:
+            self._install_detail()
+            self._cpu_carry = thread_time() - t0
+        self._cpu_mark = thread_time()
+
+    def _step_event(self, step: int) -> None:
+        """GPU, every step: one event on the compute stream at each step boundary; two
+        consecutive ones give a step's device time, read back lazily (a `query()`, never a
+        wait) at a later step end: the record says which step (`device_step_s_for`)."""
+        try:
+            pool = self.rec.pool
+            ev = pool.get()
+            pool.record(ev)
+            q = self._step_ev
+            q.append((step, ev))
+            while len(q) >= 2 and q[1][1].query():
+                (_s0, e0), (s1, e1) = q[0], q[1]
+                self._device_step = (s1, max(0.0, e0.elapsed_time(e1)) / 1e3)
+                pool.put(e0)
+                del q[0]
+            if len(q) > 64:  # the device stopped completing: bound it
+                pool.put(q.pop(0)[1])
+        except Exception as e:
+            self.registry.error("device_step", e)
 
     def _first_step_checks(self) -> None:
         """Mistakes that show only once the job runs (rank 0, once): a model sharded after

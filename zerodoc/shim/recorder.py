@@ -106,13 +106,18 @@ class Recorder:
         return comm
 
     # --- step boundary -------------------------------------------------------------
-    def drain(self, now: float) -> tuple[list[float], dict[tuple[int, int, int], list]]:
-        """Charge up to `now`, hand over this step's accumulators and start fresh ones."""
+    def drain(self, now: float, keep_comm: bool = False
+              ) -> tuple[list[float], dict[tuple[int, int, int], list]]:
+        """Charge up to `now`, hand over this step's accumulators and start fresh ones
+        (`keep_comm`: the collectives stay for a later drain; an empty dict is returned)."""
         self.acc[self.stack[-1]] += now - self.last
         self.last = now
         acc, comm = self.acc, self.comm
         self.acc = [0.0] * len(acc)
-        self.comm = {}
+        if keep_comm:
+            comm = {}
+        else:
+            self.comm = {}
         self.stack = [B_OTHER]
         return acc, comm
 

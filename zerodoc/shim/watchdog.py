@@ -90,6 +90,62 @@ def _describe(frames: list, names: list[str]) -> tuple[dict | None, list[str]]:
     return found, lines
 
 
+# torch.distributed functions -> the collective they run (frames of steps without per-unit
+# detail, where no zerodoc wrapper is on the stack)
+_DIST_CALLS = {
+    "all_gather_into_tensor": "all_gather", "_all_gather_base": "all_gather",
+    "all_gather": "all_gather", "all_gather_single": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
+    "all_reduce": "all_reduce", "broadcast": "broadcast",
+}
+
+
+def unit_objects(adapter) -> dict[int, int]:
+    """id() of the objects that stand for a unit on a Python stack (its module, its FSDP2
+    param groups, its FSDP1 handle) -> unit index. Built once; read by the watchdog."""
+    out: dict[int, int] = {}
+    for u in getattr(adapter, "units", None) or ():
+        idx = getattr(u, "index", None)
+        if not isinstance(idx, int):
+            continue
+        for obj in (getattr(u, "module", None), getattr(u, "handle", None),
+                    *(getattr(u, "groups", None) or ())):
+            if obj is not None:
+                out[id(obj)] = idx
+    return out
+
+
+def _from_frames(frames: list, objs: dict[int, int], names: list[str]) -> dict | None:
+    """Where the training thread is, from its Python frames alone (a step without per-unit
+    detail: the hooks are not installed, the recorder knows nothing): the innermost frame
+    whose `self` is a unit's module / param group / handle, the phase (a `backward` frame
+    outside it), and a torch.distributed collective inside it, if any. Free on the hot path:
+    read by the watchdog thread only once a stall is seen."""
+    unit = coll = None
+    backward = False
+    for fr in reversed(frames):  # innermost first
+        try:
+            name = fr.f_code.co_name
+            mod = str(fr.f_globals.get("__name__", ""))
+            if coll is None and unit is None and name in _DIST_CALLS \
+                    and mod.startswith("torch.distributed"):
+                coll = _DIST_CALLS[name]
+            if unit is None:
+                me = fr.f_locals.get("self") if "self" in fr.f_code.co_varnames else None
+                if me is not None and id(me) in objs:
+                    unit = objs[id(me)]
+            if name in ("backward", "_engine_run_backward") and mod.startswith("torch"):
+                backward = True
+                break
+        except Exception:  # noqa: BLE001 - a frame we cannot read
+            continue
+    if unit is None:
+        return None
+    return {"unit": _unit_name(names, unit), "collective": coll or "",
+            "phase": "backward" if backward else "forward"}
+
+
 def _chain(frame) -> list:
     out = []
     while frame is not None:
@@ -218,12 +274,27 @@ class Watchdog:
                        **{"in": "collective"})
             if coll["t0"] is not None:
                 out["in_collective_s"] = round(max(0.0, now - coll["t0"]), 3)
-        elif pos["in"] != "collective":
+        elif pos["unit"] is None and not getattr(self.m, "_detail_on", True):
+            # A step without per-unit detail: the frames say where (module, param group)
+            found = self._frames_position(frames_by_thread.get(self.thread_id))
+            if found is not None:
+                out.update(unit=found["unit"], running_unit=found["unit"],
+                           phase=found["phase"], collective=found["collective"],
+                           **{"in": "collective" if found["collective"] else "compute"})
+        if out["collective"] == "" and pos["in"] != "collective":
             gpu = self._gpu_collective()
             if gpu is not None:
                 out.update(collective=gpu["collective"], unit=gpu["unit"], phase=gpu["phase"],
                            **{"in": "gpu collective"})
         return out
+
+    def _frames_position(self, frame) -> dict | None:
+        if frame is None:
+            return None
+        objs = getattr(self, "_objs", None)
+        if objs is None:
+            objs = self._objs = unit_objects(getattr(self.m, "adapter", None))
+        return _from_frames(_chain(frame), objs, self.m.unit_names)
 
     def stuck(self, now: float, progress: float, step: int, slowest: float) -> dict:
         frames = {tid: f for tid, f in sys._current_frames().items()

@@ -208,6 +208,14 @@ class DDPAdapter(Adapter):
     def _deactivate(self) -> None:
         self.active = False
 
+    def install_always(self, rec, timer) -> list:
+        """DDP's comm hook: registered once, before the first backward (DDP allows one hook
+        and wants it before backward); it times buckets only while `active`."""
+        self.rec, self.timer, self.active = rec, timer, False
+        if self.ddp is not None and hp.autograd_callbacks_available():
+            self._install_comm_hook()
+        return []
+
     def _install_forward(self, on_root_forward, undo: list, backward: bool) -> None:
         rec, timer = self.rec, self.timer
         bwd = unit_bucket(UNIT, BACKWARD)
@@ -292,6 +300,10 @@ class DDPAdapter(Adapter):
 
     def _install_comm_hook(self) -> None:
         reg, ddp = self.registry, self.ddp
+        if getattr(self, "_comm_hook_ours", False):
+            # DDP keeps a comm hook for good (no removal): ours, registered at the first
+            # detail step, stays and times only while `active` (a detail step)
+            return
         if getattr(ddp, "_comm_hooks", None):
             reg.missing("DistributedDataParallel.register_comm_hook",
                         "the model already has a comm hook; gradient buckets not timed")
@@ -303,6 +315,7 @@ class DDPAdapter(Adapter):
             hook = self._device_hook(pg, size)
             try:
                 ddp.register_comm_hook(None, hook)
+                self._comm_hook_ours = True
                 reg.ok("DistributedDataParallel.register_comm_hook")
             except Exception as e:
                 reg.missing("DistributedDataParallel.register_comm_hook", repr(e))
@@ -330,6 +343,7 @@ class DDPAdapter(Adapter):
 
         try:
             ddp.register_comm_hook(None, hook)
+            self._comm_hook_ours = True
             reg.ok("DistributedDataParallel.register_comm_hook")
         except Exception as e:
             reg.missing("DistributedDataParallel.register_comm_hook", repr(e))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tests.cudasim import Sim, SimComm, SimPG
+from zerodoc.testing.cudasim import Sim, SimComm, SimPG
 
 
 class SimModule(nn.Module):
@@ -189,6 +189,6 @@ class FakeFSDP2:
 
 
 def _stream(sim: Sim, name: str):
-    from tests.cudasim import SimStream
+    from zerodoc.testing.cudasim import SimStream
 
     return SimStream(sim, name)

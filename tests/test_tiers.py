@@ -1,0 +1,399 @@
+"""Issue 19's tiers (zerodoc/shim/sampling.py): step-level numbers on every step, per-unit
+detail on 1 step in K; outside detail steps zerodoc's per-unit hooks and comm wrappers are not
+entered at all; every rank samples the same steps; K adapts to the shim's own cost; the job's
+results are unchanged."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import zerodoc
+from zerodoc.runlog.writer import DETAIL_DIR, detail_names
+from zerodoc.shim import sampling
+from zerodoc.shim.sampling import Sampler
+
+from tests.helpers import run_demo
+
+
+# --- the sampler alone -----------------------------------------------------------------
+def test_position_depends_on_the_run_not_the_rank_and_is_not_periodic():
+    a, b = Sampler("adaptive", "run-1"), Sampler("adaptive", "run-1")
+    a.k = b.k = 8
+    steps = range(3, 4003)
+    sa = [s for s in steps if a.due(s)]
+    assert sa == [s for s in steps if b.due(s)]  # two ranks of one run: the same steps
+    assert 400 < len(sa) < 600  # about 1 in 8
+    other = Sampler("adaptive", "run-2")
+    other.k = 8
+    assert sa != [s for s in steps if other.due(s)]  # another run: other positions
+    # not a fixed stride: a gradient-accumulation cycle of 8 is hit in every phase
+    assert {s % 8 for s in sa} == set(range(8))
+    gaps = {y - x for x, y in zip(sa, sa[1:])}
+    assert len(gaps) > 5
+
+
+def test_power_of_two_k_nests_the_sampled_steps():
+    """Ranks whose own cost led to different K still agree on every step the larger K
+    samples (the cross-rank comparisons' steps)."""
+    s = Sampler("adaptive", "nest")
+    sets = {}
+    for k in (2, 8, 64):
+        s.k = k
+        sets[k] = {x for x in range(3, 20000) if s.due(x)}
+    assert sets[64] <= sets[8] <= sets[2]
+    assert sets[64] and len(sets[2]) > len(sets[8]) > len(sets[64])
+
+
+def test_modes():
+    assert all(Sampler("every", "r").due(s) for s in range(1, 50))
+    assert not any(Sampler("off", "r").due(s) for s in range(1, 50))
+    fixed = Sampler(5, "r")
+    n = sum(fixed.due(s) for s in range(1, 5001))
+    assert 800 < n < 1200 and fixed.k == 5
+    assert Sampler("4", "r").k == 4 and Sampler(1, "r").mode == "every"
+    ad = Sampler("adaptive", "r")
+    assert ad.due(1) and ad.due(2)  # warm-up: detail from the first step
+    assert ad.header() == {"mode": "adaptive", "every": None, "budget": 0.002}
+    assert fixed.header() == {"mode": "every", "every": 5, "budget": 0.002}
+    for bad in ("sometimes", 0, -3, True, 2.5):
+        with pytest.raises((TypeError, ValueError)):
+            sampling.parse(bad)
+
+
+def test_k_from_the_own_cost():
+    """K = ceil(own / (budget x median step)), as a power of two, clamped."""
+    s = Sampler("adaptive", "k")
+    assert s.k == sampling.K_START
+    step = 0.1
+    # sampled steps cost 1.5 ms more thread time than the others: 1.5e-3 / (0.002 * 0.1)
+    # = 7.5 -> 8
+    for i in range(3, 40):
+        sampled = i % 4 == 0
+        s.observe(i, step, 0.05 + (1.5e-3 if sampled else 0.0), sampled)
+    assert s.k == 8 and s.own_s == pytest.approx(1.5e-3)
+    for i in range(40, 80):  # a slower shim (e.g. many more units): K grows
+        sampled = i % 4 == 0
+        s.observe(i, step, 0.05 + (2e-2 if sampled else 0.0), sampled)
+    assert s.k == 128
+    for i in range(80, 120):  # nothing to pay: every step
+        s.observe(i, step, 0.05, i % 4 == 0)
+    assert s.k == 1
+    for i in range(120, 160):
+        sampled = i % 4 == 0
+        s.observe(i, step, 0.05 + (10.0 if sampled else 0.0), sampled)
+    assert s.k == sampling.K_MAX
+
+
+def test_attach_option_and_environment(monkeypatch, tmp_path):
+    from zerodoc.config import AttachConfig
+
+    monkeypatch.setenv("ZERODOC_DETAIL", "16")
+    assert AttachConfig.from_options().detail == "16"
+    assert AttachConfig.from_options(detail="off").detail == "off"  # the option wins
+    monkeypatch.setenv("ZERODOC_DETAIL", "often")
+    with pytest.raises(ValueError, match="detail"):
+        AttachConfig.from_options()
+    monkeypatch.delenv("ZERODOC_DETAIL")
+    assert AttachConfig.from_options().detail == "adaptive"
+    with pytest.raises(TypeError, match="detail"):
+        AttachConfig.from_options(detail=[2])
+
+
+# --- a real FSDP2 model in this process -------------------------------------------------
+@pytest.fixture
+def fsdp2(tmp_path):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from zerodoc.demo.model import DemoConfig, batch, build, loss_fn
+
+    if dist.is_initialized():
+        pytest.fail("a process group is already initialised in this test process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    cfg = DemoConfig(blocks=4, hidden=32, seq=8, batch=2)
+
+    def make():
+        torch.manual_seed(0)
+        model = build(cfg, mesh=init_device_mesh("cpu", (1,)))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(model, opt, i: int) -> float:
+        x, y = batch(cfg, i, 0)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+    try:
+        yield make, step
+    finally:
+        dist.destroy_process_group()
+
+
+def _zerodoc_calls(fn) -> int:
+    """Python calls into zerodoc's shim while `fn` runs on this thread (sys.setprofile: an
+    independent witness of which hooks were entered)."""
+    n = 0
+
+    def prof(frame, event, arg):
+        nonlocal n
+        if event == "call" and str(frame.f_globals.get("__name__", "")).startswith(
+                "zerodoc.shim"):
+            n += 1
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return n
+
+
+def test_unsampled_steps_enter_no_per_unit_hook(fsdp2, tmp_path):
+    from zerodoc.demo.model import DemoConfig, batch, loss_fn
+
+    make, step = fsdp2
+    model, opt = make()
+    mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=False, detail=3,
+                         stall_after_s=0)
+    try:
+        assert mon.sampler.k == 3
+        comm_cls = {type(g._all_gather_comm).__name__ for u in mon.adapter.units
+                    for g in u.groups}
+        calls = {}
+        for i in range(1, 16):
+            due = mon.sampler.due(i)
+            assert mon._detail_on == due  # installed exactly for the detail steps
+            names = {type(g._all_gather_comm).__name__ for u in mon.adapter.units
+                     for g in u.groups}
+            assert ("InstrumentedAllGather" in names) == due
+            n_hooks = sum(len(u.module._forward_pre_hooks) for u in mon.adapter.units)
+            x, y = batch(DemoConfig(blocks=4, hidden=32, seq=8, batch=2), i, 0)
+
+            def fwd_bwd():
+                loss_fn(model(x), y).backward()
+            calls[i] = (due, _zerodoc_calls(fwd_bwd), n_hooks)
+            opt.step()
+            opt.zero_grad()
+        assert ("InstrumentedAllGather" in comm_cls) == mon.sampler.due(1)  # at attach
+        sampled = [c for d, c, _h in calls.values() if d]
+        # (step 1 starts the step clock at its first forward: a few calls more)
+        unsampled = [c for i, (d, c, _h) in calls.items() if not d and i > 1]
+        assert sampled and unsampled
+        # forward + backward of an unsampled step: only the always-on root pre-hook (one
+        # call, a test of `_step_start`), nothing per unit
+        assert max(unsampled) <= 1, calls
+        assert min(sampled) > 10 * len(mon.unit_names), calls
+        hooks_on = {h for d, _c, h in calls.values() if d}
+        hooks_off = {h for d, _c, h in calls.values() if not d}
+        assert min(hooks_on) > max(hooks_off)  # the hooks themselves are gone, not idle
+    finally:
+        mon.close()
+    recs = [json.loads(x) for x in open(tmp_path / "run" / "rank-00000.jsonl")]
+    steps = _steps(tmp_path / "run", 0)
+    assert [r["step"] for r in steps] == list(range(1, 16))
+    assert [r["detail"] for r in steps] == [calls[r["step"]][0] for r in steps]
+    for r in steps:
+        if r["detail"]:
+            assert r["compute"] and r["compute_s"] > 0 and r["detail_k"] == 3
+        else:
+            assert r["compute"] == [] and r["comm"] == []
+            for k in ("compute_s", "exposed_s", "wait_s", "framework_s"):
+                assert r[k] is None
+            assert r["step_s"] > 0 and r["optimizer_s"] > 0 and r["mem"]
+    hdr = recs[0]
+    assert hdr["type"] == "header"
+    assert hdr["config"]["sampling"] == {"mode": "every", "every": 3,
+                                                  "budget": 0.002}
+    assert mon.totals.detail_steps == sum(r["detail"] for r in steps) < mon.totals.steps
+
+
+def test_losses_identical_with_zerodoc_sampling_and_without(fsdp2, tmp_path):
+    make, step = fsdp2
+    model, opt = make()
+    plain = [step(model, opt, i) for i in range(12)]
+    model, opt = make()
+    mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=False, detail=2,
+                         stall_after_s=0)
+    try:
+        with_zd = [step(model, opt, i) for i in range(12)]
+        assert 0 < mon.totals.detail_steps < 12
+    finally:
+        mon.close()
+    assert with_zd == plain  # bitwise
+
+
+def test_k_grows_with_a_costly_shim(fsdp2, tmp_path):
+    """Inject a known own cost into the detail steps' hooks (each clock switch spins 0.5 ms
+    of thread CPU time): the sampler measures it and K grows past the start value."""
+    make, step = fsdp2
+    model, opt = make()
+    mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=False,
+                         detail="adaptive", stall_after_s=0)
+    try:
+        real = mon.rec.switch
+        n_switch = [0]
+
+        def slow_switch(old, new):  # the hooks pick it up at their next install
+            n_switch[0] += 1
+            t = time.thread_time()
+            while time.thread_time() - t < 5e-4:
+                pass
+            real(old, new)
+        mon.rec.switch = slow_switch
+        i = 0
+        while mon.sampler.own_s is None and i < 400:
+            step(model, opt, i)
+            i += 1
+        assert mon.sampler.own_s is not None, "no estimate after 400 steps"
+        for _ in range(40):
+            step(model, opt, i)
+            i += 1
+        per_step = 5e-4 * n_switch[0] / max(1, mon.totals.detail_steps - 1)
+        assert mon.sampler.own_s >= 0.5 * per_step
+        assert mon.sampler.k > sampling.K_START
+        assert mon.sampler.k >= 0.25 * per_step / (0.002 * statistics_median(mon))
+    finally:
+        mon.close()
+
+
+def statistics_median(mon) -> float:
+    import statistics
+
+    return statistics.median(mon.sampler._steps)
+
+
+# --- 2 gloo ranks ----------------------------------------------------------------------
+def _steps(run: Path, rank: int) -> list[dict]:
+    """The full step records (with their per-unit rows) of one rank: the run log's detail
+    files."""
+    out = {}
+    for name in detail_names(rank):
+        p = run / DETAIL_DIR / name
+        if p.exists():
+            for r in map(json.loads, open(p)):
+                if r.get("type") == "step":
+                    out[r["step"]] = r
+    return [out[k] for k in sorted(out)]
+
+
+def test_two_ranks_sample_the_same_steps(tmp_path):
+    run_demo(tmp_path, "k3", steps=14, model={"blocks": 2, "hidden": 64, "seq": 32},
+             attach={"detail": 3, "stall_after_s": 0})
+    logs = [_steps(tmp_path / "k3", r) for r in (0, 1)]
+    flags = [[s["detail"] for s in log] for log in logs]
+    assert len(flags[0]) == 14 and flags[0] == flags[1]
+    assert 0 < sum(flags[0]) < 14
+    for log in logs:
+        for s in log:
+            coll = s["coll"]  # gloo sequence numbers: every step has its collective count
+            if s["detail"]:
+                assert {r[2] for r in s["comm"]} >= {"all_gather", "reduce_scatter"}
+                assert coll["all_gather"][0] > 0 and coll["reduce_scatter"][1] > 0
+            else:
+                assert s["comm"] == [] and s["exposed_s"] is None
+                # the schedule repeats: the split of the latest detail step, same count
+                assert coll["all_gather"][0] > 0, coll
+
+
+def test_watchdog_names_the_unit_on_a_step_without_detail(fsdp2, tmp_path):
+    """Outside detail steps the recorder knows nothing of the units: the watchdog reads the
+    training thread's frames (the unit module whose forward runs) instead. Ground truth: the
+    test blocks the training thread inside one unit's forward."""
+    import threading
+
+    make, step = fsdp2
+    model, opt = make()
+    inside, gate, box = threading.Event(), threading.Event(), {}
+
+    def train():
+        mon = box["mon"] = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"),
+                                          port=False, detail="off", stall_after_s=0)
+        try:
+            for i in range(2):
+                step(model, opt, i)
+            unit = mon.adapter.units[2]
+            box["unit"] = unit.name
+
+            def block(mod, args):
+                inside.set()
+                gate.wait(30)
+            unit.module.register_forward_pre_hook(block)
+            step(model, opt, 2)
+        finally:
+            mon.close()
+    t = threading.Thread(target=train)
+    t.start()
+    try:
+        assert inside.wait(60)
+        mon = box["mon"]
+        assert not mon._detail_on and mon.rec.stack == [0]  # nothing from the recorder
+        now = time.perf_counter()
+        rec = mon.watchdog.stuck(now, now - 1.0, mon.step_index, 0.1)
+    finally:
+        gate.set()
+        t.join(60)
+    assert (rec["unit"], rec["phase"], rec["in"], rec["collective"]) == \
+        (box["unit"], "forward", "compute", ""), rec
+
+
+def test_gpu_tiers_on_the_cuda_stand_in(tmp_path, monkeypatch):
+    """The GPU path (device recorder, collective timer) under the real monitor on the CUDA
+    stand-in: an unsampled step records one event (the step boundary) and nothing per unit;
+    detail steps record the per-unit marks; the device step time read back lazily equals the
+    stand-in's trace (the optimizer kernel's end, step to step)."""
+    from zerodoc.shim import hookpoints as hp
+    from zerodoc.testing import simmonitor
+
+    sim, fsdp, opt = simmonitor.build(5)
+    queue: list = []
+    mon, _real = simmonitor.attach(sim, fsdp, opt, 3, str(tmp_path / "run"), queue)
+    monkeypatch.setattr(hp, "queue_autograd_callback", queue.append)
+    pool = mon.rec.pool
+    recorded = [0]
+    real_record = pool.record
+
+    def counting(ev):
+        recorded[0] += 1
+        real_record(ev)
+    pool.record = counting
+    per_step, opt_end = {}, {}
+    try:
+        for i in range(1, 16):
+            due = mon.sampler.due(i)
+            n0 = recorded[0]
+            fsdp.step(queue)
+            sim.kernel(0.5, "optimizer")
+            opt.step()
+            opt_end[i] = max(o.end for o in sim.ops if o.label == "optimizer")
+            sim.drain()  # the job's own wait (loss.item()), not zerodoc's
+            per_step[i] = (due, recorded[0] - n0)
+    finally:
+        mon.close()
+    assert sim.syncs == []
+    # an unsampled step records its step-boundary event, and, when the next step is a detail
+    # step, the mark that opens that step's device clock (installed at this step's end)
+    unsampled = [n - per_step.get(i + 1, (False,))[0] for i, (d, n) in per_step.items()
+                 if not d and i > 1]
+    sampled = [n for d, n in per_step.values() if d]
+    assert unsampled and sampled
+    assert set(unsampled) == {1}, per_step
+    assert min(sampled) > 4 * len(mon.unit_names), per_step
+    steps = _steps(tmp_path / "run", 0)
+    got = {s["device_step_s_for"]: s["device_step_s"] for s in steps if "device_step_s" in s}
+    assert len(got) >= 10
+    for n, secs in got.items():
+        if n >= 2:
+            assert secs == pytest.approx((opt_end[n] - opt_end[n - 1]) / 1e3, abs=1e-9), n
+    for s in steps:
+        if not s["detail"]:
+            assert s["compute"] == [] and s["comm"] == [] and s["compute_s"] is None
+    # device numbers are read back lazily: a detail record carries what was read since the
+    # previous one; all of the samples' rows arrive in detail records
+    assert sum(bool(s["compute"]) for s in steps if s["detail"]) >= 2

@@ -1,0 +1,180 @@
+"""Which steps get per-unit detail (issue 19's tiers): every step is measured at step level;
+1 step in K gets the per-unit hooks and comm wrappers, installed at its start and removed at
+its end (outside sampled steps they are not entered at all).
+
+Position. Step `s` is sampled when ``mix(seed, s) mod K == 0``, `mix` a 64-bit integer hash
+and `seed` derived from the run id (never the rank): the position is pseudo-random, so it
+cannot alias with gradient accumulation, logging or checkpoint cycles, and it is the same on
+every rank for the same K. In adaptive mode K is a power of two, so the steps sampled at
+K = 2^b are a subset of those sampled at 2^a (a < b): ranks whose own cost led them to
+different K still sample nested sets, and every step the rank with the largest K samples is
+sampled on all ranks (the steps cross-rank per-unit comparisons use). Steps 1 and 2 (warm-up)
+are always sampled, so per-unit detail is there from the start.
+
+Adaptive K. After each step the monitor reports the step's wall time and the training
+thread's CPU time (`time.thread_time()`, one read per step end). The shim's own cost of a
+sampled step is the difference of the medians of the thread CPU time of recent sampled and
+unsampled steps (past warm-up): what the sampled steps cost the host beyond an unsampled
+one, hooks, wrappers, event records, install and removal included. Then
+``K = ceil(own / (budget x median step))``, rounded up to a power of two, clamped to
+[1, K_MAX]. Until two of each kind were seen, K stays at K_START.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import zlib
+from collections import deque
+
+BUDGET = 0.002  # the shim's own host time on sampled steps, as a fraction of the median step
+K_START = 8
+K_MAX = 1024
+WARMUP = 2  # steps always sampled (and left out of the cost medians)
+WINDOW = 15  # recent steps of each kind the medians are taken over
+MASK = (1 << 64) - 1
+
+
+def mix(seed: int, step: int) -> int:
+    """splitmix64 of (seed, step): a well-spread 64-bit hash, a few integer operations."""
+    z = (seed + step * 0x9E3779B97F4A7C15) & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def seed_of(run_id: str) -> int:
+    return zlib.crc32(run_id.encode("utf-8", "replace")) * 0x100000001
+
+
+def parse(detail) -> tuple[str, int | None]:
+    """(mode, fixed K) of the `detail` option: "adaptive", "every", "off" or an int K >= 1
+    (also given as a string, from $ZERODOC_DETAIL)."""
+    if isinstance(detail, bool):
+        raise TypeError(f"zerodoc.attach(): detail must be 'adaptive', 'every', 'off' or an "
+                        f"int K >= 1, not {detail!r} (bool)")
+    if isinstance(detail, str):
+        d = detail.strip().lower()
+        if d in ("adaptive", "every", "off"):
+            return d, (1 if d == "every" else None)
+        try:
+            detail = int(d)
+        except ValueError:
+            raise ValueError(f"zerodoc.attach(): detail must be 'adaptive', 'every', 'off' "
+                             f"or an int K >= 1, not {detail!r}") from None
+    if not isinstance(detail, int):
+        raise TypeError(f"zerodoc.attach(): detail must be 'adaptive', 'every', 'off' or an "
+                        f"int K >= 1, not {detail!r} ({type(detail).__name__})")
+    if detail < 1:
+        raise ValueError(f"zerodoc.attach(): detail K must be >= 1, not {detail}")
+    return ("every", 1) if detail == 1 else ("fixed", detail)
+
+
+def pow2_ceil(x: float) -> int:
+    return 1 if x <= 1 else 1 << math.ceil(math.log2(x))
+
+
+class Sampler:
+    """Decides, before each step, whether it gets per-unit detail."""
+
+    def __init__(self, detail, run_id: str, budget: float = BUDGET):
+        self.mode, fixed = parse(detail)
+        self.k = fixed if fixed is not None else K_START
+        self.budget = budget
+        self.seed = seed_of(run_id)
+        self._cpu = {True: deque(maxlen=WINDOW), False: deque(maxlen=WINDOW)}
+        self._steps: deque = deque(maxlen=2 * WINDOW)
+        self.own_s: float | None = None  # the latest estimate of a sampled step's own cost
+
+    def header(self) -> dict:
+        """The run header's `sampling` (docs/gpus.md, "Tiers")."""
+        if self.mode in ("adaptive", "off"):
+            return {"mode": self.mode, "every": None, "budget": self.budget}
+        return {"mode": "every", "every": self.k, "budget": self.budget}
+
+    def due(self, step: int) -> bool:
+        """Is step `step` (1-based) a detail step?"""
+        mode = self.mode
+        if mode == "every":
+            return True
+        if mode == "off":
+            return False
+        if mode == "adaptive":
+            if step <= WARMUP:
+                return True
+            return mix(self.seed, step) & (self.k - 1) == 0
+        return mix(self.seed, step) % self.k == 0
+
+    def observe(self, step: int, step_s: float, cpu_s: float, sampled: bool) -> None:
+        """A step ended: its wall time and the training thread's CPU time over it."""
+        if self.mode != "adaptive" or step <= WARMUP:
+            return
+        self._steps.append(step_s)
+        self._cpu[sampled].append(cpu_s)
+        if sampled:
+            self.adapt()
+
+    def adapt(self) -> int:
+        s, u = self._cpu[True], self._cpu[False]
+        if len(s) < 2 or len(u) < 2 or not self._steps:
+            return self.k
+        own = max(0.0, statistics.median(s) - statistics.median(u))
+        self.own_s = own
+        step = statistics.median(self._steps)
+        if step <= 0:
+            return self.k
+        self.k = max(1, min(K_MAX, pow2_ceil(own / (self.budget * step))))
+        return self.k
+
+
+class SeqCounter:
+    """Step-level collective counts without entering any wrapper: the process groups'
+    sequence numbers (each collective issued on a group advances its number by one), read
+    once per step end. Sequence numbers do not say the kind or the bytes: a step whose count
+    equals that of the latest detail step (the schedule repeats) is given that step's split
+    per kind, counts and bytes; otherwise its count alone, under "any" (bytes null)."""
+
+    def __init__(self, registry=None):
+        self.readers: list | None = None
+        self.registry = registry
+        self.last: list[int] = []
+        self.schedule: tuple[int, dict] | None = None  # (count, {kind: [count, bytes]})
+
+    def _read(self) -> list[int] | None:
+        if self.readers is None:
+            from . import hookpoints as hp
+
+            try:
+                self.readers = hp.process_group_sequence_readers()
+            except Exception as e:  # noqa: BLE001 - private: fail soft
+                self.readers = []
+                if self.registry is not None:
+                    self.registry.missing("ProcessGroup._get_sequence_number_for_group",
+                                          repr(e))
+        try:
+            return [f() for f in self.readers]
+        except Exception:  # noqa: BLE001 - a group destroyed: look them up again next time
+            self.readers = None
+            return None
+
+    def start(self) -> None:
+        now = self._read()
+        self.last = now or []
+
+    def step(self, kinds: dict | None) -> dict | None:
+        """The step's collectives: `kinds` ({kind: [count, bytes]} from the comm wrappers)
+        on a detail step, None on another. None when not measured."""
+        now = self._read()
+        if now is None or len(now) != len(self.last):
+            self.last = now or []
+            return kinds
+        n = sum(now) - sum(self.last)
+        self.last = now
+        if kinds is not None:
+            self.schedule = (n, kinds)
+            return kinds
+        if not self.readers:
+            return None
+        if self.schedule is not None and self.schedule[0] == n:
+            return self.schedule[1]
+        return {"any": [n, None]}
