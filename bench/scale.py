@@ -224,7 +224,8 @@ async def tui_bench(run_dir: Path, ranks: int, units: int, first_new: int, refre
     return n
 
 
-def report_time(spec: str, what: str, window: int | None = 20) -> None:
+def report_time(spec: str, what: str, window: int | None = 20,
+                limit_s: float | None = None) -> None:
     from zerodoc.diagnosis import diagnose
     from zerodoc.report import build_report, render_json
     from zerodoc.sources import open_source
@@ -239,7 +240,9 @@ def report_time(spec: str, what: str, window: int | None = 20) -> None:
     wall, cpu = since(t)
     print(f"  zerodoc report {what}: {wall:.2f} s wall, {cpu:.2f} s CPU ({len(snap.ranks)} "
           f"ranks, {len(findings)} findings, {len(text) / 1e6:.1f} MB of JSON)")
-    budget(f"report time, {what}", f"{wall:.2f} s wall, {cpu:.2f} s CPU", None)
+    budget(f"report time, {what}", f"{wall:.2f} s wall, {cpu:.2f} s CPU"
+           + (f" (<= {limit_s:g} s)" if limit_s else ""),
+           None if limit_s is None else wall <= limit_s)
 
 
 def tui_section(tmp: Path, ranks: int, units: int, refreshes: int) -> None:
