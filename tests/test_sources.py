@@ -144,14 +144,15 @@ def test_same_run_same_findings_from_every_source(live):
 def test_endpoint_window_is_the_difference_between_scrapes(live):
     """Issue 13 #9: the first window of a live run is not "everything since the start" (which
     counts the slow warm-up step and finds what the run log and Prometheus do not): the
-    source scrapes again once the ranks did `window` more steps and reports those steps."""
+    source scrapes again once the ranks did `window` more steps (or, after about 2 s, at
+    least one: issue 20 item 7) and reports those steps."""
     demo, _prom = live
     src = EndpointsSource(demo.endpoints, window=3)
     for _attempt in range(3):
         snap = src.snapshot()
         bad = []
         for r, w in snap.ranks.items():
-            assert w.first_step > 1 and 3 <= w.steps < w.last_step, (w.first_step, w.steps)
+            assert w.first_step > 1 and 1 <= w.steps < w.last_step, (w.first_step, w.steps)
             path = demo.run_dir / f"rank-{r:05d}.jsonl"
             ref = window_from_steps(read_rank_log(path).facts,
                                     [s for s in read_rank_log(path).steps
