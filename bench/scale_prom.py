@@ -194,6 +194,30 @@ def prometheus_section(tmp: Path, scrapes: dict[int, str], ranks: int, budget,
     print(f"  backfilled with promtool in {time.perf_counter() - t:.0f} s", flush=True)
     proc, url, log = _start(prometheus, tmp, data)
     try:
+        # The per-unit recording rules the Prometheus source reads (issue 20 item 17),
+        # backfilled by promtool as a server evaluating them would have recorded them; then
+        # the reports and TUIs first (the data must stay within their 15 min lookback), with
+        # the rules and, A/B in the same run, without them (raw per-unit series)
+        t = time.perf_counter()
+        if not _backfill_unit_rules(promtool, url, tmp, data, end):
+            return
+        print(f"  the per-unit recording rules backfilled by promtool in "
+              f"{time.perf_counter() - t:.0f} s (one evaluation: what the server pays per "
+              "evaluation interval)", flush=True)
+        proc.terminate()
+        proc.wait(30)
+        proc, url, log = _start(prometheus, tmp, data, log)
+        for what, recorded in (("recording rules", True), ("raw per-unit series", False)):
+            _reset_peak(proc.pid)
+            report_time(url, f"from Prometheus, {ranks} ranks, {what}",
+                        limit_s=5.0 if recorded else None, recorded=recorded)
+            peak = _peak(proc.pid)
+            print(f"  Prometheus peak resident memory during the report: "
+                  f"{peak / 2**20:,.0f} MiB")
+            budget(f"Prometheus peak memory, report ({ranks} ranks, {what})",
+                   f"{peak / 2**20:,.0f} MiB", None)
+            tui_refreshes(url, ranks, budget, what, limit_s=5.0 if recorded else None,
+                          recorded=recorded)
         lat = []
         panels = [(w, e, "query_range") for w, e in _queries()]
         rules = [(w, e, "query") for w, e in _rules()]  # a rule is evaluated at an instant
@@ -223,31 +247,6 @@ def prometheus_section(tmp: Path, scrapes: dict[int, str], ranks: int, budget,
         budget(f"Prometheus panel query, slowest ({ranks} ranks)", f"{lat[0][0]:.2f} s", None)
         budget(f"Prometheus resident memory ({ranks} ranks, {n:,} series)",
                f"{rss / 2**20:,.0f} MiB", None)
-        _reset_peak(proc.pid)
-        report_time(url, f"from Prometheus, {ranks} ranks, raw per-unit series")
-        peak = _peak(proc.pid)
-        print(f"  Prometheus peak resident memory during the report: {peak / 2**20:,.0f} MiB")
-        budget(f"Prometheus peak memory, report ({ranks} ranks)", f"{peak / 2**20:,.0f} MiB",
-               None)
-        tui_refreshes(url, ranks, budget, "raw per-unit series")
-        # The same with the recording rules the Prometheus source reads per unit (issue 20
-        # item 17), backfilled by promtool as a server evaluating them would have recorded
-        proc.terminate()
-        proc.wait(30)
-        proc, url, log = _start(prometheus, tmp, data, log)
-        t = time.perf_counter()
-        if not _backfill_unit_rules(promtool, url, tmp, data, end):
-            return
-        print(f"  the per-unit recording rules backfilled by promtool in "
-              f"{time.perf_counter() - t:.0f} s (what the server pays per evaluation)")
-        proc.terminate()
-        proc.wait(30)
-        proc, url, log = _start(prometheus, tmp, data, log)
-        _reset_peak(proc.pid)
-        report_time(url, f"from Prometheus, {ranks} ranks, recording rules", limit_s=5.0)
-        peak = _peak(proc.pid)
-        print(f"  Prometheus peak resident memory during the report: {peak / 2**20:,.0f} MiB")
-        tui_refreshes(url, ranks, budget, "recording rules", limit_s=5.0)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -305,13 +304,13 @@ def _backfill_unit_rules(promtool: str, url: str, tmp: Path, data: Path, end: fl
 
 
 def tui_refreshes(url: str, ranks: int, budget, what: str, n: int = 3,
-                  limit_s: float | None = None) -> None:
+                  limit_s: float | None = None, recorded: bool = True) -> None:
     """What a TUI on this Prometheus waits per refresh: the first snapshot (per-unit stats
     computed or read from the recording rules), then `n` more with the same source (reused;
     recomputed in the background)."""
-    from zerodoc.sources import open_source
+    from zerodoc.sources import PrometheusSource
 
-    src = open_source(url, window=20)
+    src = PrometheusSource(url, window=20, recorded=recorded)
     t = time.perf_counter()
     src.snapshot()
     first = time.perf_counter() - t
