@@ -232,7 +232,8 @@ def test_zero3_blocking_call_is_exposed_not_framework(ds_ready, tmp_path):
             d = floor(runs["blocked"], name, phase, "all_gather", "exposed_seconds") - base
             # DELAY blocked in the call, then the wait for the peer: no longer than the
             # base run's (the ranks arrive after the same sleep), possibly shorter
-            if not DELAY - base - TOL <= d <= DELAY + TOL:
+            # (above: a sleep of DELAY overshoots on a loaded host, by up to ~10 %)
+            if not DELAY - base - TOL <= d <= DELAY + 2 * TOL:
                 bad.append((name, phase, round(d, 4), round(base, 4)))
     assert not bad, bad
 
