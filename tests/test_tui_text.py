@@ -185,3 +185,40 @@ def test_overview_comm_bound_label_has_a_finding_beside_it():
                   findings=[f for f in findings if f.code != "ZD006"])
     line = next(h for h in views.headlines(quiet, views.MEAN) if h.label == "Comm/compute")
     assert "compute-bound" in line.detail and "comm-bound" not in line.detail
+
+
+def test_units_view_shows_all_reduce_when_a_unit_all_reduces():
+    """DDP (the HF Trainer on CPU): the Units view showed `(model) ... 0 B 0 s` although the
+    run log held every bucket's all-reduce (issue 20 item 6). Columns `AR ms` / `AR exp ms`
+    appear when some unit all-reduces, with the snapshot's per-step numbers (mean and one
+    rank); an FSDP table keeps its columns."""
+    from zerodoc.diagnosis.testdata import snapshot_from_dict
+    from zerodoc.tui import views
+    from zerodoc.tui.feed import Frame, unit_totals
+
+    def snap(coll: str):
+        rank = {"steps": 4, "step": 0.5, "compute": [["(model)", "backward", 0.2]],
+                "comm": [["(model)", "backward", coll, 3, 7.4e7, 0.030, 0.012]]}
+        return snapshot_from_dict({"run": {"framework": "ddp", "zero_stage": 0},
+                                   "units": [{"name": "(model)", "params": 18_500_000}],
+                                   "ranks": [rank, {**rank, "comm": [[
+                                       "(model)", "backward", coll, 3, 7.4e7, 0.050, 0.020]]}]})
+
+    s = snap("all_reduce")
+    frame = Frame(description="t", snapshot=s,
+                  units={r: unit_totals(w) for r, w in s.ranks.items()})
+    table = views.unit_table(frame, views.MEAN)
+    labels = [c.label for c in table.columns]
+    assert "AR ms" in labels and "AR exp ms" in labels
+    row = dict(zip([c.key for c in table.columns], table.rows[0][1]))
+    assert (row["ar_ms"], row["ar_exposed_ms"]) == ("40.0", "16.0")  # mean of 30 / 50, 12 / 20
+    one = dict(zip([c.key for c in views.unit_table(frame, 1).columns],
+                   views.unit_table(frame, 1).rows[0][1]))
+    assert (one["ar_ms"], one["ar_exposed_ms"]) == ("50.0", "20.0")
+    assert views.unit_table(frame, views.MEAN, sort="ar_ms").columns  # sortable
+    fsdp = snap("all_gather")
+    frame = Frame(description="t", snapshot=fsdp,
+                  units={r: unit_totals(w) for r, w in fsdp.ranks.items()})
+    table = views.unit_table(frame, views.MEAN, sort="ar_ms")
+    assert not {"ar_ms", "ar_exposed_ms"} & {c.key for c in table.columns}
+    assert [c.key for c in table.columns] == [c.key for c in views.UNIT_COLUMNS]

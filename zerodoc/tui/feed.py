@@ -31,6 +31,8 @@ class UnitTotals:
     ag_count: float = 0.0
     rs_seconds: float = 0.0
     rs_exposed_seconds: float = 0.0
+    ar_seconds: float = 0.0  # all-reduce: DDP buckets, ZeRO-1/2, FSDP1 NO_SHARD
+    ar_exposed_seconds: float = 0.0
     compute_seconds: float = 0.0
     ag_busbw: float | None = None  # bytes/s; None when no all-gather was timed
 
@@ -55,6 +57,9 @@ def unit_totals(w: RankWindow) -> dict[str, UnitTotals]:
         elif coll == "reduce_scatter":
             u.rs_seconds += t.seconds
             u.rs_exposed_seconds += t.exposed_seconds
+        elif coll == "all_reduce":
+            u.ar_seconds += t.seconds
+            u.ar_exposed_seconds += t.exposed_seconds
     for (unit, _phase), s in w.compute.items():
         u = out.get(unit)
         if u is None:
@@ -71,6 +76,8 @@ def unit_totals(w: RankWindow) -> dict[str, UnitTotals]:
         u.ag_count /= n
         u.rs_seconds /= n
         u.rs_exposed_seconds /= n
+        u.ar_seconds /= n
+        u.ar_exposed_seconds /= n
         u.compute_seconds /= n
     return out
 

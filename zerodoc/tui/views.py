@@ -99,8 +99,13 @@ UNIT_COLUMNS = (
     Column("rs_ms", "RS ms"),
     Column("reshard", "Reshard", numeric=False, sortable=False),
 )
+# All-reduce (DDP's gradient buckets, ZeRO-1/2, FSDP1 NO_SHARD): shown, after "RS ms", only
+# when some unit all-reduces, so that an FSDP table keeps its columns
+AR_COLUMNS = (Column("ar_ms", "AR ms"), Column("ar_exposed_ms", "AR exp ms"))
 UNIT_SORTS = ("exposed_ms", "ag_ms", "ag_mb", "busbw", "compute_ms", "exposed_pct", "rs_ms",
-              "unit", "params")
+              "ar_ms", "ar_exposed_ms", "unit", "params")
+_UNIT_FIELDS = ("ag_bytes", "ag_seconds", "ag_exposed_seconds", "ag_exposed_fraction",
+                "ag_busbw", "compute_seconds", "rs_seconds", "ar_seconds", "ar_exposed_seconds")
 
 
 def unit_values(frame: Frame, scope: Scope) -> dict[str, dict[str, float | None]]:
@@ -109,9 +114,7 @@ def unit_values(frame: Frame, scope: Scope) -> dict[str, dict[str, float | None]
     ranks = scope_ranks(frame, scope)
     if ranks and samples(frame.snapshot, ranks) == 0:  # no sampled step yet: not measured
         names = [u.name for u in frame.snapshot.ranks[ranks[0]].facts.units]
-        return {n: dict.fromkeys(("ag_bytes", "ag_seconds", "ag_exposed_seconds",
-                                  "ag_exposed_fraction", "ag_busbw", "compute_seconds",
-                                  "rs_seconds")) for n in names}
+        return {n: dict.fromkeys(_UNIT_FIELDS) for n in names}
     if isinstance(scope, int):
         return _rank_unit_values(frame, ranks)
     if not ranks:
@@ -136,6 +139,7 @@ def unit_values(frame: Frame, scope: Scope) -> dict[str, dict[str, float | None]
             "ag_exposed_fraction": agg("ag_exposed_fraction"),
             "ag_busbw": agg("ag_busbw", worst="min"),
             "compute_seconds": agg("compute_seconds"), "rs_seconds": agg("rs_seconds"),
+            "ar_seconds": agg("ar_seconds"), "ar_exposed_seconds": agg("ar_exposed_seconds"),
         }
     return out
 
@@ -155,6 +159,7 @@ def _rank_unit_values(frame: Frame, ranks: list[int]) -> dict[str, dict[str, flo
                 "ag_exposed_seconds": t.ag_exposed_seconds,
                 "ag_exposed_fraction": t.ag_exposed_fraction, "ag_busbw": t.ag_busbw,
                 "compute_seconds": t.compute_seconds, "rs_seconds": t.rs_seconds,
+                "ar_seconds": t.ar_seconds, "ar_exposed_seconds": t.ar_exposed_seconds,
             }
     return out
 
@@ -162,6 +167,10 @@ def _rank_unit_values(frame: Frame, ranks: list[int]) -> dict[str, dict[str, flo
 def unit_table(frame: Frame, scope: Scope, sort: str = "exposed_ms",
                reverse: bool = False) -> Table:
     vals = unit_values(frame, scope)
+    ar = any(v.get("ar_seconds") for v in vals.values())  # some unit all-reduces
+    columns = UNIT_COLUMNS[:-1] + AR_COLUMNS + UNIT_COLUMNS[-1:] if ar else UNIT_COLUMNS
+    if not ar and sort in ("ar_ms", "ar_exposed_ms"):
+        sort = "exposed_ms"
     facts = {}
     for r in scope_ranks(frame, scope)[:1]:
         facts = {u.name: u for u in frame.snapshot.ranks[r].facts.units}
@@ -175,21 +184,24 @@ def unit_table(frame: Frame, scope: Scope, sort: str = "exposed_ms",
             "ag_ms": v["ag_seconds"], "exposed_ms": v["ag_exposed_seconds"],
             "exposed_pct": v["ag_exposed_fraction"], "busbw": v["ag_busbw"],
             "compute_ms": v["compute_seconds"], "rs_ms": v["rs_seconds"],
+            "ar_ms": v["ar_seconds"], "ar_exposed_ms": v["ar_exposed_seconds"],
         }
         cells = (
             name or "(root)", fmt.count(f.params) if f else "-", fmt.mb_num(v["ag_bytes"]),
             fmt.ms_num(v["ag_seconds"]), fmt.ms_num(v["ag_exposed_seconds"]),
             fmt.pct_num(v["ag_exposed_fraction"]), fmt.rate(v["ag_busbw"]),
-            fmt.ms_num(v["compute_seconds"]), fmt.ms_num(v["rs_seconds"]), reshard,
+            fmt.ms_num(v["compute_seconds"]), fmt.ms_num(v["rs_seconds"]),
+            *((fmt.ms_num(v["ar_seconds"]), fmt.ms_num(v["ar_exposed_seconds"])) if ar else ()),
+            reshard,
         )
         rows.append((name, cells, sortv))
-    col = next(c for c in UNIT_COLUMNS if c.key == sort)
+    col = next(c for c in columns if c.key == sort)
     rows = _sorted(rows, col, reverse)
     n = len(frame.snapshot.ranks)
     cap = (f"{len(rows)} units · {scope_label(scope, frame)} of {n} · per step over the last "
            f"{_window_text(frame)}{_sampled_text(frame, scope)} · sorted by {col.label} "
            f"{_arrow(col, reverse)}")
-    return Table(_mark(UNIT_COLUMNS, col, reverse), tuple((k, c) for k, c, _ in rows), cap)
+    return Table(_mark(columns, col, reverse), tuple((k, c) for k, c, _ in rows), cap)
 
 
 def _sampled_text(frame: Frame, scope: Scope) -> str:
