@@ -466,13 +466,46 @@ def hostile_rows(a, tmp: Path) -> list:
         t0 = time.monotonic()
         code, out, err, peak = run_measured([sys.executable, "-m", "zerodoc", "report",
                                              str(target)], timeout=120)
-        first = (err.strip().splitlines() or out.strip().splitlines() or [""])[0]
+        errs = [ln for ln in err.strip().splitlines() if "error" in ln]  # not a progress line
+        first = (errs or err.strip().splitlines() or out.strip().splitlines() or [""])[0]
         skipped = [ln.strip() for ln in out.splitlines() if "skipped" in ln][:1]
         rows.append({"fault": name, "said": f"exit {code}: "
                      f"{(skipped[0] if skipped and code == 0 else first)[:140]}",
                      "traceback": "Traceback" in err, "slowdown": None,
                      "records_lost": None, "reader_peak_mb": peak,
                      "seconds": time.monotonic() - t0})
+    rows += disk_full_rows(tmp)
+    return rows
+
+
+def disk_full_rows(tmp: Path) -> list:
+    """A run log written while its file-size limit (the disk full, EFBIG) or its descriptor
+    limit (EMFILE) makes writes fail (zerodoc.testing.hostile.failing_writes_run), then
+    `zerodoc report` on it: what was counted lost, and what the report says."""
+    from zerodoc.testing import hostile
+
+    rows = []
+    for mode, name in (("fsize", "disk full mid-run (file-size limit)"),
+                       ("nofile", "no file descriptors mid-run (EMFILE)")):
+        run = tmp / "diskfull" / mode
+        t0 = time.monotonic()
+        try:
+            counts, _err = hostile.failing_writes_run(run, mode)
+        except Exception as e:  # noqa: BLE001 - say so in the table
+            rows.append({"fault": name, "said": f"not run: {type(e).__name__}: {e}"[:160],
+                         "slowdown": None})
+            continue
+        code, out, err, peak = run_measured([sys.executable, "-m", "zerodoc", "report",
+                                             str(run)], timeout=120)
+        notes = [ln.strip("- ").strip() for ln in out.splitlines()
+                 if "not recorded" in ln or "lost" in ln][:1]
+        stopped = "RUN STOPPED" in out or "ZD013" in out
+        said = (f"exit {code}: "
+                f"{(notes or ['nothing lost (the main log kept its records)'])[0][:110]}"
+                + ("; ZD013 (run stopped)" if stopped else "; no crash invented"))
+        rows.append({"fault": name, "said": said, "traceback": "Traceback" in err,
+                     "slowdown": None, "records_lost": counts.get("lost"),
+                     "reader_peak_mb": peak, "seconds": time.monotonic() - t0})
     return rows
 
 
