@@ -318,11 +318,20 @@ def test_prometheus_unit_stats_divide_by_sampled_steps():
 
     src = Probe.__new__(Probe)
     src.timeout_s, src.lookback = 5.0, "5m"
+    src.recorded = False  # the raw aggregation (the recorded rules' own divisor: below)
     src._unit_stats('job="x"', lambda n, e="": f"increase({n}{{job=\"x\"{e}}}[60s])", 0.0,
                     (0,), RunSnapshot(source="probe"))
     per = [e for e in seen if "zerodoc_collective_seconds_total" in e and ") / " in e]
     assert per and all("increase(zerodoc_detail_steps_total" in e and
                        " or increase(zerodoc_step_duration_seconds_count" in e for e in per)
+    # the recording rules the source reads at scale (issue 20 item 17) divide the same way
+    from zerodoc.alerts.recording import unit_stat_rules
+
+    per_step = [r["expr"] for r in unit_stat_rules("1m") if "collective_seconds_total" in
+                r["expr"]]
+    assert per_step and all("rate(zerodoc_detail_steps_total[1m])" in e and
+                            "or rate(zerodoc_step_duration_seconds_count[1m])" in e
+                            for e in per_step)
 
 
 def test_compare_says_how_many_sampled_steps_each_side_has(sampled_run, tmp_path):
