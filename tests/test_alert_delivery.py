@@ -140,7 +140,11 @@ def test_slow_link_alert_delivered_then_resolved_when_the_run_ends(tmp_path):
 
     # what a person reads: the summary and description with the numbers, and the runbook
     a = slow["alerts"][0]
-    assert a["labels"]["run_id"] == "slowrun" and a["labels"]["severity"] == "warning"
+    # warning, or critical: steps mostly waiting on the link (300 ms per all-gather) make its
+    # cost past exposed_fraction_crit, and the root cause is as severe as its symptoms
+    # (issue 20 item 4); which of the two is delivered first depends on the evaluations
+    assert a["labels"]["run_id"] == "slowrun" and \
+        a["labels"]["severity"] in ("warning", "critical"), a["labels"]
     ann = a["annotations"]
     assert "bus bandwidth of slowrun" in ann["summary"], ann
     assert any(c.isdigit() for c in ann["summary"].split("is")[-1]), ann["summary"]
