@@ -24,10 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import ROOT
 from tests.promserver import ServerProcess
 from zerodoc.demo.launch import free_port
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def alertmanager_binary() -> str:

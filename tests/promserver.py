@@ -141,6 +141,17 @@ def query(url: str, expr: str) -> list[dict]:
     return api(url, "query", query=expr)["result"]
 
 
+def rule_last_evaluation(url: str, name: str) -> str:
+    """When Prometheus last evaluated the rule `name` (its RFC 3339 timestamp, as the rules API
+    gives it): a new value per evaluation, so a test can wait for time to have passed in
+    Prometheus' own terms."""
+    for group in api(url, "rules")["groups"]:
+        for rule in group["rules"]:
+            if rule["name"] == name:
+                return rule["lastEvaluation"]
+    raise AssertionError(f"no rule {name} loaded in {url}")
+
+
 def wait_for(url: str, expr: str, min_results: int = 1, timeout: float = 30.0) -> list[dict]:
     """Poll a query until it returns at least `min_results` series (first results take ~6 s
     after start with a 1 s scrape interval; a server still starting counts as no result)."""

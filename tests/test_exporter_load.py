@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from zerodoc.exporter import limits, server, webconfig
 from zerodoc.exporter.page import Page
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def registry(series: int = 10):
@@ -250,6 +249,7 @@ FLOODED_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_many_connections_do_not_take_the_files_of_the_rank(tmp_path):
     """A child with 64 file descriptors serves /metrics; 150 connections held open against it
     leave it able to open files (the run log's) and answering: 503 over the cap."""
