@@ -198,6 +198,51 @@ def test_zero3_slow_link_exposed_rises_by_delay_per_unit(z3):
     assert d < DELAY / 2
 
 
+def test_zero3_blocking_call_is_exposed_not_framework(ds_ready, tmp_path):
+    """Issue 20 item 9: a slow link that blocks the fetch's collective *call* (every
+    all-gather sleeps DELAY before it is issued, beneath DeepSpeed and zerodoc:
+    tests/blocking_link_job.py) was booked as the fetch's framework time (+DELAY per call)
+    with exposed time unchanged. The time blocked in the call is exposed communication: the
+    exposed all-gather floor rises by DELAY per call on every unit and phase, the framework
+    floor does not take the delays."""
+    from zerodoc.demo.launch import Job
+    from zerodoc.runlog import read_rank_log
+
+    root = Path(__file__).resolve().parent.parent
+    env = {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    runs = {}
+    for name, delay in (("base", 0.0), ("blocked", DELAY)):
+        run_dir = tmp_path / name
+        spec = {"model": dict(SMALL_MODEL), "steps": STEPS, "framework": "deepspeed-3",
+                "attach": {"run_dir": str(run_dir), "port": False}, "block_call_s": delay}
+        job = Job(2, spec, module="tests.blocking_link_job", env=env).start()
+        try:
+            codes = job.wait(300)
+        finally:
+            job.stop()
+        assert codes == [0, 0], job.outputs()
+        runs[name] = {r: read_rank_log(run_dir / f"rank-{r:05d}.jsonl") for r in range(2)}
+    calls, bad = 0, []
+    for name in Z3_UNITS:
+        for phase in ("forward", "backward"):
+            n = per_step(runs["blocked"][0], name, phase, "all_gather", "count", skip=SKIP)
+            assert n and set(n) == {1}, (name, phase, n)
+            calls += 1
+            base = floor(runs["base"], name, phase, "all_gather", "exposed_seconds")
+            d = floor(runs["blocked"], name, phase, "all_gather", "exposed_seconds") - base
+            # DELAY blocked in the call, then the wait for the peer: no longer than the
+            # base run's (the ranks arrive after the same sleep), possibly shorter
+            if not DELAY - base - TOL <= d <= DELAY + TOL:
+                bad.append((name, phase, round(d, 4), round(base, 4)))
+    assert not bad, bad
+
+    def framework_floor(logs):
+        return min(s.framework_seconds for log in logs.values() for s in log.steps[SKIP:])
+
+    d = framework_floor(runs["blocked"]) - framework_floor(runs["base"])
+    assert d < 0.25 * calls * DELAY, (d, calls)  # was + calls x DELAY
+
+
 def test_zero3_total_is_exposed_plus_hidden(z3):
     for key in ("base", "slow"):
         for r, log in z3[key].items():

@@ -25,7 +25,9 @@ UNIT_KEYS = {"unit", "params", "all_gather_count_per_step", "all_gather_bytes_pe
              "all_gather_seconds_per_step", "all_gather_exposed_seconds_per_step",
              "all_gather_exposed_fraction", "all_gather_busbw_bytes_per_second",
              "compute_forward_seconds_per_step", "compute_backward_seconds_per_step",
-             "reduce_scatter_seconds_per_step", "reduce_scatter_exposed_seconds_per_step"}
+             "reduce_scatter_seconds_per_step", "reduce_scatter_exposed_seconds_per_step",
+             "all_reduce_count_per_step", "all_reduce_bytes_per_step",
+             "all_reduce_seconds_per_step", "all_reduce_exposed_seconds_per_step"}
 STEP_KEYS = {"rank", "stale", "steps", "detail_steps", "first_step", "last_step",
              "step_seconds", "compute_seconds", "exposed_comm_seconds", "optimizer_seconds",
              "framework_seconds", "other_seconds", "exposed_fraction"}
@@ -72,7 +74,8 @@ def test_json_report_is_stable_and_complete():
                          "window", "ranks", "stale_ranks", "stopped", "summary", "findings",
                          "units", "steps", "thresholds", "ended_ranks", "data_problems",
                          "missing_ranks", "interrupted_ranks", "log_notes", "trace_scope", "device",
-                         "waiting"]
+                         "waiting", "notes"]
+    assert rep["notes"] == []
     assert rep["stopped"] is None
     assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10,
                              "warmup_left_out": None,

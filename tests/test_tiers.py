@@ -355,8 +355,11 @@ def test_gpu_tiers_on_the_cuda_stand_in(tmp_path, monkeypatch):
 
     sim, fsdp, opt = simmonitor.build(5)
     queue: list = []
-    mon, _real = simmonitor.attach(sim, fsdp, opt, 3, str(tmp_path / "run"), queue)
+    # before attach, which replaces it too: the real hook is restored at teardown (set after
+    # attach, monkeypatch would "restore" the stand-in's and later tests would lose their
+    # autograd callbacks)
     monkeypatch.setattr(hp, "queue_autograd_callback", queue.append)
+    mon, _real = simmonitor.attach(sim, fsdp, opt, 3, str(tmp_path / "run"), queue)
     pool = mon.rec.pool
     recorded = [0]
     real_record = pool.record

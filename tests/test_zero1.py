@@ -71,9 +71,13 @@ def zero1(tmp_path_factory):
 def ddp(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp")
     extra = {"framework": "ddp"}
-    return {"base": run_demo(tmp, "base", steps=12, model=MINI, extra=extra),
+    return {"tmp": tmp, "base": run_demo(tmp, "base", steps=12, model=MINI, extra=extra),
             "slow": run_demo(tmp, "slow", steps=12, model=MINI, extra=extra,
-                             attach={"inject_latency_s": DELAY})}
+                             attach={"inject_latency_s": DELAY}),
+            # what Accelerate (and the HF Trainer) leave behind when asked for FSDP without a
+            # GPU: ACCELERATE_USE_FSDP=true in the environment, a DDP-wrapped model
+            "fallback": run_demo(tmp, "fallback", steps=3, model=MINI, extra=extra,
+                                 env={"ACCELERATE_USE_FSDP": "true"})}
 
 
 def test_zero1_facts_counts_and_bytes(zero1):
@@ -159,6 +163,62 @@ def test_ddp_stage0_and_slow_all_reduce_exposure(ddp):
     # ... while each bucket's all-reduce took DELAY longer.
     d = delta(ddp, "backward", "all_reduce", "seconds")
     assert abs(d - 2 * DELAY) <= 2 * CALLBACK_TOL, d
+
+
+def test_ddp_report_table_shows_the_all_reduce_traffic(ddp):
+    """Issue 20 item 6: the per-unit table of a DDP run read `(model) ... 0 B 0 s`; it now
+    has all-reduce columns, equal to the run log's all-reduces (bytes: from the model)."""
+    from zerodoc.diagnosis.fmt import nbytes as fmt_bytes
+    from zerodoc.report import build_report, render_markdown, render_text
+    from zerodoc.sources import RunDirSource
+    from zerodoc.thresholds import DEFAULT
+
+    _, _params, nbytes = model_numbers(MINI)
+    snap = RunDirSource(str(ddp["tmp"] / "base"), None).snapshot()
+    rep = build_report(snap, [], source="test", thresholds=DEFAULT, link=None, window=None)
+    (row,) = rep["units"]
+    logs = ddp["base"].values()
+    count = sum(sum(s.comm[(UNIT, "backward", "all_reduce")].count for s in log.steps)
+                / len(log.steps) for log in logs) / len(logs)
+    secs = sum(sum(s.comm[(UNIT, "backward", "all_reduce")].seconds for s in log.steps)
+               / len(log.steps) for log in logs) / len(logs)
+    assert row["unit"] == UNIT
+    assert row["all_reduce_bytes_per_step"] == pytest.approx(nbytes, rel=1e-5)
+    assert row["all_reduce_count_per_step"] == pytest.approx(count, rel=1e-5) and count > 1
+    assert row["all_reduce_seconds_per_step"] == pytest.approx(secs, rel=1e-5) and secs > 0
+    assert 0 < row["all_reduce_exposed_seconds_per_step"] <= secs
+    text = render_text(rep)
+    head = next(x for x in text.splitlines() if x.strip().startswith("unit "))
+    line = next(x for x in text.splitlines() if x.strip().startswith(UNIT))
+    assert "AR bytes" in head and "AR exposed" in head
+    assert fmt_bytes(nbytes) in line  # the AR bytes cell (the all-gather ones: 0 B)
+    assert "| AR time |" in render_markdown(rep)
+    assert rep["notes"] == []  # nobody asked this run for FSDP
+
+
+def test_ddp_asked_for_fsdp_says_so(ddp):
+    """Issue 20 item 6: asked for FSDP (Accelerate's ACCELERATE_USE_FSDP=true), running DDP:
+    the header keeps why, the start-up warns, the report says "no sharding"."""
+    from zerodoc.report import build_report, render_text
+    from zerodoc.sources import RunDirSource
+    from zerodoc.thresholds import DEFAULT
+
+    for log in ddp["fallback"].values():
+        assert log.facts.framework == "ddp"
+        assert "ACCELERATE_USE_FSDP=true" in log.facts.config["fsdp_requested"]
+    for log in ddp["base"].values():
+        assert "fsdp_requested" not in log.facts.config
+    snap = RunDirSource(str(ddp["tmp"] / "fallback"), None).snapshot()
+    rep = build_report(snap, [], source="test", thresholds=DEFAULT, link=None, window=None)
+    assert rep["notes"] and rep["notes"][0].startswith("asked for FSDP, running DDP: no sharding")
+    assert "NOTE: asked for FSDP, running DDP: no sharding" in render_text(rep)
+
+
+def test_fsdp_request_detection():
+    from zerodoc.integrations.common import fsdp_requested
+
+    assert fsdp_requested({"ACCELERATE_USE_FSDP": "True"})
+    assert fsdp_requested({"ACCELERATE_USE_FSDP": "false"}) is None and fsdp_requested({}) is None
 
 
 def test_missing_zero_hook_point_fails_soft(tmp_path):

@@ -63,7 +63,9 @@ def unit_rows(snap: RunSnapshot) -> list[dict]:
         a = {k: mean(f) for k, f in (("ag_n", "ag_count"), ("ag_b", "ag_bytes"),
                                      ("ag_s", "ag_seconds"), ("ag_e", "ag_exposed_seconds"),
                                      ("rs_s", "rs_seconds"), ("rs_e", "rs_exposed_seconds"),
-                                     ("fwd", "compute_forward"), ("bwd", "compute_backward"))}
+                                     ("fwd", "compute_forward"), ("bwd", "compute_backward"),
+                                     ("ar_n", "ar_count"), ("ar_b", "ar_bytes"),
+                                     ("ar_s", "ar_seconds"), ("ar_e", "ar_exposed_seconds"))}
         rows.append({
             "unit": u.name, "params": u.params,
             "all_gather_count_per_step": _r(a["ag_n"]),
@@ -78,6 +80,10 @@ def unit_rows(snap: RunSnapshot) -> list[dict]:
             "compute_backward_seconds_per_step": _r(a["bwd"]),
             "reduce_scatter_seconds_per_step": _r(a["rs_s"]),
             "reduce_scatter_exposed_seconds_per_step": _r(a["rs_e"]),
+            "all_reduce_count_per_step": _r(a["ar_n"]),
+            "all_reduce_bytes_per_step": _r(a["ar_b"]),
+            "all_reduce_seconds_per_step": _r(a["ar_s"]),
+            "all_reduce_exposed_seconds_per_step": _r(a["ar_e"]),
         })
     return rows
 
@@ -188,7 +194,25 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "device": [{k: _r(v) if isinstance(v, float) else v for k, v in row.items()}
                    for row in device_rows(snap)],
         "waiting": waiting(snap),  # rules waiting for sampled steps (zerodoc.sampling)
+        "notes": notes(snap),
     }
+
+
+def notes(snap: RunSnapshot) -> list[str]:
+    """What the tables do not show: an FSDP request that the framework turned into DDP
+    (`zerodoc.integrations.common.fsdp_requested`); per-unit numbers that cover another span
+    than the window (read from Prometheus recording rules)."""
+    first = snap.any_rank
+    cfg = first.facts.config if first is not None and isinstance(first.facts.config, dict) \
+        else {}
+    out = []
+    if cfg.get("fsdp_requested") and first.facts.framework == "ddp":
+        out.append(f"asked for FSDP, running DDP: no sharding ({cfg['fsdp_requested']})")
+    span = getattr(snap.unit_stats, "window_s", None)
+    if span:
+        out.append(f"per-unit numbers: the Prometheus recording rules' last {span:g} s (the "
+                   "step breakdown: the window above)")
+    return out
 
 
 def stopped(findings: list[Finding]) -> dict | None:
@@ -212,6 +236,9 @@ def render_json(rep: dict) -> str:
 
 UNIT_HEAD = ("unit", "params", "AG/step", "AG bytes", "AG time", "exposed", "exp %", "busbw",
              "fwd", "bwd", "RS time")
+# All-reduce columns, shown when a unit all-reduces (DDP, ZeRO-1/2, FSDP1 NO_SHARD): without
+# them a DDP run's table read `(model) ... 0 B 0 s` (issue 20, item 6).
+AR_HEAD = ("AR/step", "AR bytes", "AR time", "AR exposed")
 STEP_HEAD = ("rank", "steps", "step", "compute", "exposed comm", "optimizer", "framework",
              "other")
 
@@ -232,6 +259,22 @@ def _unit_cells(u: dict) -> tuple[str, ...]:
             secs(u["compute_forward_seconds_per_step"]),
             secs(u["compute_backward_seconds_per_step"]),
             secs(u["reduce_scatter_seconds_per_step"]))
+
+
+def _has_all_reduce(rep: dict) -> bool:
+    return any(u.get("all_reduce_count_per_step") for u in rep["units"])
+
+
+def _unit_table(rep: dict) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The per-unit table's head and rows (with the all-reduce columns when there is any)."""
+    if not _has_all_reduce(rep):
+        return UNIT_HEAD, [_unit_cells(u) for u in rep["units"]]
+    return UNIT_HEAD + AR_HEAD, [
+        _unit_cells(u) + (f"{u['all_reduce_count_per_step']:g}",
+                          nbytes(u["all_reduce_bytes_per_step"]),
+                          secs(u["all_reduce_seconds_per_step"]),
+                          secs(u["all_reduce_exposed_seconds_per_step"]))
+        for u in rep["units"]]
 
 
 def _step_cells(s: dict) -> tuple[str, ...]:
@@ -281,6 +324,7 @@ def _header(rep: dict) -> list[str]:
     if rep.get("missing_ranks"):
         lines.append(f"missing ranks (the world size has them, the source shows none): "
                      f"{_ranges(rep['missing_ranks'])}")
+    lines += [f"NOTE: {n}" for n in rep.get("notes", ())]
     return lines
 
 
@@ -375,7 +419,7 @@ def render_text(rep: dict) -> str:
     if _no_units(rep):
         lines.append(f"  {_no_units(rep)}")
     else:
-        lines += ["  " + x for x in _table(UNIT_HEAD, [_unit_cells(u) for u in rep["units"]])]
+        lines += ["  " + x for x in _table(*_unit_table(rep))]
     lines += ["", "Step breakdown (per step)"]
     lines += ["  " + x for x in _table(STEP_HEAD, [_step_cells(s) for s in rep["steps"]])]
     lines += _trace_lines(rep)
@@ -426,8 +470,9 @@ def render_markdown(rep: dict) -> str:
     if _no_units(rep):
         lines += [_no_units(rep)[0].upper() + _no_units(rep)[1:] + "."]
     else:
-        lines += [_md_row(UNIT_HEAD), _md_row(["---"] * len(UNIT_HEAD))]
-        lines += [_md_row(_unit_cells(u)) for u in rep["units"]]
+        head, rows = _unit_table(rep)
+        lines += [_md_row(head), _md_row(["---"] * len(head))]
+        lines += [_md_row(r) for r in rows]
     lines += ["", "## Step breakdown (per step)", "", _md_row(STEP_HEAD),
               _md_row(["---"] * len(STEP_HEAD))]
     lines += [_md_row(_step_cells(s)) for s in rep["steps"]]

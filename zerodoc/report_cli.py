@@ -30,8 +30,9 @@ def add_parser(sub) -> None:
     fmt.add_argument("--markdown", dest="format", action="store_const", const="markdown",
                      help="Markdown (for a CI job summary or a PR comment)")
     p.add_argument("--window", type=int, default=20, metavar="STEPS",
-                   help="steps to diagnose (the last N; 0: all). Endpoints give everything "
-                        "since the start on a one-shot report")
+                   help="steps to diagnose (the last N; 0: all). On rank endpoints a one-shot "
+                        "report covers the steps done in the ~2 s after its first scrape "
+                        "(at least one; the header says how many)")
     add_warmup_argument(p)
     from .runargs import add_run_arguments
 

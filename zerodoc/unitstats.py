@@ -25,7 +25,9 @@ from .model import RankWindow, RunSnapshot, busbw
 FIELDS = ("count", "bytes", "seconds", "exposed", "hidden")
 UNIT_FIELDS = ("ag_count", "ag_bytes", "ag_seconds", "ag_exposed_seconds",
                "ag_exposed_fraction", "ag_busbw", "rs_seconds", "rs_exposed_seconds",
-               "compute_forward", "compute_backward", "compute_seconds")
+               "compute_forward", "compute_backward", "compute_seconds",
+               # all-reduce (DDP's gradient buckets, ZeRO-1/2, FSDP1 NO_SHARD, grad norms)
+               "ar_count", "ar_bytes", "ar_seconds", "ar_exposed_seconds")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ class UnitStats:
     # when a source computed them (wall clock); None: from the snapshot's own per-unit data.
     # A source may reuse them across refreshes (sources/prometheus.py): their age.
     fetched_unix: float | None = None
+    # the span they cover when it is not the snapshot's window: the rate window of the
+    # Prometheus recording rules they were read from (sources/prometheus.py); None: the window
+    window_s: float | None = None
 
 
 def unit_stats(snap: RunSnapshot, ranks) -> UnitStats:
@@ -193,7 +198,9 @@ def _compute(windows: list[RankWindow], ranks: tuple[int, ...]) -> UnitStats:
     for f, coll, col in (("ag_count", "all_gather", 0), ("ag_bytes", "all_gather", 1),
                          ("ag_seconds", "all_gather", 2), ("ag_exposed_seconds", "all_gather", 3),
                          ("rs_seconds", "reduce_scatter", 2),
-                         ("rs_exposed_seconds", "reduce_scatter", 3)):
+                         ("rs_exposed_seconds", "reduce_scatter", 3),
+                         ("ar_count", "all_reduce", 0), ("ar_bytes", "all_reduce", 1),
+                         ("ar_seconds", "all_reduce", 2), ("ar_exposed_seconds", "all_reduce", 3)):
         m = np.zeros((R, U))
         cols = [j for j, k in enumerate(mkeys) if k[2] == coll]
         if cols:

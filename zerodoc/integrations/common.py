@@ -5,6 +5,7 @@ Standard library only at import time; torch and zerodoc's shim are imported by `
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 
@@ -87,3 +88,20 @@ def world_size() -> int:
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     except Exception:
         return 1
+
+
+# Accelerate sets this when it is given an FSDP plugin (the HF Trainer gives it one for
+# `TrainingArguments(fsdp=...)`) or when `accelerate launch` runs an FSDP config
+# (accelerate/accelerator.py, Accelerator.__init__). On CPU it then drops the plugin and
+# prepare() wraps DDP, silently (accelerate/state.py: FSDP only for accelerator devices).
+ACCELERATE_FSDP_ENV = "ACCELERATE_USE_FSDP"
+
+
+def fsdp_requested(environ=None) -> str | None:
+    """Why this process was asked to run FSDP (a short reason), or None. Checked by the DDP
+    adapter: a DDP model in a process asked for FSDP is a fallback with no sharding."""
+    env = os.environ if environ is None else environ
+    if str(env.get(ACCELERATE_FSDP_ENV, "")).lower() == "true":
+        return (f"{ACCELERATE_FSDP_ENV}=true: Accelerate or the HF Trainer was given an FSDP "
+                "plugin or config and prepared DDP instead, as it does without a GPU")
+    return None

@@ -46,6 +46,21 @@ class HostTimer:
         work = fn(*args, **kwargs)
         return self.async_issue(work, unit, coll, nbytes, t0)
 
+    def call_blocking_issue(self, fn, args: tuple, kwargs: dict, unit: int, coll: int,
+                            nbytes: int, async_op: bool) -> Any:
+        """`call`, for an asynchronous collective whose call itself may block (DeepSpeed's
+        ZeRO-3 parameter fetches): the thread's time inside the call is the wait bucket's and
+        exposed communication, not the framework time around it (issue 20 item 9)."""
+        if not async_op:
+            return self.sync_call(fn, args, kwargs, unit, coll, nbytes)
+        rec = self.rec
+        t0 = rec.push(B_WAIT)
+        try:
+            work = fn(*args, **kwargs)
+        finally:
+            t1 = rec.remove(B_WAIT)
+        return self.async_issue(work, unit, coll, nbytes, t0, t1)
+
     def arrive(self, unit: int, claim: tuple = ()) -> None:
         """The compute stream is about to need `unit`'s parameters (CudaTimer only)."""
 
@@ -75,11 +90,15 @@ class HostTimer:
         t0 = perf_counter()
         return self.async_issue(fn(a, b, c, async_op=True), unit, coll, nbytes, t0)
 
-    def async_issue(self, work, unit: int, coll: int, nbytes: int, t_issue: float):
+    def async_issue(self, work, unit: int, coll: int, nbytes: int, t_issue: float,
+                    t_called: float | None = None):
+        """`work` issued at `t_issue`; `t_called`: when the call returned, if the thread was
+        blocked in it (that span is exposed)."""
         if work is None:
             return None
         try:
-            return TimedWork(work, self, unit, self.rec.phase, coll, nbytes, t_issue)
+            return TimedWork(work, self, unit, self.rec.phase, coll, nbytes, t_issue,
+                             t_issue if t_called is None else t_called)
         except Exception as e:  # never break the job: hand back the original Work
             self.registry.error("comm.timed_work", e)
             return work
@@ -89,12 +108,13 @@ class TimedWork(dist.Work):
     """A `dist.Work` that measures exposure when the compute thread waits on it."""
 
     def __init__(self, inner, timer: HostTimer, unit: int, phase: int, coll: int,
-                 nbytes: int, t_issue: float):
+                 nbytes: int, t_issue: float, t_called: float):
         super().__init__()
         self._inner = inner
         self._timer = timer
-        # What wait() records, in one attribute (a Work subclass's attribute sets are slow).
-        self._what = (unit, phase, coll, nbytes, t_issue)
+        # What wait() records, in one attribute (a Work subclass's attribute sets are slow);
+        # t_called > t_issue: the thread was blocked in the call until then (exposed).
+        self._what = (unit, phase, coll, nbytes, t_issue, t_called)
         self._t_done: float | None = None
         self._recorded = False
         if timer.callbacks:
@@ -120,16 +140,17 @@ class TimedWork(dist.Work):
         finally:
             t_ret = rec.remove(B_WAIT)
             self._recorded = True
-            unit, phase, coll, nbytes, t_issue = self._what
+            unit, phase, coll, nbytes, t_issue, t_called = self._what
+            blocked = t_called - t_issue  # in the call itself: exposed (0 unless it blocked)
             if done_before:
-                # Completed while the compute ran: fully hidden. Without a callback the
-                # completion time is unknown and bounded by the moment the wait began.
-                t_done = t_cb if t_cb is not None else t_wait
-                exposed, hidden = 0.0, t_done - t_issue
+                # Completed while the compute ran: hidden (but for a blocking call). Without
+                # a callback the completion time is unknown, bounded by the wait's start.
+                t_done = max(t_cb if t_cb is not None else t_wait, t_called)
+                exposed, hidden = blocked, t_done - t_called
             else:
                 # The compute thread blocked until the collective completed.
                 t_done = t_ret
-                exposed, hidden = t_ret - t_wait, t_wait - t_issue
+                exposed, hidden = blocked + t_ret - t_wait, t_wait - t_called
             rec.add_comm(unit, phase, coll, nbytes, t_done - t_issue, exposed, hidden)
         return ok
 

@@ -29,6 +29,9 @@ Units (labels stay bounded):
 
 Exposure: synchronous collectives are fully exposed; asynchronous ones (ZeRO-3 parameter
 fetches) return a `TimedWork` that DeepSpeed's `AllGatherCoalescedHandle.wait()` waits on.
+On the host, time the training thread spends blocked inside an asynchronous call (a slow link
+that stalls the issue of a fetch) is exposed too, not the fetch's framework time
+(`HostTimer.call_blocking_issue`).
 Modules: this one is the adapter (detection, units, facts, instrumentation of the engine);
 `deepspeed_comm.py` intercepts the collectives; `deepspeed_zero.py` holds the ZeRO optimizer
 views (step boundary, memory) and its wrappers, the stage-3 parameter coordinator's included.

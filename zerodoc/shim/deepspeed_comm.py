@@ -94,8 +94,13 @@ def _wrap_comm(orig, coll: int, t_pos: int, t_name: str, async_default: int, st:
             return orig(*args, **kwargs)
         st.depth += 1
         try:
-            return timer.call(inner, args, kwargs, st.unit, coll, nbytes, async_op,
-                              kwargs.get("group"))
+            if timer.device:
+                return timer.call(inner, args, kwargs, st.unit, coll, nbytes, async_op,
+                                  kwargs.get("group"))
+            # On the host a call that blocks (a slow link under a ZeRO-3 parameter fetch) is
+            # exposed communication, not the fetch's framework time (issue 20 item 9).
+            return timer.call_blocking_issue(inner, args, kwargs, st.unit, coll, nbytes,
+                                             async_op)
         finally:
             st.depth -= 1
 

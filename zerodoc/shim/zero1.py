@@ -38,6 +38,7 @@ installed and only does DDP's default all-reduce. Hook points: see `hookpoints.p
 
 from __future__ import annotations
 
+import warnings
 from time import perf_counter
 from typing import Any
 
@@ -145,6 +146,7 @@ class DDPAdapter(Adapter):
         self._bwd_started = False
         self._t_compute_end: float | None = None
         self.slow_link_s = 0.0
+        self._check_fsdp_fallback()
 
     def memory_module(self):
         return self.ddp.module if self.ddp is not None else self.model
@@ -171,11 +173,25 @@ class DDPAdapter(Adapter):
         if d is None:
             return {"ddp": False}
         cap = getattr(d, "bucket_bytes_cap", None)
-        return {"ddp": True, "ddp_bucket_cap_bytes": cap,
+        out = {"ddp": True, "ddp_bucket_cap_bytes": cap,
                 "gradient_as_bucket_view": getattr(d, "gradient_as_bucket_view", None),
                 "find_unused_parameters": getattr(d, "find_unused_parameters", None),
                 "static_graph": getattr(d, "static_graph", None),
                 "broadcast_buffers": getattr(d, "broadcast_buffers", None)}
+        if self.framework == "ddp" and self.fsdp_requested:
+            out["fsdp_requested"] = self.fsdp_requested
+        return out
+
+    def _check_fsdp_fallback(self) -> None:
+        """Asked for FSDP, running DDP (Accelerate / the HF Trainer without a GPU): say so
+        once, at start-up (rank 0); the run facts keep it for the report."""
+        from ..integrations.common import fsdp_requested
+
+        self.fsdp_requested = fsdp_requested() if self.framework == "ddp" else None
+        if self.fsdp_requested and (not dist.is_initialized() or dist.get_rank() == 0):
+            warnings.warn(f"zerodoc: asked for FSDP, running DDP: no sharding "
+                          f"({self.fsdp_requested}). Every rank holds the whole model and "
+                          "optimizer state; gradients are all-reduced.", stacklevel=4)
 
     def facts(self) -> AdapterFacts:
         n = self._group_size()

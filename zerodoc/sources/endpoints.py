@@ -3,8 +3,13 @@
 The exporter serves cumulative counters, so a window is the difference between this scrape
 and an earlier one: the newest at least `window` steps older, else the oldest one kept.
 The first snapshot of a live run has no earlier scrape: it scrapes again once the ranks have
-moved on (at most `settle_s` seconds later), so a window never counts the steps before it
-(the slow warm-up step) the way "everything since the start" would. The history kept per
+moved on, so a window never counts the steps before it (the slow warm-up step) the way
+"everything since the start" would. It waits for `window` new steps only while that is
+quick: after `settle_s` seconds (2 s) it takes what every live rank has done since (at least
+one step, waited for up to two step times, never more than `SETTLE_MAX_S`), and the window
+says how many steps it covers. A one-shot `zerodoc report` on the endpoints of a job with
+1.4 s steps so answers in ~3 s over 2 steps, not 15 s over 12 (issue 20, item 7); a TUI's
+later refreshes widen the window to `window` steps as scrapes accumulate. The history kept per
 rank is bounded: one scrape per distinct step count (a stalled job adds none), at most
 `window` + 2 of them.
 
@@ -26,6 +31,9 @@ from ..model import RankWindow, RunSnapshot
 from ..runlog import missing
 from .samples import Cumulative, add_sample, facts_of, share_unit_facts, window_of
 from .rundir import STALE_AFTER_S
+
+SETTLE_S = 2.0  # the first snapshot's wait for `window` new steps (module docstring)
+SETTLE_MAX_S = 15.0  # ... and at most this long for one new step of a slow job
 
 _ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})(?:-(\d{1,5}))?")
 
@@ -82,7 +90,7 @@ class EndpointsSource:
 
     def __init__(self, spec: str | list[str], window: int | None = 20, *,
                  timeout_s: float = 3.0, stale_after_s: float = STALE_AFTER_S,
-                 settle_s: float = 15.0):
+                 settle_s: float = SETTLE_S):
         self.endpoints = parse_endpoints(spec if isinstance(spec, str) else ",".join(spec))
         self.window = window
         self.timeout_s = timeout_s
@@ -115,8 +123,9 @@ class EndpointsSource:
         return share_unit_facts(got)
 
     def _settle(self, got: dict[int, Cumulative]) -> dict[int, Cumulative]:
-        """First snapshot of a live run: scrape again once every live rank has moved on
-        (bounded by settle_s), keeping the first scrape as the window's start."""
+        """First snapshot of a live run: scrape again until every live rank has done
+        `window` more steps, or, after settle_s, at least one (module docstring), keeping
+        the first scrape as the window's start."""
         live = {r: c for r, c in got.items() if c.closed_unix is None and c.steps}
         if not live or not self.window or self.settle_s <= 0:
             return got
@@ -124,16 +133,19 @@ class EndpointsSource:
             self._remember(r, c)
         step_s = max((c.scalars.get("last_step_seconds", 0.0) for c in live.values()),
                      default=0.0)
-        deadline = time.monotonic() + min(self.settle_s, max(1.0, step_s * (self.window + 1)))
+        start = time.monotonic()
+        enough = start + self.settle_s  # then one new step per rank will do
+        deadline = start + min(SETTLE_MAX_S, max(self.settle_s, 2 * step_s + 0.5))
         pause = min(0.5, max(0.05, step_s / 2))
         while time.monotonic() < deadline:
             time.sleep(pause)
             again = self._scrape_all()
-            moved = [r for r, c in live.items()
-                     if r in again and again[r].steps >= c.steps + self.window]
-            if len(moved) == len(live) or not again:
-                return again or got
-            got = again if again else got
+            if not again:
+                return got
+            got = again
+            moved = [again[r].steps - c.steps if r in again else 0 for r, c in live.items()]
+            if min(moved) >= self.window or (min(moved) >= 1 and time.monotonic() >= enough):
+                return again
         return got
 
     def _remember(self, rank: int, cur: Cumulative) -> list[Cumulative]:

@@ -14,7 +14,13 @@ HTTP API with the work done server-side.
 - **Windows.** `increase(...[W])` with W about `window` steps long (at least four scrape
   intervals), evaluated at the run's last sample: a run that ended shows its last steps,
   as the run log does. `window` None: the cumulative counters (all steps).
-- **Per-unit stats are the costly part** (one query per field and aggregation, each over
+- **Per-unit stats from the recording rules** when the server has them for the run (the
+  rules `rules/zerodoc-recording.yml` ships, `zerodoc.alerts.recording.unit_stat_rules`, and
+  series labelled with `run_id`, as zerodoc's file_sd targets are): a few series per unit,
+  computed by the server once per evaluation, over the rules' rate window
+  (`UnitStats.window_s`; the report says so). Same numbers as the raw queries below over
+  that window, at a fraction of the cost (issue 20 item 17).
+- **Else per-unit stats are the costly part** (one query per field and aggregation, each over
   ranks x units x phases x collectives series: 40-45 s of a 2-core Prometheus at 1,024 ranks
   x 81 units, against 2.5 s for everything per rank). The first snapshot computes them; a
   source kept across refreshes (the TUI) then reuses them until they are older than
@@ -39,6 +45,9 @@ import urllib.error
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
+from ..alerts.recording import (
+    ASYNC_ALL_GATHER, RULE_WINDOW, UNIT_COMPUTE, UNIT_RANKS, UNIT_STAT,
+)
 from ..errors import UserError
 from ..model import CommTotals, LazyRankWindow, RankWindow, RunSnapshot
 from ..runlog import missing
@@ -90,7 +99,8 @@ class PrometheusSource:
 
     def __init__(self, url: str, window: int | None = 20, *, timeout_s: float = 10.0,
                  stale_after_s: float = STALE_AFTER_S, lookback: str = "15m",
-                 run_id: str | None = None, unit_reuse: float = UNIT_REUSE):
+                 run_id: str | None = None, unit_reuse: float = UNIT_REUSE,
+                 recorded: bool = True):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise UserError(f"{url!r} is not an http(s) URL of a Prometheus server")
@@ -105,6 +115,7 @@ class PrometheusSource:
         self.description = f"Prometheus {self.url}" + (f" run {run_id}" if run_id else "")
         self.queries = 0  # HTTP queries made (the bench reports them)
         self.unit_reuse = unit_reuse
+        self.recorded = recorded  # per-unit stats from the recording rules where they exist
         self._units_cache: tuple | None = None  # (key, UnitStats, monotonic when, cost s)
         self._units_next: list = []  # [(key, ...) or an exception] from the background
         self._units_busy = False
@@ -356,8 +367,44 @@ class PrometheusSource:
         stats.fetched_unix = time.time()
         return key, stats, t0, time.monotonic() - t0
 
+    def _rules_window(self, sel: str, at) -> float | None:
+        """The rate window of the recording rules' per-unit stats for this run, or None when
+        the server has none for it (no rules loaded, or series without a run_id label)."""
+        if not self.recorded or not sel.startswith("run_id="):
+            return None
+        lb = self.lookback
+        res = self._many({"w": f"max(last_over_time({RULE_WINDOW}{{{sel}}}[{lb}]))",
+                          "n": f"count(last_over_time({UNIT_RANKS}{{{sel}}}[{lb}]))"}, at)
+        if not res["w"] or not res["n"] or res["n"][0][1] <= 0:
+            return None
+        return res["w"][0][1]
+
     def _unit_stats(self, sel: str, rng, at, ranks: tuple, snap: RunSnapshot) -> UnitStats:
-        """Per (unit, phase, collective): per-step numbers' stats over ranks, in PromQL."""
+        """Per (unit, phase, collective): per-step numbers' stats over ranks, in PromQL: read
+        from the recording rules where the server has them, else aggregated here."""
+        window_s = self._rules_window(sel, at)
+        exprs = self._recorded_exprs(sel) if window_s else self._raw_exprs(rng)
+        out = self._unit_stats_of(exprs, at, ranks, snap)
+        out.window_s = window_s
+        return out
+
+    def _recorded_exprs(self, sel: str) -> dict:
+        """The per-unit stats' queries on the recording rules (module docstring): the latest
+        value of each recorded series (max over scrape jobs holding the same run)."""
+        lb = self.lookback
+
+        def last(name: str, by: str = "unit, phase, collective") -> str:
+            return f"max by ({by}) (last_over_time({name}{{{sel}}}[{lb}]))"
+
+        exprs = {(f, a): last(UNIT_STAT[f][1][a]) for f, aggs in _NEEDED.items() for a in aggs}
+        exprs[("n", "")] = last(UNIT_RANKS)
+        for a, name in UNIT_COMPUTE.items():
+            exprs[("compute", a)] = last(name, "unit, phase")
+        exprs[("hidden_any", "")] = f"sum(last_over_time({ASYNC_ALL_GATHER}{{{sel}}}[{lb}]))"
+        return exprs
+
+    def _raw_exprs(self, rng) -> dict:
+        """The per-unit stats' queries over every rank's raw per-unit series."""
         # per step of the steps the per-unit counters cover: the sampled ones where the
         # ranks count them, else every step
         steps = f"on (rank) group_left () ({rng(_DETAIL)} or {rng(_STEPS)})"
@@ -379,6 +426,9 @@ class PrometheusSource:
         ag = ', collective="all_gather"'
         secs, exposed = rng(_COMM["seconds"], ag), rng(_COMM["exposed_seconds"], ag)
         exprs[("hidden_any", "")] = f"count(({secs} - {exposed}) > (0.01 * {secs} + 1e-6))"
+        return exprs
+
+    def _unit_stats_of(self, exprs: dict, at, ranks: tuple, snap: RunSnapshot) -> UnitStats:
         res = self._many(exprs, at, UNIT_QUERY_WORKERS,
                          max(self.timeout_s, UNIT_QUERY_TIMEOUT_S))
         vals: dict[tuple, dict] = {}
@@ -450,6 +500,11 @@ def _unit_table(comm: dict, comp: dict, order: list[str], groups: dict,
         elif c == "reduce_scatter":
             add(u, "rs_seconds", s["seconds"].mean, s["seconds"].max)
             add(u, "rs_exposed_seconds", s["exposed"].mean, s["exposed"].max)
+        elif c == "all_reduce":
+            add(u, "ar_count", s["count"].mean, s["count"].max)
+            add(u, "ar_bytes", s["bytes"].mean, s["bytes"].max)
+            add(u, "ar_seconds", s["seconds"].mean, s["seconds"].max)
+            add(u, "ar_exposed_seconds", s["exposed"].mean, s["exposed"].max)
     for (u, p), d in comp.items():
         add(u, "compute_seconds", d.get("mean", 0.0), d.get("max", 0.0))
         if p in ("forward", "backward"):
