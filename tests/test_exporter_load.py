@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_until
 from zerodoc.exporter import limits, server, webconfig
 from zerodoc.exporter.page import Page
 
@@ -70,11 +70,7 @@ def get(srv, auth: tuple[str, str] | None = None) -> int:
 
 
 def wait_for(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    wait_until(cond, timeout, what, interval=0.02)
 
 
 def test_over_the_cap_is_answered_503_without_reading(start):
