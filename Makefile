@@ -9,7 +9,7 @@ ARGS       ?=
 PY         := $(VENV)/bin/python
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test venv prometheus bench clean hta-extra
+.PHONY: demo test test-fast venv prometheus bench clean hta-extra
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ demo: $(VENV)/.installed
 # TORCH_SPEC also reaches the packaging test, which installs the built wheel into a fresh venv.
 test: $(VENV)/.installed prometheus hta-extra
 	OMP_NUM_THREADS=1 TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest $(ARGS)
+
+# The tests that start no process (rules, planner, run log, catalog, report, compare, TUI on
+# synthetic runs, argument checks, hostile files): tests/conftest.py marks every test that
+# starts one `slow` and fails an unmarked test that does. `make test` still runs everything.
+test-fast: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" $(ARGS)
 
 # Holistic Trace Analysis for the trace cross-check (tests/test_trace_hta.py), in a folder of
 # its own: it pulls pandas/plotly, which must not change the test venv's numpy or torch.

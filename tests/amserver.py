@@ -24,10 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import ROOT, wait_until
 from tests.promserver import ServerProcess
 from zerodoc.demo.launch import free_port
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def alertmanager_binary() -> str:
@@ -82,14 +81,14 @@ class WebhookReceiver(ThreadingHTTPServer):
 
     def wait(self, pred, timeout: float = 60.0, what: str = "a notification") -> dict:
         """The first notification for which pred(notification) is true."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for n in self.received():
-                if pred(n):
-                    return n
-            time.sleep(0.3)
-        summary = [(n["status"], n["groupLabels"], len(n["alerts"])) for n in self.received()]
-        raise AssertionError(f"no {what} within {timeout:.0f} s; received: {summary}")
+        try:
+            return wait_until(lambda: next((n for n in self.received() if pred(n)), None),
+                              timeout, what, interval=0.3)
+        except AssertionError:
+            summary = [(n["status"], n["groupLabels"], len(n["alerts"]))
+                       for n in self.received()]
+            raise AssertionError(f"no {what} within {timeout:.0f} s; received: {summary}") \
+                from None
 
 
 class _Hook(BaseHTTPRequestHandler):

@@ -1,9 +1,84 @@
-"""Suite-wide settings. Per-unit detail on every step (attach option `detail`, issue 19's
-tiers): the tests and recorded scenarios check per-unit truth step by step, and a short run
-that exists to be diagnosed forces detail on every step. Tests about sampling pass `detail=`
-to attach() (an explicit option wins over $ZERODOC_DETAIL) or set the variable themselves;
-subprocess ranks inherit the environment."""
+"""Suite-wide settings and the `slow` mark.
+
+Per-unit detail on every step (attach option `detail`, issue 19's tiers): the tests and
+recorded scenarios check per-unit truth step by step, and a short run that exists to be
+diagnosed forces detail on every step. Tests about sampling pass `detail=` to attach() (an
+explicit option wins over $ZERODOC_DETAIL) or set the variable themselves; subprocess ranks
+inherit the environment.
+
+`slow` marks every test that starts another process: a multi-process demo job, Prometheus,
+Alertmanager, promtool, a CLI in a subprocess, a fresh venv. `make test-fast` runs
+`-m "not slow"` (the pure-Python parts); `make test` runs everything. The marks are applied
+here, by module (SLOW_MODULES: every test of the file starts processes) and by fixture
+(SLOW_FIXTURES: a test using one of these fixtures waits for a job or server), plus the
+explicit `@pytest.mark.slow` in the files for single tests. They are kept true by a guard: a
+test that is NOT marked slow and starts a process fails, naming itself, in every run.
+"""
+
+from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("ZERODOC_DETAIL", "every")
+
+# Test modules whose every test (or module fixture) starts processes.
+SLOW_MODULES = frozenset({
+    "test_alert_delivery", "test_demo", "test_deepspeed", "test_exposure", "test_fsdp1",
+    "test_hsdp", "test_integrations", "test_newuser", "test_ops_integration",
+    "test_packaging", "test_profiler_witness", "test_remote_write", "test_stopped",
+    "test_trace_hta", "test_zero1",
+})
+
+# Fixtures (any module) that start a demo job, a server or a subprocess.
+SLOW_FIXTURES = frozenset({
+    "live", "jobs", "runs", "pair", "recorded", "fleet", "dist", "venv", "z2", "z3",
+    "ds_ready", "full", "grad_op", "zero1", "ddp", "hta_path", "grafana_client_dir",
+    "pki",  # openssl makes the certificates
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if module in SLOW_MODULES or SLOW_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+
+
+class ProcessStarted(AssertionError):
+    pass
+
+
+def _refuse(nodeid: str):
+    def refuse(*args, **kwargs):
+        raise ProcessStarted(
+            f"{nodeid} starts a process but is not marked slow: add its module to SLOW_MODULES "
+            "or its fixture to SLOW_FIXTURES in tests/conftest.py, or mark it "
+            "@pytest.mark.slow (`make test-fast` runs only tests that start no process)")
+    return refuse
+
+
+@pytest.hookimpl(hookwrapper=True)
+def _no_process_unless_slow(item):
+    """Patch every way a process is started while an unmarked test sets up and runs:
+    subprocess (its `_fork_exec`, or os.posix_spawn), multiprocessing
+    (_posixsubprocess.fork_exec) and os.fork."""
+    if item.get_closest_marker("slow"):
+        yield
+        return
+    import _posixsubprocess
+    import subprocess
+
+    refuse = _refuse(item.nodeid)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_posixsubprocess, "fork_exec", refuse)  # multiprocessing
+        mp.setattr(subprocess, "_fork_exec", refuse)  # subprocess's own reference to it
+        for name in ("posix_spawn", "posix_spawnp", "fork"):
+            if hasattr(os, name):
+                mp.setattr(os, name, refuse)
+        yield
+
+
+# fixtures are set up in pytest_runtest_setup: a module fixture starting a job counts too
+pytest_runtest_setup = pytest_runtest_call = _no_process_unless_slow

@@ -9,6 +9,25 @@ from pathlib import Path
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import RankLog, read_rank_log, read_rank_tail
 
+# The repository root (README.md, docs/, exporters/, rules/, dashboards/, bench/ live here).
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(condition, timeout: float = 30.0, what: str = "condition",
+               interval: float = 0.05):
+    """Poll `condition()` until it returns something true and return that value; after
+    `timeout` seconds fail saying `what` was awaited. The one deadline loop of the suite: tests
+    wait on a condition, never on a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
 async def until(pilot, cond, timeout: float = 30.0, what: str = "condition"):
     """Wait on a Textual Pilot until `cond()` is true (its value), or fail saying what."""
     deadline = time.monotonic() + timeout
@@ -77,11 +96,9 @@ class LiveDemo:
         self.endpoints: list[str] = []
 
     def __enter__(self) -> "LiveDemo":
-        import time
-
         self.job.start()
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
+
+        def endpoints() -> list[str] | None:
             eps = {}
             for r in range(self.nprocs):
                 p = self.run_dir / f"rank-{r:05d}.jsonl"
@@ -91,29 +108,28 @@ class LiveDemo:
                     except Exception:
                         pass
             if len(eps) == self.nprocs and all(eps.values()):
-                self.endpoints = [eps[r] for r in range(self.nprocs)]
-                return self
+                return [eps[r] for r in range(self.nprocs)]
             if not self.job.running():
-                break
-            time.sleep(0.3)
-        self.job.stop()
-        logs = "".join((self.run_dir / "logs" / f"rank-{r}.out").read_text()[-1500:]
-                       for r in range(self.nprocs)
-                       if (self.run_dir / "logs" / f"rank-{r}.out").exists())
-        raise RuntimeError(f"demo did not come up: {logs}")
+                raise RuntimeError("a rank exited")
+            return None
+
+        try:
+            self.endpoints = wait_until(endpoints, 90, "every rank's /metrics endpoint",
+                                        interval=0.3)
+            return self
+        except (RuntimeError, AssertionError):
+            self.job.stop()
+            logs = "".join((self.run_dir / "logs" / f"rank-{r}.out").read_text()[-1500:]
+                           for r in range(self.nprocs)
+                           if (self.run_dir / "logs" / f"rank-{r}.out").exists())
+            raise RuntimeError(f"demo did not come up: {logs}") from None
 
     def wait_steps(self, n: int, timeout: float = 120.0) -> None:
         """Block until every rank has logged at least `n` steps."""
-        import time
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            done = [read_rank_tail(self.run_dir / f"rank-{r:05d}.jsonl", 1,
-                                   detail=False).last_step for r in range(self.nprocs)]
-            if min(done) >= n:
-                return
-            time.sleep(0.3)
-        raise TimeoutError(f"demo did not reach {n} steps")
+        wait_until(lambda: min(read_rank_tail(self.run_dir / f"rank-{r:05d}.jsonl", 1,
+                                              detail=False).last_step
+                               for r in range(self.nprocs)) >= n,
+                   timeout, f"every rank to log {n} steps", interval=0.3)
 
     def __exit__(self, *exc) -> None:
         self.job.stop()

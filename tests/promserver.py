@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_until
 from zerodoc.demo.launch import free_port
 
 
@@ -141,17 +142,31 @@ def query(url: str, expr: str) -> list[dict]:
     return api(url, "query", query=expr)["result"]
 
 
+def rule_last_evaluation(url: str, name: str) -> str:
+    """When Prometheus last evaluated the rule `name` (its RFC 3339 timestamp, as the rules API
+    gives it): a new value per evaluation, so a test can wait for time to have passed in
+    Prometheus' own terms."""
+    for group in api(url, "rules")["groups"]:
+        for rule in group["rules"]:
+            if rule["name"] == name:
+                return rule["lastEvaluation"]
+    raise AssertionError(f"no rule {name} loaded in {url}")
+
+
 def wait_for(url: str, expr: str, min_results: int = 1, timeout: float = 30.0) -> list[dict]:
     """Poll a query until it returns at least `min_results` series (first results take ~6 s
     after start with a 1 s scrape interval; a server still starting counts as no result)."""
-    deadline = time.monotonic() + timeout
     res: list[dict] = []
-    while time.monotonic() < deadline:
+
+    def enough() -> list[dict]:
+        nonlocal res
         try:
             res = query(url, expr)
         except OSError:
             res = []
-        if len(res) >= min_results:
-            return res
-        time.sleep(0.5)
-    raise AssertionError(f"{expr!r}: {len(res)} result(s) after {timeout:.0f} s")
+        return res if len(res) >= min_results else []
+
+    try:
+        return wait_until(enough, timeout, f"{min_results} result(s) of {expr!r}", 0.5)
+    except AssertionError:
+        raise AssertionError(f"{expr!r}: {len(res)} result(s) after {timeout:.0f} s") from None

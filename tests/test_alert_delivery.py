@@ -24,14 +24,13 @@ from pathlib import Path
 import pytest
 
 from tests.amserver import Alertmanager, WebhookReceiver, alertmanager_config, need_amtool
-from tests.helpers import LiveDemo
-from tests.promserver import query, require_binary, wait_for
+from tests.helpers import ROOT, LiveDemo, wait_until
+from tests.promserver import query, require_binary, rule_last_evaluation, wait_for
 from tests.test_runbooks import sections
 from zerodoc.demo.launch import free_port
 from zerodoc.runlog import read_rank_log
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def firing(n: dict, alertname: str, run_id: str | None = None) -> bool:
@@ -198,8 +197,17 @@ def test_a_run_that_dies_whole_is_paged_and_a_clean_end_is_not(tmp_path):
                 down = hook.wait(lambda n: firing(n, "ZerodocRunDown", run_id[dies]),
                                  timeout=90, what="ZerodocRunDown notification")
                 # the ended run had as long (its ranks stopped answering first): nothing, in
-                # the notifications or in Prometheus' alerts
-                time.sleep(10)
+                # the notifications or in Prometheus' alerts, through 5 more evaluations of the
+                # rule (1 s apart) — longer than this Alertmanager's group_wait + group_interval
+                # (1 s + 2 s), so a notification for it would have arrived by then
+                seen: set[str] = set()
+
+                def evaluated(n: int) -> bool:
+                    seen.add(rule_last_evaluation(prom, "ZerodocRunDown"))
+                    return len(seen) > n
+
+                wait_until(lambda: evaluated(5), timeout=60,
+                           what="5 more evaluations of ZerodocRunDown")
                 assert not notified(hook, "ZerodocRunDown", run_id[ends]), hook.received()
                 fired = query(prom, 'ALERTS{alertname="ZerodocRunDown"}')
                 assert {a["metric"]["run_id"] for a in fired} == {run_id[dies]}, fired

@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from tests.promserver import require_binary
+from tests.helpers import ROOT
 from zerodoc import alerts
 from zerodoc.alerts import RuleOptions
 from zerodoc.catalog import all_series_names
 from zerodoc.thresholds import DEFAULT, Thresholds
 
-ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules"
 RULE_FILES = [RULES / alerts.RECORDING_FILE, RULES / alerts.ALERTS_FILE]
 UNIT_TESTS = RULES / "tests" / "zerodoc-alerts.test.yml"
@@ -96,6 +96,7 @@ def test_rule_files_are_up_to_date():
         "exporters/kubernetes/zerodoc-prometheusrule.yaml is stale: python -m zerodoc.alerts"
 
 
+@pytest.mark.slow
 def test_generator_check_mode_and_bad_input(tmp_path):
     run = [sys.executable, "-m", "zerodoc.alerts"]
     assert subprocess.run(run + ["--check"], cwd=ROOT).returncode == 0
@@ -122,6 +123,7 @@ def test_yaml_emitter_round_trips():
         [len(alerts.recording_rules()), len(alerts.alerting_rules())]
 
 
+@pytest.mark.slow
 def test_promtool_check_rules_and_example_config():
     promtool = require_binary("promtool")
     r = subprocess.run([promtool, "check", "rules", *map(str, RULE_FILES)],
@@ -132,6 +134,7 @@ def test_promtool_check_rules_and_example_config():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_pass():
     """Firing and not firing, warning vs critical, a dip that resets `for:`, the link
     baseline, link-attributable minimum over ranks, ... (rules/tests/zerodoc-alerts.test.yml)."""
@@ -141,6 +144,7 @@ def test_promtool_unit_tests_pass():
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_unit_tests_fail_when_a_threshold_moves(tmp_path):
     """The promtool tests bite: rules generated from another threshold fail them."""
     promtool = require_binary("promtool")
@@ -380,6 +384,7 @@ def _engine_alerts(ranks: dict, t: Thresholds, link: str) -> set[tuple[str, str]
     return want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("link", ["infiniband", "ethernet"])
 def test_engine_and_alerts_agree_on_the_same_data(tmp_path, link):
     """Each scenario goes to the rules engine as a RunSnapshot and to promtool as the scrapes

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.helpers import ROOT
 from zerodoc import cli
 
-ROOT = Path(__file__).resolve().parent.parent
 RUN = str(ROOT / "tests" / "data" / "scenarios" / "slow-link-50ms")
 
 # (command line, a piece of the one error line)
@@ -92,6 +92,7 @@ def test_bad_argument_one_line_exit_2(line, why, tmp_path, capsys, monkeypatch):
     assert err[0].startswith(("zerodoc", "usage")) and "Traceback" not in err[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line", ["report http://[::1", "plan --params 1e400 -N 8",
                                   "report RUN --threshold exposed_fraction_warn=nan"])
 def test_bad_argument_as_a_process(line, tmp_path):

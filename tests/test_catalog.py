@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
+from tests.helpers import ROOT
 from zerodoc import catalog
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_names_follow_prometheus_conventions():

@@ -15,15 +15,14 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.promserver import require_binary
+from tests.helpers import ROOT
 from zerodoc import cli
 from zerodoc.demo.launch import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
 RUN = str(ROOT / "tests" / "data" / "scenarios" / "slow-link-50ms")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
@@ -63,12 +62,14 @@ def assert_quiet_broken_pipe(p: subprocess.CompletedProcess) -> None:
     assert "Exception ignored" not in p.stderr, p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PRINTING))
 def test_closed_pipe_is_quiet(name, tmp_path):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in PRINTING[name]]
     assert_quiet_broken_pipe(run_into_closed_pipe(argv))
 
 
+@pytest.mark.slow
 def test_an_unguarded_print_would_fail_this_check():
     """The witness can fail: a plain print into a closed pipe tracebacks."""
     p = run_into_closed_pipe(["-c", "print('x' * 100000)"])
@@ -89,6 +90,7 @@ def _processes_mentioning(text: str) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_dashboards_push_into_closed_pipe(monkeypatch):
     import threading
 
@@ -152,6 +154,7 @@ def test_ctrl_c_while_printing_is_quiet(name, tmp_path, monkeypatch, capsys):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_a_report_waiting_for_a_server(tmp_path):
     """A real SIGINT while `zerodoc report` waits on a Prometheus that never answers."""
     with socket.socket() as srv:

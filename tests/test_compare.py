@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import LiveDemo
+from tests.helpers import ROOT, LiveDemo
 from zerodoc import compare_history as history
 from zerodoc.compare import (
     CONFIRMED, NOT_CONFIRMED, PARTLY, UNKNOWN, WORSE, compare, judge, overall, side,
@@ -28,7 +28,7 @@ from zerodoc.runlog import load_run
 
 DATA = Path(__file__).parent / "data"
 SCEN = DATA / "scenarios"
-DOCS = Path(__file__).parent.parent / "docs" / "compare.md"
+DOCS = ROOT / "docs" / "compare.md"
 
 
 def zerodoc(*args, timeout=300, **kw):
@@ -194,6 +194,7 @@ def test_history_is_bounded_and_can_be_turned_off(tmp_path, monkeypatch):
     assert history.history_path(run) == (tmp_path / "runs" / history.HISTORY_NAME).resolve()
 
 
+@pytest.mark.slow
 def test_report_shows_the_history_note(tmp_path):
     runs = tmp_path / "runs"
     for name in ("wrap-linear", "healthy-block"):
@@ -221,6 +222,7 @@ def test_report_shows_the_history_note(tmp_path):
      "not a rule code"),
     ([str(SCEN / "wrap-linear"), str(SCEN / "healthy-block"), "--noise", "2"], "--noise"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line(args, msg):
     out = zerodoc("compare", *args, timeout=120, env={**__import__("os").environ,
                                                       "ZERODOC_HISTORY": "off"})
@@ -242,6 +244,7 @@ def test_json_schema_is_documented():
 # --- for real: the demo loop, and a live endpoint source ----------------------------------------
 
 
+@pytest.mark.slow
 def test_demo_loop_confirms_the_wrap_fix(tmp_path):
     runs = tmp_path / "zerodoc-runs"
     common = ["--headless", "--steps", "8", "--port", "0"]
@@ -270,6 +273,7 @@ def test_demo_loop_confirms_the_wrap_fix(tmp_path):
     assert len((runs / history.HISTORY_NAME).read_text().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_compare_reads_live_endpoints(tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(SCEN / "wrap-linear", runs / "wrap-linear")
@@ -302,6 +306,7 @@ def test_tui_feed_findings_carry_the_history_note(tmp_path, monkeypatch):
     assert f.extra["history"]["side"] == "less" and f.extra["history"]["compares"] == 2
 
 
+@pytest.mark.slow
 def test_compare_reads_profiler_traces(tmp_path_factory, tmp_path, capsys, monkeypatch):
     """Both sides PyTorch profiler traces (the shared profiled runs of the trace tests:
     FSDP2's synchronous all-gathers, then async unshard + prefetch): the async run's overlap

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from tests.test_alert_rules import known_names, metric_names
+from tests.helpers import ROOT
 from zerodoc.cli import main
 from zerodoc.thresholds import DEFAULT
 
-ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
 SCHEMAS = ROOT.parent / "shared" / "grafana-schema"
 FILES = sorted(DASHBOARDS.glob("*.json"))
@@ -116,6 +116,7 @@ def test_committed_json_is_up_to_date():
     assert not stale, f"{stale} are stale: run `python -m zerodoc.grafana.build` (make dashboards)"
 
 
+@pytest.mark.slow
 def test_build_check_mode(tmp_path):
     pytest.importorskip("grafana_foundation_sdk", reason="needs the grafana extra (dev)")
     r = subprocess.run([sys.executable, "-m", "zerodoc.grafana.build", "--check", "--out",
@@ -221,6 +222,7 @@ def test_provisioning_files():
     assert ds["datasources"][0]["type"] == "prometheus"
 
 
+@pytest.mark.slow
 def test_cli_does_not_import_grafana_tooling():
     """`zerodoc` (and the training-side import) never pull the Grafana SDK or grafana-client
     (whose urllib3 replacement must stay out of the training install)."""

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SMALL_MODEL, per_step, run_demo
+from tests.helpers import ROOT, SMALL_MODEL, per_step, run_demo
 
 # The first start on a fresh machine compiles an op (ds_ready): more than the default 300 s.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -208,7 +208,7 @@ def test_zero3_blocking_call_is_exposed_not_framework(ds_ready, tmp_path):
     from zerodoc.demo.launch import Job
     from zerodoc.runlog import read_rank_log
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     env = {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     runs = {}
     for name, delay in (("base", 0.0), ("blocked", DELAY)):

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from zerodoc import cli
 from zerodoc.runlog import read_rank_log
 from zerodoc.testing import hostile
@@ -26,6 +28,7 @@ def run_job(tmp: Path, mode: str) -> tuple[Path, dict, str]:
     return run, got, stderr
 
 
+@pytest.mark.slow
 def test_file_size_limit_loses_whole_records_counted_and_reported(tmp_path, capsys):
     run, got, stderr = run_job(tmp_path, "fsize")
     path = run / "rank-00000.jsonl"
@@ -60,6 +63,7 @@ def test_file_size_limit_loses_whole_records_counted_and_reported(tmp_path, caps
     assert note in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_detail_files_stay_bounded_when_they_cannot_be_opened(tmp_path):
     """EMFILE at every interval's switch of detail file: the writer stops writing detail
     (no file grows past one interval) and resumes once it can open files again; the main

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT, wait_until
 from zerodoc.exporter import limits, server, webconfig
 from zerodoc.exporter.page import Page
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def registry(series: int = 10):
@@ -71,11 +70,7 @@ def get(srv, auth: tuple[str, str] | None = None) -> int:
 
 
 def wait_for(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    wait_until(cond, timeout, what, interval=0.02)
 
 
 def test_over_the_cap_is_answered_503_without_reading(start):
@@ -250,6 +245,7 @@ FLOODED_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_many_connections_do_not_take_the_files_of_the_rank(tmp_path):
     """A child with 64 file descriptors serves /metrics; 150 connections held open against it
     leave it able to open files (the run log's) and answering: 503 over the cap."""

@@ -19,7 +19,7 @@ import math
 
 import pytest
 
-from tests.helpers import SMALL_MODEL, per_step, run_demo
+from tests.helpers import ROOT, SMALL_MODEL, per_step, run_demo
 
 DELAY = 0.060
 TOL = max(0.05 * DELAY, 0.002)
@@ -258,7 +258,7 @@ def test_close_restores_fsdp1(tmp_path):
     from zerodoc.demo.launch import Job
 
     (tmp_path / "zd_restore_fsdp1.py").write_text(RESTORE_WORKER)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
     job = Job(2, {"run_dir": str(tmp_path / "run")}, module="zd_restore_fsdp1",
               env={"PYTHONPATH": os.pathsep.join([str(tmp_path), root])})
     with job:

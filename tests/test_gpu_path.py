@@ -100,6 +100,7 @@ def test_link_class():
     assert link_class_from_topology(12, "single", True) == "infiniband"
 
 
+@pytest.mark.slow
 def test_gpu_modules_import_without_cuda():
     code = ("import zerodoc.shim.cuda, zerodoc.shim.cuda_memory, zerodoc.shim.devclock, "
             "zerodoc.shim.nvml; print('ok')")
@@ -108,6 +109,7 @@ def test_gpu_modules_import_without_cuda():
     assert out.stdout.strip() == "ok", out.stderr
 
 
+@pytest.mark.slow
 def test_gpu_check_without_cuda_says_so_in_one_line():
     out = subprocess.run([sys.executable, "bench/gpu_check.py"], capture_output=True,
                          text=True, timeout=120, env={"CUDA_VISIBLE_DEVICES": "",
@@ -231,6 +233,7 @@ print(type(mon).__name__, type(getattr(mon, "timer", None)).__name__,
 """
 
 
+@pytest.mark.slow
 def test_attach_builds_the_cuda_path_for_a_cuda_model(tmp_path):
     # The monitor's CUDA branch runs only where the model is on a GPU; here it is taken on
     # CPU with torch.cuda.Event replaced by the stand-in's. (Its first GPU run found an

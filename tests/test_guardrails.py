@@ -20,11 +20,10 @@ import pytest
 import torch
 import torch.nn as nn
 
+from tests.helpers import ROOT
 import zerodoc
 from zerodoc.runlog import read_rank_log
 from zerodoc.targets_cli import run_targets
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _train(model, opt, steps: int) -> None:
@@ -141,6 +140,7 @@ def test_startup_line_and_no_units_hint_on_rank_0_only(rank0, tmp_path, capfd, m
     assert "zerodoc: attached" not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_optimizer_holding_none_of_the_models_parameters_is_said(rank0, tmp_path):
     """An optimizer built before fully_shard / FSDP holds the replaced parameters: the model
     is not trained. Here the same situation without a process group: an optimizer over a
@@ -158,7 +158,7 @@ def test_optimizer_holding_none_of_the_models_parameters_is_said(rank0, tmp_path
                for x in w)
     out = subprocess.run([sys.executable, "-m", "zerodoc", "report", str(tmp_path / "o"),
                           "--fail-on", "critical"], capture_output=True, text=True,
-                         timeout=120, cwd=REPO)
+                         timeout=120, cwd=ROOT)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "holds none of the model's" in out.stdout and "NO DATA" in out.stdout
 
@@ -212,13 +212,14 @@ EXIT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_exit_without_close(rank0, tmp_path):
     """Bug 6: a job that forgets close() left its log without an end and its file_sd target
     behind forever. Now a normal exit ends both; a crash (uncaught exception) still leaves
     the rank visibly dead (no end, target kept: its `up` goes to 0)."""
     procs = {how: subprocess.Popen([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path / how),
                                     how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, cwd=REPO)
+                                   text=True, cwd=ROOT)
              for how in ("exit", "crash")}  # both at once: half the wall time
     outs = {how: p.communicate(timeout=180) for how, p in procs.items()}
     for how, p in procs.items():

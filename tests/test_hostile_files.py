@@ -14,14 +14,13 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from zerodoc import cli
 from zerodoc.testing import hostile
 
-ROOT = Path(__file__).resolve().parent.parent
 MAX_RSS_MB = 500
 
 
@@ -100,6 +99,7 @@ def test_bad_times_in_a_trace_are_skipped_and_shown(tmp_path, capsys):
         rep["log_notes"], rep["log_notes"]
 
 
+@pytest.mark.slow
 def test_gzip_bomb_is_refused_in_bounded_memory(tmp_path):
     p = hostile.make_gzip_bomb(tmp_path / "rank-0.json.gz", expand_to=4 << 30)
     assert p.stat().st_size < 16 << 20  # some MB on disk, 4 GiB inside
@@ -111,6 +111,7 @@ def test_gzip_bomb_is_refused_in_bounded_memory(tmp_path):
     assert rss < MAX_RSS_MB, rss
 
 
+@pytest.mark.slow
 def test_long_last_line_is_read_linearly_in_bounded_memory(tmp_path):
     """A 100 MB last line (over the 64 MiB line cap): skipped and counted, the steps before
     it reported; the backward reader touches each byte about once (the old one copied the

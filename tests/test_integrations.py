@@ -31,12 +31,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import ROOT
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 CUDA = torch.cuda.is_available()
 # Two ranks, so that every collective runs (FSDP2 skips its all-gather / reduce-scatter and the
 # Trainer its DDP wrapper at world size 1). With two GPUs they run over NCCL; with one, NCCL

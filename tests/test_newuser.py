@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from zerodoc.cli import main as zerodoc_main
 from zerodoc.demo.launch import _die_with_parent, free_port
 from zerodoc.runlog import read_rank_log
@@ -37,9 +38,8 @@ from zerodoc.targets_cli import run_targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-REPO = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).parent / "newuser" / "train_mixer.py"
-README = REPO / "README.md"
+README = ROOT / "README.md"
 RANKS = 2
 GLOO_EXIT_ABORT = -6  # SIGABRT in gloo's teardown after a clean end (see below)
 
@@ -50,7 +50,7 @@ def launch(run_dir: Path, *args: str, timeout: float = 300) -> list[tuple[int, s
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                 WORLD_SIZE=str(RANKS), LOCAL_WORLD_SIZE=str(RANKS), OMP_NUM_THREADS="1",
                 ZERODOC_RUN_DIR=str(run_dir), ZERODOC_PORT="0", PYTHONUNBUFFERED="1")
-    base["PYTHONPATH"] = os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")])
+    base["PYTHONPATH"] = os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")])
     procs = [subprocess.Popen([sys.executable, str(SCRIPT), *args],
                               env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -98,7 +98,7 @@ def test_the_script_uses_only_what_the_readme_says():
     assert text.splitlines()[:5] == ["# zerodoc", "", "```bash", "make demo", "make test"]
     pip = re.findall(r"pip install [^\n`]*zerodoc[^\n`]*", text)
     assert pip, "no pip install line for zerodoc in the README"
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert {"tui", "gpu", "grafana", "deepspeed", "dev"} <= set(extras)
     for extra in extras:  # every extra the package has is explained

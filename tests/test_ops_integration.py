@@ -18,13 +18,12 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
 
-from tests.helpers import LiveDemo
+from tests.helpers import ROOT, LiveDemo
 from tests.promserver import PromServer, require_binary
 from zerodoc import alerts
 from zerodoc.alerts import RuleOptions
@@ -33,7 +32,6 @@ from zerodoc.demo.launch import free_port
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 # +100 ms per all-gather: on this demo the link (gloo-cpu) explains ~60 ms of a block's
 # all-gather, so the wait beyond it is ~20-30 % of the step; healthy, it is ~0.
 SLOW_LINK_S = 0.1

@@ -26,11 +26,11 @@ import time
 import urllib.parse
 import urllib.request
 import zipfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from tests.helpers import ROOT
 import zerodoc
 from tests.promserver import require_binary
 from tests.test_dashboards import FakeGrafana
@@ -38,7 +38,6 @@ from zerodoc import resources
 from zerodoc.demo.launch import free_port
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 VERSION = zerodoc.__version__
 
 

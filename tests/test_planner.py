@@ -391,6 +391,7 @@ def test_cli_inproc_table_and_json():
     assert d["reserve_bytes"] == 30 * GB and d["lowest_fitting_stage"] == "zero3"
 
 
+@pytest.mark.slow
 def test_cli_subprocess_table_and_errors():
     r = _zerodoc("plan", "--params", "70B", "-N", "64", "--device-memory", "80GB")
     assert r.returncode == 0, r.stderr

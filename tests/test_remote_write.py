@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tests.helpers import LiveDemo
+from tests.helpers import ROOT, LiveDemo
 from tests.promserver import PromServer, require_binary
 from zerodoc import alerts, cardinality
 from zerodoc.alerts import RuleOptions
@@ -28,7 +28,6 @@ from zerodoc.cli import main
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 AGENT_CONFIG = ROOT / "exporters" / "remote-write" / "prometheus-agent.yml"
 CENTRAL_CONFIG = ROOT / "exporters" / "remote-write" / "central-prometheus.yml"
 RUN = "fleetrun"

@@ -50,6 +50,7 @@ def report_in_process(capsys, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
+@pytest.mark.slow
 def test_text_report_has_findings_units_and_steps():
     r = report(LINEAR)
     assert r.returncode == 0, r.stderr
@@ -63,6 +64,7 @@ def test_text_report_has_findings_units_and_steps():
         assert text in out, text
 
 
+@pytest.mark.slow
 def test_json_report_is_stable_and_complete():
     r = report(LINEAR, "--json", "--window", "5")
     assert r.returncode == 0, r.stderr
@@ -98,6 +100,7 @@ def test_json_report_is_stable_and_complete():
     assert rep["thresholds"]["exposed_fraction_warn"] == 0.1
 
 
+@pytest.mark.slow
 def test_markdown_report_and_fail_on():
     r = report(LINEAR, "--markdown", "--fail-on", "warning")
     assert r.returncode == 1, r.stderr  # ZD002 is a warning: a CI gate fails
@@ -108,6 +111,7 @@ def test_markdown_report_and_fail_on():
     assert "[docs/rules.md#zd002](docs/rules.md#zd002)" in md
 
 
+@pytest.mark.slow
 def test_fail_on_passes_a_healthy_run():
     r = report(HEALTHY, "--fail-on", "warning")
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr)
@@ -136,6 +140,7 @@ def test_link_override_changes_the_verdict(capsys):
     assert rep["summary"]["top"] == "ZD005" and rep["link"]["class"] == "nvlink"
 
 
+@pytest.mark.slow
 def test_default_source_is_the_latest_local_run(tmp_path):
     shutil.copytree(SCENARIOS / "wrap-root", tmp_path / "zerodoc-runs" / "demo-1")
     r = report("--json", cwd=tmp_path)
@@ -175,6 +180,7 @@ def _one_line_exit_2(r, message):
     assert len(err) == 1 and message in err[0], r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", IN_A_PROCESS)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, name):
     make_args, message = BAD_INPUTS[name]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_demo
+from tests.helpers import ROOT, run_demo
 from zerodoc.diagnosis import RULES, Finding, Severity, diagnose
 from zerodoc.diagnosis.engine import order
 from zerodoc.diagnosis.testdata import load_case
@@ -27,7 +27,7 @@ from zerodoc.thresholds import Thresholds
 DATA = Path(__file__).parent / "data"
 CASES = sorted((DATA / "rules").glob("*/*.json"))
 SCENARIOS = sorted(p.parent for p in (DATA / "scenarios").glob("*/expect.json"))
-DOCS = Path(__file__).parent.parent / "docs" / "rules.md"
+DOCS = ROOT / "docs" / "rules.md"
 
 
 # --- rule cases as data ------------------------------------------------------------------
@@ -87,7 +87,7 @@ def test_registry_is_explicit_and_documented():
 
 def test_readme_rules_table_lists_every_registered_rule():
     """The README's table of rules, row for row the registry (it once stopped at ZD013)."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     rows = re.findall(r"^\| (ZD\d{3}) ([a-z0-9-]+) \|", readme, flags=re.M)
     assert rows == [(r.code, r.name) for r in RULES]
     span = f"ZD001–{RULES[-1].code}"
@@ -185,6 +185,7 @@ def live_findings(tmp_path, name, **kw):
             return findings
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(LIVE))
 def test_live_misconfiguration_is_the_top_finding(name, tmp_path):
     model, attach, tops = LIVE[name]
@@ -194,6 +195,7 @@ def test_live_misconfiguration_is_the_top_finding(name, tmp_path):
     assert findings[0].severity >= Severity.WARNING, shown
 
 
+@pytest.mark.slow
 def test_live_healthy_block_run_has_no_warning(tmp_path):
     """A block-wrapped run with default settings (ZeRO-3, synchronous gloo all-gathers, lots
     of headroom): at most INFO notes (ZD003 / ZD004 / ZD006, see docs/rules.md)."""

@@ -8,14 +8,13 @@ GitHub renders anchors, not the generator's own helper.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.helpers import ROOT
 from zerodoc import alerts, resources
 
-ROOT = Path(__file__).resolve().parent.parent
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 
 

@@ -111,6 +111,7 @@ def test_the_queue_is_bounded_and_the_writer_counts_what_it_cannot_take(tmp_path
     assert len(notes) + w.dropped == 1000 and lines[-1].startswith('{"type":"end"')
 
 
+@pytest.mark.slow
 def test_interval_lines_equal_the_sum_of_the_steps(tmp_path):
     """A real 2-rank gloo job, an interval every 5 steps, full detail kept: every interval
     line's per-unit totals (from the shim's cumulative totals) equal the sum of the per-step

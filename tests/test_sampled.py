@@ -199,6 +199,7 @@ def test_report_says_how_many_sampled_steps(sampled_run):
     assert row["all_gather_seconds_per_step"] == pytest.approx(mean_s, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_rules_wait_for_the_first_sample_and_say_when(tmp_path):
     from zerodoc.diagnosis import diagnose, waiting
 
@@ -231,6 +232,7 @@ def test_rules_wait_for_the_first_sample_and_say_when(tmp_path):
 # the TUI on a run that samples
 
 
+@pytest.mark.slow
 async def test_tui_says_when_the_next_sample_is_due_then_shows_it(tmp_path):
     pytest.importorskip("textual")
     from zerodoc.tui import views
@@ -357,6 +359,7 @@ def test_compare_says_how_many_sampled_steps_each_side_has(sampled_run, tmp_path
     assert doc["before"]["window"]["per_unit"]["sampled"] is False
 
 
+@pytest.mark.slow
 def test_live_demo_tui_shows_per_unit_numbers_while_the_job_runs(tmp_path, monkeypatch):
     """Issue 20 item 1 on a real job: `zerodoc demo` with a slow link opens its TUI before
     the ranks have written anything; the Overview's worst unit and a per-unit finding show up

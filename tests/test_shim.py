@@ -101,6 +101,7 @@ def test_counters_grow_and_match_the_run_log(live):
 
 # --- run log ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_run_log_round_trips(tmp_path):
     logs = run_demo(tmp_path, "rt", nprocs=2, steps=4)
     raw = (tmp_path / "rt" / "rank-00001.jsonl").read_text().splitlines()
@@ -129,6 +130,7 @@ def test_run_log_round_trips(tmp_path):
     assert w.steps == 4 and w.step_seconds == pytest.approx(sum(s["step_s"] for s in steps))
 
 
+@pytest.mark.slow
 def test_crashed_job_keeps_completed_steps_and_torn_line_is_skipped(tmp_path):
     logs = run_demo(tmp_path, "crash", nprocs=2, steps=3)
     path = tmp_path / "crash" / "rank-00000.jsonl"
@@ -215,6 +217,7 @@ def test_disabled_is_a_noop(monkeypatch, tmp_path):
 
 # --- never change training; fail soft ------------------------------------------------------
 
+@pytest.mark.slow
 def test_losses_identical_with_and_without_instrumentation(tmp_path):
     losses = {}
     for name, attach in (("on", {"run_dir": str(tmp_path / "on")}),
@@ -226,6 +229,7 @@ def test_losses_identical_with_and_without_instrumentation(tmp_path):
     assert losses["on"] == losses["off"]  # bitwise: same floats
 
 
+@pytest.mark.slow
 def test_missing_hook_points_fail_soft(tmp_path):
     """Break a private hook point on purpose: the job still trains, the header says which
     hook is missing, and what still works is still measured."""
@@ -239,6 +243,7 @@ def test_missing_hook_points_fail_soft(tmp_path):
     assert ("blocks.0", "backward") not in s.compute  # not measurable without the hook
 
 
+@pytest.mark.slow
 def test_close_restores_fsdp(tmp_path):
     logs = run_demo(tmp_path, "restore", nprocs=2, steps=2,
                     extra={"check_restore": True})
@@ -247,6 +252,7 @@ def test_close_restores_fsdp(tmp_path):
 
 # --- import hygiene ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_importing_the_shim_imports_no_tui_or_grafana():
     code = ("import sys, zerodoc, zerodoc.shim.monitor, zerodoc.exporter.prometheus;"
             "bad=[m for m in sys.modules if m.split('.')[0] in "
@@ -258,6 +264,7 @@ def test_importing_the_shim_imports_no_tui_or_grafana():
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.slow
 def test_importing_zerodoc_is_cheap():
     code = "import sys, zerodoc; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -265,7 +272,7 @@ def test_importing_zerodoc_is_cheap():
     assert out.stdout.strip() == "False"
 
 
-
+@pytest.mark.slow
 def test_follower_keeps_a_bounded_number_of_steps(tmp_path):
     from zerodoc.runlog import RunFollower
 

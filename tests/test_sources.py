@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import LiveDemo
+from tests.helpers import LiveDemo, wait_until
 from tests.promserver import PromServer
 from zerodoc.demo.launch import free_port
 from zerodoc.diagnosis import diagnose
@@ -43,12 +43,12 @@ def run_log_at(demo, rank: int, last_step: int):
     """The run log's window over steps 1..last_step (what a cumulative scrape at that step
     must equal)."""
     path = demo.run_dir / f"rank-{rank:05d}.jsonl"
-    deadline = time.monotonic() + 30
-    while True:
+
+    def logged():
         log = read_rank_log(path)
-        if (log.steps and log.steps[-1].step >= last_step) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+        return log if log.steps and log.steps[-1].step >= last_step else None
+
+    log = wait_until(logged, 30, f"rank {rank}'s run log to reach step {last_step}", 0.1)
     return window_from_steps(log.facts, [s for s in log.steps if s.step <= last_step])
 
 
@@ -204,9 +204,8 @@ def test_prometheus_unit_stats_are_reused_then_recomputed_in_the_background(live
     src.unit_reuse = 0.0  # old at once: the next refresh starts a recomputation ...
     queries.clear()
     assert src.snapshot().unit_stats is first  # ... and does not wait for it
-    deadline = time.monotonic() + 60
-    while (src._units_busy or not src._units_next) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: not src._units_busy and src._units_next, 60,
+               "the background recomputation of the per-unit numbers", 0.1)
     assert unit_queries() >= 15
     newer = src.snapshot().unit_stats
     assert newer is not first and newer.fetched_unix > first.fetched_unix
@@ -238,6 +237,7 @@ def test_prometheus_unreachable_or_not_prometheus(live):
         PrometheusSource(f"http://{demo.endpoints[0]}")  # a rank's exporter, not Prometheus
 
 
+@pytest.mark.slow
 def test_prometheus_without_zerodoc_series(tmp_path):
     with PromServer(tmp_path) as prom:
         with pytest.raises(UserError, match="no zerodoc series"):
@@ -336,12 +336,10 @@ def test_a_cleanly_closed_run_is_ended_from_every_source(live, tmp_path):
     try:
         with PromServer(tmp_path, targets=demo.endpoints,
                         file_sd=[str(sd / "*-rank-00000.json")]) as prom:
-            deadline = time.monotonic() + 90
-            eps = []
-            while time.monotonic() < deadline and len(eps) < 2:
-                eps = [rrl(p).facts.metrics_endpoint for p in sorted(run.glob("rank-*.jsonl"))
-                       if p.stat().st_size]
-                time.sleep(0.3)
+            eps = wait_until(
+                lambda: (e := [rrl(p).facts.metrics_endpoint
+                               for p in sorted(run.glob("rank-*.jsonl")) if p.stat().st_size])
+                and len(e) >= 2 and e, 90, "both ranks' endpoints", 0.3)
             feed = Feed(EndpointsSource(eps, window=5, settle_s=0), diagnose=lambda s: [])
             while job.running():
                 frame = feed.fetch()
@@ -360,9 +358,8 @@ def test_a_cleanly_closed_run_is_ended_from_every_source(live, tmp_path):
             assert 60 <= last <= 80, last
             # the clean close removed the file_sd target: Prometheus drops it within seconds
             # (its discovery updates every 5 s); a crashed rank's target stays, up == 0
-            deadline = time.monotonic() + 30
-            while prom.query('up{run_id="closed-run"}') and time.monotonic() < deadline:
-                time.sleep(0.5)
+            wait_until(lambda: not prom.query('up{run_id="closed-run"}'), 30,
+                       "Prometheus to drop the closed run's target", 0.5)
             src = PrometheusSource(prom.url, window=5, run_id="closed-run")
             assert {"closed-run", "live"} <= set(src.runs())
             a = src.snapshot()

@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.helpers import SMALL_MODEL
+from tests.helpers import SMALL_MODEL, until, wait_until
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
 from zerodoc.targets_cli import read_header
@@ -47,13 +47,12 @@ def lines_of(run_dir: Path, rank: int) -> list[dict]:
 
 
 def wait_for(cond, timeout: float, what: str, job: Job) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    job.stop(grace=1)
-    raise AssertionError(f"timed out waiting for {what}")
+    """wait_until, stopping the job if it times out."""
+    try:
+        wait_until(cond, timeout, what, interval=0.2)
+    except AssertionError:
+        job.stop(grace=1)
+        raise
 
 
 def gone(pids: list[int]) -> bool:
@@ -162,9 +161,7 @@ async def test_tui_shows_the_stopped_rank_above_every_view():
     run = Path(__file__).parent / "data" / "scenarios" / "hung-rank"
     app = ZerodocApp(open_source(str(run)), refresh=None)
     async with app.run_test(size=(160, 40)) as pilot:
-        deadline = time.monotonic() + 30
-        while app.frame is None and time.monotonic() < deadline:
-            await pilot.pause(0.05)
+        await until(pilot, lambda: app.frame is not None, 30, "the first frame")
         await pilot.pause()
         assert app.frame is not None and app.frame.findings[0].code == "ZD013"
         for key in ("1", "2", "3", "4"):

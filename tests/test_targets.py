@@ -101,6 +101,7 @@ def test_shared_file_sd_dir(tmp_path, monkeypatch):
     assert p == shared / "job-42-rank-00001.json"
 
 
+@pytest.mark.slow
 def test_targets_module_is_stdlib_only():
     """It runs inside training ranks: no prometheus_client, torch, grafana, yaml."""
     code = ("import sys, zerodoc.targets; bad = [m for m in sys.modules if m.split('.')[0] in "
@@ -147,6 +148,7 @@ def test_cli_writes_static_and_file_sd(tmp_path, capsys):
                                     "node": "node-1", "run_id": "run-1"}}
 
 
+@pytest.mark.slow
 def test_static_block_is_valid_prometheus_config(tmp_path, capsys):
     promtool = require_binary("promtool")
     run = write_run(tmp_path / "run", [facts(rank=r, endpoint=f"127.0.0.1:{9730 + r}")

@@ -155,6 +155,7 @@ def _zerodoc_calls(fn) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_unsampled_steps_enter_no_per_unit_hook(fsdp2, tmp_path):
     from zerodoc.demo.model import DemoConfig, batch, loss_fn
 
@@ -283,6 +284,7 @@ def _steps(run: Path, rank: int) -> list[dict]:
     return [out[k] for k in sorted(out)]
 
 
+@pytest.mark.slow
 def test_two_ranks_sample_the_same_steps(tmp_path):
     run_demo(tmp_path, "k3", steps=14, model={"blocks": 2, "hidden": 64, "seq": 32},
              attach={"detail": 3, "stall_after_s": 0})

@@ -42,7 +42,6 @@ import pytest
 from zerodoc.cli import main
 from zerodoc.trace import open_traces
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data" / "traces" / "hta"
 HTA_REQUIREMENTS = ["HolisticTraceAnalysis==0.5.0", "pandas>=2.2", "plotly", "pydot",
                     "python-dateutil", "pytz", "tzdata", "six", "narwhals", "pyparsing"]
@@ -68,6 +67,7 @@ import json, sys
 import numpy as np
 from hta.trace_analysis import TraceAnalysis
 from hta.utils.utils import KernelType, get_kernel_type, merge_kernel_intervals
+from tests.helpers import ROOT
 out = {}
 for name, d in json.loads(sys.argv[1]).items():
     ta = TraceAnalysis(trace_dir=d, include_last_profiler_step=True)

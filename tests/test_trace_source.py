@@ -112,6 +112,7 @@ def test_trace_and_live_agree_per_unit(pair):
         assert any(t.exposed_seconds < 0.5 * t.seconds for t in w.comm.values())
 
 
+@pytest.mark.slow
 def test_facts_come_from_the_trace(tmp_path_factory):
     logs, traces = profiled(tmp_path_factory, "sync")
     snap = open_traces(str(traces), window=None, progress=False).snapshot()
@@ -127,6 +128,7 @@ def test_facts_come_from_the_trace(tmp_path_factory):
             assert (u.reshard_after_forward, u.group_size) == (True, 2)
 
 
+@pytest.mark.slow
 def test_gzip_trace_reads_like_the_plain_file(tmp_path_factory, tmp_path):
     _logs, traces = profiled(tmp_path_factory, "async")
     files = sorted(traces.glob("rank-*.json.gz"))
@@ -140,6 +142,7 @@ def test_gzip_trace_reads_like_the_plain_file(tmp_path_factory, tmp_path):
         assert a.ranks[r].compute == b.ranks[r].compute
 
 
+@pytest.mark.slow
 def test_report_cli_on_traces(tmp_path_factory, capsys):
     _logs, traces = profiled(tmp_path_factory, "sync")
     assert main(["report", str(traces), "--json"]) == 0
@@ -159,6 +162,7 @@ def test_report_cli_on_traces(tmp_path_factory, capsys):
     assert "--stage: only for profiler traces" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_tui_on_traces(tmp_path_factory):
     pytest.importorskip("textual")
     import asyncio
@@ -198,6 +202,7 @@ def test_bad_trace_files_give_one_line(tmp_path, capsys, bad, why):
     assert why in err and "Traceback" not in err, err
 
 
+@pytest.mark.slow
 def test_truncated_gzip_and_missing_files(tmp_path_factory, tmp_path, capsys):
     _logs, traces = profiled(tmp_path_factory, "async")
     data = (traces / "rank-0.json.gz").read_bytes()
@@ -231,6 +236,7 @@ def test_rank_from_the_file_name(tmp_path, capsys):
     assert "no rank in the trace" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["fsdp1-full", "zero1"])
 def test_fsdp1_and_zero1_traces_match_the_live_counts_and_bytes(tmp_path, framework):
     """FSDP1 names no unit in its annotations: the trace's `unit-k` is the k-th unit FSDP1

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_demo, until
+from tests.helpers import ROOT, run_demo, until
 from zerodoc.diagnosis.findings import Finding, Severity
 from zerodoc.model import RunSnapshot
 from zerodoc.runlog import load_run, read_rank_log, window_from_steps
@@ -35,7 +35,6 @@ from zerodoc.tui.textshot import screen_text  # noqa: E402
 from zerodoc.tui.widgets.table import ZTable  # noqa: E402
 from zerodoc.tui.windows import SlidingWindows  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 SIZE = (120, 36)
 WINDOW = 20
@@ -592,11 +591,12 @@ def test_cli_bad_arguments_exit_2(recorded, capsys):
         assert len(err) == 1 and err[0].startswith("zerodoc tui: error:") and msg in err[0], err
 
 
+@pytest.mark.slow
 def test_importing_zerodoc_never_imports_textual():
     code = ("import sys, zerodoc, zerodoc.cli, zerodoc.tui_cli; zerodoc.cli.build_parser(); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('textual', 'rich') "
             "or m.startswith('zerodoc.tui.')]; print(bad); assert not bad")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -626,7 +626,7 @@ def test_tmux_real_terminal(recorded):
 
     try:
         subprocess.run([*base, "new-session", "-d", "-s", "tui", "-x", "120", "-y", "36", cmd],
-                       check=True, cwd=REPO)
+                       check=True, cwd=ROOT)
         wait_for("zerodoc", "run log", "Overview", "Units", "Findings", "Ranks", "Step time",
                  "Exposed comm", "Comm/compute", "Worst unit", "Worst rank", "Headroom",
                  "2 ranks", "r0", "r1", "■ ended", "? Help", "q Quit")
@@ -638,6 +638,7 @@ def test_tmux_real_terminal(recorded):
         subprocess.run([*base, "kill-server"], capture_output=True)
 
 
+@pytest.mark.slow
 def test_demo_opens_the_tui_and_stops_the_job_on_quit(tmp_path, monkeypatch, capsys):
     """`zerodoc demo` (not --headless, on a terminal) runs `run_live_demo`: the job starts, the
     app follows it live, and quitting stops every rank."""
@@ -671,9 +672,10 @@ def test_demo_opens_the_tui_and_stops_the_job_on_quit(tmp_path, monkeypatch, cap
     assert "Run log" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_bench_script_runs_small(tmp_path):
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "tui_render.py"), "--ranks", "4",
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "tui_render.py"), "--ranks", "4",
                         "--units", "8", "--steps", "4", "--refreshes", "2", "--run-dir",
-                        str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=240)
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert "RESULT: 4 ranks x 8 units" in r.stdout, r.stdout + r.stderr
     assert r.returncode == 0, r.stdout + r.stderr
