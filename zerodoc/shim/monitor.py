@@ -722,7 +722,7 @@ class Monitor:
         coll = self.seq.step(None)
         mem = self._mem
         if mem is None or now - self._mem_t >= MEMORY_READ_S or step <= 2 or \
-                step % self.cfg.memory_every == 0:
+                step % self.cfg.memory_every == 0 or self.cfg.reset_peak_memory:
             mem = self._memory(now)
         self_s = self._pending_self_s
         tot = self.totals
@@ -840,10 +840,11 @@ class Monitor:
         between reads the latest read (a new dict per read, never mutated: the writer thread
         and the exporter hold it). Process RSS, the allocator's stats (one C call building a
         nested dict on a GPU) and NVML are not worth a read per step of a fast job; peaks
-        are kept by their sources between reads."""
+        are kept by their sources between reads. With `reset_peak_memory` (per-step peaks,
+        the user's choice) every step end reads."""
         step = self.step_index
         if self._mem is not None and now - self._mem_t < MEMORY_READ_S and \
-                not self._memory_due(step):
+                not self._memory_due(step) and not self.cfg.reset_peak_memory:
             return self._mem
         self._mem_t = now
         st = self._mem_static
