@@ -478,3 +478,41 @@ def test_memory_is_read_at_most_every_second_between_walks(fsdp2, tmp_path, monk
     assert reads[0] == 3, reads  # steps 1, 2 and 8
     steps = _steps(tmp_path / "run", 0)
     assert len(steps) == 12 and all(s["mem"]["process_resident"] > 0 for s in steps)
+
+
+def test_watchdog_says_optimizer_on_a_step_without_detail(fsdp2, tmp_path):
+    """A step without detail times its optimizer with two clock reads, not the recorder's
+    stack: the watchdog still says the rank is in the optimizer. Ground truth: the test
+    blocks the training thread inside `optimizer.step()`."""
+    import threading
+
+    make, step = fsdp2
+    model, opt = make()
+    inside, gate, box = threading.Event(), threading.Event(), {}
+
+    def train():
+        mon = box["mon"] = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"),
+                                          port=False, detail="off", stall_after_s=0)
+        try:
+            for i in range(2):
+                step(model, opt, i)
+
+            def block(o, args, kwargs):
+                inside.set()
+                gate.wait(30)
+            opt.register_step_pre_hook(block)  # after zerodoc's own pre-hook
+            step(model, opt, 2)
+        finally:
+            mon.close()
+    t = threading.Thread(target=train)
+    t.start()
+    try:
+        assert inside.wait(60)
+        mon = box["mon"]
+        assert not mon._detail_on and mon.rec.stack == [0]
+        now = time.perf_counter()
+        rec = mon.watchdog.stuck(now, now - 1.0, mon.step_index, 0.1)
+    finally:
+        gate.set()
+        t.join(60)
+    assert (rec["in"], rec["phase"]) == ("optimizer", "optimizer"), rec

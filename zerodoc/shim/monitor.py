@@ -374,9 +374,11 @@ class Monitor:
                 self._step_event(0)
 
     def _opt_pre(self, opt, args, kwargs):
-        if not (args or kwargs or self._detail_on):
-            # A step without detail, `optimizer.step()` with no closure: its time from one
-            # clock read here and one in `_opt_post`, not through the recorder's stack.
+        if not (kwargs or self._detail_on) and (not args or (len(args) == 1 and
+                                                       args[0] is opt)):
+            # A step without detail, `optimizer.step()` with no closure (torch passes the
+            # optimizer itself in `args`): its time from one clock read here and one in
+            # `_opt_post`, not through the recorder's stack.
             self.rec.phase = OPTIMIZER
             self._t_opt = perf_counter()
             if self._memory_due(self.step_index + 1):
