@@ -302,15 +302,19 @@ def test_two_ranks_sample_the_same_steps(tmp_path):
                 assert coll["all_gather"][0] > 0, coll
 
 
-def test_watchdog_names_the_unit_on_a_step_without_detail(fsdp2, tmp_path):
-    """Outside detail steps the recorder knows nothing of the units: the watchdog reads the
-    training thread's frames (the unit module whose forward runs) instead. Ground truth: the
-    test blocks the training thread inside one unit's forward."""
+def _stuck_while_blocked(fsdp2, tmp_path, block_in) -> tuple[dict, dict]:
+    """Train two steps without detail, then block the training thread where `block_in(mon,
+    model, opt, hold)` puts `hold` (a hook that waits); the watchdog's record made while it
+    is blocked, and what `block_in` noted in the box."""
     import threading
 
     make, step = fsdp2
     model, opt = make()
     inside, gate, box = threading.Event(), threading.Event(), {}
+
+    def hold(*_a):
+        inside.set()
+        gate.wait(30)
 
     def train():
         mon = box["mon"] = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"),
@@ -318,13 +322,7 @@ def test_watchdog_names_the_unit_on_a_step_without_detail(fsdp2, tmp_path):
         try:
             for i in range(2):
                 step(model, opt, i)
-            unit = mon.adapter.units[2]
-            box["unit"] = unit.name
-
-            def block(mod, args):
-                inside.set()
-                gate.wait(30)
-            unit.module.register_forward_pre_hook(block)
+            block_in(mon, model, opt, hold, box)
             step(model, opt, 2)
         finally:
             mon.close()
@@ -339,6 +337,18 @@ def test_watchdog_names_the_unit_on_a_step_without_detail(fsdp2, tmp_path):
     finally:
         gate.set()
         t.join(60)
+    return rec, box
+
+
+def test_watchdog_names_the_unit_on_a_step_without_detail(fsdp2, tmp_path):
+    """Outside detail steps the recorder knows nothing of the units: the watchdog reads the
+    training thread's frames (the unit module whose forward runs) instead. Ground truth: the
+    test blocks the training thread inside one unit's forward."""
+    def block_in(mon, model, opt, hold, box):
+        unit = mon.adapter.units[2]
+        box["unit"] = unit.name
+        unit.module.register_forward_pre_hook(hold)
+    rec, box = _stuck_while_blocked(fsdp2, tmp_path, block_in)
     assert (rec["unit"], rec["phase"], rec["in"], rec["collective"]) == \
         (box["unit"], "forward", "compute", ""), rec
 
@@ -484,35 +494,7 @@ def test_watchdog_says_optimizer_on_a_step_without_detail(fsdp2, tmp_path):
     """A step without detail times its optimizer with two clock reads, not the recorder's
     stack: the watchdog still says the rank is in the optimizer. Ground truth: the test
     blocks the training thread inside `optimizer.step()`."""
-    import threading
-
-    make, step = fsdp2
-    model, opt = make()
-    inside, gate, box = threading.Event(), threading.Event(), {}
-
-    def train():
-        mon = box["mon"] = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"),
-                                          port=False, detail="off", stall_after_s=0)
-        try:
-            for i in range(2):
-                step(model, opt, i)
-
-            def block(o, args, kwargs):
-                inside.set()
-                gate.wait(30)
-            opt.register_step_pre_hook(block)  # after zerodoc's own pre-hook
-            step(model, opt, 2)
-        finally:
-            mon.close()
-    t = threading.Thread(target=train)
-    t.start()
-    try:
-        assert inside.wait(60)
-        mon = box["mon"]
-        assert not mon._detail_on and mon.rec.stack == [0]
-        now = time.perf_counter()
-        rec = mon.watchdog.stuck(now, now - 1.0, mon.step_index, 0.1)
-    finally:
-        gate.set()
-        t.join(60)
+    def block_in(mon, model, opt, hold, box):
+        opt.register_step_pre_hook(hold)  # after zerodoc's own pre-hook
+    rec, _box = _stuck_while_blocked(fsdp2, tmp_path, block_in)
     assert (rec["in"], rec["phase"]) == ("optimizer", "optimizer"), rec
