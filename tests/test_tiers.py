@@ -304,15 +304,19 @@ def test_two_ranks_sample_the_same_steps(tmp_path):
                 assert coll["all_gather"][0] > 0, coll
 
 
-def test_watchdog_names_the_unit_on_a_step_without_detail(fsdp2, tmp_path):
-    """Outside detail steps the recorder knows nothing of the units: the watchdog reads the
-    training thread's frames (the unit module whose forward runs) instead. Ground truth: the
-    test blocks the training thread inside one unit's forward."""
+def _stuck_while_blocked(fsdp2, tmp_path, block_in) -> tuple[dict, dict]:
+    """Train two steps without detail, then block the training thread where `block_in(mon,
+    model, opt, hold)` puts `hold` (a hook that waits); the watchdog's record made while it
+    is blocked, and what `block_in` noted in the box."""
     import threading
 
     make, step = fsdp2
     model, opt = make()
     inside, gate, box = threading.Event(), threading.Event(), {}
+
+    def hold(*_a):
+        inside.set()
+        gate.wait(30)
 
     def train():
         mon = box["mon"] = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"),
@@ -320,13 +324,7 @@ def test_watchdog_names_the_unit_on_a_step_without_detail(fsdp2, tmp_path):
         try:
             for i in range(2):
                 step(model, opt, i)
-            unit = mon.adapter.units[2]
-            box["unit"] = unit.name
-
-            def block(mod, args):
-                inside.set()
-                gate.wait(30)
-            unit.module.register_forward_pre_hook(block)
+            block_in(mon, model, opt, hold, box)
             step(model, opt, 2)
         finally:
             mon.close()
@@ -341,6 +339,18 @@ def test_watchdog_names_the_unit_on_a_step_without_detail(fsdp2, tmp_path):
     finally:
         gate.set()
         t.join(60)
+    return rec, box
+
+
+def test_watchdog_names_the_unit_on_a_step_without_detail(fsdp2, tmp_path):
+    """Outside detail steps the recorder knows nothing of the units: the watchdog reads the
+    training thread's frames (the unit module whose forward runs) instead. Ground truth: the
+    test blocks the training thread inside one unit's forward."""
+    def block_in(mon, model, opt, hold, box):
+        unit = mon.adapter.units[2]
+        box["unit"] = unit.name
+        unit.module.register_forward_pre_hook(hold)
+    rec, box = _stuck_while_blocked(fsdp2, tmp_path, block_in)
     assert (rec["unit"], rec["phase"], rec["in"], rec["collective"]) == \
         (box["unit"], "forward", "compute", ""), rec
 
@@ -402,3 +412,94 @@ def test_gpu_tiers_on_the_cuda_stand_in(tmp_path, monkeypatch):
     # device numbers are read back lazily: a detail record carries what was read since the
     # previous one; all of the samples' rows arrive in detail records
     assert sum(bool(s["compute"]) for s in steps if s["detail"]) >= 2
+
+
+def _count_zerodoc_event_calls(monkeypatch) -> dict:
+    """Counts the stand-in event calls made from zerodoc's shim (not the fake FSDP's own)."""
+    from zerodoc.testing import cudasim
+
+    counts = {"record": 0, "query": 0, "elapsed_time": 0}
+    for name in counts:
+        orig = getattr(cudasim.SimEvent, name)
+
+        def wrap(*a, _orig=orig, _name=name, **k):
+            if sys._getframe(1).f_globals.get("__name__", "").startswith("zerodoc.shim"):
+                counts[_name] += 1
+            return _orig(*a, **k)
+        monkeypatch.setattr(cudasim.SimEvent, name, wrap)
+    return counts
+
+
+def _sim_steps(sim, fsdp, opt, queue, n):
+    for _ in range(n):
+        fsdp.step(queue)
+        sim.kernel(0.5, "optimizer")
+        opt.step()
+        sim.drain()  # the job's own wait, not zerodoc's: the host is a step ahead at most
+
+
+def test_gpu_steps_cuda_calls_on_the_cuda_stand_in(tmp_path, monkeypatch):
+    """The always-on tier costs three CUDA calls a step (the boundary's record, one query,
+    one elapsed time: it was four); a detail step's read-back queries no event twice (a
+    collective's start event is implied by its end, a window's marks by the device clock's
+    read-back: there were more queries than records)."""
+    from zerodoc.shim import hookpoints as hp
+    from zerodoc.testing import simmonitor
+
+    counts = _count_zerodoc_event_calls(monkeypatch)
+    for detail in ("off", "every"):
+        sim, fsdp, opt = simmonitor.build(6)
+        queue: list = []
+        mon, _real = simmonitor.attach(sim, fsdp, opt, detail, str(tmp_path / detail), queue)
+        monkeypatch.setattr(hp, "queue_autograd_callback", queue.append)
+        try:
+            _sim_steps(sim, fsdp, opt, queue, 4)  # warm-up
+            before = dict(counts)
+            _sim_steps(sim, fsdp, opt, queue, 10)
+            per_step = {k: (counts[k] - before[k]) / 10 for k in counts}
+        finally:
+            mon.close()
+        assert sim.syncs == []
+        if detail == "off":
+            assert per_step == {"record": 1, "query": 1, "elapsed_time": 1}, per_step
+        else:
+            assert per_step["record"] > 4 * 6, per_step
+            assert per_step["query"] <= per_step["record"], per_step
+
+
+def test_memory_is_read_at_most_every_second_between_walks(fsdp2, tmp_path, monkeypatch):
+    """Process memory is not read at every step end of a fast job: on steps 1-2, the tensor
+    walks' steps and at most every MEMORY_READ_S; each step record carries the latest read."""
+    from zerodoc.shim import memory
+    from zerodoc.shim import monitor as monmod
+
+    reads = [0]
+    real = memory.process_resident_bytes
+
+    def counting():
+        reads[0] += 1
+        return real()
+    monkeypatch.setattr(memory, "process_resident_bytes", counting)
+    monkeypatch.setattr(monmod, "MEMORY_READ_S", 3600.0)
+    make, step = fsdp2
+    model, opt = make()
+    mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=False, detail="off",
+                         stall_after_s=0, memory_every=8)
+    try:
+        for i in range(12):
+            step(model, opt, i)
+    finally:
+        mon.close()
+    assert reads[0] == 3, reads  # steps 1, 2 and 8
+    steps = _steps(tmp_path / "run", 0)
+    assert len(steps) == 12 and all(s["mem"]["process_resident"] > 0 for s in steps)
+
+
+def test_watchdog_says_optimizer_on_a_step_without_detail(fsdp2, tmp_path):
+    """A step without detail times its optimizer with two clock reads, not the recorder's
+    stack: the watchdog still says the rank is in the optimizer. Ground truth: the test
+    blocks the training thread inside `optimizer.step()`."""
+    def block_in(mon, model, opt, hold, box):
+        opt.register_step_pre_hook(hold)  # after zerodoc's own pre-hook
+    rec, _box = _stuck_while_blocked(fsdp2, tmp_path, block_in)
+    assert (rec["in"], rec["phase"]) == ("optimizer", "optimizer"), rec

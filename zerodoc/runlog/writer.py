@@ -1,9 +1,11 @@
 """The run-log writer: used inside training jobs. Standard library only; never blocks the
 training thread and never raises into it after construction.
 
-The training thread only *hands over* records (`write()`, `write_units()`): a bounded queue,
-`put_nowait`, and when the queue is full the record is dropped and counted (`dropped`). A
-background thread encodes and writes them. A blocked or slow filesystem therefore stalls
+The training thread only *hands over* records (`write()`, `write_lean_step()`,
+`write_units()`): one append to a bounded deque (a C call: no lock, no wake-up of the writer
+thread per record), and when it is full the record is dropped and counted (`dropped`). A
+background thread wakes every `POLL_S` seconds (or when `close()` / `flush()` wake it), and
+builds, encodes and writes what was handed over, in order. A blocked or slow filesystem therefore stalls
 the writer thread, never a step; the records that did not fit are counted, the count is
 exported (`zerodoc_runlog_dropped_records_total`) and written to the log (a `dropped`
 record) once the filesystem moves again.
@@ -31,9 +33,9 @@ import errno
 import json
 import logging
 import os
-import queue
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from .records import SCHEMA, rank_log_name
@@ -41,6 +43,47 @@ from .scan import newest_head
 
 DETAIL_DIR = "detail"
 _STOP = object()
+POLL_S = 0.05  # the writer thread's wake-up interval (records wait at most this long)
+
+
+class _Full(Exception):
+    pass
+
+
+class _Handover:
+    """The hand-over between the training thread (and the watchdog's) and the writer thread:
+    a deque appended to without a lock or a notify (a `queue.Queue` put cost the training
+    thread a lock, a condition notify and a wake-up of the writer thread on every step), drained
+    by the writer thread on its own tick."""
+
+    __slots__ = ("items", "maxsize", "wake", "busy")
+
+    def __init__(self, maxsize: int):
+        self.items: deque = deque()
+        self.maxsize = maxsize
+        self.wake = threading.Event()
+        self.busy = False  # the writer thread is handling items it took
+
+    def qsize(self) -> int:
+        return len(self.items)
+
+    def put_nowait(self, item) -> None:
+        if len(self.items) >= self.maxsize:
+            raise _Full
+        self.items.append(item)
+
+    def put(self, item, timeout: float) -> None:
+        """Wait (boundedly: close()) for room."""
+        deadline = time.monotonic() + timeout
+        while len(self.items) >= self.maxsize:
+            self.wake.set()
+            if time.monotonic() >= deadline:
+                raise _Full
+            time.sleep(0.001)
+        self.items.append(item)
+
+    def idle(self) -> bool:
+        return not self.items and not self.busy
 
 # os.write, looked up at call time: the writer-never-blocks test puts a blocking one here.
 _os_write = os.write
@@ -79,6 +122,23 @@ def _append_whole(fd: int, data: bytes, at: int) -> None:
 
 def detail_names(rank: int) -> tuple[str, str]:
     return f"{rank:05d}-a.jsonl", f"{rank:05d}-b.jsonl"
+
+
+def lean_record(t: tuple) -> dict:
+    """The `step` record of a step without per-unit detail, from `write_lean_step`'s tuple;
+    the per-unit-derived fields are null (not measured), never 0."""
+    step, end_unix, step_s, optimizer_s, self_s, mem, coll, dev, errors = t
+    rec = {"type": "step", "step": step, "end_unix": end_unix, "detail": False,
+           "step_s": step_s, "optimizer_s": optimizer_s, "self_s": self_s, "compute": [],
+           "comm": [], "mem": mem, "framework_s": None, "other_s": None, "wait_s": None,
+           "compute_s": None, "exposed_s": None}
+    if coll is not None:
+        rec["coll"] = coll
+    if dev is not None:
+        rec["device_step_s_for"], rec["device_step_s"] = dev
+    if errors:
+        rec["errors"] = errors
+    return rec
 
 
 class RunLogBusy(OSError):
@@ -120,7 +180,7 @@ class RunLogWriter:
         self._failing = False  # the last write to the main log failed
         self._torn = False  # the main log ends inside a record that could not be cut back
         self._unlogged_drops = 0
-        self._q: queue.Queue = queue.Queue(maxsize=max(1, int(queue_size)))
+        self._q = _Handover(max(1, int(queue_size)))
         self._closed = False
         self._closing_timeout = 0.0
         # per-unit checkpoints: decided on the training thread (cheap), written by the thread
@@ -187,7 +247,7 @@ class RunLogWriter:
                 self._q.put(item, timeout=self._closing_timeout)
             else:
                 self._q.put_nowait(item)
-        except queue.Full:
+        except _Full:
             self.dropped += 1
             self._unlogged_drops += 1
 
@@ -205,6 +265,14 @@ class RunLogWriter:
         a step line (totals) and, with detail on, a detail line; any other type is written
         as it is."""
         self._put(("step" if record.get("type") == "step" else "record", record))
+
+    def write_lean_step(self, t: tuple) -> None:
+        """Hand over a step without per-unit detail as a tuple (step, end_unix, step_s,
+        optimizer_s, self_s, mem, coll, (device_step_s_for, device_step_s) or None,
+        errors or None): the writer thread builds its `step` record (docs/runlog.md), so
+        the training thread builds no dict on such a step. `mem` and `errors` are not
+        changed after the hand-over (the monitor replaces them, never mutates them)."""
+        self._put(("lean", t))
 
     def units_due(self, step: int) -> bool:
         """A per-unit interval line is due after this step (every_steps / every_seconds)."""
@@ -256,8 +324,9 @@ class RunLogWriter:
         self._closed = True
         try:
             self._q.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Full:
+        except _Full:
             pass
+        self._q.wake.set()
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if not self._thread.is_alive():
             self._close_files()
@@ -268,7 +337,11 @@ class RunLogWriter:
         if self._closed:
             return
         self._closed = True
-        self._q.put(_STOP, timeout=timeout)
+        try:
+            self._q.put(_STOP, timeout=timeout)
+        except _Full:
+            pass
+        self._q.wake.set()
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self._close_files()
@@ -284,42 +357,54 @@ class RunLogWriter:
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every record handed over so far is written (tests, tools)."""
         deadline = time.monotonic() + timeout
-        while self._q.unfinished_tasks and time.monotonic() < deadline:
+        q = self._q
+        while not q.idle() and time.monotonic() < deadline:
+            q.wake.set()
             time.sleep(0.002)
-        return not self._q.unfinished_tasks
+        return q.idle()
 
     # --- the writer thread -------------------------------------------------------------
     def _run(self) -> None:
+        q = self._q
+        items = q.items
         while True:
-            item = self._q.get()
+            q.wake.wait(POLL_S)
+            q.wake.clear()
+            q.busy = True  # before taking: flush() sees no gap between the deque and here
             try:
-                if item is _STOP:
-                    return
-                self._handle(*item)
-                if self._unlogged_lost[0]:
-                    (n, k), self._unlogged_lost = self._unlogged_lost, [0, 0]
-                    try:
-                        self._main({"type": "lost", "records": n, "steps": k,
-                                    "total": self.lost, "total_steps": self.lost_steps,
-                                    "error": self.write_error, "path": str(self.path),
-                                    "end_unix": self.clock()}, meta=True)
-                    except OSError:
-                        self._unlogged_lost = [self._unlogged_lost[0] + n,
-                                               self._unlogged_lost[1] + k]
-                        raise
-                if self._unlogged_drops:
-                    n, self._unlogged_drops = self._unlogged_drops, 0
-                    self._main({"type": "dropped", "records": n, "total": self.dropped,
-                                "end_unix": self.clock()}, meta=True)
-            except Exception as e:  # noqa: BLE001 - counted, the thread carries on
-                self.errors += 1
-                if self.on_error is not None:
-                    try:
-                        self.on_error("runlog", e)
-                    except Exception:  # noqa: BLE001
-                        pass
+                while items:
+                    item = items.popleft()
+                    if item is _STOP:
+                        return
+                    self._one(item)
             finally:
-                self._q.task_done()
+                q.busy = False
+
+    def _one(self, item) -> None:
+        try:
+            self._handle(*item)
+            if self._unlogged_lost[0]:
+                (n, k), self._unlogged_lost = self._unlogged_lost, [0, 0]
+                try:
+                    self._main({"type": "lost", "records": n, "steps": k,
+                                "total": self.lost, "total_steps": self.lost_steps,
+                                "error": self.write_error, "path": str(self.path),
+                                "end_unix": self.clock()}, meta=True)
+                except OSError:
+                    self._unlogged_lost = [self._unlogged_lost[0] + n,
+                                           self._unlogged_lost[1] + k]
+                    raise
+            if self._unlogged_drops:
+                n, self._unlogged_drops = self._unlogged_drops, 0
+                self._main({"type": "dropped", "records": n, "total": self.dropped,
+                            "end_unix": self.clock()}, meta=True)
+        except Exception as e:  # noqa: BLE001 - counted, the thread carries on
+            self.errors += 1
+            if self.on_error is not None:
+                try:
+                    self.on_error("runlog", e)
+                except Exception:  # noqa: BLE001
+                    pass
 
     def _main(self, rec: dict, meta: bool = False) -> int:
         """Append one record to the main log, whole or not at all; its offset. A failed
@@ -371,6 +456,8 @@ class RunLogWriter:
 
     def _handle(self, kind: str, *rec) -> None:
         rec = rec[0] if kind != "units" else rec
+        if kind == "lean":  # built here, then written as any step record
+            kind, rec = "step", lean_record(rec)
         if kind == "header":
             self._header_at = self._main(rec)
             if self.detail:

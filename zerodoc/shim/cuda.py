@@ -271,6 +271,11 @@ class CudaTimer:
         rec.remove(B_WAIT)
 
     # --- at a step end: read back what the GPU has finished, never block -------------------
+    def busy(self) -> bool:
+        """Anything a step end's `collect()` would work on (a detail step's tail)."""
+        marks = getattr(self.rec, "marks", ())
+        return bool(self._pending or self._unclaimed or self._open or len(marks) > 1)
+
     def collect(self, step_end: bool = True) -> int:
         """Fold finished collectives into the recorder; returns how many were emitted."""
         rec = self.rec
@@ -297,8 +302,8 @@ class CudaTimer:
                 n += 1
             elif w is None:
                 keep.append(c)  # not claimed yet
-            elif all(x.seconds is not None for x in w.colls) and w.arrive.ev.query() \
-                    and w.ready.ev.query():
+            elif all(x.seconds is not None for x in w.colls) and w.arrive.complete() \
+                    and w.ready.complete():
                 n += self._settle(w)
             else:
                 keep.append(c)
@@ -308,10 +313,13 @@ class CudaTimer:
     def _read(self, c: _Coll) -> bool:
         """Device duration of `c` once complete (read in issue order within a group)."""
         e1 = c.e1
-        if e1 is None or not e1.ev.query() or not c.e0.query():
-            return False
+        # `e0` needs no query of its own: it was recorded before the collective on the
+        # stream the collective (sync) or the process group's stream (async: it waits on that
+        # stream first) runs after, and `e1` after its end: `e1` complete implies `e0`.
         p = c.prev
-        if p is not None and p.seconds is None:
+        if p is not None and p.seconds is None:  # its group's previous one first (no query)
+            return False
+        if e1 is None or not e1.complete():
             return False
         ms = c.e0.elapsed_time(e1.ev)
         if p is not None:

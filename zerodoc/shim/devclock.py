@@ -55,12 +55,20 @@ class EventPool:
 
 
 class Mark:
-    """One recorded switch: the event, the bucket on top after it, and its holders."""
+    """One recorded switch: the event, the bucket on top after it, its holders, and whether
+    the read-back found it complete (`done`: later readers need no `query()` of their own)."""
 
-    __slots__ = ("ev", "bucket", "holds")
+    __slots__ = ("ev", "bucket", "holds", "done")
 
     def __init__(self, ev, bucket: int):
         self.ev, self.bucket, self.holds = ev, bucket, 1
+        self.done = False
+
+    def complete(self) -> bool:
+        """Complete on the device: known from the read-back, else one `query()`."""
+        if not self.done:
+            self.done = bool(self.ev.query())
+        return self.done
 
     def release(self, pool: EventPool) -> None:
         self.holds -= 1
@@ -176,8 +184,10 @@ class DeviceRecorder(Recorder):
             return 0
         acc, pool = self.dev_acc, self.pool
         prev = marks[0]
+        prev.done = True
         for i in range(1, k):
             m = marks[i]
+            m.done = True  # the windows holding it read that instead of querying
             if prev.bucket >= 0:  # -1: the end of a detail step's chain (pause())
                 acc[prev.bucket] += prev.ev.elapsed_time(m.ev) / 1e3
             prev.release(pool)

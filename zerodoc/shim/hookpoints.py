@@ -140,6 +140,7 @@ class HookRegistry:
     def __init__(self) -> None:
         self.status: dict[str, str] = {}  # hook -> "ok" | reason
         self.errors: dict[str, int] = {}  # hook -> errors caught at run time
+        self.n_errors = 0  # their sum (the step end copies `errors` only when it changed)
 
     def ok(self, hook: str) -> None:
         self.status.setdefault(hook, "ok")
@@ -154,6 +155,7 @@ class HookRegistry:
         """A failure inside zerodoc's own code at run time: counted, logged once."""
         n = self.errors.get(hook, 0)
         self.errors[hook] = n + 1
+        self.n_errors += 1
         if n == 0:
             log.warning("zerodoc: error in %s (counted, training continues): %r", hook, exc)
 

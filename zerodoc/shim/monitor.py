@@ -36,6 +36,9 @@ from .recorder import (
 )
 
 
+MEMORY_READ_S = 1.0  # memory populations re-read at most this often between walk steps
+
+
 def attach(model, optimizer=None, **options):
     cfg = AttachConfig.from_options(**options)  # bad options raise here, at attach time
     if not cfg.enabled:
@@ -131,6 +134,11 @@ class Monitor:
         self._cpu_carry = 0.0  # install cost paid at a step end, for the step it serves
         self._step_ev: list = []  # GPU: (step, event) at step boundaries, not yet read back
         self._device_step: tuple[int, float] | None = None
+        self._mem: dict[str, int] | None = None  # the latest memory read (never mutated)
+        self._mem_t = 0.0  # perf_counter() of that read
+        self._errors_n = 0
+        self._errors_snap: dict[str, int] = {}
+        self._t_opt: float | None = None  # optimizer start on a step without detail
 
         self.adapter = adapters.detect(model, optimizer, self.registry)
         self.adapter.discover()
@@ -366,6 +374,21 @@ class Monitor:
                 self._step_event(0)
 
     def _opt_pre(self, opt, args, kwargs):
+        if not (kwargs or self._detail_on) and (not args or (len(args) == 1 and
+                                                       args[0] is opt)):
+            # A step without detail, `optimizer.step()` with no closure (torch passes the
+            # optimizer itself in `args`): its time from one clock read here and one in
+            # `_opt_post`, not through the recorder's stack.
+            self.rec.phase = OPTIMIZER
+            self._t_opt = perf_counter()
+            if self._memory_due(self.step_index + 1):
+                try:
+                    self._mem_static["gradients"] = memory.gradient_bytes(
+                        self.adapter.memory_module())
+                except Exception as e:
+                    self.registry.error("optimizer.pre_hook", e)
+            return None
+        self._t_opt = None
         try:
             self.rec.phase = OPTIMIZER
             self.rec.push(B_OPTIMIZER)
@@ -402,7 +425,16 @@ class Monitor:
         return run_closure
 
     def _opt_post(self, opt, args, kwargs) -> None:
+        t = self._t_opt
         try:
+            if t is not None and not self._detail_on:
+                now = perf_counter()
+                self._t_opt = None
+                self._end_lean(now, now - t)
+                return
+            self._t_opt = None
+            if t is not None:  # detail installed in between (cannot happen from hooks)
+                self.rec.push(B_OPTIMIZER)
             self.rec.remove(B_OPTIMIZER)
             self._end_step()
         except Exception as e:
@@ -581,6 +613,9 @@ class Monitor:
     def _end_step(self) -> None:
         now = perf_counter()
         detail = self._detail_on
+        if not detail:
+            self._end_lean(now)
+            return
         device = self.timer.device
         self.timer.collect()  # CUDA: read back finished events (never blocks)
         # GPU: the collectives read back outside a detail step wait for the next one (the
@@ -613,7 +648,7 @@ class Monitor:
             compute_rows, comm_rows, host_s, kinds = [], [], 0.0, None
         coll = self.seq.step(kinds)
 
-        mem = self._memory()
+        mem = self._memory(now)
         self_s = self._pending_self_s
         tot.steps += 1
         tot.last_step = self.step_index
@@ -623,7 +658,7 @@ class Monitor:
         tot.max_step_seconds = max(tot.max_step_seconds, step_s)
         tot.self_seconds += self_s
         tot.memory = mem
-        tot.errors = dict(self.registry.errors)
+        tot.errors = self._errors()
         tot.updated_unix = time.time()
         i = bisect.bisect_left(STEP_BUCKETS, step_s)
         if i < len(self.hist_counts):
@@ -652,8 +687,8 @@ class Monitor:
                 if self._device_step is not None:
                     rec["device_step_s_for"], rec["device_step_s"] = self._device_step
                     self._device_step = None
-            if self.registry.errors:
-                rec["errors"] = dict(self.registry.errors)
+            if tot.errors:
+                rec["errors"] = tot.errors
             try:
                 self._writer.write(rec)  # a hand-over to the writer thread: no file I/O here
                 if self._writer.units_due(self.step_index):
@@ -665,6 +700,76 @@ class Monitor:
         if self.step_index == 1 and self.rank == 0:
             self._first_step_checks()
 
+    def _end_lean(self, now: float, opt_s: float | None = None) -> None:
+        """The step end of a step without per-unit detail (the always-on tier): step-level
+        numbers only, no dict built here (the run-log writer builds the record from a tuple),
+        memory the latest read (`_memory`), nothing per unit. `opt_s`: the optimizer's
+        time when the hooks took it without the recorder (`_opt_pre`)."""
+        timer = self.timer
+        dev = None
+        if timer.device:
+            if timer.busy():  # a detail step's tail still to read back (never a wait)
+                timer.collect()
+            o = self.rec.drain_step(now, keep_comm=True)
+            self._step_event(self.step_index + 1)
+            dev, self._device_step = self._device_step, None
+        else:
+            o = self.rec.drain_step(now, keep_comm=False)
+        if opt_s is None:
+            opt_s = o
+        start = self._step_start if self._step_start is not None else self._t_attach
+        step_s = now - start
+        self._step_start = now
+        self.step_index = step = self.step_index + 1
+        coll = self.seq.step(None)
+        mem = self._mem
+        if mem is None or now - self._mem_t >= MEMORY_READ_S or step <= 2 or \
+                step % self.cfg.memory_every == 0 or self.cfg.reset_peak_memory:
+            mem = self._memory(now)
+        self_s = self._pending_self_s
+        tot = self.totals
+        tot.optimizer_seconds += opt_s
+        tot.steps += 1
+        tot.last_step = step
+        if not tot.first_step:
+            tot.first_step = step
+        tot.step_seconds += step_s
+        tot.last_step_seconds = step_s
+        if step_s > tot.max_step_seconds:
+            tot.max_step_seconds = step_s
+        tot.self_seconds += self_s
+        tot.memory = mem
+        if self.registry.n_errors != self._errors_n:
+            self._errors()
+        tot.errors = errors = self._errors_snap
+        tot.updated_unix = end_unix = time.time()
+        i = bisect.bisect_left(STEP_BUCKETS, step_s)
+        if i < len(self.hist_counts):
+            self.hist_counts[i] += 1
+        w = self._writer
+        if w is not None:
+            try:
+                w.write_lean_step((step, end_unix, step_s, opt_s, self_s, mem, coll, dev,
+                                   errors or None))
+                if w.units_due(step):
+                    w.write_units(tot)
+            except (OSError, ValueError) as e:
+                self.registry.error("runlog", e)
+        if self.sampler.mode != "off":
+            self._tiers(False, step_s)
+        self._pending_self_s = perf_counter() - now
+        if step == 1 and self.rank == 0:
+            self._first_step_checks()
+
+    def _errors(self) -> dict:
+        """The registry's error counts: a new dict when they changed, else the same one (it
+        is handed to the writer thread and the exporter, never changed after)."""
+        reg = self.registry
+        if reg.n_errors != self._errors_n:
+            self._errors_n = reg.n_errors
+            self._errors_snap = dict(reg.errors)
+        return self._errors_snap
+
     def _tiers(self, detail: bool, step_s: float) -> None:
         """Step end: install or remove the per-unit instrumentation for the next step, and
         feed the sampler the training thread's CPU time over the step that ended (from the
@@ -672,6 +777,12 @@ class Monitor:
         paid here is counted in the detail step it serves)."""
         sampler = self.sampler
         due = sampler.due(self.step_index + 1)
+        if sampler.mode != "adaptive":  # K fixed: no CPU clock to read
+            if detail and not due:
+                self._remove_detail()
+            elif due and not detail:
+                self._install_detail()
+            return
         if detail and not due:
             self._remove_detail()
         t0 = thread_time()
@@ -681,25 +792,34 @@ class Monitor:
         if due and not detail:
             self._install_detail()
             self._cpu_carry = thread_time() - t0
-        self._cpu_mark = thread_time()
+            t0 = thread_time()
+        self._cpu_mark = t0
 
     def _step_event(self, step: int) -> None:
         """GPU, every step: one event on the compute stream at each step boundary; two
         consecutive ones give a step's device time, read back lazily (a `query()`, never a
-        wait) at a later step end: the record says which step (`device_step_s_for`)."""
+        wait) at a later step end: the record says which step (`device_step_s_for`).
+        Three CUDA calls per step: the record, one query of the previous boundary and, when
+        it is complete, one elapsed time (the boundary before it is complete too: one
+        stream). When the device fell more than a step behind, the steps whose boundaries
+        completed together are not all read: the latest is, the older ones are skipped."""
         try:
             pool = self.rec.pool
             ev = pool.get()
             pool.record(ev)
             q = self._step_ev
             q.append((step, ev))
-            while len(q) >= 2 and q[1][1].query():
-                (_s0, e0), (s1, e1) = q[0], q[1]
-                self._device_step = (s1, max(0.0, e0.elapsed_time(e1)) / 1e3)
-                pool.put(e0)
-                del q[0]
-            if len(q) > 64:  # the device stopped completing: bound it
-                pool.put(q.pop(0)[1])
+            n = len(q)
+            if n >= 3:
+                s1, e1 = q[-2]
+                if e1.query():
+                    e0 = q[-3][1]
+                    self._device_step = (s1, max(0.0, e0.elapsed_time(e1)) / 1e3)
+                    for _s, e in q[:-2]:
+                        pool.put(e)
+                    del q[:-2]
+                elif n > 64:  # the device stopped completing: bound it
+                    pool.put(q.pop(0)[1])
         except Exception as e:
             self.registry.error("device_step", e)
 
@@ -716,9 +836,21 @@ class Monitor:
             if msg:
                 guards.say(f"zerodoc: warning: {msg.removeprefix('zerodoc: ')}")
 
-    def _memory(self) -> dict[str, int]:
+    def _memory(self, now: float) -> dict[str, int]:
+        """The memory populations of this step end: re-read on steps 1-2, on the tensor
+        walks' steps (`memory_every`) and at most every MEMORY_READ_S seconds otherwise;
+        between reads the latest read (a new dict per read, never mutated: the writer thread
+        and the exporter hold it). Process RSS, the allocator's stats (one C call building a
+        nested dict on a GPU) and NVML are not worth a read per step of a fast job; peaks
+        are kept by their sources between reads. With `reset_peak_memory` (per-step peaks,
+        the user's choice) every step end reads."""
+        step = self.step_index
+        if self._mem is not None and now - self._mem_t < MEMORY_READ_S and \
+                not self._memory_due(step) and not self.cfg.reset_peak_memory:
+            return self._mem
+        self._mem_t = now
         st = self._mem_static
-        if self._memory_due(self.step_index) or "sharded_parameters" not in st:
+        if self._memory_due(step) or "sharded_parameters" not in st:
             st["sharded_parameters"] = memory.parameter_bytes(self.adapter.memory_module())
             if self.optimizer is not None:
                 st["optimizer_state"] = memory.optimizer_state_bytes(self.optimizer)
@@ -741,6 +873,7 @@ class Monitor:
         if self.capacity:
             mem["capacity"] = self.capacity
             mem["headroom"] = self.capacity - peak
+        self._mem = mem
         return mem
 
 

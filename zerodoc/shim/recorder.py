@@ -33,6 +33,7 @@ class Recorder:
     def __init__(self, n_units: int):
         self.n_units = n_units
         self.acc = [0.0] * (_FIRST_UNIT_BUCKET + 3 * n_units)
+        self._zeros = tuple(self.acc)  # drain_step's in-place reset
         self.stack = [B_OTHER]
         self.last = perf_counter()
         self.phase = FORWARD
@@ -120,6 +121,20 @@ class Recorder:
             self.comm = {}
         self.stack = [B_OTHER]
         return acc, comm
+
+    def drain_step(self, now: float, keep_comm: bool = False) -> float:
+        """`drain` of a step without per-unit detail: only the optimizer's seconds are
+        wanted; the accumulators are zeroed in place (no list built per step)."""
+        acc = self.acc
+        acc[self.stack[-1]] += now - self.last
+        self.last = now
+        opt = acc[B_OPTIMIZER]
+        acc[:] = self._zeros
+        if not keep_comm and self.comm:
+            self.comm = {}
+        if len(self.stack) > 1:
+            self.stack = [B_OTHER]
+        return opt
 
     def reset(self, now: float) -> None:
         self.drain(now)

@@ -164,6 +164,8 @@ class SeqCounter:
     def step(self, kinds: dict | None) -> dict | None:
         """The step's collectives: `kinds` ({kind: [count, bytes]} from the comm wrappers)
         on a detail step, None on another. None when not measured."""
+        if kinds is None and self.readers == []:  # no process group: nothing to count
+            return None
         now = self._read()
         if now is None or len(now) != len(self.last):
             self.last = now or []

@@ -44,7 +44,9 @@ import time
 import traceback
 from time import perf_counter
 
-from .recorder import B_FRAMEWORK, B_OPTIMIZER, B_WAIT, COLLECTIVES, PHASES, _FIRST_UNIT_BUCKET
+from .recorder import (
+    B_FRAMEWORK, B_OPTIMIZER, B_OTHER, B_WAIT, COLLECTIVES, PHASES, _FIRST_UNIT_BUCKET,
+)
 
 STEP_FACTOR = 3.0  # no step for this many times the slowest step: not just a slow step
 STACK_FRAMES = 12
@@ -231,6 +233,8 @@ class Watchdog:
             if b >= _FIRST_UNIT_BUCKET:
                 unit = _unit_name(names, (b - _FIRST_UNIT_BUCKET) // 3)
                 break
+        if top == B_OTHER and getattr(self.m, "_t_opt", None) is not None:
+            top = B_OPTIMIZER  # a step without detail times its optimizer off the stack
         where = {B_WAIT: "collective", B_FRAMEWORK: "framework",
                  B_OPTIMIZER: "optimizer"}.get(top, "compute" if top >= _FIRST_UNIT_BUCKET
                                                  else "outside units")
