@@ -226,71 +226,72 @@ class StepModel:
             return coll_s(u, src, "all_gather") if u.comm.get(src, {}).get("all_gather") \
                 else 0.0
 
-        t = ch_free = 0.0
-        exposed: dict[str, float] = {}
+        state = {"t": 0.0, "ch": 0.0}
+        exposed: dict[str, float] = {u.name: 0.0 for u in units}
         comm_total = 0.0
-        # forward
-        starts: list[float] = []
-        for i, u in enumerate(units):
-            g = gather_s(u, "forward")
-            issue = t if sync_unshard or i == 0 else (
-                starts[i - depth] if i - depth >= 0 else 0.0)
-            begin = max(issue, ch_free)
-            done = begin + g
-            ch_free = done if g else ch_free
-            wait = max(0.0, done - max(t, begin)) if done > t else 0.0
-            exposed[u.name] = exposed.get(u.name, 0.0) + wait
-            t = max(t, done)
-            starts.append(t)
-            t += u.forward_s * scale
-            comm_total += g
-            for coll, v in u.comm.get("forward", {}).items():
-                if coll in GATHER:
-                    continue
-                s = coll_s(u, "forward", coll)
-                exposed[u.name] += s
-                t += s
-                comm_total += s
-        # backward
-        order = list(reversed(units[1:])) + units[:1]
-        starts = []
+
+        def gathers(seq: list[UnitModel], phase: str) -> None:
+            """One phase: unit i's all-gather goes on the channel when unit i starts
+            (synchronous unshard) or when unit i-depth starts computing (prefetch; the
+            first unit issues its own); the compute waits for it."""
+            nonlocal comm_total
+            done: dict[int, float] = {}
+
+            def issue(j: int) -> None:
+                if j < len(seq) and j not in done:
+                    g = gather_s(seq[j], phase)
+                    b = max(state["t"], state["ch"])
+                    done[j] = b + g
+                    starts_at[j] = b
+                    if g:
+                        state["ch"] = done[j]
+            starts_at: dict[int, float] = {}
+            for i, u in enumerate(seq):
+                issue(i)
+                if done[i] > state["t"]:
+                    exposed[u.name] += done[i] - max(state["t"], starts_at[i])
+                    state["t"] = done[i]
+                comm_total += done[i] - starts_at[i]
+                if not sync_unshard:
+                    for j in range(i + 1, i + 1 + depth):
+                        issue(j)
+                state["t"] += (u.forward_s if phase == "forward" else u.backward_s) * scale
+                after(u, phase)
+
         pending: list[tuple[str, float, float]] = []  # async reductions (unit, begin, done)
-        for i, u in enumerate(order):
-            g = gather_s(u, "backward")
-            issue = t if sync_unshard or i == 0 else (
-                starts[i - depth] if i - depth >= 0 else 0.0)
-            begin = max(issue, ch_free)
-            done = begin + g
-            if g:
-                ch_free = done
-                exposed[u.name] += max(0.0, done - max(t, begin)) if done > t else 0.0
-                t = max(t, done)
-            starts.append(t)
-            t += u.backward_s * scale
-            comm_total += g
-            # FSDP waits for the previous reduction at this unit's post-backward
-            while pending and not sem.sync_reduce:
-                name, b, d = pending.pop(0)
-                if d > t:
-                    exposed[name] += d - max(t, b)
-                    t = d
-            for coll, v in u.comm.get("backward", {}).items():
+
+        def after(u: UnitModel, phase: str) -> None:
+            """Collectives after a unit's compute: forward ones (rare) synchronously;
+            backward reductions synchronously (gloo) or waited for at the next unit's
+            post-backward."""
+            nonlocal comm_total
+            if phase == "backward" and not sem.sync_reduce:
+                while pending:  # FSDP waits for the previous reduction here
+                    name, b, d = pending.pop(0)
+                    if d > state["t"]:
+                        exposed[name] += d - max(state["t"], b)
+                        state["t"] = d
+            for coll in u.comm.get(phase, {}):
                 if coll in GATHER:
                     continue
-                s = coll_s(u, "backward", coll)
+                s = coll_s(u, phase, coll)
                 comm_total += s
-                b = max(t, ch_free)
+                b = max(state["t"], state["ch"])
                 d = b + s
-                ch_free = d
-                if sem.sync_reduce:
-                    exposed[u.name] += d - t
-                    t = d
-                else:
+                state["ch"] = d
+                if phase == "backward" and not sem.sync_reduce:
                     pending.append((u.name, b, d))
+                else:
+                    exposed[u.name] += d - state["t"]
+                    state["t"] = d
+
+        gathers(units, "forward")
+        gathers(list(reversed(units[1:])) + units[:1], "backward")
         for name, b, d in pending:  # the end of backward waits for every reduction
-            if d > t:
-                exposed[name] += d - max(t, b)
-                t = d
+            if d > state["t"]:
+                exposed[name] += d - max(state["t"], b)
+                state["t"] = d
+        t = state["t"]
         # collectives outside forward / backward (optimizer-phase gathers, broadcasts)
         for u in units:
             for phase, colls in u.comm.items():
