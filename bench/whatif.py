@@ -93,7 +93,13 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path) -> dict:
         step_err = pred["baseline"]["step_error"]
         exp_err = pred["baseline"]["exposed_comm_s"] - pred["measured"]["exposed_comm_s"]
         exp_bound = max(0.25 * pred["measured"]["exposed_comm_s"], 0.005)
+    compute_a = pred["baseline"]["compute_s"]
+    compute_b = b["baseline"]["compute_s"]
     return {"case": case.name, "what": case.what, "a": pred["measured"],
+            "compute_a_s": compute_a, "compute_b_s": compute_b,
+            # the model keeps A's compute: B measured within 15 % of it, or the machine's
+            # load changed between the runs (tests run such a pair again)
+            "same_compute": abs(compute_b / compute_a - 1) <= 0.15 if compute_a else False,
             "baseline": pred["baseline"], "predicted": p, "b": bm, "step_error": step_err,
             "step_ok": abs(step_err) <= case.step_bound, "exposed_error_s": exp_err,
             "exposed_ok": abs(exp_err) <= exp_bound or case.name == "prefetch" and
@@ -135,7 +141,10 @@ def table(r: dict) -> str:
              f" {'ok' if r['step_ok'] else 'MISSED'}), exposed error "
              f"{r['exposed_error_s'] * 1e3:+.1f} ms (bound {r['exposed_bound_s'] * 1e3:.1f} ms: "
              f"{'ok' if r['exposed_ok'] else 'MISSED'}), B's step in the predicted range: "
-             f"{'yes' if r['in_range'] else 'no'}"]
+             f"{'yes' if r['in_range'] else 'no'}",
+             f"compute per step: A {ms(r['compute_a_s']).strip()} ms, B "
+             f"{ms(r['compute_b_s']).strip()} ms"
+             f"{'' if r['same_compute'] else ' (differ by more than 15 %: load changed?)'}"]
     return "\n".join(lines)
 
 

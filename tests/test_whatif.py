@@ -156,6 +156,14 @@ def test_world_size_changes_the_wire_bytes_and_the_planner_memory():
     p8 = plan(ctx.plan_input(world_size=8, prefetch_depth=0))
     assert a["predicted"]["peak_bytes"] == p8.stage("zero3").total_bytes
     assert a["predicted"]["peak_bytes"] < a["baseline"]["peak_bytes"]
+    # the traffic: the planner's formulas (ZeRO-3: 3 Psi nominal, (N-1)/N of it on the wire)
+    z3 = p8.stage("zero3")
+    assert a["predicted"]["comm_bytes"] == z3.comm_bytes_per_step
+    assert a["predicted"]["comm_wire_bytes"] == pytest.approx(z3.comm_wire_bytes_per_step,
+                                                              abs=1)
+    b = answer(fit(snap), Changes(world_size=8, reshard_after_forward=False))
+    p8b = plan(ctx.plan_input(world_size=8, reshard_after_forward=False)).stage("zero3")
+    assert b["predicted"]["comm_bytes"] == p8b.comm_bytes_per_step  # 2 Psi
 
 
 def test_micro_batch_scales_compute():
@@ -237,35 +245,48 @@ def test_json_on_a_real_run(run_dir, capsys):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """get(flags, fresh=False): a real demo run of those flags (8 steps), shared by the cases
+    unless `fresh`."""
     from bench.whatif import demo_run
 
     tmp = tmp_path_factory.mktemp("whatif-runs")
     cache = {}
+    count = [0]
 
-    def get(flags):
-        if flags not in cache:
-            cache[flags] = demo_run(tmp / f"run{len(cache)}", flags, steps=8)
+    def get(flags, fresh=False):
+        if fresh or flags not in cache:
+            count[0] += 1
+            cache[flags] = demo_run(tmp / f"run{count[0]}", flags, steps=8)
         return cache[flags]
     return get
 
 
-@pytest.mark.parametrize("name", ["replay", "reshard", "slowlink", "prefetch"])
-def test_prediction_against_the_real_run(name, runs):
-    from bench.whatif import BY_NAME, evaluate
+def evaluated(name, runs):
+    """The case evaluated on real runs; when A's and B's compute differ by more than 15 %
+    (the machine's load changed between the two runs: the model keeps A's compute, so the
+    pair says nothing about it) the pair is run once more, and the second pair counts."""
+    from bench.whatif import BY_NAME, evaluate, table
 
     c = BY_NAME[name]
     r = evaluate(c, runs(c.a), runs(c.b))
-    assert r["step_ok"] and r["exposed_ok"], r
+    if not r["same_compute"]:
+        first = table(r)
+        r = evaluate(c, runs(c.a, fresh=True), runs(c.b, fresh=True) if c.b != c.a
+                     else runs(c.a))
+        r["first_pair"] = first
+    return r, table(r)
+
+
+@pytest.mark.parametrize("name", ["replay", "reshard", "slowlink", "prefetch"])
+def test_prediction_against_the_real_run(name, runs):
+    r, text = evaluated(name, runs)
+    assert r["step_ok"] and r["exposed_ok"], text + "\n" + r.get("first_pair", "")
     assert math.isfinite(r["predicted"]["step_s"])
 
 
 @pytest.mark.xfail(reason="known miss (docs/whatif.md): merging per-linear units into blocks "
-                   "is predicted 25-30 % too fast on CPU: the run with block units measures "
-                   "more compute and longer large all-gathers than the per-linear run shows",
-                   strict=False)
+                   "is predicted 25-30 % too fast on CPU: the link fit to the small calls "
+                   "underprices the merged ones", strict=False)
 def test_merge_prediction_against_the_real_run(runs):
-    from bench.whatif import BY_NAME, evaluate
-
-    c = BY_NAME["merge"]
-    r = evaluate(c, runs(c.a), runs(c.b))
-    assert r["step_ok"] and r["exposed_ok"], r
+    r, text = evaluated("merge", runs)
+    assert r["step_ok"] and r["exposed_ok"], text

@@ -47,7 +47,8 @@ def add_parser(sub) -> None:
     g.add_argument("--world-size", type=int, default=None, metavar="N",
                    help="sharding group size (per-rank micro-batch kept)")
     g.add_argument("--latency", default=None, metavar="[KIND=]VALUE",
-                   help="latency per call: 2ms (set), x0.5 (scale), +5ms / -50ms (add); "
+                   help="latency per call: 2ms (set), x0.5 (scale), +5ms / -50ms (add: write "
+                        "--latency=-50ms); "
                         f"KIND one of {', '.join(KINDS)} (default: every kind)")
     g.add_argument("--bandwidth", default=None, metavar="[KIND=]VALUE",
                    help="bus bandwidth: 10GB (bytes per second, set) or x2 (scale)")

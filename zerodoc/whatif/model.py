@@ -197,6 +197,10 @@ class StepModel:
             groups = [[root]] + [rest[i:i + k] for i in range(0, len(rest), k)]
         return [_merge(g) for g in groups if g]
 
+    def _reshard(self, ch: Changes) -> bool:
+        return self.semantics.reshard_after_forward if ch.reshard_after_forward is None \
+            else ch.reshard_after_forward
+
     # --- the replay -----------------------------------------------------------------------
     def replay(self, ch: Changes = Changes(), bound: int = 0) -> list[Replay]:
         """One `Replay` per rank of the (changed) configuration."""
@@ -207,8 +211,7 @@ class StepModel:
         units = self._units(rm, ch)
         depth = sem.prefetch if ch.prefetch is None else ch.prefetch
         sync_unshard = sem.sync_unshard if ch.prefetch is None else depth == 0
-        reshard = sem.reshard_after_forward if ch.reshard_after_forward is None \
-            else ch.reshard_after_forward
+        reshard = self._reshard(ch)
         scale = ch.micro_batch_scale
 
         def coll_s(u: UnitModel, phase: str, coll: str) -> float:
@@ -311,6 +314,23 @@ class StepModel:
         return Replay(t + overhead, sum(exposed.values()), compute, comm_total, overhead,
                       exposed)
 
+    # --- traffic ------------------------------------------------------------------------------
+    def traffic(self, ch: Changes = Changes()) -> tuple[float, float]:
+        """(nominal bytes, wire bytes) per step of the first rank after the change: bytes per
+        call x calls (the planner's convention), and what a ring moves ((n-1)/n, 2(n-1)/n)."""
+        from .linkfit import wire_factor
+
+        if not self.ranks:
+            return 0.0, 0.0
+        reshard = self._reshard(ch)
+        nominal = wire = 0.0
+        for u in self._units(self.ranks[0], ch):
+            for _p, c, (calls, nbytes, _s) in _rows(u, reshard):
+                n = ch.world_size or u.group.get(c, self.world_size)
+                nominal += calls * nbytes
+                wire += calls * nbytes * wire_factor(c, n)
+        return nominal, wire
+
     # --- memory ---------------------------------------------------------------------------
     def peak_bytes(self, ch: Changes = Changes()) -> tuple[int | None, str]:
         """Peak bytes per rank from the planner, with the rules' inputs (`Context.plan_input`)
@@ -322,9 +342,7 @@ class StepModel:
         over: dict = {}
         if ch.world_size:
             over["world_size"] = ch.world_size
-        reshard = self.semantics.reshard_after_forward if ch.reshard_after_forward is None \
-            else ch.reshard_after_forward
-        over["reshard_after_forward"] = reshard
+        over["reshard_after_forward"] = self._reshard(ch)
         depth = self.semantics.prefetch if ch.prefetch is None else ch.prefetch
         over["prefetch_depth"] = depth
         if ch.merge is not None and self.ranks:
@@ -345,17 +363,20 @@ class StepModel:
         return plan(inp).stage(stage).total_bytes, note
 
 
-def _calls(u: UnitModel, reshard: bool) -> float:
-    n = 0.0
+def _rows(u: UnitModel, reshard: bool):
+    """(phase, collective, [calls, bytes per call, seconds]) of a unit with resharding after
+    forward on or off: backward all-gathers dropped, or added at the forward one's size."""
     for phase, colls in u.comm.items():
         for coll, v in colls.items():
-            if phase == "backward" and coll in GATHER and not reshard:
-                continue
-            n += v[0]
+            if not (phase == "backward" and coll in GATHER and not reshard):
+                yield phase, coll, v
     if reshard and not u.comm.get("backward", {}).get("all_gather") and \
             u.comm.get("forward", {}).get("all_gather"):
-        n += u.comm["forward"]["all_gather"][0]
-    return n
+        yield "backward", "all_gather", u.comm["forward"]["all_gather"]
+
+
+def _calls(u: UnitModel, reshard: bool) -> float:
+    return sum(v[0] for _p, _c, v in _rows(u, reshard))
 
 
 def _block_key(name: str, container: str) -> str | None:
@@ -482,6 +503,7 @@ def answer(model: StepModel, ch: Changes) -> dict:
     exp_hi = max(r.exposed_s for r in hi) + exp_misfit
     base_peak, base_note = model.peak_bytes()
     peak, peak_note = model.peak_bytes(ch)
+    nominal, wire = model.traffic(ch)
     changes = {}
     for name in set(b.exposed_by_unit) | set(p.exposed_by_unit):
         changes[name] = p.exposed_by_unit.get(name, 0.0) - b.exposed_by_unit.get(name, 0.0)
@@ -498,13 +520,15 @@ def answer(model: StepModel, ch: Changes) -> dict:
         "changes": ch.describe(),
         "measured": {"step_s": measured_step, "exposed_comm_s": measured_exposed},
         "baseline": {"step_s": b.step_s, "exposed_comm_s": b_exp, "peak_bytes": base_peak,
+                     "compute_s": b.compute_s,
                      "step_error": (b.step_s - measured_step) / measured_step
                      if measured_step else None},
         "predicted": {"step_s": p.step_s, "exposed_comm_s": p_exp, "peak_bytes": peak,
                       "step_s_range": [step_lo, step_hi],
                       "exposed_comm_s_range": [exp_lo, exp_hi],
                       "compute_s": p.compute_s, "comm_s": p.comm_s,
-                      "overhead_s": p.overhead_s},
+                      "overhead_s": p.overhead_s, "comm_bytes": nominal,
+                      "comm_wire_bytes": wire},
         "peak_note": peak_note,
         "units": [{"unit": n or "(root)", "exposed_change_s": d} for n, d in top if d],
         "links": [{"collective": f.collective, "group_size": f.group_size,
