@@ -63,7 +63,7 @@ def test_link_fit_recovers_the_injected_latency_and_bandwidth():
     f = fit_links(snap)[("all_gather", 2)]
     assert f.latency_s == pytest.approx(LAT, rel=1e-6)
     assert f.bandwidth == pytest.approx(BW, rel=1e-6)
-    assert f.resid_s == pytest.approx(0, abs=1e-9) and f.points == 20
+    assert f.resid_s == pytest.approx(0, abs=1e-9) and f.points == 10  # 5 units x 2 phases
 
 
 def test_link_fit_spread_is_the_residual_of_noisy_points():
@@ -86,6 +86,38 @@ def test_replay_reproduces_the_step_and_exposure():
         a["measured"]["exposed_comm_s"], rel=1e-9)
     lo, hi = a["predicted"]["step_s_range"]
     assert lo <= step <= hi
+
+
+def test_peer_wait_the_faster_rank_waits_inside_the_collectives():
+    """Rank 1 computes each unit's forward 5 ms slower: rank 0 waits for it inside the next
+    collective (the next unit's all-gather; after the last unit, its backward all-gather).
+    The link is rank 1's time (the smallest), the step the slower rank's, and the worst
+    rank's exposed time rank 0's: link + 5 x 5 ms."""
+    import copy
+
+    def skew(d):
+        r0 = d["ranks"][0]
+        r1 = copy.deepcopy(r0)
+        for row in r1["compute"]:
+            if row[1] == "forward":
+                row[2] += 0.005
+        r1["step"] += 5 * 0.005
+        r0["step"] = r1["step"]
+        for row in r0["comm"]:
+            if (row[1], row[2]) == ("forward", "all_gather") and row[0] != "(root)" or \
+                    (row[0], row[1], row[2]) == ("l3", "backward", "all_gather"):
+                row[5] += 0.005
+                row[6] += 0.005
+        d["ranks"], d["copies"] = [r0, r1], 1
+    snap, _ = synthetic(extra=skew)
+    a = answer(fit(snap), Changes())
+    step = snap.ranks[1].mean_step_seconds
+    assert a["measured"]["step_s"] == pytest.approx(step, rel=1e-9)
+    assert a["baseline"]["step_s"] == pytest.approx(step, rel=1e-9)
+    exp0 = snap.ranks[0].exposed_seconds / 10
+    assert a["measured"]["exposed_comm_s"] == pytest.approx(exp0, rel=1e-9)
+    assert a["baseline"]["exposed_comm_s"] == pytest.approx(exp0, rel=1e-9)
+    assert a["predicted"]["peer_wait_s"] == pytest.approx(0.025, rel=1e-9)
 
 
 def test_reshard_after_forward_off_drops_the_backward_all_gathers():

@@ -126,6 +126,7 @@ class Replay:
     comm_s: float
     overhead_s: float
     exposed_by_unit: dict[str, float]
+    peer_wait_s: float = 0.0  # of the worst rank, in its exposed time
 
 
 @dataclass
@@ -202,13 +203,32 @@ class StepModel:
             else ch.reshard_after_forward
 
     # --- the replay -----------------------------------------------------------------------
-    def replay(self, ch: Changes = Changes(), bound: int = 0) -> list[Replay]:
-        """One `Replay` per rank of the (changed) configuration."""
-        return [self._replay_rank(rm, ch, bound) for rm in self.ranks]
+    def replay(self, ch: Changes = Changes(), bound: int = 0) -> Replay:
+        """The step of the (changed) configuration, the worst rank's. Every collective is a
+        meeting point of the ranks: between two of them the step advances by the slowest
+        rank's compute (per unit and phase, the largest over the ranks), then by the link's
+        time; a faster rank waits for the slower one inside the collective (peer wait: its
+        exposed time includes it). So the replay runs once with the largest compute, and
+        the worst rank's exposed time adds its peer wait."""
+        per_rank = [self._units(rm, ch) for rm in self.ranks]
+        scale = ch.micro_batch_scale
+        units = []
+        for i, u in enumerate(per_rank[0]):
+            parts = [us[i] for us in per_rank if i < len(us) and us[i].name == u.name]
+            units.append(replace(u, forward_s=max(p.forward_s for p in parts),
+                                 backward_s=max(p.backward_s for p in parts)))
+        wait = max((sum(c.forward_s + c.backward_s - o.forward_s - o.backward_s
+                        for c, o in zip(units, us)) * scale for us in per_rank), default=0.0)
+        rm = max(self.ranks, key=lambda r: r.optimizer_s + r.framework_s + r.other_s +
+                 r.self_s)
+        r = self._replay_rank(rm, ch, bound, units)
+        r.exposed_s += wait
+        r.peer_wait_s = wait
+        return r
 
-    def _replay_rank(self, rm: RankModel, ch: Changes, bound: int) -> Replay:
+    def _replay_rank(self, rm: RankModel, ch: Changes, bound: int,
+                     units: list[UnitModel]) -> Replay:
         sem = self.semantics
-        units = self._units(rm, ch)
         depth = sem.prefetch if ch.prefetch is None else ch.prefetch
         sync_unshard = sem.sync_unshard if ch.prefetch is None else depth == 0
         reshard = self._reshard(ch)
@@ -470,10 +490,6 @@ def fit(snapshot: RunSnapshot) -> StepModel:
 # --- answers ------------------------------------------------------------------------------
 
 
-def _worst(replays: list[Replay]) -> Replay:
-    return max(replays, key=lambda r: r.step_s)
-
-
 def answer(model: StepModel, ch: Changes) -> dict:
     """The what-if of `ch` on `model`: baseline (the replay) beside the measurement, the
     prediction with its range, peak memory per rank, the units whose exposure changes most.
@@ -484,7 +500,7 @@ def answer(model: StepModel, ch: Changes) -> dict:
     hi = model.replay(ch, bound=+1)
     measured_step = max(rm.measured_step_s for rm in model.ranks)
     measured_exposed = max(rm.measured_exposed_s for rm in model.ranks)
-    b, p = _worst(base), _worst(pred)
+    b, p = base, pred
     misfit = abs(b.step_s - measured_step) / measured_step if measured_step else 0.0
     # noise of the measured step: the standard error of the mean step time, relative
     sems = []
@@ -494,13 +510,13 @@ def answer(model: StepModel, ch: Changes) -> dict:
             sems.append(statistics.stdev(xs) / math.sqrt(len(xs)) / rm.measured_step_s)
     noise = max(sems) if sems else 0.0
     rel = misfit + noise
-    b_exp = max(r.exposed_s for r in base)
+    b_exp = base.exposed_s
     exp_misfit = abs(b_exp - measured_exposed)
-    step_lo = _worst(lo).step_s * (1 - rel)
-    step_hi = _worst(hi).step_s * (1 + rel)
-    p_exp = max(r.exposed_s for r in pred)
-    exp_lo = max(0.0, max(r.exposed_s for r in lo) - exp_misfit)
-    exp_hi = max(r.exposed_s for r in hi) + exp_misfit
+    step_lo = lo.step_s * (1 - rel)
+    step_hi = hi.step_s * (1 + rel)
+    p_exp = pred.exposed_s
+    exp_lo = max(0.0, lo.exposed_s - exp_misfit)
+    exp_hi = hi.exposed_s + exp_misfit
     base_peak, base_note = model.peak_bytes()
     peak, peak_note = model.peak_bytes(ch)
     nominal, wire = model.traffic(ch)
@@ -527,7 +543,8 @@ def answer(model: StepModel, ch: Changes) -> dict:
                       "step_s_range": [step_lo, step_hi],
                       "exposed_comm_s_range": [exp_lo, exp_hi],
                       "compute_s": p.compute_s, "comm_s": p.comm_s,
-                      "overhead_s": p.overhead_s, "comm_bytes": nominal,
+                      "overhead_s": p.overhead_s, "peer_wait_s": p.peer_wait_s,
+                      "comm_bytes": nominal,
                       "comm_wire_bytes": wire},
         "peak_note": peak_note,
         "units": [{"unit": n or "(root)", "exposed_change_s": d} for n, d in top if d],
