@@ -160,6 +160,11 @@ def test_merge_per_block_groups_by_the_block_container():
                                         "blocks.1.a..blocks.1.b"]
     a = answer(m, Changes(merge="blocks"))
     assert step - a["predicted"]["step_s"] == pytest.approx(3 * 3 * (LAT + 0.001), rel=1e-6)
+    # each merged unit against the sum of its parts: two units' 3 calls become 3, so 3
+    # latencies fewer
+    change = {u["unit"]: u["exposed_change_s"] for u in a["units"]}
+    assert change["blocks.0.a..blocks.0.b"] == pytest.approx(-3 * LAT, rel=1e-6)
+    assert change["(root)..head"] == pytest.approx(-3 * LAT, rel=1e-6)
 
 
 def test_latency_and_bandwidth_changes():

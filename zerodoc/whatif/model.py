@@ -47,6 +47,7 @@ class UnitModel:
     # phase -> collective -> [calls per step, bytes per call, measured seconds per step]
     comm: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     group: dict[str, int] = field(default_factory=dict)  # collective -> group size
+    parts: tuple[str, ...] = ()  # a merged unit: the measured units it is made of
 
     def calls(self) -> float:
         return sum(v[0] for p in self.comm.values() for v in p.values())
@@ -411,7 +412,7 @@ def _merge(group: list[UnitModel]) -> UnitModel:
     if len(group) == 1:
         return group[0]
     out = UnitModel(f"{group[0].name or '(root)'}..{group[-1].name}",
-                    sum(u.params for u in group))
+                    sum(u.params for u in group), parts=tuple(u.name for u in group))
     for u in group:
         out.forward_s += u.forward_s
         out.backward_s += u.backward_s
@@ -520,9 +521,13 @@ def answer(model: StepModel, ch: Changes) -> dict:
     base_peak, base_note = model.peak_bytes()
     peak, peak_note = model.peak_bytes(ch)
     nominal, wire = model.traffic(ch)
-    changes = {}
-    for name in set(b.exposed_by_unit) | set(p.exposed_by_unit):
-        changes[name] = p.exposed_by_unit.get(name, 0.0) - b.exposed_by_unit.get(name, 0.0)
+    # per unit of the change: a merged unit against the sum of its parts
+    parts = {u.name: u.parts for u in model._units(model.ranks[0], ch) if u.parts}
+    before = dict(b.exposed_by_unit)
+    for name, names in parts.items():
+        before[name] = sum(before.pop(n, 0.0) for n in names)
+    changes = {name: p.exposed_by_unit.get(name, 0.0) - before.get(name, 0.0)
+               for name in set(before) | set(p.exposed_by_unit)}
     top = sorted(changes.items(), key=lambda kv: -abs(kv[1]))[:5]
     sem = model.semantics
     return {
