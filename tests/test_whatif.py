@@ -293,9 +293,10 @@ def runs(tmp_path_factory):
 
 
 def evaluated(name, runs):
-    """The case evaluated on real runs; when A's and B's compute differ by more than 15 %
-    (the machine's load changed between the two runs: the model keeps A's compute, so the
-    pair says nothing about it) the pair is run once more, and the second pair counts."""
+    """The case evaluated on real runs. The model keeps A's compute, so a pair whose compute
+    differs by more than 15 % (this shared machine's load moved between the two runs) says
+    nothing about the model: the pair is run once more; when the second pair's compute moved
+    too, the case is reported as an expected failure with both tables (never as passed)."""
     from bench.whatif import BY_NAME, evaluate, table
 
     c = BY_NAME[name]
@@ -304,7 +305,10 @@ def evaluated(name, runs):
         first = table(r)
         r = evaluate(c, runs(c.a, fresh=True), runs(c.b, fresh=True) if c.b != c.a
                      else runs(c.a))
-        r["first_pair"] = first
+        if not r["same_compute"]:
+            pytest.xfail("the machine's load moved between A and B twice (compute differs by "
+                         "more than 15 %): nothing to judge the model by\n" + first + "\n" +
+                         table(r))
     return r, table(r)
 
 
@@ -312,7 +316,7 @@ def evaluated(name, runs):
 @pytest.mark.parametrize("name", ["replay", "reshard", "slowlink", "prefetch"])
 def test_prediction_against_the_real_run(name, runs):
     r, text = evaluated(name, runs)
-    assert r["step_ok"] and r["exposed_ok"], text + "\n" + r.get("first_pair", "")
+    assert r["step_ok"] and r["exposed_ok"], text
     assert math.isfinite(r["predicted"]["step_s"])
 
 
