@@ -20,6 +20,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("plan", "zerodoc.plan_cli"),
     ("report", "zerodoc.report_cli"),
     ("compare", "zerodoc.compare_cli"),
+    ("whatif", "zerodoc.whatif_cli"),
     ("tui", "zerodoc.tui_cli"),
     ("targets", "zerodoc.targets_cli"),
     ("dashboards", "zerodoc.dashboards_cli"),

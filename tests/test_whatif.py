@@ -1,0 +1,259 @@
+"""`zerodoc whatif` (issue 22): the step model fitted to a measured run.
+
+Synthetic snapshots (zerodoc.diagnosis.testdata) with an injected link (latency + bandwidth)
+check the link fit and each change against hand-computed ground truth; real 2-rank CPU/gloo
+demo runs check the predictions against the run that makes the change for real
+(bench/whatif.py prints the same cases as a table)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from zerodoc import cli
+from zerodoc.diagnosis.context import Context
+from zerodoc.diagnosis.testdata import snapshot_from_dict
+from zerodoc.planner import plan
+from zerodoc.whatif import Changes, answer, fit, fit_links
+
+LAT, BW = 0.004, 200e6  # injected link: 4 ms per call, 200 MB/s bus bandwidth (2 ranks)
+
+
+def call_s(nbytes: float, n: int = 2) -> float:
+    return LAT + nbytes * (n - 1) / n / BW
+
+
+def synthetic(units=(("(root)", 100_000), ("l0", 250_000), ("l1", 500_000),
+                     ("l2", 1_000_000), ("l3", 2_000_000)), *, fwd=0.01, bwd=0.02,
+              reshard=True, hidden=False, extra=None):
+    """A synchronous (gloo-like) run: every collective exposed, the step their sum plus the
+    compute, 50 ms optimizer and 1 ms framework per collective call."""
+    compute, comm = [], []
+    calls = 0
+    for name, params in units:
+        nbytes = params * 4
+        compute += [[name, "forward", fwd], [name, "backward", bwd]]
+        t = call_s(nbytes)
+        rows = [[name, "forward", "all_gather", 1, nbytes, t, t, 0.0],
+                [name, "backward", "reduce_scatter", 1, nbytes, t, t, 0.0]]
+        if reshard:
+            rows.append([name, "backward", "all_gather", 1, nbytes, t, t, 0.0])
+        comm += rows
+        calls += len(rows)
+    step = sum(r[2] for r in compute) + sum(r[5] for r in comm) + 0.05 + 0.001 * calls
+    d = {"run": {"backend": "gloo", "device_type": "cpu", "param_dtype": "float32",
+                 "reduce_dtype": "float32", "zero_stage": 3 if reshard else 2,
+                 "world_size": 2},
+         "units": [{"name": n, "params": p, "dtype_bytes": 4, "reshard_after_forward": reshard}
+                   for n, p in units],
+         "ranks": [{"steps": 10, "step": step, "optimizer": 0.05, "framework": 0.001 * calls,
+                    "compute": compute, "comm": comm,
+                    "memory": {"sharded_parameters": 7_700_000, "optimizer_state": 15_400_000,
+                               "gradients": 7_700_000}}],
+         "copies": 2, "expect": {"code": "ZD000"}}
+    if extra:
+        extra(d)
+    return snapshot_from_dict(d), step
+
+
+def test_link_fit_recovers_the_injected_latency_and_bandwidth():
+    snap, _ = synthetic()
+    f = fit_links(snap)[("all_gather", 2)]
+    assert f.latency_s == pytest.approx(LAT, rel=1e-6)
+    assert f.bandwidth == pytest.approx(BW, rel=1e-6)
+    assert f.resid_s == pytest.approx(0, abs=1e-9) and f.points == 10  # 5 units x 2 phases
+
+
+def test_link_fit_spread_is_the_residual_of_noisy_points():
+    """Noise of +-1 ms on alternate points: the residual says ~1 ms, the fit stays close."""
+    def noisy(d):
+        for i, row in enumerate(d["ranks"][0]["comm"]):
+            row[5] += 0.001 if i % 2 else -0.001
+    snap, _ = synthetic(extra=noisy)
+    f = fit_links(snap)[("all_gather", 2)]
+    assert 0.0005 < f.resid_s < 0.002
+    assert f.latency_s == pytest.approx(LAT, abs=0.0015)
+
+
+def test_replay_reproduces_the_step_and_exposure():
+    snap, step = synthetic()
+    a = answer(fit(snap), Changes())
+    assert a["baseline"]["step_s"] == pytest.approx(step, rel=1e-9)
+    assert a["measured"]["step_s"] == pytest.approx(step, rel=1e-9)
+    assert a["baseline"]["exposed_comm_s"] == pytest.approx(
+        a["measured"]["exposed_comm_s"], rel=1e-9)
+    lo, hi = a["predicted"]["step_s_range"]
+    assert lo <= step <= hi
+
+
+def test_peer_wait_the_faster_rank_waits_inside_the_collectives():
+    """Rank 1 computes each unit's forward 5 ms slower: rank 0 waits for it inside the next
+    collective (the next unit's all-gather; after the last unit, its backward all-gather).
+    The link is rank 1's time (the smallest), the step the slower rank's, and the worst
+    rank's exposed time rank 0's: link + 5 x 5 ms."""
+    import copy
+
+    def skew(d):
+        r0 = d["ranks"][0]
+        r1 = copy.deepcopy(r0)
+        for row in r1["compute"]:
+            if row[1] == "forward":
+                row[2] += 0.005
+        r1["step"] += 5 * 0.005
+        r0["step"] = r1["step"]
+        for row in r0["comm"]:
+            if (row[1], row[2]) == ("forward", "all_gather") and row[0] != "(root)" or \
+                    (row[0], row[1], row[2]) == ("l3", "backward", "all_gather"):
+                row[5] += 0.005
+                row[6] += 0.005
+        d["ranks"], d["copies"] = [r0, r1], 1
+    snap, _ = synthetic(extra=skew)
+    a = answer(fit(snap), Changes())
+    step = snap.ranks[1].mean_step_seconds
+    assert a["measured"]["step_s"] == pytest.approx(step, rel=1e-9)
+    assert a["baseline"]["step_s"] == pytest.approx(step, rel=1e-9)
+    exp0 = snap.ranks[0].exposed_seconds / 10
+    assert a["measured"]["exposed_comm_s"] == pytest.approx(exp0, rel=1e-9)
+    assert a["baseline"]["exposed_comm_s"] == pytest.approx(exp0, rel=1e-9)
+    assert a["predicted"]["peer_wait_s"] == pytest.approx(0.025, rel=1e-9)
+
+
+def test_reshard_after_forward_off_drops_the_backward_all_gathers():
+    snap, step = synthetic()
+    m = fit(snap)
+    a = answer(m, Changes(reshard_after_forward=False))
+    ag = sum(call_s(p * 4) for p in (100_000, 250_000, 500_000, 1_000_000, 2_000_000))
+    # the backward all-gathers and their framework time (1 ms per call) go
+    assert a["predicted"]["step_s"] == pytest.approx(step - ag - 0.005, rel=1e-9)
+    # memory: the planner's ZeRO-3 with the whole model kept gathered
+    ctx = Context(snap)
+    want = plan(ctx.plan_input(reshard_after_forward=False, prefetch_depth=0)) \
+        .stage("zero3").total_bytes
+    assert a["predicted"]["peak_bytes"] == want > a["baseline"]["peak_bytes"]
+    # and back: a ZeRO-2-like run predicted with resharding on
+    snap2, step2 = synthetic(reshard=False)
+    b = answer(fit(snap2), Changes(reshard_after_forward=True))
+    assert b["predicted"]["step_s"] == pytest.approx(step2 + ag + 0.005, rel=1e-9)
+
+
+def test_merging_units_pays_the_latency_once_per_merged_unit():
+    snap, step = synthetic()
+    a = answer(fit(snap), Changes(merge=2))  # root, (l0+l1), (l2+l3)
+    b = [100_000, 750_000, 3_000_000]
+    comm = sum(3 * call_s(p * 4) for p in b)
+    want = 5 * 0.03 + comm + 0.05 + 0.001 * 9
+    assert a["predicted"]["step_s"] == pytest.approx(want, rel=1e-9)
+    assert a["predicted"]["exposed_comm_s"] == pytest.approx(comm, rel=1e-9)
+    assert step - a["predicted"]["step_s"] == pytest.approx(2 * 3 * (LAT + 0.001), rel=1e-6)
+
+
+def test_merge_per_block_groups_by_the_block_container():
+    units = (("(root)", 100_000), ("blocks.0.a", 200_000), ("blocks.0.b", 300_000),
+             ("blocks.1.a", 400_000), ("blocks.1.b", 500_000), ("head", 600_000))
+    snap, step = synthetic(units)
+    m = fit(snap)
+    assert m.block_container == "blocks"
+    merged = m._units(m.ranks[0], Changes(merge="blocks"))
+    assert [u.name for u in merged] == ["(root)..head", "blocks.0.a..blocks.0.b",
+                                        "blocks.1.a..blocks.1.b"]
+    a = answer(m, Changes(merge="blocks"))
+    assert step - a["predicted"]["step_s"] == pytest.approx(3 * 3 * (LAT + 0.001), rel=1e-6)
+    # each merged unit against the sum of its parts: two units' 3 calls become 3, so 3
+    # latencies fewer
+    change = {u["unit"]: u["exposed_change_s"] for u in a["units"]}
+    assert change["blocks.0.a..blocks.0.b"] == pytest.approx(-3 * LAT, rel=1e-6)
+    assert change["(root)..head"] == pytest.approx(-3 * LAT, rel=1e-6)
+
+
+def test_latency_and_bandwidth_changes():
+    snap, step = synthetic()
+    m = fit(snap)
+    calls = 15
+    a = answer(m, Changes(latency_add_s=-0.002, latency_kind="all_gather"))
+    assert step - a["predicted"]["step_s"] == pytest.approx(10 * 0.002, rel=1e-6)
+    a = answer(m, Changes(latency_set_s=0.0))
+    assert step - a["predicted"]["step_s"] == pytest.approx(calls * LAT, rel=1e-6)
+    wire = sum(3 * p * 4 / 2 for p in (100_000, 250_000, 500_000, 1_000_000, 2_000_000))
+    a = answer(m, Changes(bandwidth_scale=2.0))
+    assert step - a["predicted"]["step_s"] == pytest.approx(wire / BW / 2, rel=1e-6)
+    a = answer(m, Changes(bandwidth_set=BW / 4))
+    assert a["predicted"]["step_s"] - step == pytest.approx(3 * wire / BW, rel=1e-6)
+
+
+def test_world_size_changes_the_wire_bytes_and_the_planner_memory():
+    snap, step = synthetic()
+    a = answer(fit(snap), Changes(world_size=8))
+    wire = sum(3 * p * 4 for p in (100_000, 250_000, 500_000, 1_000_000, 2_000_000))
+    # ring all-gather / reduce-scatter: (n-1)/n of the bytes: 1/2 -> 7/8 (optimizer / 4)
+    more = wire * (7 / 8 - 1 / 2) / BW
+    assert a["predicted"]["step_s"] == pytest.approx(step + more - 0.05 * 3 / 4, rel=1e-9)
+    ctx = Context(snap)
+    p8 = plan(ctx.plan_input(world_size=8, prefetch_depth=0))
+    assert a["predicted"]["peak_bytes"] == p8.stage("zero3").total_bytes
+    assert a["predicted"]["peak_bytes"] < a["baseline"]["peak_bytes"]
+    # the traffic: the planner's formulas (ZeRO-3: 3 Psi nominal, (N-1)/N of it on the wire)
+    z3 = p8.stage("zero3")
+    assert a["predicted"]["comm_bytes"] == z3.comm_bytes_per_step
+    assert a["predicted"]["comm_wire_bytes"] == pytest.approx(z3.comm_wire_bytes_per_step,
+                                                              abs=1)
+    b = answer(fit(snap), Changes(world_size=8, reshard_after_forward=False))
+    p8b = plan(ctx.plan_input(world_size=8, reshard_after_forward=False)).stage("zero3")
+    assert b["predicted"]["comm_bytes"] == p8b.comm_bytes_per_step  # 2 Psi
+
+
+def test_micro_batch_scales_compute():
+    snap, step = synthetic()
+    a = answer(fit(snap), Changes(micro_batch_scale=2.0))
+    assert a["predicted"]["step_s"] - step == pytest.approx(5 * 0.03, rel=1e-9)
+
+
+def test_prefetch_hides_all_gathers_behind_the_previous_unit():
+    """Asynchronous unshard with prefetch 1 on units of equal size: in forward each unit's
+    all-gather (4 + 2 = 6 ms... here 4 ms + 0.4 MB / 200 MB/s = 5 ms) runs during the
+    previous unit's 10 ms compute, so only the first one (the root's) waits; in backward the
+    same with the reduce-scatters queued in between (synchronous on gloo)."""
+    units = tuple((f"l{i}", 200_000) for i in range(4))
+    units = (("(root)", 200_000),) + units
+    snap, step = synthetic(units)
+    a = answer(fit(snap), Changes(prefetch=1))
+    c = call_s(800_000)
+    assert c == pytest.approx(0.006)
+    # forward: root waits for its own gather (c); l0..l3 were issued one unit earlier and
+    # ran during 10 ms of compute: hidden. Backward (l3, l2, l1, l0, root): l3's gather is
+    # not prefetched (c); each later one was issued at the previous unit's start, queued on
+    # the channel behind nothing, done before its compute ends -> hidden; every
+    # reduce-scatter is synchronous (c each, 5 of them).
+    want_exposed = c + c + 5 * c
+    assert a["predicted"]["exposed_comm_s"] == pytest.approx(want_exposed, rel=1e-9)
+    assert a["predicted"]["step_s"] == pytest.approx(
+        step - 15 * c + want_exposed, rel=1e-9)
+
+
+# --- the command ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,msg", [
+    ("--latency foo", "not a time"),
+    ("--latency nope=2ms", "unknown collective"),
+    ("--merge 1", "--merge"),
+    ("--prefetch 3", "--prefetch"),
+    ("--bandwidth x0", "number > 0"),
+    ("--bandwidth 5G", "size"),
+    ("--micro-batch-scale nan", "--micro-batch-scale"),
+    ("--world-size 0", "--world-size"),
+    ("--window -2", "--window"),
+])
+def test_bad_arguments_one_line_exit_2(args, msg, capsys):
+    from pathlib import Path
+
+    run = str(Path(__file__).parent / "data" / "scenarios" / "slow-link-50ms")
+    assert cli.main(["whatif", run, *args.split()]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0], err
+
+
+# Predictions against real CPU/gloo runs (issue 22's cases) are measured by bench/whatif.py;
+# their tests, and the model's known misses on a shared 2-core machine, are not in the suite
+# yet (docs/whatif.md).

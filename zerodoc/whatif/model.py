@@ -1,0 +1,561 @@
+"""A step model fitted to a measured run, and what it predicts for a changed configuration.
+
+Per rank: the measured compute of every unit and phase (per step), the measured time outside
+the units (optimizer, framework, other, zerodoc's own), and for every unit its collectives
+(calls and bytes per call, per phase). Per collective kind and group size one link model
+fitted to the run's own calls (`linkfit`). The framework's ordering semantics decide where
+the compute waits (docs/whatif.md, docs/gpus.md):
+
+- forward: units in order, each all-gathers its parameters before its compute; synchronous
+  unshard (FSDP2's default on gloo) issues the all-gather when the unit starts, so all of it
+  is exposed; asynchronous unshard with prefetch depth d issues unit i's all-gather when unit
+  i-d starts computing. Collectives of one process group run one after the other.
+- backward: units in reverse order; with reshard after forward each unit all-gathers again
+  (prefetched like forward); after its compute the unit reduce-scatters its gradients:
+  synchronously (gloo: the compute waits) or asynchronously (waited for at the next unit's
+  post-backward and at the end of backward).
+- the step: forward + backward + optimizer + framework + other + zerodoc's own time. The
+  framework's time (FSDP's copy-in / copy-out and bookkeeping) is modelled per collective
+  call.
+
+`replay()` of the unchanged configuration must reproduce the measured step (its own check,
+shown with every answer).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+
+from ..errors import UserError
+from ..model import RunSnapshot
+from .linkfit import LinkFit, fit_links
+
+GATHER = ("all_gather",)
+REDUCE = ("reduce_scatter", "all_reduce")
+
+
+@dataclass
+class UnitModel:
+    """One unit of one rank, per step."""
+
+    name: str
+    params: int
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    # phase -> collective -> [calls per step, bytes per call, measured seconds per step]
+    comm: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    group: dict[str, int] = field(default_factory=dict)  # collective -> group size
+    parts: tuple[str, ...] = ()  # a merged unit: the measured units it is made of
+
+    def calls(self) -> float:
+        return sum(v[0] for p in self.comm.values() for v in p.values())
+
+
+@dataclass
+class RankModel:
+    rank: int
+    units: list[UnitModel]
+    optimizer_s: float
+    framework_s: float
+    other_s: float
+    self_s: float
+    measured_step_s: float
+    measured_exposed_s: float
+    step_times: list[float]
+
+    @property
+    def framework_per_call_s(self) -> float:
+        n = sum(u.calls() for u in self.units)
+        return self.framework_s / n if n else 0.0
+
+
+@dataclass(frozen=True)
+class Changes:
+    """A changed configuration; None / 1.0: as measured."""
+
+    reshard_after_forward: bool | None = None
+    prefetch: int | None = None  # 0: synchronous unshard; d >= 1: async, prefetch depth d
+    merge: int | str | None = None  # K: every K consecutive units; "blocks": per block
+    world_size: int | None = None
+    latency_scale: float = 1.0
+    latency_add_s: float = 0.0
+    latency_set_s: float | None = None
+    bandwidth_scale: float = 1.0
+    bandwidth_set: float | None = None  # bytes/s (bus bandwidth)
+    latency_kind: str | None = None  # the collective the latency change is for (None: all)
+    bandwidth_kind: str | None = None
+    micro_batch_scale: float = 1.0
+
+    def describe(self) -> list[str]:
+        out = []
+        if self.reshard_after_forward is not None:
+            out.append(f"reshard after forward {'on' if self.reshard_after_forward else 'off'}")
+        if self.prefetch is not None:
+            out.append("synchronous unshard, no prefetch" if self.prefetch == 0
+                       else f"asynchronous unshard, prefetch depth {self.prefetch}")
+        if self.merge is not None:
+            out.append("units merged per block" if self.merge == "blocks"
+                       else f"every {self.merge} consecutive units merged")
+        if self.world_size is not None:
+            out.append(f"world size {self.world_size}")
+        kind = lambda k: f" ({k})" if k else ""  # noqa: E731
+        if self.latency_set_s is not None:
+            out.append(f"latency set to {self.latency_set_s * 1e3:g} ms{kind(self.latency_kind)}")
+        if self.latency_scale != 1.0:
+            out.append(f"latency x{self.latency_scale:g}{kind(self.latency_kind)}")
+        if self.latency_add_s:
+            out.append(f"latency {self.latency_add_s * 1e3:+g} ms{kind(self.latency_kind)}")
+        if self.bandwidth_set is not None:
+            out.append(f"bandwidth set to {self.bandwidth_set / 1e9:g} GB/s"
+                       f"{kind(self.bandwidth_kind)}")
+        if self.bandwidth_scale != 1.0:
+            out.append(f"bandwidth x{self.bandwidth_scale:g}{kind(self.bandwidth_kind)}")
+        if self.micro_batch_scale != 1.0:
+            out.append(f"micro-batch x{self.micro_batch_scale:g}")
+        return out or ["none (the measured configuration)"]
+
+
+@dataclass
+class Replay:
+    """One replayed step of one rank: seconds per step."""
+
+    step_s: float
+    exposed_s: float
+    compute_s: float
+    comm_s: float
+    overhead_s: float
+    exposed_by_unit: dict[str, float]
+    peer_wait_s: float = 0.0  # of the worst rank, in its exposed time
+
+
+@dataclass
+class Semantics:
+    framework: str
+    sync_unshard: bool
+    sync_reduce: bool
+    prefetch: int  # depth (0 with synchronous unshard)
+    reshard_after_forward: bool
+
+
+class StepModel:
+    """The model of one run. Build with `fit(snapshot)`."""
+
+    def __init__(self, snapshot: RunSnapshot, ranks: list[RankModel], links, sem: Semantics,
+                 world_size: int, block_container: str | None, steps: int):
+        self.snapshot = snapshot
+        self.ranks = ranks
+        self.links: dict[tuple[str, int], LinkFit] = links
+        self.semantics = sem
+        self.world_size = world_size
+        self.block_container = block_container
+        self.steps = steps  # steps with per-unit detail the model was fitted to (min rank)
+
+    # --- the link -----------------------------------------------------------------------
+    def link(self, coll: str, n: int) -> LinkFit | None:
+        if (coll, n) in self.links:
+            return self.links[(coll, n)]
+        same = [f for (c, _), f in self.links.items() if c == coll]
+        return same[0] if same else None
+
+    def call_seconds(self, coll: str, nbytes: float, n: int, ch: Changes, bound: int,
+                     measured: float | None) -> float:
+        f = self.link(coll, n)
+        if f is None:
+            return measured or 0.0
+        kw = {}
+        if ch.latency_kind in (None, coll):
+            kw.update(latency_scale=ch.latency_scale, latency_add=ch.latency_add_s,
+                      latency_set=ch.latency_set_s)
+        if ch.bandwidth_kind in (None, coll):
+            kw.update(bandwidth_scale=ch.bandwidth_scale, bandwidth_set=ch.bandwidth_set)
+        return f.seconds(nbytes, ch.world_size or n, bound=bound, **kw)
+
+    # --- the units after a change ---------------------------------------------------------
+    def _units(self, rm: RankModel, ch: Changes) -> list[UnitModel]:
+        units = rm.units
+        if ch.merge is None:
+            return units
+        root, rest = units[0], units[1:]
+        if ch.merge == "blocks":
+            c = self.block_container
+            if c is None:
+                raise UserError("--merge blocks: the run does not say where its blocks are "
+                                "(no block container); give --merge K")
+            groups: list[list[UnitModel]] = [[root]]
+            keys: list[str | None] = [None]
+            for u in rest:
+                key = _block_key(u.name, c)
+                if key is None:
+                    groups[0].append(u)  # outside the blocks: into the root
+                elif keys[-1] == key:
+                    groups[-1].append(u)
+                else:
+                    groups.append([u])
+                    keys.append(key)
+        else:
+            k = int(ch.merge)
+            groups = [[root]] + [rest[i:i + k] for i in range(0, len(rest), k)]
+        return [_merge(g) for g in groups if g]
+
+    def _reshard(self, ch: Changes) -> bool:
+        return self.semantics.reshard_after_forward if ch.reshard_after_forward is None \
+            else ch.reshard_after_forward
+
+    # --- the replay -----------------------------------------------------------------------
+    def replay(self, ch: Changes = Changes(), bound: int = 0) -> Replay:
+        """The step of the (changed) configuration, the worst rank's. Every collective is a
+        meeting point of the ranks: between two of them the step advances by the slowest
+        rank's compute (per unit and phase, the largest over the ranks), then by the link's
+        time; a faster rank waits for the slower one inside the collective (peer wait: its
+        exposed time includes it). So the replay runs once with the largest compute, and
+        the worst rank's exposed time adds its peer wait."""
+        per_rank = [self._units(rm, ch) for rm in self.ranks]
+        scale = ch.micro_batch_scale
+        units = []
+        for i, u in enumerate(per_rank[0]):
+            parts = [us[i] for us in per_rank if i < len(us) and us[i].name == u.name]
+            units.append(replace(u, forward_s=max(p.forward_s for p in parts),
+                                 backward_s=max(p.backward_s for p in parts)))
+        wait = max((sum(c.forward_s + c.backward_s - o.forward_s - o.backward_s
+                        for c, o in zip(units, us)) * scale for us in per_rank), default=0.0)
+        rm = max(self.ranks, key=lambda r: r.optimizer_s + r.framework_s + r.other_s +
+                 r.self_s)
+        r = self._replay_rank(rm, ch, bound, units)
+        r.exposed_s += wait
+        r.peer_wait_s = wait
+        return r
+
+    def _replay_rank(self, rm: RankModel, ch: Changes, bound: int,
+                     units: list[UnitModel]) -> Replay:
+        sem = self.semantics
+        depth = sem.prefetch if ch.prefetch is None else ch.prefetch
+        sync_unshard = sem.sync_unshard if ch.prefetch is None else depth == 0
+        reshard = self._reshard(ch)
+        scale = ch.micro_batch_scale
+
+        def coll_s(u: UnitModel, phase: str, coll: str) -> float:
+            calls, nbytes, measured = u.comm[phase][coll]
+            return calls * self.call_seconds(coll, nbytes, u.group.get(coll, self.world_size),
+                                             ch, bound, measured / calls if calls else None)
+
+        def gather_s(u: UnitModel, phase: str) -> float:
+            src = phase
+            if phase == "backward" and reshard and not u.comm.get("backward", {}).get(
+                    "all_gather"):
+                src = "forward"  # resharding now where the run kept parameters
+            if phase == "backward" and not reshard:
+                return 0.0
+            return coll_s(u, src, "all_gather") if u.comm.get(src, {}).get("all_gather") \
+                else 0.0
+
+        state = {"t": 0.0, "ch": 0.0}
+        exposed: dict[str, float] = {u.name: 0.0 for u in units}
+        comm_total = 0.0
+
+        def gathers(seq: list[UnitModel], phase: str) -> None:
+            """One phase: unit i's all-gather goes on the channel when unit i starts
+            (synchronous unshard) or when unit i-depth starts computing (prefetch; the
+            first unit issues its own); the compute waits for it."""
+            nonlocal comm_total
+            done: dict[int, float] = {}
+
+            def issue(j: int) -> None:
+                if j < len(seq) and j not in done:
+                    g = gather_s(seq[j], phase)
+                    b = max(state["t"], state["ch"])
+                    done[j] = b + g
+                    starts_at[j] = b
+                    if g:
+                        state["ch"] = done[j]
+            starts_at: dict[int, float] = {}
+            for i, u in enumerate(seq):
+                issue(i)
+                if done[i] > state["t"]:
+                    exposed[u.name] += done[i] - max(state["t"], starts_at[i])
+                    state["t"] = done[i]
+                comm_total += done[i] - starts_at[i]
+                if not sync_unshard:
+                    for j in range(i + 1, i + 1 + depth):
+                        issue(j)
+                state["t"] += (u.forward_s if phase == "forward" else u.backward_s) * scale
+                after(u, phase)
+
+        pending: list[tuple[str, float, float]] = []  # async reductions (unit, begin, done)
+
+        def after(u: UnitModel, phase: str) -> None:
+            """Collectives after a unit's compute: forward ones (rare) synchronously;
+            backward reductions synchronously (gloo) or waited for at the next unit's
+            post-backward."""
+            nonlocal comm_total
+            if phase == "backward" and not sem.sync_reduce:
+                while pending:  # FSDP waits for the previous reduction here
+                    name, b, d = pending.pop(0)
+                    if d > state["t"]:
+                        exposed[name] += d - max(state["t"], b)
+                        state["t"] = d
+            for coll in u.comm.get(phase, {}):
+                if coll in GATHER:
+                    continue
+                s = coll_s(u, phase, coll)
+                comm_total += s
+                b = max(state["t"], state["ch"])
+                d = b + s
+                state["ch"] = d
+                if phase == "backward" and not sem.sync_reduce:
+                    pending.append((u.name, b, d))
+                else:
+                    exposed[u.name] += d - state["t"]
+                    state["t"] = d
+
+        gathers(units, "forward")
+        gathers(list(reversed(units[1:])) + units[:1], "backward")
+        for name, b, d in pending:  # the end of backward waits for every reduction
+            if d > state["t"]:
+                exposed[name] += d - max(state["t"], b)
+                state["t"] = d
+        t = state["t"]
+        # collectives outside forward / backward (optimizer-phase gathers, broadcasts)
+        for u in units:
+            for phase, colls in u.comm.items():
+                if phase in ("forward", "backward"):
+                    continue
+                for coll in colls:
+                    s = coll_s(u, phase, coll)
+                    exposed[u.name] = exposed.get(u.name, 0.0) + s
+                    t += s
+                    comm_total += s
+        calls = sum(_calls(u, reshard) for u in units)
+        opt = rm.optimizer_s
+        if ch.world_size:
+            opt *= self.world_size / ch.world_size  # sharded optimizer states
+        overhead = opt + rm.framework_per_call_s * calls + rm.other_s + rm.self_s
+        compute = sum(u.forward_s + u.backward_s for u in units) * scale
+        return Replay(t + overhead, sum(exposed.values()), compute, comm_total, overhead,
+                      exposed)
+
+    # --- traffic ------------------------------------------------------------------------------
+    def traffic(self, ch: Changes = Changes()) -> tuple[float, float]:
+        """(nominal bytes, wire bytes) per step of the first rank after the change: bytes per
+        call x calls (the planner's convention), and what a ring moves ((n-1)/n, 2(n-1)/n)."""
+        from .linkfit import wire_factor
+
+        if not self.ranks:
+            return 0.0, 0.0
+        reshard = self._reshard(ch)
+        nominal = wire = 0.0
+        for u in self._units(self.ranks[0], ch):
+            for _p, c, (calls, nbytes, _s) in _rows(u, reshard):
+                n = ch.world_size or u.group.get(c, self.world_size)
+                nominal += calls * nbytes
+                wire += calls * nbytes * wire_factor(c, n)
+        return nominal, wire
+
+    # --- memory ---------------------------------------------------------------------------
+    def peak_bytes(self, ch: Changes = Changes()) -> tuple[int | None, str]:
+        """Peak bytes per rank from the planner, with the rules' inputs (`Context.plan_input`)
+        changed as `ch` says; and a note on what it covers."""
+        from ..diagnosis.context import Context
+        from ..planner import plan
+
+        ctx = Context(self.snapshot)
+        over: dict = {}
+        if ch.world_size:
+            over["world_size"] = ch.world_size
+        over["reshard_after_forward"] = self._reshard(ch)
+        depth = self.semantics.prefetch if ch.prefetch is None else ch.prefetch
+        over["prefetch_depth"] = depth
+        if ch.merge is not None and self.ranks:
+            over["largest_unit_params"] = max(u.params for u in self._units(self.ranks[0], ch))
+        try:
+            inp = ctx.plan_input(**over)
+        except UserError:
+            return None, "the planner cannot take this change"
+        if inp is None:
+            return None, "the run's facts are too thin for the planner"
+        note = "planner: model states + ZeRO-3 transient"
+        if inp.activation_bytes is not None:
+            inp = replace(inp, activation_bytes=int(inp.activation_bytes * ch.micro_batch_scale))
+            note += " + measured activations"
+        else:
+            note += "; activations not measured on this device (not counted)"
+        stage = ctx.stage
+        return plan(inp).stage(stage).total_bytes, note
+
+
+def _rows(u: UnitModel, reshard: bool):
+    """(phase, collective, [calls, bytes per call, seconds]) of a unit with resharding after
+    forward on or off: backward all-gathers dropped, or added at the forward one's size."""
+    for phase, colls in u.comm.items():
+        for coll, v in colls.items():
+            if not (phase == "backward" and coll in GATHER and not reshard):
+                yield phase, coll, v
+    if reshard and not u.comm.get("backward", {}).get("all_gather") and \
+            u.comm.get("forward", {}).get("all_gather"):
+        yield "backward", "all_gather", u.comm["forward"]["all_gather"]
+
+
+def _calls(u: UnitModel, reshard: bool) -> float:
+    return sum(v[0] for _p, _c, v in _rows(u, reshard))
+
+
+def _block_key(name: str, container: str) -> str | None:
+    prefix = f"{container}." if container else ""
+    if not name.startswith(prefix):
+        return None
+    idx = name[len(prefix):].split(".")[0]
+    return idx if idx.isdigit() else None
+
+
+def _merge(group: list[UnitModel]) -> UnitModel:
+    if len(group) == 1:
+        return group[0]
+    out = UnitModel(f"{group[0].name or '(root)'}..{group[-1].name}",
+                    sum(u.params for u in group), parts=tuple(u.name for u in group))
+    for u in group:
+        out.forward_s += u.forward_s
+        out.backward_s += u.backward_s
+        out.group.update(u.group)
+        for phase, colls in u.comm.items():
+            for coll, (calls, nbytes, secs) in colls.items():
+                cur = out.comm.setdefault(phase, {}).setdefault(coll, [0.0, 0.0, 0.0])
+                # one call per merged unit and step: the bytes of all its parts
+                cur[1] += nbytes * calls
+                cur[2] += secs
+                cur[0] = 1.0
+    return out
+
+
+def fit(snapshot: RunSnapshot) -> StepModel:
+    """The model of a measured run (every active rank with per-unit detail)."""
+    from ..diagnosis.context import Context
+
+    ranks = {r: w for r, w in snapshot.ranks.items()
+             if w.steps and w.unit_detail and r not in snapshot.stale_ranks}
+    if not ranks:
+        raise UserError(f"{snapshot.source}: no rank with per-unit detail to fit a step model "
+                        "to (a run with detail steps is needed)")
+    ctx = Context(snapshot)
+    first = next(iter(ranks.values()))
+    facts = first.facts
+    cfg = facts.config if isinstance(facts.config, dict) else {}
+    pf = cfg.get("prefetch") if isinstance(cfg.get("prefetch"), dict) else {}
+    hidden = sum(c.hidden_seconds for w in ranks.values() for (_, _, coll), c in w.comm.items()
+                 if coll in GATHER)
+    rs_hidden = sum(c.hidden_seconds for w in ranks.values()
+                    for (_, _, coll), c in w.comm.items() if coll in REDUCE)
+    sync_unshard = not pf.get("unshard_async", hidden > 0) and hidden == 0
+    depth = 0 if sync_unshard else max(1, int(pf.get("forward") or 1))
+    reshard = any(u.reshard_after_forward for u in facts.units) or facts.zero_stage == 3
+    sem = Semantics(facts.framework, sync_unshard, rs_hidden == 0, depth, reshard)
+    rank_models = []
+    for r, w in sorted(ranks.items()):
+        n = w.per_unit_steps
+        units = {u.name: UnitModel(u.name, u.params) for u in w.facts.units}
+        order = [u.name for u in w.facts.units]
+        for (unit, phase), s in w.compute.items():
+            if unit not in units:
+                units[unit] = UnitModel(unit, 0)
+                order.append(unit)
+            if phase == "forward":
+                units[unit].forward_s += s / n
+            elif phase == "backward":
+                units[unit].backward_s += s / n
+        for (unit, phase, coll), c in w.comm.items():
+            if unit not in units:
+                units[unit] = UnitModel(unit, 0)
+                order.append(unit)
+            if c.count <= 0:
+                continue
+            um = units[unit]
+            facts_u = w.facts.unit(unit)
+            um.group[coll] = facts_u.collective_group_size(coll) if facts_u else \
+                w.facts.world_size
+            um.comm.setdefault(phase, {})[coll] = [c.count / n, c.bytes / c.count, c.seconds / n]
+        # compute outside the named phases (e.g. a "step" phase) counts as overhead
+        other_compute = sum(s for (_, p), s in w.compute.items()
+                            if p not in ("forward", "backward")) / n
+        steps = w.steps
+        times = list(w.step_times) or [w.mean_step_seconds]
+        rank_models.append(RankModel(
+            r, [units[name] for name in order], w.optimizer_seconds / steps,
+            (w.per_sampled_step(w.framework_seconds) or 0.0),
+            (w.per_sampled_step(w.other_seconds) or 0.0) + other_compute,
+            w.self_seconds / steps, w.mean_step_seconds, w.exposed_seconds / steps, times))
+    links = fit_links(snapshot, ranks=set(ranks))
+    return StepModel(snapshot, rank_models, links, sem, max(1, ctx.group_size),
+                     ctx.block_container, min(w.per_unit_steps for w in ranks.values()))
+
+
+# --- answers ------------------------------------------------------------------------------
+
+
+def answer(model: StepModel, ch: Changes) -> dict:
+    """The what-if of `ch` on `model`: baseline (the replay) beside the measurement, the
+    prediction with its range, peak memory per rank, the units whose exposure changes most.
+    Seconds per step, per rank: the worst rank's."""
+    base = model.replay()
+    pred = model.replay(ch)
+    lo = model.replay(ch, bound=-1)
+    hi = model.replay(ch, bound=+1)
+    measured_step = max(rm.measured_step_s for rm in model.ranks)
+    measured_exposed = max(rm.measured_exposed_s for rm in model.ranks)
+    b, p = base, pred
+    misfit = abs(b.step_s - measured_step) / measured_step if measured_step else 0.0
+    # noise of the measured step: the standard error of the mean step time, relative
+    sems = []
+    for rm in model.ranks:
+        xs = rm.step_times
+        if len(xs) > 1 and rm.measured_step_s:
+            sems.append(statistics.stdev(xs) / math.sqrt(len(xs)) / rm.measured_step_s)
+    noise = max(sems) if sems else 0.0
+    rel = misfit + noise
+    b_exp = base.exposed_s
+    exp_misfit = abs(b_exp - measured_exposed)
+    step_lo = lo.step_s * (1 - rel)
+    step_hi = hi.step_s * (1 + rel)
+    p_exp = pred.exposed_s
+    exp_lo = max(0.0, lo.exposed_s - exp_misfit)
+    exp_hi = hi.exposed_s + exp_misfit
+    base_peak, base_note = model.peak_bytes()
+    peak, peak_note = model.peak_bytes(ch)
+    nominal, wire = model.traffic(ch)
+    # per unit of the change: a merged unit against the sum of its parts
+    parts = {u.name: u.parts for u in model._units(model.ranks[0], ch) if u.parts}
+    before = dict(b.exposed_by_unit)
+    for name, names in parts.items():
+        before[name] = sum(before.pop(n, 0.0) for n in names)
+    changes = {name: p.exposed_by_unit.get(name, 0.0) - before.get(name, 0.0)
+               for name in set(before) | set(p.exposed_by_unit)}
+    top = sorted(changes.items(), key=lambda kv: -abs(kv[1]))[:5]
+    sem = model.semantics
+    return {
+        "schema": 1,
+        "source": model.snapshot.source,
+        "steps": model.steps,
+        "ranks": len(model.ranks),
+        "semantics": {"framework": sem.framework, "sync_unshard": sem.sync_unshard,
+                      "sync_reduce": sem.sync_reduce, "prefetch": sem.prefetch,
+                      "reshard_after_forward": sem.reshard_after_forward},
+        "changes": ch.describe(),
+        "measured": {"step_s": measured_step, "exposed_comm_s": measured_exposed},
+        "baseline": {"step_s": b.step_s, "exposed_comm_s": b_exp, "peak_bytes": base_peak,
+                     "compute_s": b.compute_s,
+                     "step_error": (b.step_s - measured_step) / measured_step
+                     if measured_step else None},
+        "predicted": {"step_s": p.step_s, "exposed_comm_s": p_exp, "peak_bytes": peak,
+                      "step_s_range": [step_lo, step_hi],
+                      "exposed_comm_s_range": [exp_lo, exp_hi],
+                      "compute_s": p.compute_s, "comm_s": p.comm_s,
+                      "overhead_s": p.overhead_s, "peer_wait_s": p.peer_wait_s,
+                      "comm_bytes": nominal,
+                      "comm_wire_bytes": wire},
+        "peak_note": peak_note,
+        "units": [{"unit": n or "(root)", "exposed_change_s": d} for n, d in top if d],
+        "links": [{"collective": f.collective, "group_size": f.group_size,
+                   "latency_s": f.latency_s, "bandwidth_bytes_per_s": f.bandwidth,
+                   "resid_s": f.resid_s, "points": f.points,
+                   "bytes_range": [f.min_bytes, f.max_bytes]}
+                  for f in model.links.values()],
+    }
