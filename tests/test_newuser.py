@@ -194,13 +194,14 @@ def test_plan_of_a_small_model_shows_numbers(runs, capsys):
     capsys.readouterr()
     assert zerodoc_main(["plan", "--run", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "per GPU, in decimal MB" in out
+    assert "per GPU, in decimal units" in out  # each size in the unit that fits it
     rows = [x.split() for x in out.splitlines()
             if x.split()[:1] in (["DP"], ["ZeRO-1"], ["ZeRO-2"], ["ZeRO-3"]) and
             x.split()[1] != "="]
     assert len(rows) == 4
     for row in rows:  # params, grads, optimizer, states: a 0.8M-parameter model is MBs
-        assert all(float(c) > 0 for c in row[1:5]), row
+        cells = list(zip(row[1:9:2], row[2:9:2]))  # (value, unit) each
+        assert all(float(v) > 0 and u in ("kB", "MB") for v, u in cells), row
 
 
 def test_attach_before_fully_shard_is_no_false_all_clear(runs, capsys):

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
+
 from zerodoc.cli import main
 from zerodoc.trace import open_traces
 

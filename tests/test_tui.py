@@ -71,7 +71,7 @@ def raw_log(path: Path) -> tuple[dict, list[dict], bool]:
 def expected_units(run_dir: Path, rank: int, window: int = WINDOW) -> dict[str, dict]:
     """Per unit, per step over the window, from the raw run log: what the Units view shows."""
     head, steps, _ = raw_log(run_dir / f"rank-{rank:05d}.jsonl")
-    steps = steps[-window:]
+    steps = window_steps(steps, window)
     names = [u["name"] for u in head["units"]]
     group = {u["name"]: u["group_size"] for u in head["units"]}
     out = {n: {"ag_s": 0.0, "ag_exposed_s": 0.0, "ag_bytes": 0, "compute_s": 0.0, "rs_s": 0.0}
@@ -95,8 +95,20 @@ def expected_units(run_dir: Path, rank: int, window: int = WINDOW) -> dict[str, 
     return out
 
 
+RATE_GB = {"B/s": 1e-9, "kB/s": 1e-6, "MB/s": 1e-3, "GB/s": 1.0}
+
+
 def cell_float(table: ZTable, row: str, col: str) -> float:
-    return float(str(table.get_cell(row, col)))
+    """A cell's number; a bandwidth cell ("124.3 MB/s": its unit chosen by size) in GB/s."""
+    num, _, unit = str(table.get_cell(row, col)).partition(" ")
+    return float(num) * RATE_GB[unit] if unit else float(num)
+
+
+def window_steps(steps: list[dict], window: int) -> list[dict]:
+    """The steps a run directory's window shows: the last `window`, the warm-up step 1 left
+    out when the window would start there (issue 20 item 10)."""
+    steps = steps[-window:]
+    return steps[1:] if len(steps) >= 2 and steps[0]["step"] == 1 else steps
 
 
 def shown(number: float, cell: float) -> bool:
@@ -279,7 +291,7 @@ async def test_rank_view_matches_run_log_and_selects_a_rank(recorded):
         table = app.query_one("#ranks-table", ZTable)
         for r in (0, 1):
             _, steps, ended = raw_log(recorded / f"rank-{r:05d}.jsonl")
-            steps = steps[-WINDOW:]
+            steps = window_steps(steps, WINDOW)
             mean_step = sum(s["step_s"] for s in steps) / len(steps)
             compute = sum(x[2] for s in steps for x in s["compute"]) / len(steps)
             assert ended

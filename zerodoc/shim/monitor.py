@@ -327,7 +327,11 @@ class Monitor:
     # --- tiers: per-unit instrumentation on detail steps only ---------------------------
     def _install_root_hook(self) -> None:
         """Always on: the first step starts at the model's first forward (on detail steps the
-        adapter's root hook, which runs before this one, does the same first)."""
+        adapter's root hook, which runs before this one, does the same first). Not with no
+        sharded units (framework "none"): its first step starts at attach, as it always did
+        (a `step(closure)` job runs its forward inside the step)."""
+        if self.adapter.framework == "none":
+            return
         try:
             h = self.model.register_forward_pre_hook(self._root_pre, prepend=True)
             self._undo.append(h.remove)
@@ -477,6 +481,11 @@ class Monitor:
             self._record_failure(exc)
             self._closed = True
             guards.unregister(self)
+            if self._writer is not None:  # every completed step and the failure, no end
+                try:
+                    self._writer.abandon(timeout=2.0)  # (the writer drains in batches)
+                except Exception as e:  # noqa: BLE001 - the process is ending
+                    self.registry.error("runlog", e)
             return
         self._shutdown(undo=False)
 
