@@ -8,9 +8,8 @@ import math
 import re
 import sys
 
+from .catalog import COLLECTIVES as KINDS  # the collective kinds, as the metrics name them
 from .clihelp import DefaultsHelpFormatter
-
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
 
 
 def add_parser(sub) -> None:
