@@ -60,5 +60,5 @@ clean:
 # exporters/kubernetes/) from zerodoc/thresholds.py, and the Grafana dashboards (dashboards/).
 .PHONY: dashboards
 dashboards: $(VENV)/.installed
-	$(PY) -m zerodoc.alerts
-	$(PY) -m zerodoc.grafana.build
+	$(PY) -m zerodoc.ops.alerts
+	$(PY) -m zerodoc.ops.grafana.build

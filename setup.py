@@ -2,7 +2,7 @@
 
 `dashboards/`, `rules/`, `exporters/` and `docs/runbooks.md` stay at the top of the source
 tree; `build_py` copies them to `zerodoc/_ops/` in the build, which is where
-`zerodoc.resources` finds them once installed. An editable install reads them from the
+`zerodoc.ops.resources` finds them once installed. An editable install reads them from the
 source tree instead, so nothing is copied there.
 """
 
@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 
 def _resources():
     spec = importlib.util.spec_from_file_location("_zerodoc_resources",
-                                                  HERE / "zerodoc" / "resources.py")
+                                                  HERE / "zerodoc" / "ops" / "resources.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -71,7 +71,7 @@ def run_log_section(tmp: Path, units: int, log_steps: int) -> None:
     from zerodoc.model import CommTotals, RankWindow
     from zerodoc.runlog import RunLogWriter, log_window, read_rank_tail
     from zerodoc.runlog.replay import Replay
-    from zerodoc.tui.synthetic import rank_facts, step_record
+    from zerodoc.testing.synthetic import rank_facts, step_record
 
     print(f"\n== run log ({units} units)")
     run = tmp / "bytes"
@@ -167,7 +167,7 @@ def _scale_totals(tot, rec, facts, steps, end, CommTotals) -> None:
 def _schema1_bytes(units: int) -> int:
     import json
 
-    from zerodoc.tui.synthetic import step_record
+    from zerodoc.testing.synthetic import step_record
 
     return len(json.dumps(step_record(5, 0, 1024, units, 1.7e9)[0], separators=(",", ":")))
 
@@ -179,7 +179,7 @@ def _schema1_bytes(units: int) -> int:
 async def tui_bench(run_dir: Path, ranks: int, units: int, first_new: int, refreshes: int):
     from zerodoc.sources import open_source
     from zerodoc.tui.app import VIEWS, ZerodocApp, tune_gc
-    from zerodoc.tui.synthetic import append_steps
+    from zerodoc.testing.synthetic import append_steps
 
     t = clock()
     source = open_source(str(run_dir), window=20)
@@ -249,7 +249,7 @@ def report_time(spec: str, what: str, window: int | None = 20,
 
 
 def tui_section(tmp: Path, ranks: int, units: int, refreshes: int) -> None:
-    from zerodoc.tui.synthetic import close_run, write_run
+    from zerodoc.testing.synthetic import close_run, write_run
 
     print(f"\n== TUI and report ({ranks} ranks x {units} units)")
     run = tmp / "run"

@@ -278,10 +278,10 @@ def _start(prometheus: str, tmp: Path, data: Path, log=None):
 
 
 def _backfill_unit_rules(promtool: str, url: str, tmp: Path, data: Path, end: float) -> bool:
-    """Evaluate the per-unit recording rules (zerodoc.alerts.recording.unit_stat_names) over
+    """Evaluate the per-unit recording rules (zerodoc.ops.alerts.recording.unit_stat_names) over
     the last two samples with promtool and move the blocks into the TSDB."""
-    from zerodoc.alerts.recording import recording_rules, unit_stat_names
-    from zerodoc.alerts.yamltext import dump
+    from zerodoc.ops.alerts.recording import recording_rules, unit_stat_names
+    from zerodoc.ops.alerts.yamltext import dump
 
     names = unit_stat_names()
     rules = [r for r in recording_rules() if r["record"] in names]

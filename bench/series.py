@@ -5,7 +5,7 @@
 Runs the FSDP2 demo (per-block wrapping: blocks + the root = units; tiny layers, the series
 do not depend on their size) twice: at the default detail level and at
 `metrics_detail="coarse"` with one rank (rank 0) keeping unit detail. Prints the series each
-rank serves, what `zerodoc.cardinality` predicts from the catalog, and the budgets. With
+rank serves, what `zerodoc.ops.cardinality` predicts from the catalog, and the budgets. With
 `--prometheus` (needs the `prometheus` binary) a real Prometheus scrapes each job with
 zerodoc's rules loaded and the series it holds are counted too: scraped and recorded, per
 rank and per run.
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.helpers import LiveDemo  # noqa: E402
 from tests.promserver import PromServer  # noqa: E402
-from zerodoc import alerts  # noqa: E402
-from zerodoc import cardinality as card  # noqa: E402
+from zerodoc.ops import alerts  # noqa: E402
+from zerodoc.ops import cardinality as card  # noqa: E402
 
 TINY = {"hidden": 16, "heads": 2, "vocab": 64, "seq": 8, "batch": 2}
 MODES = {"full": {}, "coarse": {"metrics_detail": "coarse", "metrics_unit_ranks": 1}}

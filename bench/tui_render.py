@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zerodoc.sources import open_source  # noqa: E402
 from zerodoc.tui.feed import default_diagnose  # noqa: E402
-from zerodoc.tui.synthetic import append_steps, write_run  # noqa: E402
+from zerodoc.testing.synthetic import append_steps, write_run  # noqa: E402
 
 
 async def bench(run_dir: Path, ranks: int, units: int, steps: int, refreshes: int) -> int:

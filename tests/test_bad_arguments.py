@@ -1,7 +1,7 @@
 """Bad command lines (issue 20 item 16): every one ends with exit code 2 and exactly one line
 on stderr naming what is wrong, never a traceback, never accepted.
 
-Run in-process through `zerodoc.cli.main` (the console script's own entry point), so an
+Run in-process through `zerodoc.cli.main.main` (the console script's own entry point), so an
 exception that escapes a command fails the test with its traceback; a few run as real
 `python -m zerodoc` processes to check the whole path to the shell.
 """
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.helpers import ROOT
-from zerodoc import cli
+from zerodoc.cli import main as cli
 
 RUN = str(ROOT / "tests" / "data" / "scenarios" / "slow-link-50ms")
 

@@ -3,7 +3,7 @@
 is what a real exporter serves.
 
 Witnesses: real scrapes of two live 2-rank gloo jobs (81 units: 80 blocks + the root), one
-at each detail level, compared series for series with `zerodoc.cardinality`; and the coarse
+at each detail level, compared series for series with `zerodoc.ops.cardinality`; and the coarse
 rank's totals over units against its own run log (which keeps full per-unit detail).
 """
 
@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import LiveDemo
-from zerodoc import cardinality as card
+from zerodoc.ops import cardinality as card
 from zerodoc.catalog import CATALOG, Metric
 from zerodoc.exporter.detail import unit_detail_ranks
 from zerodoc.runlog import read_rank_log
@@ -78,7 +78,7 @@ def test_unit_sample_spreads_over_the_job():
 
 
 def test_detail_options_are_checked_at_attach_time(monkeypatch):
-    from zerodoc.config import AttachConfig
+    from zerodoc.shim.config import AttachConfig
 
     assert AttachConfig.from_options().metrics_detail == "full"
     monkeypatch.setenv("ZERODOC_METRICS_DETAIL", "coarse")

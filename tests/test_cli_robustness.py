@@ -20,7 +20,7 @@ import pytest
 
 from tests.promserver import require_binary
 from tests.helpers import ROOT
-from zerodoc import cli
+from zerodoc.cli import main as cli
 from zerodoc.demo.launch import free_port
 
 RUN = str(ROOT / "tests" / "data" / "scenarios" / "slow-link-50ms")
@@ -39,7 +39,7 @@ PRINTING = {
     "dashboards list": ["-m", "zerodoc", "dashboards", "list"],
     "export --list": ["-m", "zerodoc", "export", "--list"],
     "export DIR": ["-m", "zerodoc", "export", "{tmp}/export"],
-    "python -m zerodoc.alerts": ["-m", "zerodoc.alerts", "--out", "{tmp}/rules",
+    "python -m zerodoc.ops.alerts": ["-m", "zerodoc.ops.alerts", "--out", "{tmp}/rules",
                                  "--k8s-out", ""],
     "python -m zerodoc.catalog": ["-m", "zerodoc.catalog"],
 }

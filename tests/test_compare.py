@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, LiveDemo
-from zerodoc import compare_history as history
-from zerodoc.compare import (
+from zerodoc.compare import history
+from zerodoc.compare.judge import (
     CONFIRMED, NOT_CONFIRMED, PARTLY, UNKNOWN, WORSE, compare, judge, overall, side,
 )
 from zerodoc.diagnosis import diagnose
 from zerodoc.diagnosis.findings import Predicted
 from zerodoc.diagnosis.observables import OBSERVABLES
-from zerodoc.diagnosis.testdata import load_case
+from zerodoc.testing.rulecases import load_case
 from zerodoc.runlog import load_run
 
 DATA = Path(__file__).parent / "data"
@@ -312,7 +312,7 @@ def test_compare_reads_profiler_traces(tmp_path_factory, tmp_path, capsys, monke
     FSDP2's synchronous all-gathers, then async unshard + prefetch): the async run's overlap
     shows as a configuration change and as less exposed all-gather time."""
     from tests.helpers import profiled
-    from zerodoc.cli import main
+    from zerodoc.cli.main import main
 
     monkeypatch.setenv("ZERODOC_HISTORY", str(tmp_path / "h.jsonl"))
     _, sync = profiled(tmp_path_factory, "sync")
@@ -352,7 +352,7 @@ def test_peak_memory_on_cpu_cannot_be_judged_below_the_runtime():
     """A peak-memory prediction on CPU was "not confirmed" where process memory (~450 MB of
     runtime) cannot show a change of tens of MB: it says it cannot judge that there, and
     that does not lower the fix's verdict."""
-    from zerodoc.compare_render import render_text
+    from zerodoc.compare.render import render_text
 
     doc = compare(recorded("wrap-root"), recorded("healthy-block"))
     f = _fix(doc, "ZD001")

@@ -19,7 +19,7 @@ import yaml
 
 from tests.test_alert_rules import known_names, metric_names
 from tests.helpers import ROOT
-from zerodoc.cli import main
+from zerodoc.cli.main import main
 from zerodoc.thresholds import DEFAULT
 
 DASHBOARDS = ROOT / "dashboards"
@@ -110,19 +110,19 @@ def test_schema_check_catches_a_broken_panel():
 
 def test_committed_json_is_up_to_date():
     pytest.importorskip("grafana_foundation_sdk", reason="needs the grafana extra (dev)")
-    from zerodoc.grafana import build
+    from zerodoc.ops.grafana import build
 
     stale = build.stale_files()
-    assert not stale, f"{stale} are stale: run `python -m zerodoc.grafana.build` (make dashboards)"
+    assert not stale, f"{stale} are stale: run `python -m zerodoc.ops.grafana.build` (make dashboards)"
 
 
 @pytest.mark.slow
 def test_build_check_mode(tmp_path):
     pytest.importorskip("grafana_foundation_sdk", reason="needs the grafana extra (dev)")
-    r = subprocess.run([sys.executable, "-m", "zerodoc.grafana.build", "--check", "--out",
+    r = subprocess.run([sys.executable, "-m", "zerodoc.ops.grafana.build", "--check", "--out",
                         str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 1 and "stale" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "zerodoc.grafana.build", "--out", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "zerodoc.ops.grafana.build", "--out", str(tmp_path)],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and len(list(tmp_path.glob("*.json"))) == 4
 
@@ -226,7 +226,7 @@ def test_provisioning_files():
 def test_cli_does_not_import_grafana_tooling():
     """`zerodoc` (and the training-side import) never pull the Grafana SDK or grafana-client
     (whose urllib3 replacement must stay out of the training install)."""
-    code = ("import sys, zerodoc, zerodoc.targets, zerodoc.cli; zerodoc.cli.build_parser(); "
+    code = ("import sys, zerodoc, zerodoc.ops.targets, zerodoc.cli.main; zerodoc.cli.main.build_parser(); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('grafana_foundation_sdk', "
             "'grafana_client', 'niquests', 'urllib3', 'urllib3_future')]; "
             "print(bad); sys.exit(1 if bad else 0)")
@@ -323,7 +323,7 @@ def test_push_token_from_file_and_refusals_never_print_it(grafana, tmp_path, mon
 
 
 def test_push_has_no_token_flag():
-    from zerodoc.cli import build_parser
+    from zerodoc.cli.main import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["dashboards", "push", "--url", "http://x", "--token", "t"])

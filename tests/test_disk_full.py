@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from zerodoc import cli
+from zerodoc.cli import main as cli
 from zerodoc.runlog import read_rank_log
 from zerodoc.testing import hostile
 

@@ -15,7 +15,7 @@ import torch
 
 from bench.syncwatch import SyncWatch
 from zerodoc.testing.cudasim import Sim, SimPG
-from zerodoc.config import AttachConfig
+from zerodoc.shim.config import AttachConfig
 from zerodoc.shim import hookpoints as hp
 from zerodoc.shim.cuda import CudaTimer
 from zerodoc.shim.devclock import DeviceRecorder, EventPool

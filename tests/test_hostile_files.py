@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.helpers import ROOT
-from zerodoc import cli
+from zerodoc.cli import main as cli
 from zerodoc.testing import hostile
 
 MAX_RSS_MB = 500

@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
-from zerodoc.cli import main as zerodoc_main
+from zerodoc.cli.main import main as zerodoc_main
 from zerodoc.demo.launch import _die_with_parent, free_port
 from zerodoc.runlog import read_rank_log
-from zerodoc.targets_cli import run_targets
+from zerodoc.cli.targets import run_targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -224,7 +224,7 @@ async def test_tui_shows_the_early_run_as_ended_with_no_data(runs):
     pytest.importorskip("textual")
     from zerodoc.sources import open_source
     from zerodoc.tui.app import ZerodocApp
-    from zerodoc.tui.textshot import screen_text
+    from zerodoc.testing.textshot import screen_text
 
     run_dir, _ranks = runs["early"]
     app = ZerodocApp(open_source(str(run_dir)), refresh=None)

@@ -25,9 +25,9 @@ import yaml
 
 from tests.helpers import ROOT, LiveDemo
 from tests.promserver import PromServer, require_binary
-from zerodoc import alerts
-from zerodoc.alerts import RuleOptions
-from zerodoc.cli import main
+from zerodoc.ops import alerts
+from zerodoc.ops.alerts import RuleOptions
+from zerodoc.cli.main import main
 from zerodoc.demo.launch import free_port
 
 pytestmark = pytest.mark.slow

@@ -34,7 +34,7 @@ from tests.helpers import ROOT
 import zerodoc
 from tests.promserver import require_binary
 from tests.test_dashboards import FakeGrafana
-from zerodoc import resources
+from zerodoc.ops import resources
 from zerodoc.demo.launch import free_port
 
 pytestmark = pytest.mark.slow
@@ -124,7 +124,7 @@ def zerodoc_cmd(venv, *args, **kw):
 
 
 def test_installed_zerodoc_uses_its_packaged_files(venv):
-    p = _run([str(venv.py), "-c", "import zerodoc, zerodoc.resources as r; "
+    p = _run([str(venv.py), "-c", "import zerodoc, zerodoc.ops.resources as r; "
               "print(zerodoc.__file__); print(r.kind()); print(r.root())"],
              env=venv.env, cwd=venv.cwd)
     path, kind, root = p.stdout.split()

@@ -19,7 +19,7 @@ from decimal import Decimal
 
 import pytest
 
-from zerodoc import plan_cli
+from zerodoc.cli import plan as plan_cli
 from zerodoc.errors import UserError
 from zerodoc.model import RankFacts, UnitFacts
 from zerodoc.planner import (GB, GIB, PRESETS, PlanInput, format_bytes, format_table,
@@ -373,8 +373,8 @@ def _plan_inproc(*argv) -> tuple[int, str]:
 
 
 def _zerodoc(*argv):
-    if importlib.util.find_spec("zerodoc.demo.cli") is None:  # another component's module
-        pytest.skip("zerodoc.demo.cli not written yet: `python -m zerodoc` cannot start")
+    if importlib.util.find_spec("zerodoc.cli.demo") is None:  # another component's module
+        pytest.skip("zerodoc.cli.demo not written yet: `python -m zerodoc` cannot start")
     return subprocess.run([sys.executable, "-m", "zerodoc", *argv], capture_output=True,
                           text=True, timeout=60)
 

@@ -16,9 +16,9 @@ import pytest
 
 from tests.helpers import LiveDemo
 from tests.promserver import PromServer
-from zerodoc import alerts
-from zerodoc.alerts import RuleOptions
-from zerodoc.alerts.recording import RULE_WINDOW, UNIT_RANKS
+from zerodoc.ops import alerts
+from zerodoc.ops.alerts import RuleOptions
+from zerodoc.ops.alerts.recording import RULE_WINDOW, UNIT_RANKS
 from zerodoc.sources import PrometheusSource
 
 pytestmark = pytest.mark.slow

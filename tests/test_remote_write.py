@@ -22,9 +22,9 @@ import yaml
 
 from tests.helpers import ROOT, LiveDemo
 from tests.promserver import PromServer, require_binary
-from zerodoc import alerts, cardinality
-from zerodoc.alerts import RuleOptions
-from zerodoc.cli import main
+from zerodoc.ops import alerts, cardinality
+from zerodoc.ops.alerts import RuleOptions
+from zerodoc.cli.main import main
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 Every output format, the exit codes and a sample of bad inputs go through a real
 `python -m zerodoc report` process; the remaining flag combinations call the same entry point
-(`zerodoc.cli.main`) in-process, because each process start imports torch (the demo command's
+(`zerodoc.cli.main.main`) in-process, because each process start imports torch (the demo command's
 parser needs it) and that costs seconds on a loaded 2-core host.
 """
 
@@ -40,7 +40,7 @@ def report(*args, cwd=None) -> subprocess.CompletedProcess:
 
 def report_in_process(capsys, *args) -> subprocess.CompletedProcess:
     """The same CLI entry point without a new interpreter."""
-    from zerodoc.cli import main
+    from zerodoc.cli.main import main
 
     try:
         code = main(["report", *args])

@@ -2,7 +2,7 @@
 live demo jobs that reproduce each misconfiguration a CPU run can show.
 
 - tests/data/rules/<CODE>/{pass,fail}-*.json: one snapshot and what one rule must (not) find
-  (format: zerodoc/diagnosis/testdata.py);
+  (format: zerodoc/testing/rulecases.py);
 - tests/data/scenarios/<name>/: real run logs of `zerodoc demo` runs with `expect.json`
   (the command, the expected top finding);
 - live: the same scenarios run now (2 gloo ranks, 8 steps each).
@@ -19,7 +19,7 @@ import pytest
 from tests.helpers import ROOT, run_demo
 from zerodoc.diagnosis import RULES, Finding, Severity, diagnose
 from zerodoc.diagnosis.engine import order
-from zerodoc.diagnosis.testdata import load_case
+from zerodoc.testing.rulecases import load_case
 from zerodoc.model import RunSnapshot
 from zerodoc.runlog import load_run
 from zerodoc.thresholds import Thresholds
@@ -214,7 +214,7 @@ def test_zd004_adds_up_with_the_per_unit_table(name):
     130 ms (the rank that waited least vs the mean over ranks) and listed its worst units in
     no order: now the title gives both numbers, the second is the table's sum, and the worst
     units come most exposed first."""
-    from zerodoc.diagnosis.fmt import secs
+    from zerodoc.humanize import secs
     from zerodoc.report import build_report
 
     snap = load_run(DATA / "scenarios" / name, window=None, stale_after_s=float("inf"))

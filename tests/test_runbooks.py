@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT
-from zerodoc import alerts, resources
+from zerodoc.ops import alerts, resources
 
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 

@@ -30,7 +30,7 @@ from zerodoc.runlog import (
 )
 from zerodoc.runlog.replay import Replay
 from zerodoc.sources import RunDirSource
-from zerodoc.tui import synthetic
+from zerodoc.testing import synthetic
 
 DATA = Path(__file__).parent / "data"
 

@@ -2,7 +2,7 @@
 wording, rules that wait for samples, and the TUI picking up detail that appears after it
 opened (issue 20 item 1), agreeing with `zerodoc report` on the same directory.
 
-Run logs are written with the real writer (`zerodoc.tui.synthetic.write_run`, through
+Run logs are written with the real writer (`zerodoc.testing.synthetic.write_run`, through
 `RunLogWriter`), with unsampled steps as the shim writes them (`"detail": false`, empty
 `compute` / `comm`, per-unit-derived step fields null)."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import until
 from zerodoc.sources import open_source
-from zerodoc.tui.synthetic import append_steps, close_run, write_run
+from zerodoc.testing.synthetic import append_steps, close_run, write_run
 
 SIZE = (120, 36)
 
@@ -164,7 +164,7 @@ def report_of(run: Path, window: int, fmt: str = "text") -> str:
     import contextlib
     import io
 
-    from zerodoc.cli import main
+    from zerodoc.cli.main import main
 
     out = io.StringIO()
     args = ["report", str(run), "--window", str(window)] + ([f"--{fmt}"] if fmt != "text" else [])
@@ -237,7 +237,7 @@ async def test_tui_says_when_the_next_sample_is_due_then_shows_it(tmp_path):
     pytest.importorskip("textual")
     from zerodoc.tui import views
     from zerodoc.tui.app import ZerodocApp
-    from zerodoc.tui.textshot import screen_text
+    from zerodoc.testing.textshot import screen_text
 
     run = tmp_path / "run"
     run.mkdir()
@@ -327,7 +327,7 @@ def test_prometheus_unit_stats_divide_by_sampled_steps():
     assert per and all("increase(zerodoc_detail_steps_total" in e and
                        " or increase(zerodoc_step_duration_seconds_count" in e for e in per)
     # the recording rules the source reads at scale (issue 20 item 17) divide the same way
-    from zerodoc.alerts.recording import unit_stat_rules
+    from zerodoc.ops.alerts.recording import unit_stat_rules
 
     per_step = [r["expr"] for r in unit_stat_rules("1m") if "collective_seconds_total" in
                 r["expr"]]
@@ -341,7 +341,7 @@ def test_compare_says_how_many_sampled_steps_each_side_has(sampled_run, tmp_path
     import io
     import json
 
-    from zerodoc.cli import main
+    from zerodoc.cli.main import main
 
     every = write_run(tmp_path / "every", ranks=2, units=4, steps=30, straggler=None)
     out = io.StringIO()
@@ -368,7 +368,7 @@ def test_live_demo_tui_shows_per_unit_numbers_while_the_job_runs(tmp_path, monke
     import asyncio
     import gc
 
-    from zerodoc.cli import build_parser
+    from zerodoc.cli.main import build_parser
     from zerodoc.demo.live import spec_from_args
     from zerodoc.tui import app as appmod
     from zerodoc.tui import views

@@ -287,7 +287,7 @@ def test_run_dir_errors_are_one_clear_line(tmp_path):
 def test_report_reads_endpoints_and_prometheus(live, capsys):
     import json
 
-    from zerodoc.cli import main
+    from zerodoc.cli.main import main
 
     demo, prom = live
     for src in (",".join(demo.endpoints), prom.url):

@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.helpers import SMALL_MODEL, until, wait_until
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
-from zerodoc.targets_cli import read_header
+from zerodoc.cli.targets import read_header
 
 RANKS = 3
 
@@ -156,7 +156,7 @@ async def test_tui_shows_the_stopped_rank_above_every_view():
     the title bar names the rank and unit on every view, and ZD013 is the first finding."""
     from zerodoc.sources import open_source
     from zerodoc.tui.app import ZerodocApp
-    from zerodoc.tui.textshot import screen_text
+    from zerodoc.testing.textshot import screen_text
 
     run = Path(__file__).parent / "data" / "scenarios" / "hung-rank"
     app = ZerodocApp(open_source(str(run)), refresh=None)
@@ -177,7 +177,7 @@ def test_an_integration_exception_record_is_a_failure():
     """A trainer integration records `{"type": "exception"}` when training raised (and may
     still close cleanly): the rank counts as failed, named with the error."""
     from zerodoc.diagnosis import diagnose
-    from zerodoc.diagnosis.testdata import snapshot_from_dict
+    from zerodoc.testing.rulecases import snapshot_from_dict
     from zerodoc.stalls import last_stall
 
     rec = last_stall([{"type": "stall", "state": "resumed", "since_unix": 1.0},

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from tests.promserver import require_binary
-from zerodoc import targets
-from zerodoc.cli import main
+from zerodoc.ops import targets
+from zerodoc.cli.main import main
 from zerodoc.model import RankFacts
 from zerodoc.runlog import RunLogWriter
 
@@ -104,7 +104,7 @@ def test_shared_file_sd_dir(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_targets_module_is_stdlib_only():
     """It runs inside training ranks: no prometheus_client, torch, grafana, yaml."""
-    code = ("import sys, zerodoc.targets; bad = [m for m in sys.modules if m.split('.')[0] in "
+    code = ("import sys, zerodoc.ops.targets; bad = [m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'prometheus_client', 'grafana_foundation_sdk', 'grafana_client', "
             "'yaml', 'urllib3', 'numpy')]; print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

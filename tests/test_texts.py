@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from zerodoc.cli import build_parser, main as zerodoc_main
-from zerodoc.clihelp import DefaultsHelpFormatter, shows_default
+from zerodoc.cli.main import build_parser, main as zerodoc_main
+from zerodoc.cli.helpformat import DefaultsHelpFormatter, shows_default
 from zerodoc.diagnosis import diagnose
-from zerodoc.diagnosis.fmt import nbytes
-from zerodoc.diagnosis.testdata import load_case
+from zerodoc.humanize import nbytes
+from zerodoc.testing.rulecases import load_case
 from zerodoc.errors import UserError
 from zerodoc.model import RankFacts, UnitFacts
 from zerodoc.runlog import RunLogWriter, load_run
@@ -151,7 +151,7 @@ def test_plan_table_unit_shows_the_numbers_of_a_small_model(capsys):
 def test_report_and_tui_show_the_same_headroom_in_the_same_unit():
     """GB in the report and GiB in the TUI for the same headroom."""
     pytest.importorskip("textual")
-    from zerodoc.tui import fmt
+    from zerodoc import humanize as fmt
 
     for n in (25_800_000_000, 3_145_728, 999_000, 123_456_789_012):
         assert fmt.size(n).split()[1] == nbytes(n).split()[1], n
@@ -196,7 +196,7 @@ def test_help_shows_defaults_only_where_they_say_something():
 
 
 def test_tui_refresh_zero_says_what_is_allowed():
-    from zerodoc.tui_cli import validate
+    from zerodoc.cli.tui import validate
 
     class Args:
         refresh, window = 0.0, 20
@@ -235,10 +235,10 @@ def test_report_with_no_steps_is_no_data_and_fails_fail_on(tmp_path, capsys):
 def test_bandwidth_unit_is_chosen_by_size():
     """The TUI's Units table showed "0.01" under "busbw GB/s" for every CPU unit."""
     pytest.importorskip("textual")
-    from zerodoc.diagnosis.fmt import rate
-    from zerodoc.tui import fmt
+    from zerodoc.humanize import rate
+    from zerodoc import humanize as fmt
 
-    for f in (rate, fmt.rate):
+    for f in (rate, fmt.bandwidth):
         assert f(50.2e9).endswith(" GB/s") and f(25.1e6) in ("25.1 MB/s",)
         assert f(12_000) in ("12 kB/s", "12.0 kB/s") and f(850).endswith(" B/s")
     from zerodoc.tui.views import UNIT_COLUMNS

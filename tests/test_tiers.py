@@ -92,7 +92,7 @@ def test_k_from_the_own_cost():
 
 
 def test_attach_option_and_environment(monkeypatch, tmp_path):
-    from zerodoc.config import AttachConfig
+    from zerodoc.shim.config import AttachConfig
 
     monkeypatch.setenv("ZERODOC_DETAIL", "16")
     assert AttachConfig.from_options().detail == "16"

@@ -41,7 +41,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-from zerodoc.cli import main
+from zerodoc.cli.main import main
 from zerodoc.trace import open_traces
 
 DATA = Path(__file__).resolve().parent / "data" / "traces" / "hta"

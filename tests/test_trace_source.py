@@ -36,7 +36,7 @@ from collections import defaultdict
 import pytest
 
 from tests.helpers import profiled, run_demo
-from zerodoc.cli import main
+from zerodoc.cli.main import main
 from zerodoc.sources import open_source
 from zerodoc.trace import open_traces
 
@@ -168,7 +168,7 @@ def test_tui_on_traces(tmp_path_factory):
     import asyncio
 
     from zerodoc.tui.app import ZerodocApp
-    from zerodoc.tui.textshot import screen_text
+    from zerodoc.testing.textshot import screen_text
 
     _logs, traces = profiled(tmp_path_factory, "async")
 

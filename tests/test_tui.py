@@ -30,10 +30,10 @@ from zerodoc.tui import views  # noqa: E402
 from zerodoc.tui.app import ZerodocApp  # noqa: E402
 from zerodoc.tui.history import History  # noqa: E402
 from zerodoc.tui.screens.help import HelpScreen  # noqa: E402
-from zerodoc.tui.synthetic import append_steps, write_run  # noqa: E402
-from zerodoc.tui.textshot import screen_text  # noqa: E402
+from zerodoc.testing.synthetic import append_steps, write_run  # noqa: E402
+from zerodoc.testing.textshot import screen_text  # noqa: E402
 from zerodoc.tui.widgets.table import ZTable  # noqa: E402
-from zerodoc.tui.windows import SlidingWindows  # noqa: E402
+from zerodoc.runlog.sliding import SlidingWindows  # noqa: E402
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 SIZE = (120, 36)
@@ -591,7 +591,7 @@ async def test_snapshot(snapshot_run, view, keys):
 
 
 def test_cli_bad_arguments_exit_2(recorded, capsys):
-    from zerodoc.cli import main
+    from zerodoc.cli.main import main
 
     for argv, msg in ((["tui", "--refresh", "0", str(recorded)], "--refresh"),
                       (["tui", "--window", "-1", str(recorded)], "--window"),
@@ -605,7 +605,7 @@ def test_cli_bad_arguments_exit_2(recorded, capsys):
 
 @pytest.mark.slow
 def test_importing_zerodoc_never_imports_textual():
-    code = ("import sys, zerodoc, zerodoc.cli, zerodoc.tui_cli; zerodoc.cli.build_parser(); "
+    code = ("import sys, zerodoc, zerodoc.cli.main, zerodoc.cli.tui; zerodoc.cli.main.build_parser(); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('textual', 'rich') "
             "or m.startswith('zerodoc.tui.')]; print(bad); assert not bad")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -654,7 +654,7 @@ def test_tmux_real_terminal(recorded):
 def test_demo_opens_the_tui_and_stops_the_job_on_quit(tmp_path, monkeypatch, capsys):
     """`zerodoc demo` (not --headless, on a terminal) runs `run_live_demo`: the job starts, the
     app follows it live, and quitting stops every rank."""
-    from zerodoc.cli import build_parser
+    from zerodoc.cli.main import build_parser
     from zerodoc.demo.live import spec_from_args
     from zerodoc.tui import app as appmod
 

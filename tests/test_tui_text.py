@@ -1,6 +1,6 @@
 """What the TUI shows as text: literally what the rules and the run say (no Rich markup eats
 "[...]"), nested evidence converted with units, a finished run shown as ended, a run with
-no data said so. Textual `run_test()` on synthetic run logs (zerodoc.tui.synthetic), text
+no data said so. Textual `run_test()` on synthetic run logs (zerodoc.testing.synthetic), text
 read off the screen as a terminal would show it.
 """
 
@@ -19,8 +19,8 @@ from zerodoc.sources import open_source
 pytest.importorskip("textual")
 
 from zerodoc.tui.app import ZerodocApp  # noqa: E402
-from zerodoc.tui.synthetic import rank_facts, write_run  # noqa: E402
-from zerodoc.tui.textshot import screen_text  # noqa: E402
+from zerodoc.testing.synthetic import rank_facts, write_run  # noqa: E402
+from zerodoc.testing.textshot import screen_text  # noqa: E402
 
 SIZE = (140, 40)
 
@@ -192,7 +192,7 @@ def test_units_view_shows_all_reduce_when_a_unit_all_reduces():
     run log held every bucket's all-reduce (issue 20 item 6). Columns `AR ms` / `AR exp ms`
     appear when some unit all-reduces, with the snapshot's per-step numbers (mean and one
     rank); an FSDP table keeps its columns."""
-    from zerodoc.diagnosis.testdata import snapshot_from_dict
+    from zerodoc.testing.rulecases import snapshot_from_dict
     from zerodoc.tui import views
     from zerodoc.tui.feed import Frame, unit_totals
 

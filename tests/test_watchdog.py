@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from zerodoc.config import AttachConfig
+from zerodoc.shim.config import AttachConfig
 from zerodoc.model import RankWindow
 from zerodoc.shim.comm import HostTimer
 from zerodoc.shim.hookpoints import HookRegistry

@@ -1,6 +1,6 @@
 """`zerodoc whatif` (issue 22): the step model fitted to a measured run.
 
-Synthetic snapshots (zerodoc.diagnosis.testdata) with an injected link (latency + bandwidth)
+Synthetic snapshots (zerodoc.testing.rulecases) with an injected link (latency + bandwidth)
 check the link fit and each change against hand-computed ground truth; real 2-rank CPU/gloo
 demo runs check the predictions against the run that makes the change for real
 (bench/whatif.py prints the same cases as a table)."""
@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from zerodoc import cli
+from zerodoc.cli import main as cli
 from zerodoc.diagnosis.context import Context
-from zerodoc.diagnosis.testdata import snapshot_from_dict
+from zerodoc.testing.rulecases import snapshot_from_dict
 from zerodoc.planner import plan
 from zerodoc.whatif import Changes, answer, fit, fit_links
 

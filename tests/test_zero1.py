@@ -168,7 +168,7 @@ def test_ddp_stage0_and_slow_all_reduce_exposure(ddp):
 def test_ddp_report_table_shows_the_all_reduce_traffic(ddp):
     """Issue 20 item 6: the per-unit table of a DDP run read `(model) ... 0 B 0 s`; it now
     has all-reduce columns, equal to the run log's all-reduces (bytes: from the model)."""
-    from zerodoc.diagnosis.fmt import nbytes as fmt_bytes
+    from zerodoc.humanize import nbytes as fmt_bytes
     from zerodoc.report import build_report, render_markdown, render_text
     from zerodoc.sources import RunDirSource
     from zerodoc.thresholds import DEFAULT

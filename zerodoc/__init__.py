@@ -6,7 +6,8 @@ exporter are imported when ``attach`` is called, Textual and Grafana tooling nev
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__
+
 __all__ = ["attach", "__version__"]
 
 
@@ -25,7 +26,7 @@ def attach(model, optimizer=None, **options):
         port: Prometheus base port; each rank serves ``/metrics`` on ``port + LOCAL_RANK``.
             ``None``: ``$ZERODOC_PORT`` or 9730; ``0``: any free port; ``False``: no HTTP server.
         host: address to bind (default ``127.0.0.1``).
-        Other keywords: see :class:`zerodoc.config.AttachConfig`.
+        Other keywords: see :class:`zerodoc.shim.config.AttachConfig`.
 
     Returns:
         A :class:`zerodoc.shim.monitor.Monitor`; also a context manager (``close()`` on exit).

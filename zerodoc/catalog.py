@@ -1,7 +1,7 @@
 """The metric catalog: every Prometheus series zerodoc exports, as data.
 
 One table drives the exporter (`zerodoc.exporter.prometheus`), the generated docs
-(`docs/metrics.md`, `python -m zerodoc.catalog`), the series budget (`zerodoc.cardinality`:
+(`docs/metrics.md`, `python -m zerodoc.catalog`), the series budget (`zerodoc.ops.cardinality`:
 how many series a rank serves, per detail level) and the test that every PromQL expression
 in `dashboards/` and `rules/` names a catalogued metric.
 
@@ -236,7 +236,7 @@ SCOPES = {"rank": "every rank", "unit": "every rank; coarse: per-rank total",
 
 def markdown() -> str:
     """The catalog as Markdown (docs/metrics.md is generated from this)."""
-    from . import cardinality
+    from .ops import cardinality
     from .exporter import detail
 
     lines = [
@@ -287,6 +287,6 @@ def markdown() -> str:
 if __name__ == "__main__":
     import sys
 
-    from .cli import guarded  # a closed pipe or Ctrl-C ends it quietly
+    from .cli.main import guarded  # a closed pipe or Ctrl-C ends it quietly
 
     sys.exit(guarded(lambda: print(markdown(), end="")))

@@ -417,43 +417,7 @@ def parse_size(text: str) -> int:
     return round(v)
 
 
-# Size units of the plan table: decimal (10^3 steps) and binary (2^10 steps).
-UNITS = {"tb": (10**12, "TB"), "gb": (GB, "GB"), "mb": (10**6, "MB"), "kb": (10**3, "kB"),
-         "tib": (2**40, "TiB"), "gib": (GIB, "GiB"), "mib": (2**20, "MiB"),
-         "kib": (2**10, "KiB")}
-UNIT_CHOICES = ("auto", "gb", "gib", "mb", "mib")
-
-
-def _unit(units: str) -> tuple[int, str]:
-    try:
-        return UNITS[units]
-    except KeyError:
-        raise UserError(f"units must be one of {', '.join(UNIT_CHOICES)}, "
-                        f"got {units!r}") from None
-
-
-def format_bytes(n: int | float, units: str = "gb", digits: int = 1) -> str:
-    """"48.8 GB" (units="gb", 10^9), "45.4 GiB" (units="gib", 2^30), "6.5 MB", ...,
-    labelled; units="auto": the decimal unit that fits this number (below 1000 of it, at
-    least 1: "16.0 GB", not "16000.0 MB")."""
-    if units == "auto":
-        if n == 0:
-            return "0 B"
-        units = next((u for u in ("tb", "gb", "mb", "kb") if abs(n) >= UNITS[u][0]), "kb")
-        scale, label = _unit(units)
-        if abs(n) / scale < 10:  # one more digit below 10: "1.12 TB", "3.25 GB"
-            digits += 1
-        return f"{n / scale:.{digits}f} {label}"
-    scale, label = _unit(units)
-    return f"{n / scale:.{digits}f} {label}"
-
-
-def format_count(n: int) -> str:
-    for scale, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
-        if n >= scale:
-            return f"{n / scale:.4g}{suffix}"
-    return str(n)
-
+from .humanize import UNIT_CHOICES, UNITS, format_bytes, format_count, unit_scale  # noqa: E402,F401
 
 UNIT_NOTE = {"auto": "decimal units, each number in the one that fits it (1 MB = 10^6 "
                      "bytes, 1 GB = 10^9 bytes)", "tb": "decimal TB (1 TB = 10^12 bytes)", "gb": "decimal GB (1 GB = 10^9 bytes)",
@@ -468,7 +432,7 @@ def format_table(p: Plan, units: str = "gb", digits: int = 1) -> str:
     "16000.0 MB")."""
     inp = p.inputs
     if units != "auto":
-        scale, _label = _unit(units)
+        scale, _label = unit_scale(units)
 
     def num(b: int | None) -> str:
         if b is None:

@@ -13,7 +13,7 @@ import time
 from dataclasses import fields
 
 from .diagnosis import Finding, Severity
-from .diagnosis.fmt import nbytes, pct, rate, secs, value
+from .humanize import nbytes, pct, rate, secs, table, value
 from .model import RunSnapshot, busbw
 from .sampling import every, next_sample, run_coverage, samples
 from .thresholds import LINK_BUSBW, Thresholds
@@ -140,7 +140,7 @@ def step_rows(snap: RunSnapshot) -> list[dict]:
 def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
                  thresholds: Thresholds, link: str | None, window: int | None,
                  generated_unix: float | None = None) -> dict:
-    from . import __version__
+    from .version import __version__
     from .diagnosis import waiting
     from .diagnosis.coverage import data_problems
     from .trace.scope import device_rows, scope
@@ -284,15 +284,6 @@ def _step_cells(s: dict) -> tuple[str, ...]:
             secs(s["optimizer_seconds"]), secs(s["framework_seconds"]), secs(s["other_seconds"]))
 
 
-def _table(head, rows) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
-    out = []
-    for r in [head, *rows]:
-        cells = [str(r[0]).ljust(widths[0])] + [str(c).rjust(w) for c, w in zip(r[1:], widths[1:])]
-        out.append("  ".join(cells).rstrip())
-    return out
-
-
 def _header(rep: dict) -> list[str]:
     run, link, win = rep["run"] or {}, rep["link"], rep["window"]
     bits = [f"run {run.get('run_id') or '?'}", run.get("framework") or "?",
@@ -419,9 +410,9 @@ def render_text(rep: dict) -> str:
     if _no_units(rep):
         lines.append(f"  {_no_units(rep)}")
     else:
-        lines += ["  " + x for x in _table(*_unit_table(rep))]
+        lines += ["  " + x for x in table(*_unit_table(rep))]
     lines += ["", "Step breakdown (per step)"]
-    lines += ["  " + x for x in _table(STEP_HEAD, [_step_cells(s) for s in rep["steps"]])]
+    lines += ["  " + x for x in table(STEP_HEAD, [_step_cells(s) for s in rep["steps"]])]
     lines += _trace_lines(rep)
     return "\n".join(lines) + "\n"
 
@@ -430,7 +421,7 @@ def _trace_lines(rep: dict) -> list[str]:
     """Profiler traces: what they let zerodoc say, and the device time read."""
     from .trace.scope import text
 
-    return text(rep.get("trace_scope"), rep.get("device") or [], secs, _table)
+    return text(rep.get("trace_scope"), rep.get("device") or [], secs, table)
 
 
 def _md_row(cells) -> str:

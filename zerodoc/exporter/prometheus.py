@@ -4,7 +4,7 @@
 is registered at import, the registry is injected); the per-unit ones only when a step end
 changed the totals. The page is encoded by `page.py` (unchanged families and gzip reused).
 Metric names, types, help and labels come from `zerodoc.catalog`; how many series a rank
-serves (its detail level, the run's facts on rank 0 only) is counted by `zerodoc.cardinality`.
+serves (its detail level, the run's facts on rank 0 only) is counted by `zerodoc.ops.cardinality`.
 The HTTP server that serves it (ports, TLS, basic auth) is `server.py`.
 """
 
@@ -19,7 +19,7 @@ from prometheus_client.core import (  # noqa: E402
     CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily,
 )
 
-from .. import __version__  # noqa: E402
+from ..version import __version__  # noqa: E402
 from ..catalog import BY_NAME, RANK_LABELS, STEP_BUCKETS  # noqa: E402
 from . import detail  # noqa: E402
 from .closing import CloseSignal  # noqa: E402

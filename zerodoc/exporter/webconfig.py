@@ -446,6 +446,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ..cli import guarded
+    from ..cli.main import guarded
 
     sys.exit(guarded(main))

@@ -25,7 +25,7 @@ import weakref
 
 from transformers import TrainerCallback
 
-from ..config import AttachConfig
+from ..shim.config import AttachConfig
 from .common import attach_prepared, close, world_size
 
 __all__ = ["ZerodocCallback", "attach"]

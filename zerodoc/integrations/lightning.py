@@ -28,7 +28,7 @@ try:
 except ImportError:  # the standalone package
     from pytorch_lightning import Callback
 
-from ..config import AttachConfig
+from ..shim.config import AttachConfig
 from .common import attach_prepared, close
 
 __all__ = ["ZerodocCallback"]

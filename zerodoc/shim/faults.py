@@ -1,7 +1,7 @@
 """Fault injection (a simulated slow link) is never silent.
 
 `inject_latency_s` makes every parameter all-gather (or broadcast / gradient all-reduce, see
-`zerodoc/config.py`) complete that much later, beneath the measurement: tests and the demo use
+`zerodoc/shim/config.py`) complete that much later, beneath the measurement: tests and the demo use
 it to prove that zerodoc finds a slow link. In a training job it would slow the job down, so:
 
 - the environment variable `ZERODOC_INJECT_LATENCY_S` alone is ignored, with a warning; it

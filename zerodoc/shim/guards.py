@@ -2,7 +2,7 @@
 
 - Bad arguments raise (TypeError, naming what is wrong): no model, the arguments swapped,
   something that is not a module or an optimizer. Option types are checked by
-  `zerodoc.config.AttachConfig`.
+  `zerodoc.shim.config.AttachConfig`.
 - One monitor per process: attaching the same model again returns the monitor already
   attached (with a warning); attaching another model while one is attached is refused (a
   no-op monitor, with a warning). Two monitors would write the same rank log twice.

@@ -20,9 +20,9 @@ from time import perf_counter, thread_time
 
 import torch.distributed as dist
 
-from .. import __version__
+from ..version import __version__
 from ..catalog import STEP_BUCKETS
-from ..config import AttachConfig
+from .config import AttachConfig
 from ..model import CommTotals, RankFacts, RankWindow
 from ..runlog import DEFAULT_ROOT, RunLogWriter
 from . import adapters, faults, guards, memory
@@ -267,7 +267,7 @@ class Monitor:
             warnings.warn(msg, stacklevel=5)
 
     def _write_target(self) -> None:
-        from ..targets import FILE_SD_DIR_ENV, target_path, write_rank_target
+        from ..ops.targets import FILE_SD_DIR_ENV, target_path, write_rank_target
 
         if self._unwritable and not os.environ.get(FILE_SD_DIR_ENV):
             return  # the run directory was already found unwritable (warned once)

@@ -15,7 +15,7 @@ HTTP API with the work done server-side.
   intervals), evaluated at the run's last sample: a run that ended shows its last steps,
   as the run log does. `window` None: the cumulative counters (all steps).
 - **Per-unit stats from the recording rules** when the server has them for the run (the
-  rules `rules/zerodoc-recording.yml` ships, `zerodoc.alerts.recording.unit_stat_rules`, and
+  rules `rules/zerodoc-recording.yml` ships, `zerodoc.ops.alerts.recording.unit_stat_rules`, and
   series labelled with `run_id`, as zerodoc's file_sd targets are): a few series per unit,
   computed by the server once per evaluation, over the rules' rate window
   (`UnitStats.window_s`; the report says so). Same numbers as the raw queries below over
@@ -45,7 +45,7 @@ import urllib.error
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
-from ..alerts.recording import (
+from ..ops.alerts.recording import (
     ASYNC_ALL_GATHER, RULE_WINDOW, UNIT_COMPUTE, UNIT_RANKS, UNIT_STAT,
 )
 from ..errors import UserError

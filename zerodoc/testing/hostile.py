@@ -147,7 +147,7 @@ _FAILING_WRITES_JOB = r"""
 import json, os, resource, sys
 from zerodoc.runlog import RunLogWriter
 from zerodoc.runlog.replay import Replay
-from zerodoc.tui.synthetic import rank_facts, step_record
+from zerodoc.testing.synthetic import rank_facts, step_record
 
 run, mode = sys.argv[1], sys.argv[2]
 w = RunLogWriter(run, 0, every_steps=5, detail=True, queue_size=4096)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..model import RankWindow, RunSnapshot, busbw
 from ..thresholds import DEFAULT as DEFAULT_THRESHOLDS
-from .fmt import duration
+from ..humanize import duration
 from .history import History, Series
 
 Diagnose = Callable[[RunSnapshot], list]
@@ -341,7 +341,7 @@ class Feed:
         """What `zerodoc compare` learned about these rules' predictions (a note per
         finding); never an error."""
         try:
-            from ..compare_history import annotate, history_path
+            from ..compare.history import annotate, history_path
 
             return annotate(findings, snap, history_path(getattr(self.source, "run_dir", None)))
         except Exception:  # noqa: BLE001 - the history is a bonus, never a failure

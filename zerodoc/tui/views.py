@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..sampling import next_sample, run_coverage, samples
 from ..thresholds import DEFAULT as T
-from . import fmt
+from .. import humanize as fmt
 from .feed import Frame, UnitTotals
 
 MEAN, WORST = "mean", "worst"
@@ -189,7 +189,7 @@ def unit_table(frame: Frame, scope: Scope, sort: str = "exposed_ms",
         cells = (
             name or "(root)", fmt.count(f.params) if f else "-", fmt.mb_num(v["ag_bytes"]),
             fmt.ms_num(v["ag_seconds"]), fmt.ms_num(v["ag_exposed_seconds"]),
-            fmt.pct_num(v["ag_exposed_fraction"]), fmt.rate(v["ag_busbw"]),
+            fmt.pct_num(v["ag_exposed_fraction"]), fmt.bandwidth(v["ag_busbw"]),
             fmt.ms_num(v["compute_seconds"]), fmt.ms_num(v["rs_seconds"]),
             *((fmt.ms_num(v["ar_seconds"]), fmt.ms_num(v["ar_exposed_seconds"])) if ar else ()),
             reshard,
@@ -326,9 +326,9 @@ def finding_detail(f) -> list[tuple[str, str]]:
     """(label, text) lines: what, evidence, threshold, fix, predicted effect."""
     lines = [("", f"{f.severity.name} {f.code} {f.name}"), ("", f.title)]
     for k, v in f.evidence.items():
-        lines.append(("evidence", f"{fmt.label(k)} = {fmt.value(k, v)}"))
+        lines.append(("evidence", f"{fmt.label(k)} = {fmt.evidence_value(k, v)}"))
     for k, v in f.threshold.items():
-        lines.append(("threshold", f"{fmt.label(k)} = {fmt.value(k, v)}"))
+        lines.append(("threshold", f"{fmt.label(k)} = {fmt.evidence_value(k, v)}"))
     lines.append(("fix", f.fix))
     if f.predicted:
         lines.append(("predicted", f.predicted))
@@ -413,7 +413,7 @@ def headlines(frame: Frame, scope: Scope) -> list[Headline]:
     sampled = _sampled_text(frame, scope)
     ef = _agg([ws[r].exposed_fraction for r in measured], scope)
     ex = _agg([ws[r].exposed_seconds / ws[r].steps for r in measured], scope)
-    out.append(Headline("Exposed comm", fmt.pct(ef),
+    out.append(Headline("Exposed comm", fmt.percent(ef),
                         f"of step time · {fmt.duration(ex)}/step the compute waited{sampled}",
                         _level(ef, T.exposed_fraction_warn, T.exposed_fraction_crit)))
     ratio = _agg([ws[r].comm_compute_ratio for r in measured], scope)
@@ -435,8 +435,8 @@ def headlines(frame: Frame, scope: Scope) -> list[Headline]:
         out.append(Headline(
             "Worst unit", name or "(root)",
             f"{fmt.duration(v['ag_exposed_seconds'])}/step exposed all-gather · "
-            f"{fmt.pct(v['ag_exposed_fraction'])} of its {fmt.duration(v['ag_seconds'])} · "
-            f"busbw {fmt.rate(v['ag_busbw'])}",
+            f"{fmt.percent(v['ag_exposed_fraction'])} of its {fmt.duration(v['ag_seconds'])} · "
+            f"busbw {fmt.bandwidth(v['ag_busbw'])}",
             _level(v["ag_exposed_fraction"], T.unit_exposed_ratio_warn)))
     else:
         out.append(Headline("Worst unit", "-", "no all-gather timed"))
@@ -468,7 +468,7 @@ def _worst_rank(frame: Frame) -> Headline:
     w = snap.ranks[r]
     return Headline("Worst rank", f"rank {r}",
                     f"compute {fmt.num(ratio)}× the median rank · step "
-                    f"{fmt.duration(w.mean_step_seconds)} · exposed {fmt.pct(w.exposed_fraction)}",
+                    f"{fmt.duration(w.mean_step_seconds)} · exposed {fmt.percent(w.exposed_fraction)}",
                     _level(ratio, T.straggler_ratio_warn))
 
 
@@ -479,7 +479,7 @@ def _headroom(frame: Frame, scope: Scope) -> Headline:
     if not known:
         return Headline("Headroom", "-", "not reported by this source")
     r, head, cap, frac = min(known, key=lambda h: h[1])
-    detail = f"lowest: rank {r}" + (f" · {fmt.pct(frac)} of {fmt.size(cap)}" if cap else "")
+    detail = f"lowest: rank {r}" + (f" · {fmt.percent(frac)} of {fmt.size(cap)}" if cap else "")
     return Headline("Headroom", fmt.size(head), detail,
                     _level(frac, T.headroom_fraction_warn, T.headroom_fraction_crit,
                            low_bad=True))

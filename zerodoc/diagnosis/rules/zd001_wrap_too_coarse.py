@@ -13,7 +13,7 @@ Fix: `fully_shard` each transformer block first, then the root.
 from __future__ import annotations
 
 from ..findings import Severity
-from ..fmt import nbytes, pct
+from ...humanize import nbytes, pct
 from .base import effect, finding, r6
 
 CODE = "ZD001"

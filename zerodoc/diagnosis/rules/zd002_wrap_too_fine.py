@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 
 from ..findings import Severity
-from ..fmt import nbytes, rate, secs
+from ...humanize import nbytes, rate, secs
 from .base import effect, finding, r6
 
 CODE = "ZD002"

@@ -23,7 +23,7 @@ as `zerodoc plan --run` does.
 from __future__ import annotations
 
 from ..findings import Severity
-from ..fmt import nbytes, pct, secs
+from ...humanize import nbytes, pct, secs
 from .base import effect, finding, r6
 
 CODE = "ZD003"

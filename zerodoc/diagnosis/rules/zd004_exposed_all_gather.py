@@ -19,7 +19,7 @@ late blocks whose backward all-gather is exposed, a lower stage (ZD003), HSDP ac
 from __future__ import annotations
 
 from ..findings import Severity
-from ..fmt import nbytes, pct, secs
+from ...humanize import nbytes, pct, secs
 from .base import effect, finding, grade, r6, top
 
 CODE = "ZD004"

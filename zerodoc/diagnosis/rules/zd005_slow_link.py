@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 
 from ..findings import Severity
-from ..fmt import pct, rate
+from ...humanize import pct, rate
 from .base import effect, finding, r6
 
 CODE = "ZD005"

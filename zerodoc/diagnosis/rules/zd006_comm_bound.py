@@ -19,7 +19,7 @@ stage), a faster link or HSDP.
 from __future__ import annotations
 
 from ..findings import Severity
-from ..fmt import secs
+from ...humanize import secs
 from .base import effect, finding, grade, r6
 
 CODE = "ZD006"

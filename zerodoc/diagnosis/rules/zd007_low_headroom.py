@@ -13,7 +13,7 @@ micro-batch; `zerodoc plan` shows what each stage needs.
 from __future__ import annotations
 
 from ..findings import Severity
-from ..fmt import nbytes, pct
+from ...humanize import nbytes, pct
 from .base import effect, finding, r6
 
 CODE = "ZD007"

@@ -14,7 +14,7 @@ micro-batch; not a higher ZeRO stage.
 from __future__ import annotations
 
 from ..findings import Severity
-from ..fmt import nbytes, pct
+from ...humanize import nbytes, pct
 from .base import effect, finding, r6
 
 CODE = "ZD008"

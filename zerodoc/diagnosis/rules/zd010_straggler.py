@@ -20,7 +20,7 @@ import bisect
 import statistics
 
 from ..findings import Severity
-from ..fmt import secs
+from ...humanize import secs
 from .base import effect, finding, r6
 
 CODE = "ZD010"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..context import HOST_TRANSFERS
 from ..findings import Severity
-from ..fmt import nbytes, pct
+from ...humanize import nbytes, pct
 from .base import effect, finding, r6
 
 CODE = "ZD011"

@@ -16,7 +16,7 @@ Fix: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, fewer odd-sized buffers
 from __future__ import annotations
 
 from ..findings import Severity
-from ..fmt import nbytes, pct
+from ...humanize import nbytes, pct
 from .base import effect, finding, r6
 
 CODE = "ZD012"

@@ -23,7 +23,7 @@ Fix: look at that rank first: its own output, the kernel log (OOM killer), its P
 from __future__ import annotations
 
 from ..findings import Severity
-from ..fmt import secs
+from ...humanize import secs
 from .base import finding
 
 CODE = "ZD013"

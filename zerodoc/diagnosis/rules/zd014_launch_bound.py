@@ -24,7 +24,7 @@ cores per rank, the data loader out of the training thread.
 from __future__ import annotations
 
 from ..findings import Severity
-from ..fmt import secs
+from ...humanize import secs
 from .base import finding, r6
 
 CODE = "ZD014"

@@ -9,7 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Label, Sparkline, Static
 
-from .. import fmt, views
+from ... import humanize as fmt
+from .. import views
 from ..feed import Frame
 
 LEVEL_STYLES = {"ok": "green", "warn": "bold yellow", "crit": "bold red", "": ""}

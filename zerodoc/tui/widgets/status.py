@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from .. import fmt, views
+from ... import humanize as fmt
+from .. import views
 from ..feed import Frame
 
 

@@ -1,6 +1,0 @@
-import sys
-
-from ..cli import guarded
-from . import main
-
-sys.exit(guarded(main))

@@ -1,0 +1,110 @@
+"""`zerodoc report [SOURCE]`: non-interactive diagnosis of one run (CI-friendly)."""
+
+from __future__ import annotations
+
+import sys
+
+from .helpformat import DefaultsHelpFormatter
+
+SEVERITY_NAMES = ("info", "warning", "error", "critical")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "report", help="print the findings, per-unit table and step breakdown of a run",
+        description="Diagnose one run and print the findings (most severe first), the "
+        "per-unit table and the step breakdown. SOURCE is a run directory, rank endpoints "
+        "(host:port[,host:port...] or host:9730-9737), a Prometheus URL (http://...) or "
+        "PyTorch profiler traces (a directory of them, or .json/.json.gz files separated by "
+        "commas, one per rank); "
+        "default: the latest run under ./zerodoc-runs. Exit status: 0, or 1 when a finding "
+        "at or above --fail-on is present or when the run has no data to diagnose (no "
+        "completed step, no sharded unit), 2 on bad input.",
+        formatter_class=DefaultsHelpFormatter)
+    p.add_argument("source", nargs="?", default=None, metavar="SOURCE",
+                   help="run directory, host:port list / range, Prometheus URL, or profiler "
+                        "traces")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", dest="format", action="store_const", const="json",
+                     help="machine-readable JSON (schema 1, docs/report.md)")
+    fmt.add_argument("--markdown", dest="format", action="store_const", const="markdown",
+                     help="Markdown (for a CI job summary or a PR comment)")
+    p.add_argument("--window", type=int, default=20, metavar="STEPS",
+                   help="steps to diagnose (the last N; 0: all). On rank endpoints a one-shot "
+                        "report covers the steps done in the ~2 s after its first scrape "
+                        "(at least one; the header says how many)")
+    add_warmup_argument(p)
+    from .runargs import add_run_arguments
+
+    add_run_arguments(p)
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a threshold (repeatable), e.g. exposed_fraction_warn=0.2")
+    p.add_argument("--link", default=None, metavar="CLASS",
+                   help="link class for the bandwidth rules (nvlink, pcie, infiniband, "
+                        "ethernet, gloo-cpu); default: inferred from the run")
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="device capacity to plan against, e.g. 80GB or 80GiB (default: what "
+                        "the ranks report)")
+    p.add_argument("--fail-on", default=None, metavar="SEVERITY",
+                   help=f"exit 1 if a finding at or above this severity is present, or if "
+                        f"the run has no data to diagnose ({', '.join(SEVERITY_NAMES)})")
+    from ..trace import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=run, format="text")
+
+
+def add_warmup_argument(p) -> None:
+    p.add_argument("--include-warmup", action="store_true",
+                   help="keep step 1 (compile, allocator, first all-gathers) in a run "
+                        "directory's window; by default a window that would start there "
+                        "leaves it out and says so")
+
+
+def diagnosis_options(args):
+    """--window, --link, --threshold, --device-memory checked and parsed (report, compare):
+    (window or None, link or None, Thresholds, device memory bytes or None)."""
+    from ..errors import UserError
+    from ..planner import parse_size
+    from ..thresholds import LINK_BUSBW, Thresholds
+
+    if args.window < 0:
+        raise UserError(f"--window must be >= 0 (0: all steps), not {args.window}")
+    if args.link is not None and args.link not in LINK_BUSBW:
+        raise UserError(f"unknown link class {args.link!r}; known: {', '.join(LINK_BUSBW)}")
+    thresholds = Thresholds.with_overrides(args.threshold)
+    device_memory = parse_size(args.device_memory) if args.device_memory else None
+    return args.window or None, args.link, thresholds, device_memory
+
+
+def run(args) -> int:
+    from ..diagnosis import Severity, diagnose
+    from ..errors import UserError
+    from ..report import RENDERERS, build_report
+    from ..sources import open_source
+
+    fail_on = Severity.parse(args.fail_on) if args.fail_on else None
+    window, _link, thresholds, device_memory = diagnosis_options(args)
+    from ..trace import facts_from_args
+
+    source = open_source(args.source, window=window, trace_facts=facts_from_args(args),
+                         run_id=getattr(args, "run_id", None),
+                         segment=getattr(args, "segment", None),
+                         skip_warmup=not args.include_warmup)
+    snap = source.snapshot()
+    if not snap.ranks:
+        raise UserError(f"{source.description}: no ranks to report on")
+    findings = diagnose(snap, thresholds, link=args.link, device_memory_bytes=device_memory)
+    from ..compare.history import annotate, history_path
+
+    findings = annotate(findings, snap, history_path(args.source))
+    from ..diagnosis.context import infer_link
+
+    link = args.link or infer_link(snap.any_rank.facts)
+    rep = build_report(snap, findings, source=source.description, thresholds=thresholds,
+                       link=link, window=window)
+    sys.stdout.write(RENDERERS[args.format](rep))
+    if fail_on is not None and (rep["data_problems"] or
+                                any(f.severity >= fail_on for f in findings)):
+        return 1
+    return 0

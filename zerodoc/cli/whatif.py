@@ -1,0 +1,219 @@
+"""`zerodoc whatif SOURCE [changes]`: what a configuration change would do, predicted from the
+measured run by a step model fitted to it (zerodoc/whatif, docs/whatif.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+
+from ..catalog import COLLECTIVES as KINDS  # the collective kinds, as the metrics name them
+from .helpformat import DefaultsHelpFormatter
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "whatif", help="predict what a configuration change would do, from a measured run",
+        description="Fit a step model to a measured run (a run directory, rank endpoints "
+        "host:port[,...], a Prometheus URL or PyTorch profiler traces: per unit and phase the "
+        "measured compute, per collective a latency + bandwidth fitted to the run's own "
+        "calls, the framework's ordering) and predict the step time, the exposed "
+        "communication and the peak memory per rank of a changed configuration, each with a "
+        "range. The model's replay of the measured configuration is printed beside the "
+        "measurement as its own check. Numbers are per step and per rank (the worst rank's). "
+        "Exit status: 0, 2 on bad input.",
+        formatter_class=DefaultsHelpFormatter)
+    p.add_argument("source", metavar="SOURCE", help="the measured run")
+    p.add_argument("--window", type=int, default=0, metavar="STEPS",
+                   help="steps of the run to fit to (the last N; 0: all)")
+    from .report import add_warmup_argument
+
+    add_warmup_argument(p)
+    g = p.add_argument_group("changes (none: replay the measured configuration)")
+    ra = g.add_mutually_exclusive_group()
+    ra.add_argument("--reshard-after-forward", dest="reshard", action="store_const",
+                    const=True, default=None, help="reshard after forward on (ZeRO-3)")
+    ra.add_argument("--no-reshard-after-forward", dest="reshard", action="store_const",
+                    const=False, help="reshard after forward off (ZeRO-2-like: no backward "
+                    "all-gathers)")
+    g.add_argument("--prefetch", type=int, default=None, metavar="DEPTH",
+                   help="0: synchronous unshard; 1 or 2: asynchronous unshard prefetching "
+                        "that many units ahead")
+    g.add_argument("--merge", default=None, metavar="K|blocks",
+                   help="merge every K consecutive units into one, or all units of each "
+                        "block ('blocks')")
+    g.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="sharding group size (per-rank micro-batch kept)")
+    g.add_argument("--latency", default=None, metavar="[KIND=]VALUE",
+                   help="latency per call: 2ms (set), x0.5 (scale), +5ms / -50ms (add: write "
+                        "--latency=-50ms); "
+                        f"KIND one of {', '.join(KINDS)} (default: every kind)")
+    g.add_argument("--bandwidth", default=None, metavar="[KIND=]VALUE",
+                   help="bus bandwidth: 10GB (bytes per second, set) or x2 (scale)")
+    g.add_argument("--micro-batch-scale", type=float, default=None, metavar="F",
+                   help="micro-batch scaled by F (compute and activation memory scale)")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON")
+    p.set_defaults(func=run)
+
+
+def _kind(spec: str, flag: str) -> tuple[str | None, str]:
+    kind, sep, value = spec.partition("=")
+    if not sep:
+        return None, spec.strip()
+    kind = kind.strip()
+    if kind not in KINDS:
+        from ..errors import UserError
+
+        raise UserError(f"{flag} {spec!r}: unknown collective {kind!r} "
+                        f"(known: {', '.join(KINDS)})")
+    return kind, value.strip()
+
+
+def _seconds(text: str, flag: str) -> float:
+    from ..errors import UserError
+
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(us|ms|s)", text, re.I)
+    if not m:
+        raise UserError(f"{flag}: {text!r} is not a time (e.g. 2ms, 150us, 0.01s)")
+    v = float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2).lower()]
+    if not math.isfinite(v):
+        raise UserError(f"{flag}: {text!r} is not a finite time")
+    return v
+
+
+def _scale(text: str, flag: str) -> float:
+    from ..errors import UserError
+
+    try:
+        v = float(text[1:])
+    except ValueError:
+        v = float("nan")
+    if not (math.isfinite(v) and v > 0):
+        raise UserError(f"{flag}: {text!r} must be x followed by a number > 0 (e.g. x0.5)")
+    return v
+
+
+def changes_from_args(args):
+    """The `Changes` a command line asks for (UserError on a bad value)."""
+    from ..errors import UserError
+    from ..planner import parse_size
+    from ..whatif import Changes
+
+    kw: dict = {"reshard_after_forward": args.reshard}
+    if args.prefetch is not None:
+        if args.prefetch not in (0, 1, 2):
+            raise UserError(f"--prefetch must be 0, 1 or 2, not {args.prefetch}")
+        kw["prefetch"] = args.prefetch
+    if args.merge is not None:
+        m = args.merge.strip().lower()
+        if m == "blocks":
+            kw["merge"] = "blocks"
+        elif m.isdigit() and int(m) >= 2:
+            kw["merge"] = int(m)
+        else:
+            raise UserError(f"--merge must be an integer >= 2 or 'blocks', not {args.merge!r}")
+    if args.world_size is not None:
+        if not 1 <= args.world_size <= 10**7:
+            raise UserError(f"--world-size must be between 1 and 10000000, not "
+                            f"{args.world_size}")
+        kw["world_size"] = args.world_size
+    if args.latency is not None:
+        kind, v = _kind(args.latency, "--latency")
+        kw["latency_kind"] = kind
+        if v.startswith("x"):
+            kw["latency_scale"] = _scale(v, "--latency")
+        elif v[:1] in "+-" and v:
+            kw["latency_add_s"] = (-1 if v[0] == "-" else 1) * _seconds(v[1:], "--latency")
+        else:
+            kw["latency_set_s"] = _seconds(v, "--latency")
+    if args.bandwidth is not None:
+        kind, v = _kind(args.bandwidth, "--bandwidth")
+        kw["bandwidth_kind"] = kind
+        if v.startswith("x"):
+            kw["bandwidth_scale"] = _scale(v, "--bandwidth")
+        else:
+            b = parse_size(v)
+            if b <= 0:
+                raise UserError(f"--bandwidth: {v!r} must be more than 0 bytes per second")
+            kw["bandwidth_set"] = float(b)
+    if args.micro_batch_scale is not None:
+        s = args.micro_batch_scale
+        if not (math.isfinite(s) and 0 < s <= 1e4):
+            raise UserError(f"--micro-batch-scale must be a number in (0, 10000], not {s}")
+        kw["micro_batch_scale"] = s
+    return Changes(**kw)
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 1e3:.1f} ms"
+
+
+def _range(r) -> str:
+    return f"[{r[0] * 1e3:.1f}, {r[1] * 1e3:.1f}] ms"
+
+
+def _mb(x) -> str:
+    return "not known" if x is None else f"{x / 1e6:.1f} MB"
+
+
+def render_text(doc: dict) -> str:
+    m, b, p = doc["measured"], doc["baseline"], doc["predicted"]
+    sem = doc["semantics"]
+    lines = [
+        f"what-if for {doc['source']}: {doc['ranks']} ranks, {doc['steps']} steps with "
+        f"per-unit detail; per step, per rank (the worst rank's)",
+        f"model: {sem['framework']}, {'synchronous' if sem['sync_unshard'] else 'asynchronous'}"
+        f" unshard (prefetch {sem['prefetch']}), reshard after forward "
+        f"{'on' if sem['reshard_after_forward'] else 'off'}, reductions "
+        f"{'synchronous' if sem['sync_reduce'] else 'asynchronous'}",
+    ]
+    for link in doc["links"]:
+        bw = link["bandwidth_bytes_per_s"]
+        lines.append(f"link {link['collective']} (group {link['group_size']}): latency "
+                     f"{link['latency_s'] * 1e3:.2f} ms, bus bandwidth "
+                     f"{'not seen' if bw is None else f'{bw / 1e9:.2f} GB/s'}, residual "
+                     f"{link['resid_s'] * 1e3:.2f} ms per call ({link['points']} points)")
+    err = b["step_error"]
+    lines += [
+        "",
+        f"{'':12}{'step':>12}{'exposed comm':>16}{'peak memory':>14}",
+        f"{'measured':12}{_ms(m['step_s']):>12}{_ms(m['exposed_comm_s']):>16}{'':>14}",
+        f"{'replayed':12}{_ms(b['step_s']):>12}{_ms(b['exposed_comm_s']):>16}"
+        f"{_mb(b['peak_bytes']):>14}",
+        f"check: the replay of the measured configuration is "
+        f"{'n/a' if err is None else f'{err * 100:+.1f} %'} off the measured step",
+        "",
+        "change: " + "; ".join(doc["changes"]),
+        f"{'predicted':12}{_ms(p['step_s']):>12}{_ms(p['exposed_comm_s']):>16}"
+        f"{_mb(p['peak_bytes']):>14}",
+        f"{'range':12}step {_range(p['step_s_range'])}, exposed "
+        f"{_range(p['exposed_comm_s_range'])}",
+        f"peak memory: {doc['peak_note']}",
+    ]
+    if doc["units"]:
+        lines.append("units whose exposed communication changes most: " + ", ".join(
+            f"{u['unit']} {u['exposed_change_s'] * 1e3:+.1f} ms" for u in doc["units"]))
+    return "\n".join(lines) + "\n"
+
+
+def run(args) -> int:
+    from ..errors import UserError
+    from ..sources import open_source
+    from ..whatif import answer, fit
+
+    if args.window < 0:
+        raise UserError(f"--window must be >= 0 (0: all steps), not {args.window}")
+    ch = changes_from_args(args)
+    source = open_source(args.source, window=args.window or None,
+                         skip_warmup=not args.include_warmup)
+    snap = source.snapshot()
+    if not snap.ranks:
+        raise UserError(f"{source.description}: no ranks to fit a model to")
+    doc = answer(fit(snap), ch)
+    doc["source"] = source.description
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    else:
+        sys.stdout.write(render_text(doc))
+    return 0

@@ -1,0 +1,6 @@
+import sys
+
+from ...cli.main import guarded
+from . import main
+
+sys.exit(guarded(main))

@@ -1,0 +1,338 @@
+"""Recording rules: the derived series dashboards and alerts query.
+
+Two levels:
+
+- per rank (`rank:`, `unit_rank:`, `collective_rank:`): what one rank saw over the window —
+  its exposed all-gather fraction per unit, comm/compute, headroom, bus bandwidth, step time
+  quantiles. The dashboards plot these.
+- per job (`unit_job:`, `collective_job:`, `job:`): the rules engine's numbers
+  (`zerodoc.diagnosis.context`). Per unit, phase and collective the *link-attributable* time
+  (the smallest per-step time over the ranks, so a straggler's waiting peers are not blamed
+  on the link) and the *avoidable* exposed time (with synchronous all-gathers, only what
+  the link's expected bandwidth does not explain). The alerts that mirror engine rules fire
+  on these, so alert and engine agree on the same data.
+
+Bus bandwidth is not exported (it is derivable): bus bytes = bytes x the nccl-tests factor
+of the unit's group, from rank 0's `zerodoc_unit_group_size` (the world size where rank 0's
+facts are missing), over the collective's seconds.
+
+Coarse detail (`metrics_detail="coarse"`): ranks outside the unit sample serve their
+collective and compute counters without a `unit` label (summed over units). Per-rank rules
+add them up like any other rank; per-unit rules select `unit!=""`, so a unit's numbers come
+from the ranks that keep unit detail.
+
+Per-rank per-unit intermediates are not recorded (they would cost as many series as the
+exporter serves): the per-run rules compute them inline.
+
+Per-unit stats over ranks (`unit_stat_rules`, `unit_job:...:per_step_<agg>`): for each unit,
+phase and collective the median / mean / max (min where the engine reads it) of each rank's
+per-step calls, bytes, seconds, exposed and hidden seconds, the number of ranks, and the
+compute per unit and phase. `zerodoc report` / `zerodoc tui` on Prometheus read these few
+series per unit instead of aggregating every rank's raw per-unit series per query (43.5 s to
+a first answer at 1,024 ranks, issue 20 item 17); `job:zerodoc_recording_window:seconds` says
+which rate window they cover. The server pays for them once per evaluation interval.
+
+One rule group, in order: later rules read earlier ones within the same evaluation.
+"""
+
+from __future__ import annotations
+
+from ...thresholds import DEFAULT, LINK_BUSBW, Thresholds
+
+AG = 'collective="all_gather"'
+COLL = "unit, phase, collective"
+KEY = "job, run_id, unit, phase, collective"
+JOB = "job, run_id"
+
+# GPU caching-allocator populations of zerodoc_memory_bytes, as the shim exports them
+# (torch.cuda.memory_stats); absent on CPU runs.
+ALLOCATED, RESERVED = "allocated", "reserved"
+PEAK_ALLOCATED, PEAK_RESERVED = "peak_allocated", "peak_reserved"
+ALLOC_RETRIES = "alloc_retries"
+
+
+def _rec(name: str, expr: str) -> dict:
+    return {"record": name, "expr": expr}
+
+
+def _pop(p: str) -> str:
+    return f'sum without (population) (zerodoc_memory_bytes{{population="{p}"}})'
+
+
+def _factor(g: str) -> str:
+    """The nccl-tests busbw / algbw factor of each collective kind for groups of `g` ranks."""
+    parts = [(f"({g} - 1) / {g}", "all_gather"), (f"({g} - 1) / {g}", "reduce_scatter"),
+             (f"2 * ({g} - 1) / {g}", "all_reduce"), (f"{g} / {g}", "broadcast")]
+    return "\nor\n".join(f'label_replace({e}, "collective", "{c}", "", "")' for e, c in parts)
+
+
+def _bus(expr: str) -> str:
+    """Bus bytes of a byte vector (labels `collective`, `unit`, the run's): times its unit's
+    group factor, or where no group size is known (no facts from rank 0, a coarse rank's
+    unit-less totals), the world size's."""
+    return (f"(\n  {expr}\n)\n* on (job, run_id, unit, collective) group_left ()\n{UNIT_FACTOR}"
+            f"\nor\n(\n  {expr}\n)\n* on (job, run_id, collective) group_left ()\n{WORLD_FACTOR}")
+
+
+UNIT_FACTOR = "unit_collective_job:zerodoc_collective_bus_factor:ratio"
+WORLD_FACTOR = "collective_job:zerodoc_collective_bus_factor:ratio"
+UNITS = 'unit!=""'  # per-unit numbers: not a coarse rank's totals over units
+
+
+# What the Prometheus source reads per unit, phase and collective (zerodoc.unitstats fields):
+# field -> (per-step numerator, the recorded names by aggregation). min of seconds / exposed
+# and median of bytes are the link-attributable views below, recorded once.
+UNIT_STAT = {
+    "count": ("zerodoc_collective_calls_total",
+              {"median": "unit_job:zerodoc_collective_calls:per_step_median",
+               "mean": "unit_job:zerodoc_collective_calls:per_step_mean",
+               "max": "unit_job:zerodoc_collective_calls:per_step_max"}),
+    "bytes": ("zerodoc_collective_bytes_total",
+              {"median": "unit_job:zerodoc_collective_bytes:per_step",
+               "mean": "unit_job:zerodoc_collective_bytes:per_step_mean",
+               "max": "unit_job:zerodoc_collective_bytes:per_step_max"}),
+    "seconds": ("zerodoc_collective_seconds_total",
+                {"min": "unit_job:zerodoc_collective_seconds:per_step",
+                 "mean": "unit_job:zerodoc_collective_seconds:per_step_mean",
+                 "max": "unit_job:zerodoc_collective_seconds:per_step_max"}),
+    "exposed": ("zerodoc_collective_exposed_seconds_total",
+                {"min": "unit_job:zerodoc_collective_exposed_seconds:per_step",
+                 "mean": "unit_job:zerodoc_collective_exposed_seconds:per_step_mean",
+                 "max": "unit_job:zerodoc_collective_exposed_seconds:per_step_max"}),
+    "hidden": (None, {"min": "unit_job:zerodoc_collective_hidden_seconds:per_step_min",
+                      "max": "unit_job:zerodoc_collective_hidden_seconds:per_step_max"}),
+}
+UNIT_RANKS = "unit_job:zerodoc_collective_ranks:count"
+UNIT_COMPUTE = {"mean": "unit_phase_job:zerodoc_compute_seconds:per_step_mean",
+                "max": "unit_phase_job:zerodoc_compute_seconds:per_step_max"}
+ASYNC_ALL_GATHER = "job:zerodoc_all_gather:asynchronous"
+RULE_WINDOW = "job:zerodoc_recording_window:seconds"
+_AGG = {"min": "min", "mean": "avg", "max": "max", "median": "quantile"}
+
+
+def _seconds(window: str) -> float:
+    n, unit = float(window[:-1] if window[-2:] != "ms" else window[:-2]), window[-1]
+    if window.endswith("ms"):
+        return n / 1000
+    return n * {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(unit, 1)
+
+
+def unit_stat_rules(w: str) -> list[dict]:
+    """The per-unit stats over ranks the Prometheus source reads (module docstring)."""
+    # per step of the steps the per-unit counters cover: the sampled ones (issue 19), every
+    # step where a rank does not count them; inline, so that the rules need raw series only
+    steps = (f"(rate(zerodoc_detail_steps_total[{w}])\n  or rate(zerodoc_step_duration_seconds_count"
+             f"[{w}]))")
+
+    def per_step(num: str) -> str:
+        return f"{num}\n  / ignoring ({COLL}) group_left ()\n  {steps}"
+
+    def agg(a: str, expr: str, by: str = KEY) -> str:
+        fn = _AGG[a]
+        return f"{fn} by ({by}) (0.5,\n  {expr}\n)" if a == "median" else \
+            f"{fn} by ({by}) (\n  {expr}\n)"
+
+    rules = []
+    seen = {"unit_job:zerodoc_collective_seconds:per_step",  # recorded below, as they were
+            "unit_job:zerodoc_collective_exposed_seconds:per_step",
+            "unit_job:zerodoc_collective_bytes:per_step"}
+    for f, (metric, names) in UNIT_STAT.items():
+        num = f"rate({metric}{{{UNITS}}}[{w}])" if metric else \
+            (f"(rate(zerodoc_collective_seconds_total{{{UNITS}}}[{w}])"
+             f" - rate(zerodoc_collective_exposed_seconds_total{{{UNITS}}}[{w}]))")
+        for a, name in names.items():
+            if name not in seen:
+                rules.append(_rec(name, agg(a, per_step(num))))
+    rules.append(_rec(UNIT_RANKS, f"count by ({KEY}) (\n  "
+                      f"{per_step(f'rate(zerodoc_collective_calls_total{{{UNITS}}}[{w}])')}\n)"))
+    comp = (f"rate(zerodoc_compute_seconds_total{{{UNITS}}}[{w}])\n"
+            f"  / ignoring (unit, phase) group_left ()\n  {steps}")
+    for a, name in UNIT_COMPUTE.items():
+        rules.append(_rec(name, agg(a, comp, f"{JOB}, unit, phase")))
+    # raw series only: promtool can backfill these rules alone (bench/scale_prom.py)
+    rules.append(_rec(RULE_WINDOW,
+                      f"0 * max by ({JOB}) (zerodoc_world_size) + {_seconds(w):g}"))
+    return rules
+
+
+def unit_stat_names() -> set[str]:
+    """The recorded series the Prometheus source reads per unit (all from raw series)."""
+    return {n for _m, names in UNIT_STAT.values() for n in names.values()} | \
+        {UNIT_RANKS, RULE_WINDOW, ASYNC_ALL_GATHER, *UNIT_COMPUTE.values()}
+
+
+def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infiniband") -> list[dict]:
+    w = window
+    steps = f"rate(zerodoc_step_duration_seconds_count[{w}])"
+    step_sum = f"rate(zerodoc_step_duration_seconds_sum[{w}])"
+    # Per-unit counters (compute, collectives) count the sampled steps only (issue 19): their
+    # per-step means divide by the sampled steps' rate (every step where a rank does not
+    # count them), and shares of step time are those means over the mean step.
+    sampled = "rank:zerodoc_detail_steps:rate"
+    mean_step = "rank:zerodoc_step_seconds:mean"
+    exposed = "zerodoc_collective_exposed_seconds_total"
+    nbytes = f"rate(zerodoc_collective_bytes_total[{w}])"
+    unit_bytes = f"rate(zerodoc_collective_bytes_total{{{UNITS}}}[{w}])"
+
+    def per_step(metric: str, sel: str = UNITS) -> str:
+        """Per step, per rank, unit, phase and collective (inline, not recorded)."""
+        return f"rate({metric}{{{sel}}}[{w}])\n  / ignoring ({COLL}) group_left ()\n  {sampled}"
+
+    rules = [
+        # ---- the run's facts (rank 0) and the busbw factors ------------------------------
+        _rec("unit_job:zerodoc_unit_group_size:max",
+             f"max by ({JOB}, unit) (zerodoc_unit_group_size)"),
+        _rec(UNIT_FACTOR, _factor("unit_job:zerodoc_unit_group_size:max")),
+        _rec("job:zerodoc_world_size:max", f"max by ({JOB}) (zerodoc_world_size)"),
+        _rec(WORLD_FACTOR, _factor("job:zerodoc_world_size:max")),
+        # ---- per rank: step time --------------------------------------------------------
+        _rec("rank:zerodoc_steps:rate", steps),
+        _rec(mean_step, f"{step_sum}\n/\n{steps}"),
+        _rec(sampled, f"rate(zerodoc_detail_steps_total[{w}])\nor\n{steps}"),
+    ]
+    for q in (0.5, 0.9, 0.99):
+        rules.append(_rec(f"rank:zerodoc_step_seconds:p{round(q * 100)}",
+                          f"histogram_quantile({q}, rate(zerodoc_step_duration_seconds_bucket[{w}]))"))
+    for q in (0.5, 0.9, 0.99):
+        rules.append(_rec(f"job:zerodoc_step_seconds:p{round(q * 100)}",
+                          f"histogram_quantile({q},\n  sum by ({JOB}, le) "
+                          f"(rate(zerodoc_step_duration_seconds_bucket[{w}]))\n)"))
+    rules += [
+        # ---- per rank: exposure, compute, skew ------------------------------------------
+        _rec("unit_rank:zerodoc_all_gather_exposed:fraction",
+             f"sum without (phase, collective) (rate({exposed}{{{AG}, {UNITS}}}[{w}]))\n"
+             f"/ ignoring (unit) group_left ()\n{sampled}\n"
+             f"/ ignoring (unit) group_left ()\n{mean_step}"),
+        _rec("unit_rank:zerodoc_all_gather_exposed:ratio",
+             f"sum without (phase, collective) (rate({exposed}{{{AG}, {UNITS}}}[{w}]))\n/\n"
+             f"sum without (phase, collective) (rate(zerodoc_collective_seconds_total{{{AG}, {UNITS}}}[{w}]))"),
+        _rec("rank:zerodoc_all_gather_exposed:fraction",
+             f"sum without ({COLL}) (rate({exposed}{{{AG}}}[{w}]))\n/\n{sampled}\n/\n{mean_step}"),
+        _rec("rank:zerodoc_comm_exposed:fraction",
+             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n{sampled}\n/\n{mean_step}"),
+        _rec("rank:zerodoc_comm_compute:ratio",
+             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n"
+             f"sum without (unit, phase) (rate(zerodoc_compute_seconds_total[{w}]))"),
+        _rec("rank:zerodoc_compute_seconds:per_step",
+             f"sum without (unit, phase) (rate(zerodoc_compute_seconds_total[{w}]))\n/\n{sampled}"),
+        # The engine's straggler ratio: a rank's compute per step over the median of the
+        # *other* ranks. For the slowest rank that is the median of all but the slowest;
+        # every other rank's ratio is below it, so "some rank above the threshold" agrees.
+        _rec("rank:zerodoc_compute_skew:ratio",
+             "rank:zerodoc_compute_seconds:per_step\n/ on (job, run_id) group_left ()\n"
+             "quantile by (job, run_id) (0.5,\n"
+             "  rank:zerodoc_compute_seconds:per_step\n"
+             "  unless\n"
+             "  (rank:zerodoc_compute_seconds:per_step == on (job, run_id) group_left ()\n"
+             "     max by (job, run_id) (rank:zerodoc_compute_seconds:per_step))\n)"),
+        # The straggler's cost: the other ranks' exposed time beyond its own, per step (the
+        # median over them), as a share of the median step.
+        _rec("rank:zerodoc_comm_exposed_seconds:per_step",
+             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n{sampled}"),
+        _rec("job:zerodoc_slowest_rank_exposed_seconds:per_step",
+             f"max by ({JOB}) (\n  rank:zerodoc_comm_exposed_seconds:per_step\n  and\n"
+             f"  (rank:zerodoc_compute_seconds:per_step == on ({JOB}) group_left ()\n"
+             f"     max by ({JOB}) (rank:zerodoc_compute_seconds:per_step))\n)"),
+        # ---- per rank: bandwidth and bytes ----------------------------------------------
+        _rec("unit_rank:zerodoc_collective_bytes:per_call",
+             f"sum without (phase) ({unit_bytes})\n/\n"
+             f"sum without (phase) (rate(zerodoc_collective_calls_total{{{UNITS}}}[{w}]))"),
+        _rec("unit_collective_rank:zerodoc_collective_busbw:bytes_per_second",
+             f"sum without (phase) (\n{_bus(unit_bytes)}\n)\n/\n"
+             f"(sum without (phase) (rate(zerodoc_collective_seconds_total{{{UNITS}}}[{w}])) > 0)"),
+        _rec("collective_rank:zerodoc_collective_busbw:bytes_per_second",
+             f"sum without (unit, phase) (\n{_bus(nbytes)}\n)\n/\n"
+             f"(sum without (unit, phase) (rate(zerodoc_collective_seconds_total[{w}])) > 0)"),
+        _rec("collective_rank:zerodoc_collective_algbw:bytes_per_second",
+             f"sum without (unit, phase) ({nbytes})\n/\n"
+             f"sum without (unit, phase) (rate(zerodoc_collective_seconds_total[{w}]))"),
+        # ---- per rank: memory -------------------------------------------------------------
+        _rec("rank:zerodoc_memory_headroom:fraction",
+             "zerodoc_memory_headroom_bytes\n/\nzerodoc_device_memory_capacity_bytes"),
+        # peak populations when the GPU path reports them, else the current ones (as ZD012)
+        _rec("rank:zerodoc_device_memory_reserved:bytes",
+             f"{_pop(PEAK_RESERVED)} > 0\nor\n{_pop(RESERVED)}"),
+        _rec("rank:zerodoc_device_memory_allocated:bytes",
+             f"({_pop(PEAK_ALLOCATED)} and {_pop(PEAK_RESERVED)} > 0)\nor\n{_pop(ALLOCATED)}"),
+        _rec("rank:zerodoc_device_memory_fragmentation:ratio",
+             "(rank:zerodoc_device_memory_reserved:bytes - rank:zerodoc_device_memory_allocated:bytes)\n"
+             "/\n(rank:zerodoc_device_memory_reserved:bytes > 0)"),
+        _rec("rank:zerodoc_device_memory_reserved:fraction",
+             "rank:zerodoc_device_memory_reserved:bytes\n/\nzerodoc_device_memory_capacity_bytes"),
+        # ---- per job: link-attributable views (the engine's CommView) ---------------------
+        _rec("unit_job:zerodoc_collective_seconds:per_step",
+             f"min by ({KEY}) (\n  {per_step('zerodoc_collective_seconds_total')}\n)"),
+        _rec("unit_job:zerodoc_collective_exposed_seconds:per_step",
+             f"min by ({KEY}) (\n  {per_step(exposed)}\n)"),
+        _rec("unit_job:zerodoc_collective_bytes:per_step",
+             f"quantile by ({KEY}) (0.5,\n  {per_step('zerodoc_collective_bytes_total')}\n)"),
+        _rec("unit_job:zerodoc_collective_bus_bytes:per_step",
+             _bus("unit_job:zerodoc_collective_bytes:per_step")),
+        _rec("unit_job:zerodoc_collective_bytes:per_call",
+             "unit_job:zerodoc_collective_bytes:per_step\n/\n"
+             f"quantile by ({KEY}) (0.5,\n  {per_step('zerodoc_collective_calls_total')}\n)"),
+        # Time the link explains: the bus bytes at slow_link_busbw_fraction of the link's
+        # expected bandwidth (below that the slow-link rule speaks instead).
+        _rec("unit_job:zerodoc_collective_explained_seconds:per_step",
+             "unit_job:zerodoc_collective_bus_bytes:per_step / "
+             f"{LINK_BUSBW[link] * t.slow_link_busbw_fraction:g}"),
+        # How many (rank, unit, phase) all-gathers overlapped compute (>1 % hidden); absent
+        # when all are synchronous (FSDP2's default on gloo/CPU exposes every byte)
+        _rec("job:zerodoc_all_gather:asynchronous",
+             f"count by ({JOB}) (\n"
+             f"  rate(zerodoc_collective_seconds_total{{{AG}}}[{w}])\n"
+             f"  - rate({exposed}{{{AG}}}[{w}])\n"
+             f"  > 0.01 * rate(zerodoc_collective_seconds_total{{{AG}}}[{w}])\n)"),
+        _rec("unit_job:zerodoc_collective_avoidable_seconds:per_step",
+             "(\n  unit_job:zerodoc_collective_exposed_seconds:per_step\n"
+             f"  and on ({JOB}) job:zerodoc_all_gather:asynchronous\n)\nor\n"
+             "clamp_min(\n  unit_job:zerodoc_collective_exposed_seconds:per_step\n"
+             "  - unit_job:zerodoc_collective_explained_seconds:per_step,\n  0\n)"),
+        _rec("job:zerodoc_step_seconds:median",
+             f"quantile by ({JOB}) (0.5, rank:zerodoc_step_seconds:mean)"),
+        _rec("job:zerodoc_compute_seconds:median_per_step",
+             f"quantile by ({JOB}) (0.5, rank:zerodoc_compute_seconds:per_step)"),
+        _rec("job:zerodoc_straggler_peer_wait:fraction",
+             f"quantile by ({JOB}) (0.5,\n  clamp_min(\n"
+             "    (\n      rank:zerodoc_comm_exposed_seconds:per_step\n      unless\n"
+             f"      (rank:zerodoc_compute_seconds:per_step == on ({JOB}) group_left ()\n"
+             f"         max by ({JOB}) (rank:zerodoc_compute_seconds:per_step))\n    )\n"
+             f"    - on ({JOB}) group_left () job:zerodoc_slowest_rank_exposed_seconds:per_step,\n"
+             "    0\n  )\n)\n/\njob:zerodoc_step_seconds:median"),
+        _rec("job:zerodoc_all_gather_exposed:fraction",
+             f"sum by ({JOB}) (unit_job:zerodoc_collective_exposed_seconds:per_step{{{AG}}})\n"
+             "/\njob:zerodoc_step_seconds:median"),
+        _rec("job:zerodoc_all_gather_avoidable:fraction",
+             f"sum by ({JOB}) (unit_job:zerodoc_collective_avoidable_seconds:per_step{{{AG}}})\n"
+             "/\njob:zerodoc_step_seconds:median"),
+        _rec("job:zerodoc_comm_avoidable_compute:ratio",
+             f"sum by ({JOB}) (unit_job:zerodoc_collective_avoidable_seconds:per_step)\n"
+             "/\njob:zerodoc_compute_seconds:median_per_step"),
+        *unit_stat_rules(w),
+        # Exposed communication / compute as it is (the engine's raw ratio: ZD006 grades it
+        # for synchronous all-gathers, whose time the link partly explains)
+        _rec("job:zerodoc_comm_exposed_compute:ratio",
+             f"sum by ({JOB}) (unit_job:zerodoc_collective_exposed_seconds:per_step)\n"
+             "/\njob:zerodoc_compute_seconds:median_per_step"),
+        # All-gathers timed and not one of them hidden (the engine's `sync`): present as 1
+        _rec("job:zerodoc_all_gather:synchronous",
+             f"count by ({JOB}) (unit_job:zerodoc_collective_seconds:per_step{{{AG}}}) > bool 0\n"
+             f"unless on ({JOB}) job:zerodoc_all_gather:asynchronous"),
+        # ZD005's cost: exposed time of the large collectives beyond the time they take at
+        # the link's full expected bandwidth, per collective kind, as a share of the step
+        _rec("collective_job:zerodoc_collective_beyond_link:fraction",
+             f"sum by ({JOB}, collective) (\n"
+             "  clamp_min(\n    unit_job:zerodoc_collective_exposed_seconds:per_step\n"
+             f"    - unit_job:zerodoc_collective_bus_bytes:per_step / {LINK_BUSBW[link]:g},\n"
+             "    0\n  )\n"
+             f"  and unit_job:zerodoc_collective_bytes:per_call >= {t.slow_link_min_bytes}\n)\n"
+             f"/ on ({JOB}) group_left ()\njob:zerodoc_step_seconds:median"),
+        _rec("collective_job:zerodoc_collective_busbw_large:bytes_per_second",
+             f"sum by ({JOB}, collective) (\n"
+             "  unit_job:zerodoc_collective_bus_bytes:per_step\n"
+             f"  and unit_job:zerodoc_collective_bytes:per_call >= {t.slow_link_min_bytes}\n)\n/\n"
+             f"sum by ({JOB}, collective) (\n"
+             "  unit_job:zerodoc_collective_seconds:per_step > 0\n"
+             f"  and unit_job:zerodoc_collective_bytes:per_call >= {t.slow_link_min_bytes}\n)"),
+    ]
+    return rules

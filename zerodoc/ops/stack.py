@@ -1,0 +1,230 @@
+"""A local Prometheus (and Alertmanager, if installed) wired to running zerodoc jobs.
+
+`Stack` writes a throwaway configuration — zerodoc's recording and alerting rules (generated
+with a short window and `for:` so a newcomer sees alerts fire within minutes, runbook links
+pointing at the installed runbooks), a file_sd target file rebuilt every few seconds from the
+run log headers of the live runs — starts the servers on 127.0.0.1 (Alertmanager with
+zerodoc's `exporters/alertmanager.yml`, or the configuration given), and stops them by pid.
+`zerodoc stack` (`stack_cli`) drives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import resources
+from ..errors import UserError
+from .targets import write_atomic
+from ..cli.targets import run_targets
+from ..thresholds import DEFAULT, Thresholds
+
+
+def find_runs(source: Path) -> list[Path]:
+    """Run directories under `source` (itself, if it holds rank logs)."""
+    if any(source.glob("rank-*.jsonl")):
+        return [source]
+    return sorted(d for d in source.glob("*") if d.is_dir() and any(d.glob("rank-*.jsonl")))
+
+
+def infer_link(runs: list[Path]) -> str:
+    """The link class for the rules: what the rules engine would infer for the newest run."""
+    from ..cli.targets import read_header
+
+    for run in reversed(runs):
+        for log in sorted(run.glob("rank-*.jsonl"))[:1]:
+            try:
+                head, _ended = read_header(log)
+                from ..diagnosis import infer_link as engine_infer
+                from ..runlog import facts_from_dict
+
+                link = engine_infer(facts_from_dict(head))
+            except Exception:  # a torn header or an engine without infer_link
+                link = None
+            if link:
+                return link
+    return "gloo-cpu"
+
+
+@dataclass
+class Stack:
+    source: Path
+    port: int = 9090
+    scrape_interval: str = "2s"
+    window: str = "30s"
+    alert_for: str = "1m"
+    link: str | None = None
+    work_dir: Path | None = None
+    prometheus: str | None = None
+    alertmanager: str | None = None
+    """Alertmanager binary; None: look for it on PATH; "": do not start one."""
+    alertmanager_config: Path | None = None
+    """Alertmanager configuration; None: zerodoc's exporters/alertmanager.yml."""
+    thresholds: Thresholds = DEFAULT
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    _tmp: bool = False
+    _targets: str = ""
+    _reported: set = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.source = Path(self.source)
+        if not self.source.is_dir():
+            raise UserError(f"no run directory or run root at {self.source} (start "
+                            "`zerodoc demo --port 0` first, or pass its --run-dir)")
+        self.prometheus = self.prometheus or shutil.which("prometheus")
+        if not self.prometheus:
+            raise UserError("the prometheus binary is not installed (Debian: apt-get install "
+                            "prometheus; or `make prometheus`)")
+        if self.work_dir is None:
+            self.work_dir = Path(tempfile.mkdtemp(prefix="zerodoc-stack-"))
+            self._tmp = True
+        self.work_dir = Path(self.work_dir)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.am_port: int | None = None
+
+    # --- configuration ----------------------------------------------------------------
+    def targets(self) -> list[dict]:
+        entries = []
+        for run in find_runs(self.source):
+            try:
+                found, _warn = run_targets(run)
+            except UserError:
+                continue  # a run whose ranks all finished, or a header still being written
+            entries += found
+        return entries
+
+    def refresh_targets(self) -> tuple[list[str], list[str]]:
+        """Rewrite the file_sd file if the live targets changed; returns the targets added
+        and removed since the last call."""
+        entries = self.targets()
+        text = json.dumps(entries, indent=1) + "\n"
+        if text != self._targets:
+            write_atomic(self.work_dir / "file_sd" / "zerodoc.json", text)
+            self._targets = text
+        now = {t for e in entries for t in e["targets"]}
+        added, removed = sorted(now - self._reported), sorted(self._reported - now)
+        self._reported = now
+        return added, removed
+
+    def write_config(self) -> Path:
+        from .alerts import RuleOptions, write_rules
+
+        runs = find_runs(self.source)
+        self.link = self.link or infer_link(runs)
+        write_rules(self.work_dir / "rules", self.thresholds, RuleOptions(
+            window=self.window, alert_for=self.alert_for, link=self.link,
+            runbook_base=resources.root().as_uri() + "/"))
+        cfg: dict = {
+            "global": {"scrape_interval": self.scrape_interval,
+                       "evaluation_interval": self.scrape_interval},
+            "rule_files": [str(self.work_dir / "rules" / "*.yml")],
+            "scrape_configs": [{
+                "job_name": "zerodoc", "honor_labels": True,
+                "file_sd_configs": [{"files": [str(self.work_dir / "file_sd" / "*.json")],
+                                     "refresh_interval": "2s"}],
+            }],
+        }
+        if self.am_port:
+            cfg["alerting"] = {"alertmanagers": [
+                {"static_configs": [{"targets": [f"127.0.0.1:{self.am_port}"]}]}]}
+        path = self.work_dir / "prometheus.yml"
+        path.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
+        entries = self.targets()
+        self._targets = json.dumps(entries, indent=1) + "\n"
+        write_atomic(self.work_dir / "file_sd" / "zerodoc.json", self._targets)
+        return path
+
+    # --- processes --------------------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.work_dir / f"{name}.log", "w")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self.procs[name] = p
+        (self.work_dir / f"{name}.pid").write_text(f"{p.pid}\n")
+        return p
+
+    def start(self) -> "Stack":
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        am = self.alertmanager
+        if am is None:
+            am = shutil.which("alertmanager") or shutil.which("prometheus-alertmanager")
+        if am:
+            from ..demo.launch import free_port
+
+            self.alertmanager_config = Path(self.alertmanager_config
+                                            or resources.alertmanager_config())
+            if not self.alertmanager_config.is_file():
+                raise UserError(f"no Alertmanager configuration at {self.alertmanager_config}")
+            self.am_port = free_port()
+            (self.work_dir / "alertmanager").mkdir(exist_ok=True)
+            self._spawn("alertmanager", [
+                am, f"--config.file={self.alertmanager_config}",
+                f"--storage.path={self.work_dir / 'alertmanager'}",
+                f"--web.listen-address=127.0.0.1:{self.am_port}",
+                "--cluster.listen-address="])
+        config = self.write_config()
+        (self.work_dir / "data").mkdir(exist_ok=True)
+        self._spawn("prometheus", [
+            self.prometheus, f"--config.file={config}",
+            f"--storage.tsdb.path={self.work_dir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"])
+        servers = [("prometheus", self.url)]
+        if self.am_port:
+            servers.append(("alertmanager", f"http://127.0.0.1:{self.am_port}"))
+        deadline = time.monotonic() + 30
+        for name, url in servers:
+            if not self._wait_ready(name, url, deadline):
+                tail = self.log_tail(name)
+                self.stop()
+                raise UserError(f"{name} did not start on {url.removeprefix('http://')}: "
+                                f"{tail}")
+        return self
+
+    def _wait_ready(self, name: str, url: str, deadline: float) -> bool:
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return True
+            except OSError:
+                time.sleep(0.2)
+        return False
+
+    def log_tail(self, name: str, n: int = 600) -> str:
+        try:
+            return (self.work_dir / f"{name}.log").read_text()[-n:].strip().replace("\n", " | ")
+        except OSError:
+            return ""
+
+    def dead(self) -> list[str]:
+        return [name for name, p in self.procs.items() if p.poll() is not None]
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop the servers (SIGTERM, then SIGKILL), then drop a temporary work dir."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + grace
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for name in self.procs:
+            try:
+                os.unlink(self.work_dir / f"{name}.pid")
+            except OSError:
+                pass
+        if self._tmp:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
