@@ -84,3 +84,10 @@ def test_readme_is_a_manual_whose_links_resolve():
                 if anchor not in heads:
                     broken.append(f"{page.name}: {target} (no such heading)")
     assert not broken, broken
+
+
+def test_package_top_level_holds_at_most_14_modules():
+    """One package per role: the top of `zerodoc/` keeps the vocabulary, the plain-Python
+    engines and the entry points; commands live in cli/, operations in ops/ (issue 21)."""
+    top = sorted(p.name for p in (ROOT / "zerodoc").glob("*.py"))
+    assert len(top) <= 14, top

@@ -23,7 +23,7 @@ import torch.nn as nn
 from tests.helpers import ROOT
 import zerodoc
 from zerodoc.runlog import read_rank_log
-from zerodoc.cli.targets import run_targets
+from zerodoc.exporter.targets import run_targets
 
 
 def _train(model, opt, steps: int) -> None:

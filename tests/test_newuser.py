@@ -34,7 +34,7 @@ from tests.helpers import ROOT
 from zerodoc.cli.main import main as zerodoc_main
 from zerodoc.demo.launch import _die_with_parent, free_port
 from zerodoc.runlog import read_rank_log
-from zerodoc.cli.targets import run_targets
+from zerodoc.exporter.targets import run_targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

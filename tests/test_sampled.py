@@ -369,6 +369,7 @@ def test_live_demo_tui_shows_per_unit_numbers_while_the_job_runs(tmp_path, monke
     import gc
 
     from zerodoc.cli.main import build_parser
+    from zerodoc.demo import live
     from zerodoc.demo.live import spec_from_args
     from zerodoc.tui import app as appmod
     from zerodoc.tui import views
@@ -400,5 +401,5 @@ def test_live_demo_tui_shows_per_unit_numbers_while_the_job_runs(tmp_path, monke
     args = build_parser().parse_args(["demo", "--ranks", "2", "--steps", "0", "--port", "0",
                                       "--blocks", "2", "--slow-link-ms", "40",
                                       "--run-dir", str(tmp_path / "live")])
-    assert appmod.run_live_demo(args, spec_from_args(args)) == 0
+    assert live.run_live_demo(args, spec_from_args(args)) == 0
     assert seen["running"] and seen["step"] >= 1

@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.helpers import SMALL_MODEL, until, wait_until
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
-from zerodoc.cli.targets import read_header
+from zerodoc.exporter.targets import read_header
 
 RANKS = 3
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from ..ops.targets import file_sd_entry, write_atomic
+from ..exporter.targets import run_targets, write_atomic
 
 FORMATS = ("file_sd", "static")
 
@@ -33,66 +33,6 @@ def add_parser(sub) -> None:
     p.add_argument("--include-ended", action="store_true",
                    help="also list ranks whose run log says they finished")
     p.set_defaults(func=run)
-
-
-def read_header(path: Path) -> tuple[dict, bool]:
-    """The header dict of a rank log, and whether the log ends with a clean end record."""
-    from ..runlog.scan import MAX_LINE, newest_head
-
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(MAX_LINE)
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - 4096))
-            tail = f.read().decode("utf-8", "replace")
-            newest = newest_head(f, size)  # a reused run directory: the newest segment's
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        head = newest[1] if newest is not None else json.loads(first)
-    except (ValueError, RecursionError):  # not JSON, or nested beyond reason
-        raise UserError(f"{path}: first line is not a zerodoc header") from None
-    if not isinstance(head, dict) or head.get("type") != "header":
-        raise UserError(f"{path}: first line is not a zerodoc header")
-    last = [ln for ln in tail.splitlines() if ln.strip()][-1:]
-    rec = last[0].replace(" ", "") if last else ""
-    # an end written while an exception ended the training is not a clean end: the rank
-    # stays a target (it shows as down)
-    ended = '"type":"end"' in rec and '"failed":true' not in rec
-    return head, ended
-
-
-def run_targets(run_dir: str | Path, job: str | None = None,
-                include_ended: bool = False) -> tuple[list[dict], list[str]]:
-    """(file_sd entries sorted by rank, warnings) for a run directory."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"no run directory at {run_dir}")
-    logs = sorted(run_dir.glob("rank-*.jsonl"))
-    if not logs:
-        raise UserError(f"{run_dir} holds no rank-*.jsonl run logs")
-    entries, warnings, ended_ranks = [], [], []
-    for p in logs:
-        head, ended = read_header(p)
-        if ended and not include_ended:
-            ended_ranks.append(head.get("rank"))
-            continue
-        try:
-            entries.append(file_sd_entry(head, job))
-        except (ValueError, KeyError) as e:
-            warnings.append(f"{p.name}: {e}; skipped")
-    if ended_ranks:
-        warnings.append(f"rank(s) {', '.join(map(str, ended_ranks))} finished; "
-                        "skipped (--include-ended lists them)")
-    entries.sort(key=lambda e: int(e["labels"]["rank"]))
-    loopback = [e for e in entries if e["targets"][0].startswith(("127.", "localhost", "[::1]"))]
-    nodes = {e["labels"]["node"] for e in entries}
-    if loopback and len(nodes) > 1:
-        warnings.append(f"ranks on {len(nodes)} nodes serve /metrics on a loopback address; "
-                        "only a Prometheus on the same node can scrape them "
-                        "(attach(..., host='0.0.0.0') serves on every interface)")
-    return entries, warnings
 
 
 def format_static(entries: list[dict]) -> str:

@@ -92,12 +92,37 @@ def run_demo(args) -> int:
     run_dir = spec["attach"]["run_dir"]
     if not args.headless and sys.stdout.isatty():
         try:
-            from ..tui.app import run_live_demo  # noqa: F401  (arrives with the TUI)
+            from ..tui import app  # noqa: F401  (the tui extra: Textual)
         except ImportError:
             pass
         else:
             return run_live_demo(args, spec)
     return run_text(args, spec, run_dir)
+
+
+def run_live_demo(args, spec: dict) -> int:
+    """`zerodoc demo` in a terminal: start the job, watch it live, stop it on quit."""
+    from ..sources import open_source
+    from ..tui import app
+
+    run_dir = spec["attach"]["run_dir"]
+    job = Job(args.ranks, spec, log_dir=os.path.join(run_dir, "logs")).start()
+    finished = False
+    try:
+        source = open_source(run_dir)  # Job.start() created the run dir (its logs/ folder)
+        app.tune_gc()
+        app.ZerodocApp(source, refresh=1.0, job=job, freeze_heap=True).run()
+        finished = not job.running()
+    finally:
+        job.stop()
+    codes = [p.returncode for p in job.procs]
+    print(f"zerodoc demo: {'done' if finished else 'stopped'}. Run log: {run_dir}",
+          file=sys.stdout, flush=True)
+    bad = [r for r, c in enumerate(codes) if c not in (0, None, -15)]
+    if bad:
+        print(f"zerodoc demo: rank(s) {bad} exited with an error; see {run_dir}/logs/rank-N.out",
+              file=sys.stderr)
+    return 0
 
 
 def run_text(args, spec: dict, run_dir: str, out=sys.stdout) -> int:

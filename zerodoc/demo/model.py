@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .frameworks import WRAPS
+from . import WRAPS
 
 
 @dataclass(kw_only=True)

@@ -22,8 +22,7 @@ from pathlib import Path
 
 from . import resources
 from ..errors import UserError
-from .targets import write_atomic
-from ..cli.targets import run_targets
+from ..exporter.targets import read_header, run_targets, write_atomic
 from ..thresholds import DEFAULT, Thresholds
 
 
@@ -36,8 +35,6 @@ def find_runs(source: Path) -> list[Path]:
 
 def infer_link(runs: list[Path]) -> str:
     """The link class for the rules: what the rules engine would infer for the newest run."""
-    from ..cli.targets import read_header
-
     for run in reversed(runs):
         for log in sorted(run.glob("rank-*.jsonl"))[:1]:
             try:

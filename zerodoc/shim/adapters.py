@@ -49,7 +49,7 @@ class Adapter:
         """Find the units (fills `unit_names`); called before the Recorder exists."""
 
     def facts(self) -> AdapterFacts:
-        from .fsdp2 import torch_version
+        from .wiring import torch_version
 
         return AdapterFacts(framework=self.framework, framework_version=torch_version(),
                             units=[])

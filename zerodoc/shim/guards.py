@@ -65,6 +65,28 @@ def check_arguments(model, optimizer) -> None:
                         f"not {type(optimizer).__name__}")
 
 
+class NullMonitor:
+    """What attach() returns when disabled or when it could not attach: does nothing."""
+
+    endpoint = None
+    run_dir = None
+
+    def __init__(self, reason: str = ""):
+        self.reason = reason
+
+    def step(self) -> None:
+        pass
+
+    def close(self, interrupted: bool = False) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 # --- one monitor per process -----------------------------------------------------------------
 
 def existing_monitor(model, optimizer, stacklevel: int = 3):
@@ -72,8 +94,6 @@ def existing_monitor(model, optimizer, stacklevel: int = 3):
     of attaching again: the live one for the same model (reuse), or a no-op monitor (refuse)."""
     if not _LIVE:
         return None
-    from .monitor import NullMonitor
-
     for mon in _LIVE:
         if mon.model is model:
             warnings.warn(

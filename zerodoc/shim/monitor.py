@@ -26,6 +26,7 @@ from .config import AttachConfig
 from ..model import CommTotals, RankFacts, RankWindow
 from ..runlog import DEFAULT_ROOT, RunLogWriter
 from . import adapters, faults, guards, memory
+from .guards import NullMonitor  # what attach() returns when it does not attach
 from . import hookpoints as hp
 from .comm import HostTimer
 from .sampling import Sampler, SeqCounter
@@ -87,28 +88,6 @@ def run_id() -> str:
     if "RANK" in os.environ:  # launched: siblings share the launcher
         return _launcher_start()
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
-
-
-class NullMonitor:
-    """What attach() returns when disabled or when it could not attach: does nothing."""
-
-    endpoint = None
-    run_dir = None
-
-    def __init__(self, reason: str = ""):
-        self.reason = reason
-
-    def step(self) -> None:
-        pass
-
-    def close(self, interrupted: bool = False) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class Monitor:
@@ -267,7 +246,7 @@ class Monitor:
             warnings.warn(msg, stacklevel=5)
 
     def _write_target(self) -> None:
-        from ..ops.targets import FILE_SD_DIR_ENV, target_path, write_rank_target
+        from ..exporter.targets import FILE_SD_DIR_ENV, target_path, write_rank_target
 
         if self._unwritable and not os.environ.get(FILE_SD_DIR_ENV):
             return  # the run directory was already found unwritable (warned once)

@@ -45,9 +45,7 @@ import urllib.error
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
-from ..ops.alerts.recording import (
-    ASYNC_ALL_GATHER, RULE_WINDOW, UNIT_COMPUTE, UNIT_RANKS, UNIT_STAT,
-)
+from ..catalog import ASYNC_ALL_GATHER, RULE_WINDOW, UNIT_COMPUTE, UNIT_RANKS, UNIT_STAT
 from ..errors import UserError
 from ..model import CommTotals, LazyRankWindow, RankWindow, RunSnapshot
 from ..runlog import missing

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -295,29 +293,4 @@ def run_tui(source, *, refresh: float = 1.0) -> int:
     """Run the app in this terminal until the user quits."""
     tune_gc()
     ZerodocApp(source, refresh=refresh, freeze_heap=True).run()
-    return 0
-
-
-def run_live_demo(args, spec: dict) -> int:
-    """`zerodoc demo` in a terminal: start the job, watch it live, stop it on quit."""
-    from ..demo.launch import Job
-    from ..sources import open_source
-
-    run_dir = spec["attach"]["run_dir"]
-    job = Job(args.ranks, spec, log_dir=os.path.join(run_dir, "logs")).start()
-    finished = False
-    try:
-        source = open_source(run_dir)  # Job.start() created the run dir (its logs/ folder)
-        tune_gc()
-        ZerodocApp(source, refresh=1.0, job=job, freeze_heap=True).run()
-        finished = not job.running()
-    finally:
-        job.stop()
-    codes = [p.returncode for p in job.procs]
-    print(f"zerodoc demo: {'done' if finished else 'stopped'}. Run log: {run_dir}",
-          file=sys.stdout, flush=True)
-    bad = [r for r, c in enumerate(codes) if c not in (0, None, -15)]
-    if bad:
-        print(f"zerodoc demo: rank(s) {bad} exited with an error; see {run_dir}/logs/rank-N.out",
-              file=sys.stderr)
     return 0

@@ -37,6 +37,9 @@ One rule group, in order: later rules read earlier ones within the same evaluati
 
 from __future__ import annotations
 
+from ...catalog import (  # the recorded names: the contract with the Prometheus source
+    ASYNC_ALL_GATHER, RULE_WINDOW, UNIT_COMPUTE, UNIT_RANKS, UNIT_STAT,
+)
 from ...thresholds import DEFAULT, LINK_BUSBW, Thresholds
 
 AG = 'collective="all_gather"'
@@ -48,7 +51,6 @@ JOB = "job, run_id"
 # (torch.cuda.memory_stats); absent on CPU runs.
 ALLOCATED, RESERVED = "allocated", "reserved"
 PEAK_ALLOCATED, PEAK_RESERVED = "peak_allocated", "peak_reserved"
-ALLOC_RETRIES = "alloc_retries"
 
 
 def _rec(name: str, expr: str) -> dict:
@@ -79,34 +81,6 @@ WORLD_FACTOR = "collective_job:zerodoc_collective_bus_factor:ratio"
 UNITS = 'unit!=""'  # per-unit numbers: not a coarse rank's totals over units
 
 
-# What the Prometheus source reads per unit, phase and collective (zerodoc.unitstats fields):
-# field -> (per-step numerator, the recorded names by aggregation). min of seconds / exposed
-# and median of bytes are the link-attributable views below, recorded once.
-UNIT_STAT = {
-    "count": ("zerodoc_collective_calls_total",
-              {"median": "unit_job:zerodoc_collective_calls:per_step_median",
-               "mean": "unit_job:zerodoc_collective_calls:per_step_mean",
-               "max": "unit_job:zerodoc_collective_calls:per_step_max"}),
-    "bytes": ("zerodoc_collective_bytes_total",
-              {"median": "unit_job:zerodoc_collective_bytes:per_step",
-               "mean": "unit_job:zerodoc_collective_bytes:per_step_mean",
-               "max": "unit_job:zerodoc_collective_bytes:per_step_max"}),
-    "seconds": ("zerodoc_collective_seconds_total",
-                {"min": "unit_job:zerodoc_collective_seconds:per_step",
-                 "mean": "unit_job:zerodoc_collective_seconds:per_step_mean",
-                 "max": "unit_job:zerodoc_collective_seconds:per_step_max"}),
-    "exposed": ("zerodoc_collective_exposed_seconds_total",
-                {"min": "unit_job:zerodoc_collective_exposed_seconds:per_step",
-                 "mean": "unit_job:zerodoc_collective_exposed_seconds:per_step_mean",
-                 "max": "unit_job:zerodoc_collective_exposed_seconds:per_step_max"}),
-    "hidden": (None, {"min": "unit_job:zerodoc_collective_hidden_seconds:per_step_min",
-                      "max": "unit_job:zerodoc_collective_hidden_seconds:per_step_max"}),
-}
-UNIT_RANKS = "unit_job:zerodoc_collective_ranks:count"
-UNIT_COMPUTE = {"mean": "unit_phase_job:zerodoc_compute_seconds:per_step_mean",
-                "max": "unit_phase_job:zerodoc_compute_seconds:per_step_max"}
-ASYNC_ALL_GATHER = "job:zerodoc_all_gather:asynchronous"
-RULE_WINDOW = "job:zerodoc_recording_window:seconds"
 _AGG = {"min": "min", "mean": "avg", "max": "max", "median": "quantile"}
 
 

@@ -3,8 +3,8 @@
 Standard library only: the shim calls `write_rank_target()` from inside a training rank
 once its /metrics server is up, so a Prometheus with a `file_sd_configs` glob over
 `<run_dir>/file_sd/*.json` finds every rank of a multi-node job without a hand-written list.
-`zerodoc targets` (`zerodoc.cli.targets`) builds the same list afterwards from the run log
-headers.
+`zerodoc targets` and `zerodoc stack` build the same list afterwards from the run log
+headers (`run_targets`).
 
 Each entry carries the labels `job`, `rank`, `local_rank`, `node`, `run_id`. The rank labels
 repeat what every zerodoc series already carries; on the target they also label `up`, which
@@ -19,6 +19,8 @@ import json
 import os
 import tempfile
 from pathlib import Path
+
+from ..errors import UserError
 
 DEFAULT_JOB = "zerodoc"
 FILE_SD_DIR = "file_sd"
@@ -129,3 +131,65 @@ def remove_rank_target(run_dir: str | os.PathLike, facts) -> None:
         os.unlink(target_path(run_dir, facts))
     except FileNotFoundError:
         pass
+
+
+# --- a run's targets afterwards, from its run log headers (`zerodoc targets`, `zerodoc stack`)
+
+def read_header(path: Path) -> tuple[dict, bool]:
+    """The header dict of a rank log, and whether the log ends with a clean end record."""
+    from ..runlog.scan import MAX_LINE, newest_head
+
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(MAX_LINE)
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 4096))
+            tail = f.read().decode("utf-8", "replace")
+            newest = newest_head(f, size)  # a reused run directory: the newest segment's
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        head = newest[1] if newest is not None else json.loads(first)
+    except (ValueError, RecursionError):  # not JSON, or nested beyond reason
+        raise UserError(f"{path}: first line is not a zerodoc header") from None
+    if not isinstance(head, dict) or head.get("type") != "header":
+        raise UserError(f"{path}: first line is not a zerodoc header")
+    last = [ln for ln in tail.splitlines() if ln.strip()][-1:]
+    rec = last[0].replace(" ", "") if last else ""
+    # an end written while an exception ended the training is not a clean end: the rank
+    # stays a target (it shows as down)
+    ended = '"type":"end"' in rec and '"failed":true' not in rec
+    return head, ended
+
+
+def run_targets(run_dir: str | Path, job: str | None = None,
+                include_ended: bool = False) -> tuple[list[dict], list[str]]:
+    """(file_sd entries sorted by rank, warnings) for a run directory."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"no run directory at {run_dir}")
+    logs = sorted(run_dir.glob("rank-*.jsonl"))
+    if not logs:
+        raise UserError(f"{run_dir} holds no rank-*.jsonl run logs")
+    entries, warnings, ended_ranks = [], [], []
+    for p in logs:
+        head, ended = read_header(p)
+        if ended and not include_ended:
+            ended_ranks.append(head.get("rank"))
+            continue
+        try:
+            entries.append(file_sd_entry(head, job))
+        except (ValueError, KeyError) as e:
+            warnings.append(f"{p.name}: {e}; skipped")
+    if ended_ranks:
+        warnings.append(f"rank(s) {', '.join(map(str, ended_ranks))} finished; "
+                        "skipped (--include-ended lists them)")
+    entries.sort(key=lambda e: int(e["labels"]["rank"]))
+    loopback = [e for e in entries if e["targets"][0].startswith(("127.", "localhost", "[::1]"))]
+    nodes = {e["labels"]["node"] for e in entries}
+    if loopback and len(nodes) > 1:
+        warnings.append(f"ranks on {len(nodes)} nodes serve /metrics on a loopback address; "
+                        "only a Prometheus on the same node can scrape them "
+                        "(attach(..., host='0.0.0.0') serves on every interface)")
+    return entries, warnings
