@@ -459,3 +459,40 @@ def test_cli_run_dir_fp32_master(tmp_path):
 def test_cli_run_dir_missing(tmp_path):
     with pytest.raises(UserError, match="no run directory"):
         _plan_inproc("--run", str(tmp_path / "nope"))
+
+
+def test_plan_run_plans_from_the_rules_input(tmp_path):
+    """`zerodoc plan --run` and the rules plan from one input, `Context.plan_input`: the
+    measured optimizer state (here 6 bytes per parameter, not a preset's 12) and the units'
+    reshard_after_forward=False reach both."""
+    import dataclasses
+
+    from zerodoc.diagnosis.context import Context
+    from zerodoc.runlog import load_run
+
+    units = tuple(UnitFacts(name=f"layers.{i}", params=10**9, param_bytes=2 * 10**9,
+                            gather_bytes=2 * 10**9, sharded_bytes=2 * 10**9 // 8,
+                            reshard_after_forward=False, group_size=8) for i in range(4))
+    facts = RankFacts(rank=0, local_rank=0, world_size=8, local_world_size=8, node="n0",
+                      run_id="t2", framework="fsdp2", framework_version="2.13",
+                      torch_version="2.13.0", device_type="cuda", backend="nccl",
+                      zero_stage=3, mesh_shape=(8,), mesh_dim_names=("shard",),
+                      param_dtype="bfloat16", reduce_dtype="bfloat16", units=units,
+                      device_capacity_bytes=80 * GB, started_unix=time.time(), pid=1)
+    w = RunLogWriter(tmp_path, 0)
+    w.write_header(facts)
+    sharded = 4 * 2 * 10**9 // 8  # bytes of this rank's parameter shards
+    w.write({"type": "step", "step": 1, "end_unix": time.time(), "step_s": 1.0,
+             "mem": {"activations": 3 * GB, "sharded_parameters": sharded,
+                     "optimizer_state": 3 * sharded}})
+    w.close(1)
+    rules = dataclasses.asdict(Context(load_run(tmp_path)).plan_input())
+    assert rules["optimizer_bytes_per_param"] == 6 and rules["reshard_after_forward"] is False
+    rc, out = _plan_inproc("--run", str(tmp_path), "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["optimizer_preset"] is None
+    assert {k: d["inputs"][k] for k in rules} == rules
+    rc, out = _plan_inproc("--run", str(tmp_path))
+    assert "optimizer state: 6 bytes per parameter, measured in the run" in out
+    rc, out = _plan_inproc("--run", str(tmp_path), "--optimizer", "adam-mixed", "--json")
+    assert json.loads(out)["inputs"]["optimizer_bytes_per_param"] == 12  # a flag wins

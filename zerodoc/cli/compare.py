@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
                      help="Markdown (for a PR comment)")
     p.add_argument("--window", type=int, default=20, metavar="STEPS",
                    help="steps of each run to compare (the last N; 0: all)")
-    from .report import add_warmup_argument
+    from .options import add_warmup_argument
 
     add_warmup_argument(p)
     p.add_argument("--applied", action="append", default=[], metavar="CODE",
@@ -58,7 +58,7 @@ def run(args) -> int:
     from ..compare.render import RENDERERS
     from ..diagnosis import BY_CODE
     from ..errors import UserError
-    from .report import diagnosis_options
+    from .options import diagnosis_options
     from ..sources import open_source
     from ..trace import facts_from_args, is_trace_spec, refuse_facts
 

@@ -8,6 +8,7 @@ Stdlib only; the arithmetic is in `zerodoc.planner`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from fractions import Fraction
 
@@ -96,7 +97,9 @@ def _headroom(text: str) -> tuple[float, int | None]:
 
 
 def facts_from_run(run_dir: str) -> dict:
-    """PlanInput keywords (and a description) from a run directory's run log."""
+    """The run's planner input, as the rules plan from it (`Context.plan_input`), and how
+    to name the run: {"kw": PlanInput keywords, "stage", "desc", "measured_optimizer"}."""
+    from ..diagnosis.context import Context
     from ..runlog import load_run
 
     snap = load_run(run_dir)
@@ -104,38 +107,17 @@ def facts_from_run(run_dir: str) -> dict:
     if r is None:
         raise UserError(f"{run_dir}: no rank logs")
     f = r.facts
-    kw: dict = {"world_size": f.world_size}
-    units = [u for u in f.units if u.params > 0]
-    if units:
-        n = sum(u.params for u in units)
-        kw["params"] = n
-        kw["param_bytes"] = max(1, round(sum(u.param_bytes for u in units) / n))
-        kw["gather_bytes"] = max(1, round(sum(u.gather_bytes for u in units) / n))
-        kw["largest_unit_params"] = max(u.params for u in units)
-        groups = [u.group_size for u in units if u.group_size and u.group_size > 0]
-        if groups:
-            kw["world_size"] = max(groups)  # the shard group (HSDP: smaller than the world)
-        known = [u.reshard_after_forward for u in units if u.reshard_after_forward is not None]
-        if known and not any(known):
-            kw["reshard_after_forward"] = False
-    if f.reduce_dtype:
-        try:
-            kw["reduce_bytes"] = planner.dtype_bytes(f.reduce_dtype)
-        except UserError:
-            pass
-    if f.device_capacity_bytes:
-        kw["device_memory_bytes"] = int(f.device_capacity_bytes)
-    act = r.memory.get("activations")
-    if act is None:  # on a GPU: estimated the way the rules estimate it (ZD003, ZD008)
-        from ..diagnosis.context import Context
-
-        act = Context(snap).activation_bytes(r)
-    if act is not None:
-        kw["activation_bytes"] = int(act)
-    stage = {0: "dp", 1: "zero1", 2: "zero2", 3: "zero3"}.get(f.zero_stage, None)
+    ctx = Context(snap)
+    inp = ctx.plan_input()
+    kw = dataclasses.asdict(inp) if inp is not None else {"world_size": f.world_size}
+    w = next(iter(ctx.active.values()), None) or r
+    measured = ctx.optimizer_bytes_measured(w) if inp is not None else None
+    if kw.get("activation_bytes") is None:
+        kw.pop("activation_bytes", None)
+    stage = ctx.stage if f.zero_stage is not None or ctx.zero3 else None
     desc = (f"run {f.run_id or run_dir} ({f.framework}, world size {f.world_size}"
             + (f", running {planner.STAGE_LABELS[stage]}" if stage else "") + ")")
-    return {"kw": kw, "stage": stage, "desc": desc}
+    return {"kw": kw, "stage": stage, "desc": desc, "measured_optimizer": measured}
 
 
 def build_input(args) -> tuple[planner.PlanInput, str | None, dict | None]:
@@ -146,6 +128,8 @@ def build_input(args) -> tuple[planner.PlanInput, str | None, dict | None]:
     preset_name = None
     if args.optimizer_bytes is not None:
         kw["optimizer_bytes_per_param"] = args.optimizer_bytes
+    elif run and run["measured_optimizer"] is not None and args.optimizer is None:
+        pass  # the run's measured optimizer state, as the rules use it
     else:
         if args.optimizer is not None or not from_run_bytes:
             preset = planner.optimizer_preset(args.optimizer or "adam-mixed")
@@ -208,6 +192,10 @@ def run(args) -> int:
     if preset:
         how = "" if args.optimizer else "; assumed, change with --optimizer/--optimizer-bytes"
         print(f"optimizer preset: {preset} ({planner.PRESETS[preset].description}{how})")
+    elif run_facts and run_facts["measured_optimizer"] is not None and \
+            args.optimizer_bytes is None:
+        print(f"optimizer state: {inp.optimizer_bytes_per_param:g} bytes per parameter, "
+              "measured in the run (change with --optimizer/--optimizer-bytes)")
     print(planner.format_table(p, units=args.units))
     stage = run_facts["stage"] if run_facts else None
     print_over_staging(p, stage)

@@ -33,9 +33,9 @@ def add_parser(sub) -> None:
                    help="steps to diagnose (the last N; 0: all). On rank endpoints a one-shot "
                         "report covers the steps done in the ~2 s after its first scrape "
                         "(at least one; the header says how many)")
-    add_warmup_argument(p)
-    from .runargs import add_run_arguments
+    from .options import add_run_arguments, add_warmup_argument
 
+    add_warmup_argument(p)
     add_run_arguments(p)
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="override a threshold (repeatable), e.g. exposed_fraction_warn=0.2")
@@ -54,29 +54,6 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run, format="text")
 
 
-def add_warmup_argument(p) -> None:
-    p.add_argument("--include-warmup", action="store_true",
-                   help="keep step 1 (compile, allocator, first all-gathers) in a run "
-                        "directory's window; by default a window that would start there "
-                        "leaves it out and says so")
-
-
-def diagnosis_options(args):
-    """--window, --link, --threshold, --device-memory checked and parsed (report, compare):
-    (window or None, link or None, Thresholds, device memory bytes or None)."""
-    from ..errors import UserError
-    from ..planner import parse_size
-    from ..thresholds import LINK_BUSBW, Thresholds
-
-    if args.window < 0:
-        raise UserError(f"--window must be >= 0 (0: all steps), not {args.window}")
-    if args.link is not None and args.link not in LINK_BUSBW:
-        raise UserError(f"unknown link class {args.link!r}; known: {', '.join(LINK_BUSBW)}")
-    thresholds = Thresholds.with_overrides(args.threshold)
-    device_memory = parse_size(args.device_memory) if args.device_memory else None
-    return args.window or None, args.link, thresholds, device_memory
-
-
 def run(args) -> int:
     from ..diagnosis import Severity, diagnose
     from ..errors import UserError
@@ -84,6 +61,8 @@ def run(args) -> int:
     from ..sources import open_source
 
     fail_on = Severity.parse(args.fail_on) if args.fail_on else None
+    from .options import diagnosis_options
+
     window, _link, thresholds, device_memory = diagnosis_options(args)
     from ..trace import facts_from_args
 

@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
     from ..trace import add_arguments
 
     add_arguments(p)
-    from .runargs import add_run_arguments
+    from .options import add_run_arguments
 
     add_run_arguments(p)
     p.set_defaults(func=run)

@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("source", metavar="SOURCE", help="the measured run")
     p.add_argument("--window", type=int, default=0, metavar="STEPS",
                    help="steps of the run to fit to (the last N; 0: all)")
-    from .report import add_warmup_argument
+    from .options import add_warmup_argument
 
     add_warmup_argument(p)
     g = p.add_argument_group("changes (none: replay the measured configuration)")

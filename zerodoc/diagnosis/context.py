@@ -269,9 +269,21 @@ class Context:
         return None
 
     # --- the planner's inputs, from the run -----------------------------------------
+    def optimizer_bytes_measured(self, w: RankWindow) -> float | None:
+        """Optimizer state bytes per parameter as the run measured it (the shim's
+        `optimizer_state` over its sharded parameters), or None when it reports neither."""
+        sharded, opt = w.memory.get("sharded_parameters"), w.memory.get("optimizer_state")
+        if not (sharded and opt) or not self.units or self.total_params <= 0:
+            return None
+        p_bytes = max(1, round(sum(u.param_bytes for u in self.units) / self.total_params))
+        return min(max(round(opt / (sharded / p_bytes), 2), 0.0), 1024.0)
+
     def plan_input(self, **overrides):
-        """A `planner.PlanInput` describing this run, with measured activations when the
-        shim reports them (None when the facts are too thin)."""
+        """A `planner.PlanInput` describing this run — the one planner input of the rules and
+        of `zerodoc plan --run` — with measured activations and optimizer state when the
+        shim reports them (None when the facts are too thin). Without a measured optimizer
+        state K is Adam's: 8 bytes per parameter when the stored parameters are fp32 (their
+        own master copy: m + v), else 12 (`planner.PRESETS` adam-fp32 / adam-mixed)."""
         from ..planner import PlanInput, dtype_bytes
 
         if not self.units or self.total_params <= 0 or self.facts is None:
@@ -285,16 +297,18 @@ class Context:
         except Exception:  # noqa: BLE001 - an exotic dtype name: assume the gather dtype
             r_bytes = g_bytes
         w = next(iter(self.active.values()), None) or next(iter(self.ranks.values()))
-        k = 12.0 if p_bytes == 2 else 8.0
-        sharded, opt = w.memory.get("sharded_parameters"), w.memory.get("optimizer_state")
-        if sharded and opt:
-            k = round(opt / (sharded / p_bytes), 2)
+        k = self.optimizer_bytes_measured(w)
+        if k is None:
+            k = 8.0 if p_bytes >= 4 else 12.0
         act = self.activation_bytes(w)
         kw = dict(params=psi, world_size=max(1, self.group_size), activation_bytes=act,
-                  optimizer_bytes_per_param=min(max(k, 0.0), 1024.0), param_bytes=p_bytes,
+                  optimizer_bytes_per_param=k, param_bytes=p_bytes,
                   grad_bytes=p_bytes, gather_bytes=g_bytes, reduce_bytes=r_bytes,
                   device_memory_bytes=self.capacity(w),
                   largest_unit_params=self.largest_unit.params if self.largest_unit else None)
+        known = [u.reshard_after_forward for u in self.units if u.reshard_after_forward is not None]
+        if known and not any(known):  # ZeRO-2-like FSDP: gathered parameters kept to backward
+            kw["reshard_after_forward"] = False
         kw.update(overrides)
         return PlanInput(**kw)
 
