@@ -198,12 +198,14 @@ def test_password_hashes():
 def test_hash_password_command(scheme, monkeypatch, capsys, tmp_path):
     import io
 
+    from zerodoc.cli import webconfig as command
+
     monkeypatch.setattr("sys.stdin", io.StringIO("hunter2\n"))
-    assert webconfig.main(["hash-password", "--scheme", scheme]) == 0
+    assert command.main(["hash-password", "--scheme", scheme]) == 0
     h = capsys.readouterr().out.strip()
     assert webconfig.verify_password("hunter2", h) and not webconfig.verify_password("x", h)
     (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  prometheus: '{h}'\n")
-    assert webconfig.main(["check", str(tmp_path / "web.yml")]) == 0
+    assert command.main(["check", str(tmp_path / "web.yml")]) == 0
     assert "basic auth users: 1" in capsys.readouterr().out
 
 

@@ -242,7 +242,7 @@ def test_schema_1_is_read_and_converts_to_the_same_windows(tmp_path):
     """Old logs (schema 1) are still read; converted through the real writer they give the
     same windows and findings; a newer schema is a clear error."""
     from zerodoc.diagnosis import diagnose
-    from zerodoc.runlog.convert import main as convert
+    from zerodoc.cli.convert import main as convert
 
     old = DATA / "schema1" / "wrap-root"
     assert convert([str(old), str(tmp_path / "new")]) == 0

@@ -266,11 +266,10 @@ SCOPES = {"rank": "every rank", "unit": "every rank; coarse: per-rank total",
           "run": "rank 0 only", "server": "every rank, on `/metrics/exporter`"}
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m zerodoc.catalog > docs/metrics.md`: a thin alias
     import sys
 
-    # `python -m zerodoc.catalog > docs/metrics.md`: a thin alias of the generator in ops/
     from .cli.main import guarded  # a closed pipe or Ctrl-C ends it quietly
-    from .ops.metricsdoc import markdown
+    from .cli.metrics_doc import main
 
-    sys.exit(guarded(lambda: print(markdown(), end="")))
+    sys.exit(guarded(main))

@@ -10,7 +10,6 @@ without one (a killed job) does not. Used to regenerate tests/data/scenarios.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -49,26 +48,7 @@ def convert_log(src: Path, dst_dir: Path, every: int) -> int:
     return n
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("src")
-    ap.add_argument("dst")
-    ap.add_argument("--every", type=int, default=100, help="steps per interval line")
-    args = ap.parse_args(argv)
-    src, dst = Path(args.src), Path(args.dst)
-    paths = rank_logs(src)
-    if not paths:
-        print(f"{src}: no rank-*.jsonl run logs", file=sys.stderr)
-        return 2
-    if rank_logs(dst):
-        print(f"{dst} already holds run logs; convert into an empty directory",
-              file=sys.stderr)
-        return 2
-    for p in paths:
-        n = convert_log(p, dst, args.every)
-        print(f"{p.name}: {n} steps")
-    return 0
+if __name__ == "__main__":  # a thin alias of the command in zerodoc.cli.convert
+    from ..cli.convert import main
 
-
-if __name__ == "__main__":
     sys.exit(main())

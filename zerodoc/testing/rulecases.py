@@ -209,8 +209,7 @@ def case_from_snapshot(snap: RunSnapshot, code: str = "ZD000") -> dict:
     return out
 
 
-if __name__ == "__main__":  # python -m zerodoc.testing.rulecases RUN_DIR [CODE]
-    from ..runlog import load_run
+if __name__ == "__main__":  # a thin alias of the command in zerodoc.cli.rulecase
+    from ..cli.rulecase import main
 
-    snap = load_run(sys.argv[1], window=None, stale_after_s=float("inf"))
-    print(json.dumps(case_from_snapshot(snap, *(sys.argv[2:3] or ["ZD000"])), indent=1))
+    sys.exit(main())

@@ -16,7 +16,6 @@ Standard library only.
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,49 +132,3 @@ def stale_prometheus_rule(out_dir: str | Path | None = None, t: Thresholds = DEF
                           opts: RuleOptions | None = None) -> bool:
     path = Path(out_dir or resources.kubernetes_dir()) / PROMETHEUS_RULE_FILE
     return not path.exists() or path.read_text(encoding="utf-8") != prometheus_rule(t, opts)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m zerodoc.ops.alerts",
-                                description="Generate zerodoc's Prometheus rule files.")
-    p.add_argument("--out", default=None,
-                   help="output directory (default: rules/ of zerodoc's operations files)")
-    p.add_argument("--k8s-out", default=None,
-                   help="directory of the PrometheusRule manifest ('' to skip it)")
-    p.add_argument("--window", default="1m", help="rate() window")
-    p.add_argument("--for", dest="alert_for", default=None,
-                   help="for: of the engine-mirroring alerts (default Thresholds.alert_for)")
-    p.add_argument("--link", default="infiniband", choices=list(LINK_BUSBW),
-                   help="link class the bandwidth numbers are judged against")
-    p.add_argument("--runbook-base", default="", help="prefix of runbook_url")
-    p.add_argument("--threshold", action="append", metavar="NAME=VALUE",
-                   help="override a threshold (repeatable)")
-    p.add_argument("--check", action="store_true",
-                   help="only check that the files in --out are up to date")
-    a = p.parse_args(argv)
-    try:
-        t = Thresholds.with_overrides(a.threshold)
-        opts = RuleOptions(window=a.window, alert_for=a.alert_for, link=a.link,
-                           runbook_base=a.runbook_base)
-        a.out = a.out or str(resources.rules_dir())
-        if a.k8s_out is None:
-            a.k8s_out = str(resources.kubernetes_dir())
-    except Exception as e:  # UserError / ValueError / ResourcesMissing: one line, no traceback
-        print(f"zerodoc.ops.alerts: error: {e}", file=sys.stderr)
-        return 2
-    if a.check:
-        stale = [str(Path(a.out) / n) for n in stale_files(a.out, t, opts)]
-        if a.k8s_out and stale_prometheus_rule(a.k8s_out, t, opts):
-            stale.append(str(Path(a.k8s_out) / PROMETHEUS_RULE_FILE))
-        for name in stale:
-            print(f"stale: {name} (run `python -m zerodoc.ops.alerts`)",
-                  file=sys.stderr)
-        return 1 if stale else 0
-    paths = write_rules(a.out, t, opts)
-    if a.k8s_out:
-        paths.append(write_prometheus_rule(a.k8s_out, t, opts))
-    for path in paths:
-        print(f"wrote {path}")
-    return 0

@@ -10,7 +10,6 @@ catalogued series; panel thresholds come from `zerodoc.thresholds`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -306,27 +305,8 @@ def stale_files(out_dir: str | Path = DASHBOARDS_DIR, t: Thresholds = DEFAULT) -
             if not (out_dir / name).exists() or (out_dir / name).read_text() != text]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zerodoc.ops.grafana.build",
-                                description="Generate zerodoc's Grafana dashboards (JSON).")
-    p.add_argument("--out", default=str(DASHBOARDS_DIR), help="output directory")
-    p.add_argument("--check", action="store_true", help="exit 1 if the files are stale")
-    a = p.parse_args(argv)
-    if a.check:
-        stale = stale_files(a.out)
-        for name in stale:
-            print(f"stale: {Path(a.out) / name} (run `python -m zerodoc.ops.grafana.build`)",
-                  file=sys.stderr)
-        return 1 if stale else 0
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in render_all().items():
-        (out / name).write_text(text)
-        print(f"wrote {out / name}")
-    return 0
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # a thin alias of the command in zerodoc.cli.dashboards_gen
+    from ...cli.dashboards_gen import main
     from ...cli.main import guarded  # a closed pipe or Ctrl-C ends it quietly
 
     sys.exit(guarded(main))
