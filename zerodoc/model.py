@@ -263,18 +263,6 @@ class RankWindow:
     def headroom_bytes(self) -> int | None:
         return self.memory.get("headroom")
 
-    def unit_comm(self, unit: str, collective: str, phase: str | None = None) -> CommTotals:
-        """Totals of one collective of one unit, over one phase or all phases."""
-        out = CommTotals()
-        for (u, p, c), t in self.comm.items():
-            if u == unit and c == collective and (phase is None or p == phase):
-                out.add(t)
-        return out
-
-    def unit_compute(self, unit: str, phase: str | None = None) -> float:
-        return sum(s for (u, p), s in self.compute.items()
-                   if u == unit and (phase is None or p == phase))
-
 
 @dataclass
 class RunSnapshot:
@@ -350,8 +338,3 @@ class LazyRankWindow(RankWindow):
     @comm.setter
     def comm(self, v) -> None:
         self._comm = v
-
-    def set_arrays(self, arrays) -> None:
-        """Per-unit totals from arrays (the dicts follow on first read)."""
-        self.unit_arrays = arrays
-        self._compute = self._comm = None

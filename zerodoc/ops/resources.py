@@ -82,20 +82,12 @@ def rules_dir() -> Path:
     return path("rules")
 
 
-def exporters_dir() -> Path:
-    return path("exporters")
-
-
 def kubernetes_dir() -> Path:
     return path("exporters", "kubernetes")
 
 
 def alertmanager_config() -> Path:
     return path("exporters", "alertmanager.yml")
-
-
-def prometheus_config() -> Path:
-    return path("exporters", "prometheus.yml")
 
 
 def runbooks() -> Path:
