@@ -96,7 +96,7 @@ def _headroom(text: str) -> tuple[float, int | None]:
     return float(frac), None
 
 
-def facts_from_run(run_dir: str) -> dict:
+def run_plan_input(run_dir: str) -> dict:
     """The run's planner input, as the rules plan from it (`Context.plan_input`), and how
     to name the run: {"kw": PlanInput keywords, "stage", "desc", "measured_optimizer"}."""
     from ..diagnosis.context import Context
@@ -122,7 +122,7 @@ def facts_from_run(run_dir: str) -> dict:
 
 def build_input(args) -> tuple[planner.PlanInput, str | None, dict | None]:
     """PlanInput from flags, over the run's facts when --run is given; the preset name."""
-    run = facts_from_run(args.run) if args.run else None
+    run = run_plan_input(args.run) if args.run else None
     kw = dict(run["kw"]) if run else {}
     from_run_bytes = "param_bytes" in kw
     preset_name = None

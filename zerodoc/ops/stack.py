@@ -5,7 +5,7 @@ with a short window and `for:` so a newcomer sees alerts fire within minutes, ru
 pointing at the installed runbooks), a file_sd target file rebuilt every few seconds from the
 run log headers of the live runs — starts the servers on 127.0.0.1 (Alertmanager with
 zerodoc's `exporters/alertmanager.yml`, or the configuration given), and stops them by pid.
-`zerodoc stack` (`stack_cli`) drives it.
+`zerodoc stack` (`zerodoc.cli.stack`) drives it.
 """
 
 from __future__ import annotations
