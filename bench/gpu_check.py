@@ -9,14 +9,14 @@ fails reports and the others still run):
 1. fsdp2/<setup> for setup in implicit (FSDP2's defaults: implicit prefetch), async-explicit
    (async unshard + explicit forward / backward prefetch), no-reshard
    (reshard_after_forward=False): a ~1.1 B-parameter bf16 transformer, FSDP2 at world size 1
-   with NCCL (its all-gathers re-enabled, see gpu_check_setup.py), a known slow link injected
+   with NCCL (its all-gathers re-enabled, see zerodoc/testing/gpusetup.py), a known slow link injected
    on the device before the all-gathers of chosen units (`torch.cuda._sleep` on the
    collective's stream), zerodoc attached. Several steps are profiled; per unit and phase
    zerodoc's collective time, exposed time and compute time are compared with the
-   profiler's CUDA kernel trace of the same steps (gpu_check_trace.py). FAIL where they
+   profiler's CUDA kernel trace of the same steps (zerodoc/testing/tracewitness.py). FAIL where they
    differ by more than max(5 %, 0.2 ms).
 2. sync: the instrumented job under `torch.cuda.set_sync_debug_mode("error")`, plus the
-   explicit synchronisations the mode misses, counted by who made them (bench/syncwatch.py).
+   explicit synchronisations the mode misses, counted by who made them (zerodoc/testing/syncwatch.py).
    FAIL on any made by zerodoc.
 3. overhead: the same real step with and without zerodoc, alternated in blocks (A B B A ...),
    ratio of medians (target <= 1.003).
@@ -144,10 +144,10 @@ def fsdp2_section(ck: Check, res: dict, setup: str) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from bench.gpu_check_setup import (
+    from zerodoc.testing.gpusetup import (
         batch, build_model, n_params, shard_fsdp2, train_step, world_size_1_all_gathers,
     )
-    from bench.gpu_check_trace import Trace, compare, witness
+    from zerodoc.testing.tracewitness import Trace, compare, witness
 
     dev = torch.device("cuda", torch.cuda.current_device())
     model = build_model(dev)
@@ -214,10 +214,10 @@ def _gzip(path: str) -> None:
 def sync_section(ck: Check, res: dict) -> None:
     import torch
 
-    from bench.gpu_check_setup import (
+    from zerodoc.testing.gpusetup import (
         batch, build_model, shard_fsdp2, train_step, world_size_1_all_gathers,
     )
-    from bench.syncwatch import SyncWatch
+    from zerodoc.testing.syncwatch import SyncWatch
 
     dev = torch.device("cuda", torch.cuda.current_device())
     model = build_model(dev)
@@ -281,7 +281,7 @@ def sync_section(ck: Check, res: dict) -> None:
 def overhead_section(ck: Check, res: dict) -> None:
     import torch
 
-    from bench.gpu_check_setup import (
+    from zerodoc.testing.gpusetup import (
         batch, build_model, shard_fsdp2, train_step, world_size_1_all_gathers,
     )
 
@@ -372,7 +372,7 @@ def _patched_collective(name: str, label: str, delay_ms: float, cpm: float):
 
 
 def _link_total(tr, label: str, exclude_stream) -> float:
-    from bench.gpu_check_trace import Span
+    from zerodoc.testing.tracewitness import Span
 
     total = 0.0
     for s in tr.named("gpu_check::link", label):
@@ -386,9 +386,9 @@ def _framework_run(ck: Check, res: dict, kind: str) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from bench.gpu_check_setup import Block, batch, build_model, train_step
-    from bench.gpu_check_trace import Trace
-    from bench.syncwatch import SyncWatch
+    from zerodoc.testing.gpusetup import Block, batch, build_model, train_step
+    from zerodoc.testing.tracewitness import Trace
+    from zerodoc.testing.syncwatch import SyncWatch
 
     dev = torch.device("cuda", torch.cuda.current_device())
     model = build_model(dev)
@@ -503,7 +503,7 @@ def main(argv=None) -> int:
     torch.cuda.set_device(0)
     t0 = time.perf_counter()
     dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
-    from bench.gpu_check_setup import calibrate_cycles_per_ms
+    from zerodoc.testing.gpusetup import calibrate_cycles_per_ms
 
     ck.cpm = calibrate_cycles_per_ms()
     env = {"torch": torch.__version__, "cuda": torch.version.cuda,

@@ -50,7 +50,7 @@ def main() -> int:
 
     import zerodoc
     from bench.gpu_check import _free_port
-    from bench.gpu_check_setup import (
+    from zerodoc.testing.gpusetup import (
         batch, build_model, calibrate_cycles_per_ms, shard_fsdp2, world_size_1_all_gathers,
     )
 

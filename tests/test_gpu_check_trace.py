@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.gpu_check_trace import Trace, compare, witness
+from zerodoc.testing.tracewitness import Trace, compare, witness
 
 COMPUTE, AG = 7, 20
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.syncwatch import SyncWatch
+from zerodoc.testing.syncwatch import SyncWatch
 from zerodoc.testing.cudasim import Sim, SimPG
 from zerodoc.shim.config import AttachConfig
 from zerodoc.shim import hookpoints as hp
@@ -163,7 +163,7 @@ def test_real_gpu_step_adds_no_synchronisation(tmp_path):
     import torch.distributed as dist
 
     import zerodoc
-    from bench.gpu_check_setup import batch, build_model, train_step
+    from zerodoc.testing.gpusetup import batch, build_model, train_step
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29555", RANK="0",
                       WORLD_SIZE="1", LOCAL_RANK="0")
