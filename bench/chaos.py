@@ -357,7 +357,7 @@ def said(counters: dict, load: dict) -> str:
 
 
 def load_rows(a, tmp: Path) -> tuple[list, dict]:
-    from tests.helpers import LiveDemo
+    from tests.support.helpers import LiveDemo
 
     faults = {"plain": [("scrape flood 200/s", "scrape"), ("slow clients", "slow"),
                         ("many connections", "conns")],

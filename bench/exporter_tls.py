@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import tlsutil  # noqa: E402
+from tests.support import tlsutil  # noqa: E402
 from zerodoc.exporter import server, webconfig  # noqa: E402
 
 

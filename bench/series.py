@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.helpers import LiveDemo  # noqa: E402
-from tests.promserver import PromServer  # noqa: E402
+from tests.support.helpers import LiveDemo  # noqa: E402
+from tests.support.promserver import PromServer  # noqa: E402
 from zerodoc.ops import alerts  # noqa: E402
 from zerodoc.ops import cardinality as card  # noqa: E402
 

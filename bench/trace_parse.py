@@ -35,7 +35,7 @@ STEP = re.compile(r"ProfilerStep#(\d+)$")
 
 
 def record_demo_trace(tmp: Path) -> Path:
-    from tests.helpers import run_demo
+    from tests.support.helpers import run_demo
 
     run_demo(tmp, "bench", nprocs=2, steps=7, model={"batch": 8},
              extra={"profile": {"dir": str(tmp / "traces"), "wait": 2, "warmup": 1,

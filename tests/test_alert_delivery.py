@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.amserver import Alertmanager, WebhookReceiver, alertmanager_config, need_amtool
-from tests.helpers import ROOT, LiveDemo, wait_until
-from tests.promserver import query, require_binary, rule_last_evaluation, wait_for
+from tests.support.amserver import Alertmanager, WebhookReceiver, alertmanager_config, need_amtool
+from tests.support.helpers import ROOT, LiveDemo, wait_until
+from tests.support.promserver import query, require_binary, rule_last_evaluation, wait_for
 from tests.test_runbooks import sections
 from zerodoc.demo.launch import free_port
 from zerodoc.runlog import read_rank_log

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.promserver import require_binary
-from tests.helpers import ROOT
+from tests.support.promserver import require_binary
+from tests.support.helpers import ROOT
 from zerodoc.ops import alerts
 from zerodoc.ops.alerts import RuleOptions
 from zerodoc.catalog import all_series_names
@@ -310,7 +310,7 @@ SCENARIOS = {
 
 
 def _snapshot(ranks: dict, steps: int = 20):
-    from tests.helpers import synthetic_facts
+    from tests.support.helpers import synthetic_facts
     from zerodoc.model import CommTotals, RankWindow, RunSnapshot, UnitFacts
 
     world = len(ranks)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 ARCH = ROOT / "docs" / "architecture.md"
 PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]*|[\w-]+\.(?:py|md|yml|toml|json))(?![\w/])")

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 from zerodoc.cli import main as cli
 
 RUN = str(ROOT / "tests" / "data" / "scenarios" / "slow-link-50ms")

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import LiveDemo
+from tests.support.helpers import LiveDemo
 from zerodoc.ops import cardinality as card
 from zerodoc.catalog import CATALOG, Metric
 from zerodoc.exporter.detail import unit_detail_ranks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 from zerodoc import catalog
 
 

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from tests.promserver import require_binary
-from tests.helpers import ROOT
+from tests.support.promserver import require_binary
+from tests.support.helpers import ROOT
 from zerodoc.cli import main as cli
 from zerodoc.demo.launch import free_port
 

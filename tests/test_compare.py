@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, LiveDemo
+from tests.support.helpers import ROOT, LiveDemo
 from zerodoc.compare import history
 from zerodoc.compare.judge import (
     CONFIRMED, NOT_CONFIRMED, PARTLY, UNKNOWN, WORSE, compare, judge, overall, side,
@@ -311,7 +311,7 @@ def test_compare_reads_profiler_traces(tmp_path_factory, tmp_path, capsys, monke
     """Both sides PyTorch profiler traces (the shared profiled runs of the trace tests:
     FSDP2's synchronous all-gathers, then async unshard + prefetch): the async run's overlap
     shows as a configuration change and as less exposed all-gather time."""
-    from tests.helpers import profiled
+    from tests.support.helpers import profiled
     from zerodoc.cli.main import main
 
     monkeypatch.setenv("ZERODOC_HISTORY", str(tmp_path / "h.jsonl"))

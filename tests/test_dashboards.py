@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.test_alert_rules import known_names, metric_names
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 from zerodoc.cli.main import main
 from zerodoc.thresholds import DEFAULT
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, wait_until
+from tests.support.helpers import ROOT, wait_until
 from zerodoc.exporter import limits, server, webconfig
 from zerodoc.exporter.page import Page
 

@@ -20,9 +20,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests import tlsutil
-from tests.helpers import LiveDemo
-from tests.promserver import PromServer, require_binary
+from tests.support import tlsutil
+from tests.support.helpers import LiveDemo
+from tests.support.promserver import PromServer, require_binary
 from zerodoc.exporter import server, webconfig
 from zerodoc.exporter.webconfig import WebConfigError
 from zerodoc.shim.hookpoints import HookRegistry

@@ -22,7 +22,7 @@ import os
 
 import pytest
 
-from tests.helpers import per_step, run_demo
+from tests.support.helpers import per_step, run_demo
 
 DELAY = 0.100
 TOL = max(0.05 * DELAY, 0.002)
@@ -115,7 +115,7 @@ def _expected_gather_bytes(n: int) -> dict[str, int]:
     import torch
 
     from zerodoc.demo.model import DemoConfig, TinyTransformer
-    from tests.helpers import SMALL_MODEL
+    from tests.support.helpers import SMALL_MODEL
 
     m = TinyTransformer(DemoConfig(**SMALL_MODEL))
     block = sum(p.numel() for p in m.blocks[0].parameters())

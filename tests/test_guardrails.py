@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 import zerodoc
 from zerodoc.runlog import read_rank_log
 from zerodoc.exporter.targets import run_targets

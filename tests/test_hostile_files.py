@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 from zerodoc.cli import main as cli
 from zerodoc.testing import hostile
 

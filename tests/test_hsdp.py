@@ -4,7 +4,7 @@ all-gather / reduce-scatter."""
 
 from __future__ import annotations
 
-from tests.helpers import run_demo
+from tests.support.helpers import run_demo
 from tests.test_exposure import UNITS, _expected_gather_bytes
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 # Bottom up: a module may import its own layer and the layers below it, never one above.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (

@@ -1,6 +1,6 @@
 """Trainer integrations, run for real: HF Trainer, Accelerate, Lightning on 2 gloo ranks.
 
-Each job (tests/integration_jobs.py) trains a tiny model with the real framework and the
+Each job (tests/support/integration_jobs.py) trains a tiny model with the real framework and the
 integration as a user writes it. Checked against witnesses independent of zerodoc:
 - units and bytes per all-gather: computed from the original model's parameter sizes
   (dim 0 padded to the world size) and the framework's documented wrapping;
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
 
@@ -65,7 +65,7 @@ def run_job(tmp: Path, name: str, spec: dict, ok: bool = True, gpu: bool = False
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     if not (gpu or MULTI_GPU):
         env["CUDA_VISIBLE_DEVICES"] = ""
-    job = Job(nprocs, spec, module="tests.integration_jobs", env=env).start()
+    job = Job(nprocs, spec, module="tests.support.integration_jobs", env=env).start()
     try:
         codes = job.wait(240)
     finally:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 from zerodoc.cli.main import main as zerodoc_main
 from zerodoc.demo.launch import _die_with_parent, free_port
 from zerodoc.runlog import read_rank_log

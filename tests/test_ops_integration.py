@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tests.helpers import ROOT, LiveDemo
-from tests.promserver import PromServer, require_binary
+from tests.support.helpers import ROOT, LiveDemo
+from tests.support.promserver import PromServer, require_binary
 from zerodoc.ops import alerts
 from zerodoc.ops.alerts import RuleOptions
 from zerodoc.cli.main import main

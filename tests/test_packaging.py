@@ -30,9 +30,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 import zerodoc
-from tests.promserver import require_binary
+from tests.support.promserver import require_binary
 from tests.test_dashboards import FakeGrafana
 from zerodoc.ops import resources
 from zerodoc.demo.launch import free_port

@@ -47,7 +47,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests.helpers import PROFILED_DELAY_S, profiled
+from tests.support.helpers import PROFILED_DELAY_S, profiled
 from zerodoc.trace import open_traces
 
 LABEL = re.compile(r"FSDP::(\w+)(?: \((.*)\)| for (.*))?$")

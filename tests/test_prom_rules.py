@@ -14,8 +14,8 @@ import math
 
 import pytest
 
-from tests.helpers import LiveDemo
-from tests.promserver import PromServer
+from tests.support.helpers import LiveDemo
+from tests.support.promserver import PromServer
 from zerodoc.ops import alerts
 from zerodoc.ops.alerts import RuleOptions
 from zerodoc.ops.alerts.recording import RULE_WINDOW, UNIT_RANKS

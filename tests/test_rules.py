@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_demo
+from tests.support.helpers import ROOT, run_demo
 from zerodoc.diagnosis import RULES, Finding, Severity, diagnose
 from zerodoc.diagnosis.engine import order
 from zerodoc.testing.rulecases import load_case
@@ -244,7 +244,7 @@ def _slow_link_case(delay_s: float, compute_s: float, *, world: int = 2, speed: 
     waiting on the link while the aggregate bus bandwidth sits near slow_link_busbw_fraction
     (the 80-step demo that lost ZD005). Undelayed, the bytes move at `speed` x the link's
     expected figure (an idle host's loopback)."""
-    from tests.helpers import synthetic_facts
+    from tests.support.helpers import synthetic_facts
     from zerodoc.model import CommTotals, RankWindow, RunSnapshot, UnitFacts
     from zerodoc.thresholds import LINK_BUSBW
 

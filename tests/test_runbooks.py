@@ -12,7 +12,7 @@ import re
 import pytest
 import yaml
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 from zerodoc.ops import alerts, resources
 
 RUNBOOKS = ROOT / "docs" / "runbooks.md"

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 import zerodoc
-from tests.helpers import run_demo
+from tests.support.helpers import run_demo
 from zerodoc.runlog import (
     RunFollower, RunLogBusy, RunLogError, RunLogWriter, load_run, log_window, read_rank_log,
     read_rank_tail, window_from_steps,

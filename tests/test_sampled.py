@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import until
+from tests.support.helpers import until
 from zerodoc.sources import open_source
 from zerodoc.testing.synthetic import append_steps, close_run, write_run
 

@@ -16,8 +16,8 @@ import torch.nn as nn
 import zerodoc
 from zerodoc import catalog
 from zerodoc.runlog import RunLogError, load_run, read_rank_log
-from tests.helpers import LiveDemo, run_demo
-from tests.promserver import require_binary
+from tests.support.helpers import LiveDemo, run_demo
+from tests.support.promserver import require_binary
 
 
 def scrape(endpoint: str) -> str:

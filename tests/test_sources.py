@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import LiveDemo, wait_until
-from tests.promserver import PromServer
+from tests.support.helpers import LiveDemo, wait_until
+from tests.support.promserver import PromServer
 from zerodoc.demo.launch import free_port
 from zerodoc.diagnosis import diagnose
 from zerodoc.errors import UserError

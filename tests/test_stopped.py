@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.helpers import SMALL_MODEL, until, wait_until
+from tests.support.helpers import SMALL_MODEL, until, wait_until
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
 from zerodoc.exporter.targets import read_header

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.conftest import ProcessStarted
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 
 def test_an_unmarked_test_cannot_start_a_process():

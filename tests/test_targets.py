@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.promserver import require_binary
+from tests.support.promserver import require_binary
 from zerodoc.exporter import targets
 from zerodoc.cli.main import main
 from zerodoc.model import RankFacts

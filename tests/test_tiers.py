@@ -19,7 +19,7 @@ from zerodoc.runlog.writer import DETAIL_DIR, detail_names
 from zerodoc.shim import sampling
 from zerodoc.shim.sampling import Sampler
 
-from tests.helpers import run_demo
+from tests.support.helpers import run_demo
 
 
 # --- the sampler alone -----------------------------------------------------------------

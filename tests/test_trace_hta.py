@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 from zerodoc.cli.main import main
 from zerodoc.trace import open_traces
@@ -69,7 +69,7 @@ import json, sys
 import numpy as np
 from hta.trace_analysis import TraceAnalysis
 from hta.utils.utils import KernelType, get_kernel_type, merge_kernel_intervals
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 out = {}
 for name, d in json.loads(sys.argv[1]).items():
     ta = TraceAnalysis(trace_dir=d, include_last_profiler_step=True)

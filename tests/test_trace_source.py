@@ -35,7 +35,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests.helpers import profiled, run_demo
+from tests.support.helpers import profiled, run_demo
 from zerodoc.cli.main import main
 from zerodoc.sources import open_source
 from zerodoc.trace import open_traces

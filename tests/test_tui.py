@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_demo, until
+from tests.support.helpers import ROOT, run_demo, until
 from zerodoc.diagnosis.findings import Finding, Severity
 from zerodoc.model import RunSnapshot
 from zerodoc.runlog import load_run, read_rank_log, window_from_steps

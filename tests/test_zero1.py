@@ -24,7 +24,7 @@ import json
 
 import pytest
 
-from tests.helpers import ROOT, SMALL_MODEL, per_step, run_demo
+from tests.support.helpers import ROOT, SMALL_MODEL, per_step, run_demo
 
 DELAY = 0.060
 TOL = max(0.05 * DELAY, 0.002)

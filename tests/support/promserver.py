@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 from zerodoc.demo.launch import free_port
 
 

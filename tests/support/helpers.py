@@ -10,7 +10,7 @@ from zerodoc.demo.launch import Job
 from zerodoc.runlog import RankLog, read_rank_log, read_rank_tail
 
 # The repository root (README.md, docs/, exporters/, rules/, dashboards/, bench/ live here).
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def wait_until(condition, timeout: float = 30.0, what: str = "condition",

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ROOT, wait_until
-from tests.promserver import ServerProcess
+from tests.support.helpers import ROOT, wait_until
+from tests.support.promserver import ServerProcess
 from zerodoc.demo.launch import free_port
 
 

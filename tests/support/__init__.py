@@ -1,0 +1,2 @@
+"""What the tests share: helpers (ROOT, wait_until, demo jobs), local Prometheus and
+Alertmanager servers, TLS material, and the job scripts tests start as files."""
