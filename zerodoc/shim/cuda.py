@@ -15,8 +15,10 @@ Where a collective runs (torch >= 2.8, ProcessGroupNCCL; see docs/gpus.md):
 NCCL runs the collectives of one communicator one after the other, whatever stream they were
 issued on: queued behind an earlier collective of the same process group (a prefetched
 all-gather behind the previous one, FSDP's all-gather behind a reduce-scatter of the same
-group), the kernel starts only when that one ends. The duration is therefore
-``done - max(issue, done of the previous collective of that group)``.
+group), the kernel starts only when that one ends; issued onto an idle stream, it starts only
+when the host has launched it (the host launch gap after the issue event), which an event
+recorded after the call on zerodoc's own idle side stream bounds from above. The duration is
+therefore ``done - max(issue, done of the previous collective of that group, side)``.
 NCCL's own timing (`work._get_duration()`) is not used: reading it needs the `Work` object
 after completion, and holding it pins the collective's output buffer (a unit's unsharded
 parameters) until read-back.
@@ -27,7 +29,7 @@ fetch hook makes the stream wait) and ``ready`` where that wait is over (the uni
 starts). At ``ready`` the window takes every collective of that unit, phase and kind issued
 and not yet claimed. Per collective, with events read back later:
 
-    seconds = done - max(issue, done of the previous collective of the same group)
+    seconds = done - max(issue, done of the previous collective of the same group, side)
     exposed = done - arrive if arrive < done <= ready, else 0   (a cursor over the window's
               collectives in order of done, so overlapping ones are not counted twice; one
               that ended after `ready` was not waited for there)
