@@ -136,6 +136,40 @@ def _ours(totals, names: list[str], phase: str) -> dict:
     return out
 
 
+def _gaps(mon, phase: str) -> dict:
+    """Seconds of host launch gap the launch bracket took off each unit's all-gathers so far
+    (issue 19 item 2): `collective` + this is what the issue event alone measured."""
+    from zerodoc.shim.recorder import ALL_GATHER, PHASES
+
+    names = mon.adapter.unit_names
+    gaps = getattr(mon.timer, "launch_gap", {})
+    return {names[u]: g for (u, p, c), g in gaps.items()
+            if c == ALL_GATHER and PHASES[p] == phase and u < len(names)}
+
+
+def _gap_total(mon, coll: str, phase: str) -> float:
+    """Seconds of launch gap taken off `coll` in `phase`, all units, so far."""
+    from zerodoc.shim.recorder import COLLECTIVES, PHASES
+
+    return sum(g for (_u, p, c), g in getattr(mon.timer, "launch_gap", {}).items()
+               if COLLECTIVES[c] == coll and PHASES[p] == phase)
+
+
+def _gap_rows(ours: dict, theirs: dict, gap: dict) -> list[list]:
+    """Not judged: the all-gather time with the launch gap left in (before round 3 of issue
+    19) against the profiler, beside the judged rows, so a GPU run shows what the bracket
+    changed."""
+    rows = []
+    for fqn, t in theirs.items():
+        b = t.get("collective", 0.0)
+        a = ours.get(fqn, {}).get("collective", 0.0)
+        if a == 0.0 and b == 0.0:
+            continue
+        old = a + gap.get(fqn, 0.0)
+        rows.append([fqn, "collective incl. launch gap", old, b, old - b, "info"])
+    return rows
+
+
 def _diff(a: dict, b: dict) -> dict:
     return {n: {q: b[n][q] - a[n].get(q, 0.0) for q in b[n]} for n in b}
 
@@ -168,12 +202,14 @@ def fsdp2_section(ck: Check, res: dict, setup: str) -> None:
             torch.cuda.synchronize()  # the check's own syncs, outside the measured steps
             mon.flush()
             before = {p: _ours(mon.totals, names, p) for p in ("forward", "backward")}
+            gap0 = {p: _gaps(mon, p) for p in ("forward", "backward")}
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for i in range(ck.profiled):
                     train_step(model, opt, batch(dev, 100 + i))
                 torch.cuda.synchronize()
             mon.flush()
             after = {p: _ours(mon.totals, names, p) for p in ("forward", "backward")}
+            gap1 = {p: _gaps(mon, p) for p in ("forward", "backward")}
             errors = dict(mon.registry.errors)
         finally:
             mon.close()
@@ -190,6 +226,9 @@ def fsdp2_section(ck: Check, res: dict, setup: str) -> None:
         ours_fqn = {u: v for u, v in zip(units, _diff(before[phase], after[phase]).values())}
         theirs = witness(tr, units, children, phase, cs)
         rows, ok = compare(ours_fqn, theirs)
+        gap = {u: gap1[phase].get(n, 0.0) - gap0[phase].get(n, 0.0)
+               for u, n in zip(units, names)}
+        rows += _gap_rows(ours_fqn, theirs, gap)
         rows = [[r[0] or "(root)", *r[1:]] for r in rows]
         all_ok &= ok and bool(rows)
         res["tables"].append({"title": f"fsdp2 {setup} {phase}: zerodoc vs profiler over "
@@ -418,6 +457,7 @@ def _framework_run(ck: Check, res: dict, kind: str) -> None:
             torch.cuda.synchronize()
             mon.flush()
             before = copy.deepcopy(mon.totals.comm)
+            gap0 = _gap_total(mon, coll, phase)
             with SyncWatch() as watch, profile(
                     activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for i in range(ck.profiled):
@@ -425,6 +465,7 @@ def _framework_run(ck: Check, res: dict, kind: str) -> None:
                 torch.cuda.synchronize()
             mon.flush()
             after = copy.deepcopy(mon.totals.comm)
+            gap = _gap_total(mon, coll, phase) - gap0
             framework = mon.facts.framework
         finally:
             mon.close()
@@ -443,7 +484,9 @@ def _framework_run(ck: Check, res: dict, kind: str) -> None:
     tol = max(0.05 * theirs, 0.0002 * ck.profiled)
     ok = abs(ours - theirs) <= tol and theirs > 0
     rows = [[f"{framework} {coll} ({phase}), all units", ours, theirs, ours - theirs,
-             "ok" if ok else "FAIL"]]
+             "ok" if ok else "FAIL"],
+            [f"{framework} {coll} ({phase}), incl. launch gap (not judged)", ours + gap, theirs,
+             ours + gap - theirs, "info"]]
     res["tables"].append({"title": f"{kind}: collective time over {ck.profiled} steps",
                           "columns": ["what", "zerodoc", "profiler", "diff", ""],
                           "rows": rows})

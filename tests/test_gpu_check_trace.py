@@ -109,3 +109,36 @@ def test_the_root_compute_is_reported_not_judged():
     assert ok and rows[0][-1] == "n/j"
     rows, ok = compare({"blocks.0": {"compute": 0.002}}, {"blocks.0": {"compute": 0.001}})
     assert not ok
+
+
+def test_gpu_check_reports_the_launch_gap_the_bracket_took_off(tmp_path, monkeypatch):
+    """bench/gpu_check.py's all-gather rows with the launch gap left in (what the issue event
+    alone measured, before issue 19 round 3), from the monitor's timer, on the CUDA stand-in
+    with a launch gap longer than the kernels (the device idles while the host launches)."""
+    from bench.gpu_check import _gap_rows, _gap_total, _gaps
+    from zerodoc.shim import hookpoints as hp
+    from zerodoc.testing import simmonitor
+
+    sim, fsdp, opt = simmonitor.build(4)
+    fsdp.pg.launch_gap_ms = 2.0
+    queue: list = []
+    monkeypatch.setattr(hp, "queue_autograd_callback", queue.append)
+    mon, _real = simmonitor.attach(sim, fsdp, opt, "every", str(tmp_path / "run"), queue)
+    try:
+        for _ in range(3):
+            fsdp.step(queue)
+            sim.kernel(0.5, "optimizer")
+            opt.step()
+            sim.drain()
+        mon.flush()
+        gap = _gaps(mon, "forward")
+        names = mon.adapter.unit_names
+        total = _gap_total(mon, "all_gather", "forward")
+    finally:
+        mon.close()
+    assert set(gap) == set(names) and min(gap.values()) > 0.001, gap  # ~2 ms a step each
+    assert total == pytest.approx(sum(gap.values()))  # the DDP / FSDP1 sections' total
+    ours = {n: {"collective": 0.0006} for n in names}
+    rows = _gap_rows(ours, {n: {"collective": 0.0006} for n in names}, gap)
+    assert [r[0] for r in rows] == names and all(r[-1] == "info" for r in rows)
+    assert all(r[2] == pytest.approx(0.0006 + gap[r[0]]) for r in rows)

@@ -57,6 +57,29 @@ def test_the_timer_reads_the_kernel_time_of_an_async_collective():
     assert exposed == 0.0 and hidden == pytest.approx(secs)  # nobody waited for it
 
 
+def test_a_done_event_completing_out_of_order_is_read_later():
+    """The read-back finds a group's completed done events by a binary search (they complete
+    in issue order: one communicator). A done event recorded on a busy pool stream (async
+    collectives' futures run their callbacks on pool streams) can complete after a later one:
+    its read finds it not complete, it waits for a later step end, and nothing fails."""
+    sim = Sim()
+    rec = DeviceRecorder(1, EventPool(sim.Event))
+    timer = CudaTimer(rec, hp.HookRegistry(), event_factory=sim.Event)
+    rec.phase = FORWARD
+    pg = SimPG(sim)
+    sim.kernel(50.0, "busy", stream=sim._pool[0])  # the first callback's pool stream
+    for label in ("a", "b"):
+        timer.call(pg.collective, (1.0, label, True), {}, 0, ALL_GATHER, 8, True, group=pg)
+    sim.host(10.0)  # both kernels ended; the first done event waits behind "busy"
+    assert not timer._pending[0].e1.ev.query() and timer._pending[1].e1.ev.query()
+    timer.collect()
+    assert rec.comm == {} and len(timer._pending) == 2  # not read, not lost
+    sim.drain()
+    timer.collect()
+    assert rec.comm[(0, FORWARD, ALL_GATHER)][0] == 2 and timer._pending == []
+    assert sim.syncs == []
+
+
 def test_zerodoc_gpu_code_makes_no_synchronisation():
     """The timer and the device clock through many steps, watched: no synchronize(), no
     .item(), no device-to-host copy from zerodoc's code (the stand-in counts its own)."""

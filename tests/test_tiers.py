@@ -442,7 +442,8 @@ def test_gpu_steps_cuda_calls_on_the_cuda_stand_in(tmp_path, monkeypatch):
     """The always-on tier costs three CUDA calls a step (the boundary's record, one query,
     one elapsed time: it was four); a detail step's read-back queries no event twice (a
     collective's start event is implied by its end, a window's marks by the device clock's
-    read-back: there were more queries than records)."""
+    read-back: there were more queries than records) and reads each event once (issue 19
+    round 3: there were more elapsed-time reads than records)."""
     from zerodoc.shim import hookpoints as hp
     from zerodoc.testing import simmonitor
 
@@ -464,7 +465,10 @@ def test_gpu_steps_cuda_calls_on_the_cuda_stand_in(tmp_path, monkeypatch):
             assert per_step == {"record": 1, "query": 1, "elapsed_time": 1}, per_step
         else:
             assert per_step["record"] > 4 * 6, per_step
-            assert per_step["query"] <= per_step["record"], per_step
+            # each event read once (an elapsed time from a mark on the clock's timeline; the
+            # windows and chains are differences), completion found by binary searches
+            assert per_step["elapsed_time"] <= per_step["record"], per_step
+            assert per_step["query"] <= per_step["record"] / 4, per_step
 
 
 def test_memory_is_read_at_most_every_second_between_walks(fsdp2, tmp_path, monkeypatch):

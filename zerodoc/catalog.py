@@ -95,8 +95,9 @@ CATALOG: tuple[Metric, ...] = (
            "of zerodoc_compute_seconds_total (launch time close to device time: a "
            "launch-bound job); on CPU equal to it.", into="scalar:host_compute_seconds"),
     Metric("zerodoc_launch_segments_total", "counter", "",
-           "GPU: unit compute segments probed for launch-boundness (one per unit, phase and "
-           "stretch of its own compute).", into="scalar:launch_checks"),
+           "GPU: unit compute segments probed for launch-boundness (one in four stretches "
+           "of a unit's own compute, rotating over units and phases).",
+           into="scalar:launch_checks"),
     Metric("zerodoc_launch_caught_up_total", "counter", "",
            "GPU: probed segments the device had already started before the host finished "
            "launching them (the device was keeping pace with the host).", into="scalar:launch_caught_up"),

@@ -15,8 +15,10 @@ Where a collective runs (torch >= 2.8, ProcessGroupNCCL; see docs/gpus.md):
 NCCL runs the collectives of one communicator one after the other, whatever stream they were
 issued on: queued behind an earlier collective of the same process group (a prefetched
 all-gather behind the previous one, FSDP's all-gather behind a reduce-scatter of the same
-group), the kernel starts only when that one ends. The duration is therefore
-``done - max(issue, done of the previous collective of that group)``.
+group), the kernel starts only when that one ends; issued onto an idle stream, it starts only
+when the host has launched it (the host launch gap after the issue event), which an event
+recorded after the call on zerodoc's own idle side stream bounds from above. The duration is
+therefore ``done - max(issue, done of the previous collective of that group, side)``.
 NCCL's own timing (`work._get_duration()`) is not used: reading it needs the `Work` object
 after completion, and holding it pins the collective's output buffer (a unit's unsharded
 parameters) until read-back.
@@ -27,7 +29,7 @@ fetch hook makes the stream wait) and ``ready`` where that wait is over (the uni
 starts). At ``ready`` the window takes every collective of that unit, phase and kind issued
 and not yet claimed. Per collective, with events read back later:
 
-    seconds = done - max(issue, done of the previous collective of the same group)
+    seconds = done - max(issue, done of the previous collective of the same group, side)
     exposed = done - arrive if arrive < done <= ready, else 0   (a cursor over the window's
               collectives in order of done, so overlapping ones are not counted twice; one
               that ended after `ready` was not waited for there)
@@ -47,7 +49,7 @@ end, in the step in which they are read.
 
 from __future__ import annotations
 
-from .devclock import DeviceRecorder, EventPool, Mark
+from .devclock import DeviceRecorder, EventPool, Mark, _first_incomplete
 from .recorder import ALL_GATHER, B_WAIT, Recorder
 
 
@@ -56,11 +58,15 @@ class _Coll:
     itself and, for the latest async collective of a process group, by its successor)."""
 
     __slots__ = ("unit", "phase", "coll", "nbytes", "e0", "e1", "group", "win", "seconds",
-                 "prev")
+                 "prev", "ref", "side", "gap")
 
-    def __init__(self, unit, phase, coll, nbytes, e0, group):
+    def __init__(self, unit, phase, coll, nbytes, e0, group, ref):
         self.unit, self.phase, self.coll, self.nbytes = unit, phase, coll, nbytes
         self.e0, self.group = e0, group
+        self.ref: Mark | None = ref  # the clock's mark before the issue (held): e0, e1 and
+        # the side event are read as one elapsed time each from it
+        self.side = None  # the launch bracket's event on the idle side stream (after the call)
+        self.gap = 0.0  # seconds the bracket took off (the host launch gap)
         self.e1: Mark | None = None
         self.win: _Window | None = None
         self.seconds: float | None = None  # known once read back
@@ -134,9 +140,19 @@ class CudaTimer:
 
     device = True
 
-    def __init__(self, rec: Recorder, registry, event_factory=None, max_pending: int = 65536):
+    def __init__(self, rec: Recorder, registry, event_factory=None, max_pending: int = 65536,
+                 stream_factory=None):
+        if stream_factory is None:
+            # real CUDA: torch.cuda.Stream; the stand-in's Sim has `Stream()` beside `Event()`
+            stream_factory = _cuda_stream if event_factory is None else \
+                getattr(getattr(event_factory, "__self__", None), "Stream", None)
         if event_factory is None:
             event_factory = timing_event
+        self._stream_factory = stream_factory
+        self._side = None  # the idle side stream of the launch bracket (made on first use)
+        # (unit, phase, collective) -> seconds the bracket took off, read back so far: the
+        # host launch gap the issue event alone would have counted (bench/gpu_check.py)
+        self.launch_gap: dict[tuple[int, int, int], float] = {}
         self.rec = rec
         self.registry = registry
         self.pool: EventPool = rec.pool if isinstance(rec, DeviceRecorder) \
@@ -159,7 +175,7 @@ class CudaTimer:
         e0 = self.pool.get()
         self.pool.record(e0)
         out = fn(*args, **kwargs)
-        c = _Coll(unit, self.rec.phase, coll, nbytes, e0, _gkey(group))
+        c = _Coll(unit, self.rec.phase, coll, nbytes, e0, _gkey(group), self._ref())
         self._chain(c)
         if async_op and out is not None:
             try:
@@ -181,22 +197,47 @@ class CudaTimer:
         calls `done(handle)` in its own `future.then(...)` callback (DDP's comm hook)."""
         e0 = self.pool.get()
         self.pool.record(e0)
-        c = _Coll(unit, self.rec.phase, coll, nbytes, e0, _gkey(group))
+        c = _Coll(unit, self.rec.phase, coll, nbytes, e0, _gkey(group), self._ref())
         self._chain(c)
         self._add(c)
         return c
+
+    def _ref(self) -> Mark | None:
+        m = getattr(self.rec, "last_mark", None)
+        if m is not None:
+            m.holds += 1
+        return m
 
     def done(self, c: _Coll) -> None:
         """The collective's end, recorded on the current stream (inside a future callback:
         the pool stream that waited on the collective)."""
         if c.e1 is not None:
             return
+        side = self._side
+        if side is None and self._stream_factory is not None:
+            side = self._side_stream()
+        if side is not None:
+            # The launch bracket: the call has returned, so the kernel was enqueued before
+            # this event, recorded on a stream that runs nothing: it completes at about the
+            # host's now, an upper bound of the kernel's launch.
+            sev = self.pool.get()
+            sev.record(side)
+            c.side = sev
         ev = self.pool.get()
         self.pool.record(ev)
         m = Mark(ev, -1)
         if self._last.get(c.group) is c:
             m.holds += 1  # for the next collective of the group
         c.e1 = m
+
+    def _side_stream(self):
+        try:
+            self._side = self._stream_factory()
+        except Exception as e:  # noqa: BLE001 - fail soft: no bracket, the issue event only
+            self._stream_factory = None
+            if self.registry is not None:
+                self.registry.missing("torch.cuda.Stream (launch bracket)", repr(e))
+        return self._side
 
     def _chain(self, c: _Coll) -> None:
         p = self._last.get(c.group)
@@ -290,6 +331,7 @@ class CudaTimer:
             for arrive, colls in self._open.values():
                 self._close(arrive, None, colls)
             self._open.clear()
+        self._known_done()
         n = 0
         keep: list[_Coll] = []
         for c in self._pending:
@@ -310,8 +352,37 @@ class CudaTimer:
         self._pending = [c for c in keep if c.e0 is not None]  # settled ones are emitted
         return n
 
+    def _known_done(self) -> None:
+        """Which done events completed, in about log2(n) queries per process group, not one
+        each: NCCL runs the collectives of one communicator one after the other, so their
+        done events complete in issue order (a binary search, as for the clock's marks). An
+        event found not complete after all at its read (a done event on a busy pool stream)
+        is read at a later step end."""
+        chains: dict = {}
+        for c in self._pending:
+            e1 = c.e1
+            if c.seconds is None and e1 is not None and not e1.done:
+                lst = chains.get(c.group)
+                if lst is None:
+                    chains[c.group] = [e1]
+                else:
+                    lst.append(e1)
+        for lst in chains.values():
+            for i in range(_first_incomplete(lst, 0)):
+                lst[i].done = True
+
     def _read(self, c: _Coll) -> bool:
-        """Device duration of `c` once complete (read in issue order within a group)."""
+        """Device duration of `c` once complete (read in issue order within a group):
+
+            seconds = done - max(issue, done of the group's previous one, side)
+
+        `issue` (before the call, on the stream the kernel runs after) is a lower bound of
+        the kernel's start; `side` (after the call, on the idle side stream) bounds its
+        launch from above. A kernel queued behind work on its stream starts at `issue` or
+        at the previous collective's end (the host was ahead: `side` is earlier); one issued
+        onto an idle stream starts at its launch, up to `side`: the host launch gap between
+        `issue` and the launch is not the collective's (kept in `launch_gap`). Each event
+        is one `elapsed_time` from the clock's mark before the issue (`ref`)."""
         e1 = c.e1
         # `e0` needs no query of its own: it was recorded before the collective on the
         # stream the collective (sync) or the process group's stream (async: it waits on that
@@ -321,20 +392,59 @@ class CudaTimer:
             return False
         if e1 is None or not e1.complete():
             return False
-        ms = c.e0.elapsed_time(e1.ev)
+        try:
+            return self._read_done(c, e1, p)
+        except Exception as e:  # noqa: BLE001 - completed out of order: not ready yet
+            if not _not_ready(e):
+                raise
+            e1.done = False
+            return False
+
+    def _read_done(self, c: _Coll, e1: Mark, p: _Coll | None) -> bool:
+        ref = c.ref
+        pt = p.e1.t if p is not None else None
+        if ref is not None and ref.t is not None and (p is None or pt is not None):
+            el = ref.ev.elapsed_time
+            base = ref.t
+            t1 = base + el(e1.ev)
+            start = base + el(c.e0)
+            if pt is not None and pt > start:
+                start = pt
+            old = t1 - start
+            if c.side is not None:
+                ts = base + el(c.side)
+                if ts > start:
+                    start = ts
+            ms = t1 - start
+            e1.t = t1
+        elif ref is not None and ref.t is None and not ref.done:
+            return False  # its mark is read back first (a later step end)
+        else:  # no mark on the timeline (marks off, or the previous one read without)
+            ms = old = c.e0.elapsed_time(e1.ev)
+            if p is not None:
+                old = ms = min(ms, p.e1.ev.elapsed_time(e1.ev))
+            if c.side is not None:
+                ms = min(ms, c.side.elapsed_time(e1.ev))
         if p is not None:
-            ms = min(ms, p.e1.ev.elapsed_time(e1.ev))
             p.e1.release(self.pool)  # its successor hold
             c.prev = None
         c.seconds = max(0.0, ms) / 1e3
+        c.gap = max(0.0, old - ms) / 1e3
         return True
 
     def _settle(self, w: _Window) -> int:
         """Exposure of the window's collectives (module docstring), then emit them."""
-        arrive = w.arrive.ev
-        span = max(0.0, arrive.elapsed_time(w.ready.ev) / 1e3)
-        ends = sorted((max(0.0, arrive.elapsed_time(c.e1.ev) / 1e3), i, c)
-                      for i, c in enumerate(w.colls))
+        a = w.arrive
+        r = w.ready
+        if a.t is not None and r.t is not None and all(c.e1.t is not None for c in w.colls):
+            t0 = a.t  # all on the clock's timeline: no read of their own
+            span = max(0.0, r.t - t0) / 1e3
+            ends = sorted((max(0.0, c.e1.t - t0) / 1e3, i, c) for i, c in enumerate(w.colls))
+        else:
+            arrive = a.ev
+            span = max(0.0, arrive.elapsed_time(r.ev) / 1e3)
+            ends = sorted((max(0.0, arrive.elapsed_time(c.e1.ev) / 1e3), i, c)
+                          for i, c in enumerate(w.colls))
         cursor = total = 0.0
         for end, _i, c in ends:
             exposed = 0.0
@@ -348,20 +458,43 @@ class CudaTimer:
             # On the device clock the stall sat in the window's bucket: it was a wait.
             rec.dev_acc[w.bucket] -= total
             rec.dev_acc[B_WAIT] += total
-        w.arrive.release(self.pool)
-        w.ready.release(self.pool)
+        a.release(self.pool)
+        r.release(self.pool)
         return len(ends)
 
     def _emit(self, c: _Coll, exposed: float) -> None:
         s = c.seconds or 0.0
         self.rec.add_comm(c.unit, c.phase, c.coll, c.nbytes, s, exposed, s - exposed)
-        self.pool.put(c.e0)
+        if c.gap:
+            key = (c.unit, c.phase, c.coll)
+            self.launch_gap[key] = self.launch_gap.get(key, 0.0) + c.gap
+        pool = self.pool
+        pool.put(c.e0)
         c.e0 = None
+        if c.side is not None:
+            pool.put(c.side)
+            c.side = None
+        if c.ref is not None:
+            c.ref.release(pool)
+            c.ref = None
         c.win = None
         c.e1.release(self.pool)
 
 
 _HIDDEN = _Window(None, None, [], -1)  # type: ignore[arg-type]
+
+
+def _not_ready(e: Exception) -> bool:
+    """`elapsed_time` on an event not complete yet (CUDA: cudaErrorNotReady; the stand-in:
+    NotReady)."""
+    return type(e).__name__ == "NotReady" or "not ready" in str(e).lower() or \
+        "must be completed" in str(e)
+
+
+def _cuda_stream():
+    import torch
+
+    return torch.cuda.Stream()
 
 
 def _gkey(group):

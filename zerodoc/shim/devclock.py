@@ -13,7 +13,7 @@ complete (`query()`), in order, never a synchronisation. Numbers land in the ste
 they were read, typically one step late.
 
 Launch-bound signal. When a unit's compute segment ends (the host has launched it all), we
-`query()` the event that started the segment: complete means the device had already begun
+`query()` the event that started the segment (one segment in `LAUNCH_EVERY`, rotating): complete means the device had already begun
 the segment while the host was still launching it, i.e. the device was keeping pace with the
 host, not the other way round. The fraction of segments where that held ("caught up"), with
 host launch time close to device time, is what rule ZD014 reads.
@@ -26,6 +26,10 @@ A mark's event returns to the pool only when the clock and every window holding 
 from __future__ import annotations
 
 from .recorder import _FIRST_UNIT_BUCKET, Recorder
+
+# The launch-bound probe queries the start of one unit segment in this many (a sample of the
+# segments, rotating over the units: the fraction is what ZD014 reads, not each segment).
+LAUNCH_EVERY = 4
 
 
 def _plain_record(ev) -> None:
@@ -55,14 +59,17 @@ class EventPool:
 
 
 class Mark:
-    """One recorded switch: the event, the bucket on top after it, its holders, and whether
-    the read-back found it complete (`done`: later readers need no `query()` of their own)."""
+    """One recorded switch: the event, the bucket on top after it, its holders, whether
+    the read-back found it complete (`done`: later readers need no `query()` of their own)
+    and its time on the clock's timeline (`t`, ms; set by the read-back: other events are
+    read as one `elapsed_time` from a nearby mark, intervals are differences of `t`)."""
 
-    __slots__ = ("ev", "bucket", "holds", "done")
+    __slots__ = ("ev", "bucket", "holds", "done", "t")
 
     def __init__(self, ev, bucket: int):
         self.ev, self.bucket, self.holds = ev, bucket, 1
         self.done = False
+        self.t: float | None = None
 
     def complete(self) -> bool:
         """Complete on the device: known from the read-back, else one `query()`."""
@@ -103,7 +110,8 @@ class DeviceRecorder(Recorder):
         self.dev_acc = [0.0] * len(self.acc)  # device seconds read back since the last take
         self.launch_checks = 0
         self.launch_caught_up = 0
-        self._seg_start: Mark | None = None  # mark that started the current unit segment
+        self._seg_start: Mark | None = None  # mark that started the checked unit segment
+        self._seg_n = LAUNCH_EVERY - 1  # unit segments since the last checked one
         self.max_marks = 1 << 16
         self.dropped_marks = 0
         self.on = True  # marks only on detail steps (sampling.py); host clock always
@@ -153,8 +161,11 @@ class DeviceRecorder(Recorder):
         self.marks.append(m)
         self.last_mark = m
         if top >= _FIRST_UNIT_BUCKET:
-            m.holds += 1  # held until the segment ends (its event is queried then)
-            self._seg_start = m
+            self._seg_n += 1
+            if self._seg_n >= LAUNCH_EVERY:  # one segment in LAUNCH_EVERY is checked
+                self._seg_n = 0
+                m.holds += 1  # held until the segment ends (its event is queried then)
+                self._seg_start = m
 
     def push(self, bucket: int) -> float:
         now = Recorder.push(self, bucket)
@@ -185,11 +196,17 @@ class DeviceRecorder(Recorder):
         acc, pool = self.dev_acc, self.pool
         prev = marks[0]
         prev.done = True
+        t = prev.t
+        if t is None:
+            t = prev.t = 0.0  # the timeline's origin: the first mark ever read
         for i in range(1, k):
             m = marks[i]
             m.done = True  # the windows holding it read that instead of querying
+            dt = prev.ev.elapsed_time(m.ev)
+            t += dt
+            m.t = t  # one read per mark: the windows and collectives use `t`
             if prev.bucket >= 0:  # -1: the end of a detail step's chain (pause())
-                acc[prev.bucket] += prev.ev.elapsed_time(m.ev) / 1e3
+                acc[prev.bucket] += dt / 1e3
             prev.release(pool)
             prev = m
         del marks[: k - 1]
