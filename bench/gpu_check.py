@@ -136,40 +136,6 @@ def _ours(totals, names: list[str], phase: str) -> dict:
     return out
 
 
-def _gaps(mon, phase: str) -> dict:
-    """Seconds of host launch gap the launch bracket took off each unit's all-gathers so far
-    (issue 19 item 2): `collective` + this is what the issue event alone measured."""
-    from zerodoc.shim.recorder import ALL_GATHER, PHASES
-
-    names = mon.adapter.unit_names
-    gaps = getattr(mon.timer, "launch_gap", {})
-    return {names[u]: g for (u, p, c), g in gaps.items()
-            if c == ALL_GATHER and PHASES[p] == phase and u < len(names)}
-
-
-def _gap_total(mon, coll: str, phase: str) -> float:
-    """Seconds of launch gap taken off `coll` in `phase`, all units, so far."""
-    from zerodoc.shim.recorder import COLLECTIVES, PHASES
-
-    return sum(g for (_u, p, c), g in getattr(mon.timer, "launch_gap", {}).items()
-               if COLLECTIVES[c] == coll and PHASES[p] == phase)
-
-
-def _gap_rows(ours: dict, theirs: dict, gap: dict) -> list[list]:
-    """Not judged: the all-gather time with the launch gap left in (before round 3 of issue
-    19) against the profiler, beside the judged rows, so a GPU run shows what the bracket
-    changed."""
-    rows = []
-    for fqn, t in theirs.items():
-        b = t.get("collective", 0.0)
-        a = ours.get(fqn, {}).get("collective", 0.0)
-        if a == 0.0 and b == 0.0:
-            continue
-        old = a + gap.get(fqn, 0.0)
-        rows.append([fqn, "collective incl. launch gap", old, b, old - b, "info"])
-    return rows
-
-
 def _diff(a: dict, b: dict) -> dict:
     return {n: {q: b[n][q] - a[n].get(q, 0.0) for q in b[n]} for n in b}
 
@@ -181,7 +147,7 @@ def fsdp2_section(ck: Check, res: dict, setup: str) -> None:
     from zerodoc.testing.gpusetup import (
         batch, build_model, n_params, shard_fsdp2, train_step, world_size_1_all_gathers,
     )
-    from zerodoc.testing.tracewitness import Trace, compare, witness
+    from zerodoc.testing.tracewitness import Trace, compare, gap_rows, launch_gaps, witness
 
     dev = torch.device("cuda", torch.cuda.current_device())
     model = build_model(dev)
@@ -202,14 +168,14 @@ def fsdp2_section(ck: Check, res: dict, setup: str) -> None:
             torch.cuda.synchronize()  # the check's own syncs, outside the measured steps
             mon.flush()
             before = {p: _ours(mon.totals, names, p) for p in ("forward", "backward")}
-            gap0 = {p: _gaps(mon, p) for p in ("forward", "backward")}
+            gap0 = {p: launch_gaps(mon, p) for p in ("forward", "backward")}
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for i in range(ck.profiled):
                     train_step(model, opt, batch(dev, 100 + i))
                 torch.cuda.synchronize()
             mon.flush()
             after = {p: _ours(mon.totals, names, p) for p in ("forward", "backward")}
-            gap1 = {p: _gaps(mon, p) for p in ("forward", "backward")}
+            gap1 = {p: launch_gaps(mon, p) for p in ("forward", "backward")}
             errors = dict(mon.registry.errors)
         finally:
             mon.close()
@@ -228,7 +194,7 @@ def fsdp2_section(ck: Check, res: dict, setup: str) -> None:
         rows, ok = compare(ours_fqn, theirs)
         gap = {u: gap1[phase].get(n, 0.0) - gap0[phase].get(n, 0.0)
                for u, n in zip(units, names)}
-        rows += _gap_rows(ours_fqn, theirs, gap)
+        rows += gap_rows(ours_fqn, theirs, gap)
         rows = [[r[0] or "(root)", *r[1:]] for r in rows]
         all_ok &= ok and bool(rows)
         res["tables"].append({"title": f"fsdp2 {setup} {phase}: zerodoc vs profiler over "
@@ -426,7 +392,7 @@ def _framework_run(ck: Check, res: dict, kind: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from zerodoc.testing.gpusetup import Block, batch, build_model, train_step
-    from zerodoc.testing.tracewitness import Trace
+    from zerodoc.testing.tracewitness import Trace, launch_gap_total
     from zerodoc.testing.syncwatch import SyncWatch
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -457,7 +423,7 @@ def _framework_run(ck: Check, res: dict, kind: str) -> None:
             torch.cuda.synchronize()
             mon.flush()
             before = copy.deepcopy(mon.totals.comm)
-            gap0 = _gap_total(mon, coll, phase)
+            gap0 = launch_gap_total(mon, coll, phase)
             with SyncWatch() as watch, profile(
                     activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for i in range(ck.profiled):
@@ -465,7 +431,7 @@ def _framework_run(ck: Check, res: dict, kind: str) -> None:
                 torch.cuda.synchronize()
             mon.flush()
             after = copy.deepcopy(mon.totals.comm)
-            gap = _gap_total(mon, coll, phase) - gap0
+            gap = launch_gap_total(mon, coll, phase) - gap0
             framework = mon.facts.framework
         finally:
             mon.close()

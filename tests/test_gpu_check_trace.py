@@ -115,7 +115,7 @@ def test_gpu_check_reports_the_launch_gap_the_bracket_took_off(tmp_path, monkeyp
     """bench/gpu_check.py's all-gather rows with the launch gap left in (what the issue event
     alone measured, before issue 19 round 3), from the monitor's timer, on the CUDA stand-in
     with a launch gap longer than the kernels (the device idles while the host launches)."""
-    from bench.gpu_check import _gap_rows, _gap_total, _gaps
+    from zerodoc.testing.tracewitness import gap_rows, launch_gap_total, launch_gaps
     from zerodoc.shim import hookpoints as hp
     from zerodoc.testing import simmonitor
 
@@ -131,14 +131,14 @@ def test_gpu_check_reports_the_launch_gap_the_bracket_took_off(tmp_path, monkeyp
             opt.step()
             sim.drain()
         mon.flush()
-        gap = _gaps(mon, "forward")
+        gap = launch_gaps(mon, "forward")
         names = mon.adapter.unit_names
-        total = _gap_total(mon, "all_gather", "forward")
+        total = launch_gap_total(mon, "all_gather", "forward")
     finally:
         mon.close()
     assert set(gap) == set(names) and min(gap.values()) > 0.001, gap  # ~2 ms a step each
     assert total == pytest.approx(sum(gap.values()))  # the DDP / FSDP1 sections' total
     ours = {n: {"collective": 0.0006} for n in names}
-    rows = _gap_rows(ours, {n: {"collective": 0.0006} for n in names}, gap)
+    rows = gap_rows(ours, {n: {"collective": 0.0006} for n in names}, gap)
     assert [r[0] for r in rows] == names and all(r[-1] == "info" for r in rows)
     assert all(r[2] == pytest.approx(0.0006 + gap[r[0]]) for r in rows)
