@@ -116,16 +116,15 @@ def test_wrap_fix_on_recorded_runs_is_applied_and_confirmed():
     count = next(e for e in f["effects"] if e["metric"] == "all_gathers_per_step")
     assert (count["now"], count["value"], count["observed_after"]) == (36, 10, 10)
     assert count["verdict"] == CONFIRMED
-    # the time predictions come from the step model, with a range, judged by it: the
-    # exposed communication fell inside; the step did not (the block-wrapped run measured
-    # more compute than the per-linear one: docs/whatif.md)
+    # the time predictions come from the step model, with a range, judged by it: both fell
+    # inside (the merge prices calls 3x larger than any the run made: a wide range)
     ex, step = (next(e for e in f["effects"] if e["metric"] == m)
                 for m in ("exposed_comm_seconds_per_step", "step_seconds"))
-    assert f["effects"][0] is ex and ex["lo"] < ex["value"] < ex["hi"]
-    assert ex["lo"] <= ex["observed_after"] <= ex["hi"] and ex["verdict"] == CONFIRMED
-    assert step["observed_after"] > step["hi"] and step["verdict"] == MISSED
-    assert step["reason"].startswith("observed ") and "predicted" in step["reason"]
-    assert f["verdict"] == PARTLY and not f["still_present"]
+    assert f["effects"][0] is ex
+    for e in (ex, step):
+        assert e["lo"] < e["value"] < e["hi"] and e["lo"] <= e["observed_after"] <= e["hi"]
+        assert e["verdict"] == CONFIRMED and e["reason"].startswith("observed "), e
+    assert f["verdict"] == CONFIRMED and not f["still_present"]
     assert doc["findings"]["resolved"] == ["ZD002"]
     facts = {c["fact"]: c for c in doc["configuration"]}
     assert facts["units"]["changed"] and not facts["world_size"]["changed"]
@@ -139,7 +138,14 @@ def test_coarse_wrap_and_slow_link_fixes_on_recorded_runs():
     doc = compare(recorded("slow-link-50ms"), recorded("healthy-block"))
     f = _fix(doc, "ZD005")
     assert "simulated_link_latency_s 0.05 -> 0.0" in f["applied"]
-    assert f["verdict"] == CONFIRMED
+    # the model priced the fixed link's all-gathers at gloo-cpu's class figure (120 MB/s);
+    # the healthy run's reached 142 MB/s: less exposed than the range, which compare says
+    ex, step = (next(e for e in f["effects"] if e["metric"] == m)
+                for m in ("exposed_comm_seconds_per_step", "step_seconds"))
+    assert ex["observed_after"] < ex["lo"] and ex["verdict"] == MISSED, ex
+    assert ex["reason"] == "observed 156 ms, predicted 169 ms-218 ms"
+    assert step["lo"] <= step["observed_after"] <= step["hi"] and step["verdict"] == CONFIRMED
+    assert f["verdict"] == PARTLY
 
 
 def test_undoing_a_fix_is_a_new_finding_and_slower_step_is_worse():

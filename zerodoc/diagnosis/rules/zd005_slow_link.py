@@ -17,8 +17,8 @@ all-gather below wrap_fine_median_bytes): then per-call latency explains the wai
 Severity: ERROR when the exposure beyond the link is >= exposed_fraction_crit of the step,
 else WARNING (the engine raises it further to what it explains: ZD003 / ZD004 / ZD006).
 Predicted: the step model (`zerodoc.whatif`) with the slow collectives at the link's
-expected bus bandwidth and no fixed delay per call: the step time and exposed communication
-with their ranges.
+expected bus bandwidth (their fitted one where that is higher) and no fixed delay per call:
+the step time and exposed communication with their ranges.
 Fix: check the topology and transport; keep the shard group inside a node (HSDP).
 """
 
@@ -76,13 +76,19 @@ def evaluate(ctx) -> list:
     hsdp = ("; the shard group spans nodes: shard within a node and replicate across (HSDP, "
             "`fully_shard(..., mesh=init_device_mesh(dev, (nodes, gpus_per_node)))`)"
             if w is not None and w.facts.world_size > max(1, w.facts.local_world_size) else "")
-    # The step model with the slow collectives at the link's expected bus bandwidth and no
-    # fixed delay: each call takes its expected time (`expected_seconds`, module docstring)
+    # The step model with the slow collectives at the link's expected bus bandwidth (or the
+    # bandwidth fitted to them, where that is higher: a fixed path is not slower per byte)
+    # and no fixed delay per call
     kinds = {s[0] for s in slow}
     kind = next(iter(kinds)) if len(kinds) == 1 else None
+    bw_set: float | None = ctx.link_busbw
+    model = ctx.whatif_model
+    fits = [f for (c, _n), f in (model.links.items() if model is not None else ())
+            if c in kinds]
+    if fits and all((f.bandwidth or 0.0) >= ctx.link_busbw for f in fits):
+        bw_set = None
     timed, model_text = model_effects(ctx, Changes(
-        latency_set_s=0.0, latency_kind=kind, bandwidth_set=ctx.link_busbw,
-        bandwidth_kind=kind))
+        latency_set_s=0.0, latency_kind=kind, bandwidth_set=bw_set, bandwidth_kind=kind))
     if not timed:
         timed = [effect(ctx, "exposed_comm_seconds_per_step", "down",
                         sum(v.exposed_seconds for v in ctx.views() if v.count) - cost)]
