@@ -323,52 +323,78 @@ def real_runs(tmp_path_factory):
 _RUNS: dict = {}  # (demo flags, attempt) -> run directory, shared by the cases
 
 
+def _pair(real_runs, a_flags, b_flags, attempt):
+    for flags in (a_flags, b_flags):
+        if (flags, attempt) not in _RUNS:
+            _RUNS[(flags, attempt)] = real_runs(flags)
+    return _RUNS[(a_flags, attempt)], _RUNS[(b_flags, attempt)]
+
+
 def _case(real_runs, name: str):
     """Evaluate a case of bench/whatif.py; on a missed bound, once more on a fresh pair."""
     from bench.whatif import BY_NAME, evaluate
 
     c = BY_NAME[name]
-
-    def get(flags, attempt):
-        if (flags, attempt) not in _RUNS:
-            _RUNS[(flags, attempt)] = real_runs(flags)
-        return _RUNS[(flags, attempt)]
-
     for attempt in range(2):
-        a, b = get(c.a, attempt), get(c.b, attempt)
+        a, b = _pair(real_runs, c.a, c.b, attempt)
         r = evaluate(c, a, b)
         if r["step_ok"] and r["exposed_ok"]:
             break
     return r, a, b
 
 
-@pytest.mark.slow
-def test_real_run_replay_of_a_within_5_percent(real_runs):
-    r, _, _ = _case(real_runs, "replay")
-    assert r["step_ok"], r
-    assert abs(r["step_error"]) <= 0.05 and r["exposed_ok"], r
-
-
-@pytest.mark.slow
-def test_real_run_slow_link_removed_and_zd005_checked_by_compare(real_runs, tmp_path):
-    """A: the demo with +30 ms per all-gather (the slow link); B: without. From A alone the
-    model predicts B's step within 15 % and its exposed communication within max(25 %, 5 ms);
-    ZD005's own prediction (from the same model, with its range) is judged by `zerodoc
-    compare` against the real B run."""
-    r, a, b = _case(real_runs, "slowlink")
-    assert r["step_ok"] and r["exposed_ok"], r
+def _compare(a, b) -> dict:
     out = subprocess.run([sys.executable, "-m", "zerodoc", "compare", str(a), str(b),
                           "--json", "--no-history", "--window", "9"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)
-    f = next(x for x in doc["fixes"] if x["code"] == "ZD005")
-    assert f["applied"] and "simulated_link_latency_s" in f["applied"]
-    by = {e["metric"]: e for e in f["effects"]}
+    return json.loads(out.stdout)
+
+
+def _timed(fix: dict) -> dict:
+    """The model's effects of a judged fix: exposed comm and step, each with its range,
+    judged by it (confirmed exactly when the observed value is inside)."""
+    by = {e["metric"]: e for e in fix["effects"]}
     for metric in ("exposed_comm_seconds_per_step", "step_seconds"):
         e = by[metric]
         assert e["lo"] is not None and e["lo"] < e["value"] < e["hi"], e
         inside = e["lo"] <= e["observed_after"] <= e["hi"]
         assert e["verdict"] == ("confirmed" if inside else "missed"), e
-    # the main effect, exposed communication, lands in its range on the real B run
-    assert by["exposed_comm_seconds_per_step"]["verdict"] == "confirmed", by
+    return by
+
+
+@pytest.mark.slow
+def test_real_run_replay_of_a_within_5_percent(real_runs):
+    r, _, _ = _case(real_runs, "replay")
+    assert abs(r["step_error"]) <= 0.05 and r["exposed_ok"], r
+
+
+@pytest.mark.slow
+def test_real_run_slow_link_removed(real_runs):
+    """A: the demo with +30 ms per all-gather (the slow link); B: without. From A alone,
+    told the delay is gone, the model predicts B's step within 15 % and its exposed
+    communication within max(25 %, 5 ms). (ZD005's own prediction prices the fixed link at
+    its class figure, not at the delay removed: bench/whatif.py prints how compare judged
+    it, docs/whatif.md the outcomes; whether ZD005 fires at all depends on the host's load.)"""
+    r, _, _ = _case(real_runs, "slowlink")
+    assert r["step_ok"] and r["exposed_ok"], r
+
+
+@pytest.mark.slow
+def test_real_run_zd003_prediction_confirmed_by_compare(real_runs):
+    """ZD003 on the demo (ZeRO-3, block wrap): its fix, reshard after forward off, run for
+    real; `zerodoc compare` finds the fix applied and the model's step time and exposed
+    communication inside their ranges (a pair that misses is run again once, A and B in the
+    same minutes)."""
+    for attempt in range(2):
+        a, b = _pair(real_runs, (), ("--no-reshard-after-forward",), attempt)
+        doc = _compare(a, b)
+        f = next(x for x in doc["fixes"] if x["code"] == "ZD003")
+        assert f["applied"], f
+        by = _timed(f)
+        if all(by[m]["verdict"] == "confirmed"
+               for m in ("exposed_comm_seconds_per_step", "step_seconds")):
+            break
+    assert by["backward_all_gather_bytes_per_step"]["observed_after"] == 0
+    for m in ("exposed_comm_seconds_per_step", "step_seconds"):
+        assert by[m]["verdict"] == "confirmed", (attempt, by[m])
