@@ -36,19 +36,20 @@ class Case:
     changes: dict  # zerodoc.whatif.Changes(**changes): B as a change of A
     step_bound: float
     what: str
+    rule: str | None = None  # the finding whose fix B is: its prediction, judged by compare
 
 
 CASES = [
     Case("replay", (), (), {}, 0.05, "replay of A (block wrap, ZeRO-3)"),
     Case("reshard", (), ("--no-reshard-after-forward",), {"reshard_after_forward": False},
-         0.15, "ZeRO-3 -> ZeRO-2-like (reshard after forward off)"),
+         0.15, "ZeRO-3 -> ZeRO-2-like (reshard after forward off)", "ZD003"),
     Case("merge", ("--wrap", "linear"), (), {"merge": "blocks"}, 0.15,
-         "too-fine wrapping (per linear) -> merged per block"),
+         "too-fine wrapping (per linear) -> merged per block", "ZD002"),
     Case("slowlink", ("--slow-link-ms", str(SLOW_MS)), (),
          {"latency_add_s": -SLOW_MS / 1000, "latency_kind": "all_gather"}, 0.15,
-         f"slow link (+{SLOW_MS} ms per all-gather) removed"),
+         f"slow link (+{SLOW_MS} ms per all-gather) removed", "ZD005"),
     Case("prefetch", (), ("--prefetch",), {"prefetch": 1}, 0.25,
-         "synchronous -> asynchronous unshard with prefetch 1"),
+         "synchronous -> asynchronous unshard with prefetch 1", "ZD004"),
 ]
 BY_NAME = {c.name: c for c in CASES}
 
@@ -96,6 +97,7 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict
         step_err = pred["baseline"]["step_error"]
         exp_err = pred["baseline"]["exposed_comm_s"] - pred["measured"]["exposed_comm_s"]
         exp_bound = max(0.25 * pred["measured"]["exposed_comm_s"], 0.005)
+    rule = judged_rule(case.rule, a_dir, b_dir, window) if case.rule else None
     compute_a = pred["baseline"]["compute_s"]
     compute_b = b["baseline"]["compute_s"]
     return {"case": case.name, "what": case.what, "a": pred["measured"],
@@ -108,7 +110,25 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict
             "exposed_ok": abs(exp_err) <= exp_bound or case.name == "prefetch" and
             abs(exp_err) <= max(0.25 * bm["exposed_comm_s"], 0.005),
             "step_bound": case.step_bound, "exposed_bound_s": exp_bound,
-            "in_range": p["step_s_range"][0] <= bm["step_s"] <= p["step_s_range"][1]}
+            "in_range": p["step_s_range"][0] <= bm["step_s"] <= p["step_s_range"][1],
+            "rule": rule}
+
+
+def judged_rule(code: str, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict | None:
+    """`zerodoc compare A B`'s judgement of rule `code`'s prediction (from the same model):
+    {code, fired, applied, verdict, effects: [metric, now, value, lo, hi, after, verdict]}."""
+    from zerodoc.compare import compare, side
+    from zerodoc.sources import open_source
+
+    snaps = [open_source(str(d), window=window).snapshot() for d in (a_dir, b_dir)]
+    doc = compare(side(snaps[0], str(a_dir)), side(snaps[1], str(b_dir)))
+    fix = next((f for f in doc["fixes"] if f["code"] == code), None)
+    if fix is None:
+        return {"code": code, "fired": False}
+    return {"code": code, "fired": True, "applied": fix["applied"], "verdict": fix["verdict"],
+            "effects": [{k: e.get(k) for k in ("metric", "now", "value", "lo", "hi",
+                                                 "observed_after", "verdict")}
+                        for e in fix["effects"] if e.get("lo") is not None]}
 
 
 def run_cases(names: list[str], steps: int, tmp: Path, window: int = WINDOW) -> list[dict]:
@@ -148,6 +168,16 @@ def table(r: dict) -> str:
              f"compute per step: A {ms(r['compute_a_s']).strip()} ms, B "
              f"{ms(r['compute_b_s']).strip()} ms"
              f"{'' if r['same_compute'] else ' (differ by more than 15 %: load changed?)'}"]
+    rule = r.get("rule")
+    if rule and not rule["fired"]:
+        lines.append(f"{rule['code']} did not fire on A: no rule prediction to judge")
+    elif rule:
+        lines.append(f"{rule['code']}'s prediction, judged by zerodoc compare: {rule['verdict']}"
+                     f" (applied: {rule['applied']})")
+        for e in rule["effects"]:
+            lines.append(f"  {e['metric']:32} {ms(e['now']).strip()} -> {ms(e['value']).strip()}"
+                         f" ({ms(e['lo']).strip()}-{ms(e['hi']).strip()}) ms, observed "
+                         f"{ms(e['observed_after']).strip()} ms: {e['verdict']}")
     return "\n".join(lines)
 
 

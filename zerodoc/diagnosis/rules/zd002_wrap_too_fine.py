@@ -102,6 +102,7 @@ def evaluate(ctx) -> list:
     k = max(2, round(len(units) / max(1, len(parents))))
     change = Changes(merge="blocks" if ctx.block_container is not None else k)
     effects, timing = model_effects(ctx, change)
+    whatif = {"whatif": timing} if timing else {}
     if timing is None:  # no model: the per-rule latency fit (calls x latency + bytes / bw)
         timing = ""
         saved_exposed = 0.0
@@ -138,7 +139,8 @@ def evaluate(ctx) -> list:
         predicted=(f"wrapping by parent module: {len(units)} -> {len(parents)} units, "
                    f"about {nbytes(per_parent)} per all-gather instead of {nbytes(median)}, "
                    f"{calls:.0f} -> about {calls * keep:.0f} all-gathers per step{timing}"),
-        effects=effects, units=tuple(u.name for u in units[:8]), cost_seconds_per_step=cost)]
+        effects=effects, units=tuple(u.name for u in units[:8]), cost_seconds_per_step=cost,
+        **whatif)]
 
 
 def applied(before: dict, after: dict) -> str | None:

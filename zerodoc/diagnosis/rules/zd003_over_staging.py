@@ -114,7 +114,7 @@ def evaluate(ctx) -> list:
                    f"step: no backward all-gathers ({nbytes(bwd_bytes)}/step, "
                    f"{secs(bwd_exposed)}/step exposed now){lowest}"
                    + (f"; {model_text}" if model_text else "")),
-        cost_seconds_per_step=saving,
+        cost_seconds_per_step=saving, **({"whatif": model_text} if model_text else {}),
         effects=(effect(ctx, "backward_all_gather_bytes_per_step", "down", 0.0),
                  effect(ctx, "backward_all_gather_exposed_seconds_per_step", "down", 0.0),
                  *timed,

@@ -102,12 +102,13 @@ def evaluate(ctx) -> list:
                "if it fits (ZD003); HSDP (shard within a node, replicate across) when the "
                "shard group spans nodes.")
         fix = FRAMEWORK_FIX.get(framework, fix)
-    predicted, effects = None, ()
+    predicted, effects, whatif = None, (), {}
     model = ctx.whatif_model
     if ctx.sync:
         hide = min(exposed, ctx.compute_seconds)
         # the step model: asynchronous unshard, prefetch depth 1 (docs/whatif.md)
         timed, text = model_effects(ctx, Changes(prefetch=1))
+        whatif = {"whatif": text} if text else {}
         predicted = text or (f"with async unshard and prefetch, up to {secs(hide)}/step of "
                              f"all-gather time can overlap with compute")
         # an upper bound, not a value: only its direction is judged
@@ -127,6 +128,7 @@ def evaluate(ctx) -> list:
         depth = model.semantics.prefetch + 1
         timed, text = model_effects(ctx, Changes(prefetch=depth))
         if text:
+            whatif = {"whatif": text}
             predicted = "; ".join(x for x in (predicted, text) if x)
             effects = (*timed, *effects)
     return [finding(
@@ -135,7 +137,7 @@ def evaluate(ctx) -> list:
                    "exposed_fraction_crit": t.exposed_fraction_crit,
                    "unit_exposed_ratio_warn": t.unit_exposed_ratio_warn},
         fix=fix, predicted=predicted, units=tuple(dict.fromkeys(v.unit for v in worst)),
-        cost_seconds_per_step=avoidable, effects=effects)]
+        cost_seconds_per_step=avoidable, effects=effects, **whatif)]
 
 
 def applied(before: dict, after: dict) -> str | None:

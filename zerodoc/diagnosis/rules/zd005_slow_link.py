@@ -113,6 +113,7 @@ def evaluate(ctx) -> list:
                    f"about {pct(cost_frac)} less of the step"
                    + (f"; {model_text}" if model_text else "")),
         cost_seconds_per_step=cost, link=ctx.link,
+        **({"whatif": model_text} if model_text else {}),
         effects=(*timed,
                  effect(ctx, "large_collective_busbw_bytes_per_second", "up",
                         ctx.link_busbw)))]
