@@ -11,7 +11,8 @@ measurement both read the last steps - warmup steps.
 Bounds (issue 22): replay of A within 5 % of A's step; reshard / merge / slow link: step within
 15 %, exposed communication within max(25 %, 5 ms) of B's measurement; synchronous ->
 asynchronous with prefetch: within 25 %. Each run is one process pair after another (never two
-runs at once: they would share the 2 cores). tests/test_whatif.py runs the same cases.
+runs at once: they would share the 2 cores), each case's A and B back to back.
+tests/test_whatif.py runs the same cases.
 """
 
 from __future__ import annotations
@@ -100,6 +101,11 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict
     rule = judged_rule(case.rule, a_dir, b_dir, window) if case.rule else None
     compute_a = pred["baseline"]["compute_s"]
     compute_b = b["baseline"]["compute_s"]
+    # A diagnostic, not a prediction: the same change with A's compute scaled to B's
+    # measured compute (`--micro-batch-scale`), to tell the load's share of an error (the
+    # compute moved between the runs) from the model's (ordering, link, overheads)
+    scaled = predict(a_dir, {**case.changes, "micro_batch_scale": compute_b / compute_a},
+                     window)["predicted"] if compute_a and case.name != "replay" else None
     return {"case": case.name, "what": case.what, "a": pred["measured"],
             "compute_a_s": compute_a, "compute_b_s": compute_b,
             # the model keeps A's compute: B measured within 15 % of it, or the machine's
@@ -111,7 +117,9 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict
             abs(exp_err) <= max(0.25 * bm["exposed_comm_s"], 0.005),
             "step_bound": case.step_bound, "exposed_bound_s": exp_bound,
             "in_range": p["step_s_range"][0] <= bm["step_s"] <= p["step_s_range"][1],
-            "rule": rule}
+            "rule": rule, "with_b_compute": scaled,
+            "step_error_with_b_compute": (scaled["step_s"] - bm["step_s"]) / bm["step_s"]
+            if scaled else None}
 
 
 def judged_rule(code: str, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict | None:
@@ -132,19 +140,15 @@ def judged_rule(code: str, a_dir: Path, b_dir: Path, window: int = WINDOW) -> di
 
 
 def run_cases(names: list[str], steps: int, tmp: Path, window: int = WINDOW) -> list[dict]:
-    """Run every distinct configuration once (in the order the cases need them) and
-    evaluate the cases."""
-    dirs: dict[tuple[str, ...], Path] = {}
-
-    def get(flags: tuple[str, ...]) -> Path:
-        if flags not in dirs:
-            dirs[flags] = demo_run(tmp / f"run{len(dirs)}", flags, steps)
-        return dirs[flags]
-
+    """Per case a fresh pair, A then B right after it (the load on a shared machine moves
+    between minutes: a B run measured long after its A compares two loads, not two
+    configurations); the replay reads one run."""
     out = []
-    for name in names:
+    for i, name in enumerate(names):
         c = BY_NAME[name]
-        out.append(evaluate(c, get(c.a), get(c.b), window))
+        a = demo_run(tmp / f"{i}-{name}-a", c.a, steps)
+        b = a if c.b == c.a else demo_run(tmp / f"{i}-{name}-b", c.b, steps)
+        out.append(evaluate(c, a, b, window))
     return out
 
 
@@ -160,6 +164,10 @@ def table(r: dict) -> str:
              f"   range step [{ms(p['step_s_range'][0]).strip()}, "
              f"{ms(p['step_s_range'][1]).strip()}]",
              f"{'B measured':24}{ms(r['b']['step_s'])} {ms(r['b']['exposed_comm_s']):>11}",
+             *([f"{'(with B compute)':24}{ms(r['with_b_compute']['step_s'])} "
+                f"{ms(r['with_b_compute']['exposed_comm_s']):>11}   diagnostic: step error "
+                f"{r['step_error_with_b_compute'] * 100:+.1f} % with A's compute scaled to B's"]
+               if r.get("with_b_compute") else []),
              f"step error {r['step_error'] * 100:+.1f} % (bound {r['step_bound'] * 100:.0f} %:"
              f" {'ok' if r['step_ok'] else 'MISSED'}), exposed error "
              f"{r['exposed_error_s'] * 1e3:+.1f} ms (bound {r['exposed_bound_s'] * 1e3:.1f} ms: "

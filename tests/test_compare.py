@@ -291,7 +291,11 @@ def test_demo_loop_confirms_the_wrap_fix(tmp_path):
     by = {e["metric"]: e for e in f["effects"]}
     assert by["all_gathers_per_step"]["verdict"] == CONFIRMED
     assert by["all_gathers_per_step"]["observed_after"] == by["all_gathers_per_step"]["value"]
-    assert by["all_gather_seconds_per_step"]["verdict"] in (CONFIRMED, PARTLY), by
+    ex = by["exposed_comm_seconds_per_step"]  # the step model's, with its range
+    assert f["effects"][0]["metric"] == "exposed_comm_seconds_per_step"
+    assert ex["lo"] < ex["value"] < ex["hi"] < ex["now"], ex
+    assert ex["verdict"] == (CONFIRMED if ex["lo"] <= ex["observed_after"] <= ex["hi"]
+                             else MISSED), ex
     assert f["verdict"] in (CONFIRMED, PARTLY)
     lines = (runs / history.HISTORY_NAME).read_text().splitlines()
     assert [json.loads(x)["code"] for x in lines] == ["ZD002"]
