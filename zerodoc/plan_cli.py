@@ -105,33 +105,24 @@ def facts_from_run(run_dir: str) -> dict:
         raise UserError(f"{run_dir}: no rank logs")
     f = r.facts
     kw: dict = {"world_size": f.world_size}
-    units = [u for u in f.units if u.params > 0]
-    if units:
-        n = sum(u.params for u in units)
-        kw["params"] = n
-        kw["param_bytes"] = max(1, round(sum(u.param_bytes for u in units) / n))
-        kw["gather_bytes"] = max(1, round(sum(u.gather_bytes for u in units) / n))
-        kw["largest_unit_params"] = max(u.params for u in units)
-        groups = [u.group_size for u in units if u.group_size and u.group_size > 0]
-        if groups:
-            kw["world_size"] = max(groups)  # the shard group (HSDP: smaller than the world)
-        known = [u.reshard_after_forward for u in units if u.reshard_after_forward is not None]
-        if known and not any(known):
-            kw["reshard_after_forward"] = False
-    if f.reduce_dtype:
-        try:
-            kw["reduce_bytes"] = planner.dtype_bytes(f.reduce_dtype)
-        except UserError:
-            pass
-    if f.device_capacity_bytes:
-        kw["device_memory_bytes"] = int(f.device_capacity_bytes)
-    act = r.memory.get("activations")
-    if act is None:  # on a GPU: estimated the way the rules estimate it (ZD003, ZD008)
-        from .diagnosis.context import Context
+    # the run's facts as the rules and `zerodoc whatif` give them to the planner: one place
+    from .diagnosis.context import Context
 
-        act = Context(snap).activation_bytes(r)
-    if act is not None:
-        kw["activation_bytes"] = int(act)
+    inp = Context(snap).plan_input()
+    if inp is not None:
+        # world size: the shard group (HSDP: smaller than the world)
+        kw.update(params=inp.params, param_bytes=inp.param_bytes,
+                  gather_bytes=inp.gather_bytes, world_size=inp.world_size)
+        if inp.largest_unit_params:
+            kw["largest_unit_params"] = inp.largest_unit_params
+        if not inp.reshard_after_forward:
+            kw["reshard_after_forward"] = False
+        if f.reduce_dtype:  # else the planner's default (the gather dtype)
+            kw["reduce_bytes"] = inp.reduce_bytes
+        if inp.device_memory_bytes:
+            kw["device_memory_bytes"] = inp.device_memory_bytes
+        if inp.activation_bytes is not None:
+            kw["activation_bytes"] = int(inp.activation_bytes)
     stage = {0: "dp", 1: "zero1", 2: "zero2", 3: "zero3"}.get(f.zero_stage, None)
     desc = (f"run {f.run_id or run_dir} ({f.framework}, world size {f.world_size}"
             + (f", running {planner.STAGE_LABELS[stage]}" if stage else "") + ")")

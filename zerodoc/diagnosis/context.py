@@ -302,7 +302,8 @@ class Context:
     # --- the planner's inputs, from the run -----------------------------------------
     def plan_input(self, **overrides):
         """A `planner.PlanInput` describing this run, with measured activations when the
-        shim reports them (None when the facts are too thin)."""
+        shim reports them (None when the facts are too thin): the planner's inputs for the
+        rules, `zerodoc whatif` and `zerodoc plan --run`, from this one place."""
         from ..planner import PlanInput, dtype_bytes
 
         if not self.units or self.total_params <= 0 or self.facts is None:
@@ -321,7 +322,10 @@ class Context:
         if sharded and opt:
             k = round(opt / (sharded / p_bytes), 2)
         act = self.activation_bytes(w)
+        known = [u.reshard_after_forward for u in self.units
+                 if u.params > 0 and u.reshard_after_forward is not None]
         kw = dict(params=psi, world_size=max(1, self.group_size), activation_bytes=act,
+                  reshard_after_forward=not known or any(known),
                   optimizer_bytes_per_param=min(max(k, 0.0), 1024.0), param_bytes=p_bytes,
                   grad_bytes=p_bytes, gather_bytes=g_bytes, reduce_bytes=r_bytes,
                   device_memory_bytes=self.capacity(w),
