@@ -301,9 +301,14 @@ def test_rules_time_predictions_are_the_models_answer_with_a_range(monkeypatch):
 
 
 # --- against real runs: 2 gloo ranks of the demo, A measured, B predicted, B measured -----
-# bench/whatif.py runs the same cases and prints them as a table (docs/whatif.md). Load on
-# this shared machine moves a run's compute between runs; a case that misses its bound is
-# run again, A and B in the same minutes, once (never a looser bound).
+# bench/whatif.py runs the same cases and prints them as a table (docs/whatif.md). The model
+# predicts B at A's load; on this shared machine the load moves between runs, and a pair
+# whose unit compute differs by more than 15 % (bench/whatif.py's `same_compute`: none of
+# these changes alters the compute) measured two loads, not two configurations. Such a pair
+# that misses is replaced by a fresh one (A and B back to back), up to ATTEMPTS pairs; a
+# pair with matched compute that misses fails the test at once, and the bounds are never
+# loosened.
+ATTEMPTS = 4
 
 
 @pytest.fixture(scope="module")
@@ -320,27 +325,39 @@ def real_runs(tmp_path_factory):
     return run
 
 
-_RUNS: dict = {}  # (demo flags, attempt) -> run directory, shared by the cases
+_RUNS: dict = {}  # (case, demo flags, attempt) -> run directory
 
 
-def _pair(real_runs, a_flags, b_flags, attempt):
+def _pair(real_runs, case, a_flags, b_flags, attempt):
+    """A case's A and B, run back to back (a B measured minutes after its A compares two
+    loads of this shared host, not two configurations)."""
     for flags in (a_flags, b_flags):
-        if (flags, attempt) not in _RUNS:
-            _RUNS[(flags, attempt)] = real_runs(flags)
-    return _RUNS[(a_flags, attempt)], _RUNS[(b_flags, attempt)]
+        if (case, flags, attempt) not in _RUNS:
+            _RUNS[(case, flags, attempt)] = real_runs(flags)
+    return _RUNS[(case, a_flags, attempt)], _RUNS[(case, b_flags, attempt)]
 
 
 def _case(real_runs, name: str):
-    """Evaluate a case of bench/whatif.py; on a missed bound, once more on a fresh pair."""
+    """Evaluate a case of bench/whatif.py; on a missed bound, again on a fresh pair."""
     from bench.whatif import BY_NAME, evaluate
 
     c = BY_NAME[name]
-    for attempt in range(2):
-        a, b = _pair(real_runs, c.a, c.b, attempt)
+    for attempt in range(ATTEMPTS):
+        a, b = _pair(real_runs, name, c.a, c.b, attempt)
         r = evaluate(c, a, b)
-        if r["step_ok"] and r["exposed_ok"]:
+        r["attempt"] = attempt
+        if r["step_ok"] and r["exposed_ok"] or r["same_compute"]:
             break
     return r, a, b
+
+
+def _brief(r: dict) -> str:
+    return (f"{r['case']}: step error {r['step_error']:+.1%} (bound {r['step_bound']:.0%}), "
+            f"exposed error {r['exposed_error_s'] * 1e3:+.1f} ms (bound "
+            f"{r['exposed_bound_s'] * 1e3:.1f} ms), A {r['a']}, predicted "
+            f"{r['predicted']['step_s']:.4f} / {r['predicted']['exposed_comm_s']:.4f}, "
+            f"B {r['b']}, compute A {r['compute_a_s']:.4f} B {r['compute_b_s']:.4f}, "
+            f"pair {r.get('attempt', 0) + 1}")
 
 
 def _compare(a, b) -> dict:
@@ -366,7 +383,7 @@ def _timed(fix: dict) -> dict:
 @pytest.mark.slow
 def test_real_run_replay_of_a_within_5_percent(real_runs):
     r, _, _ = _case(real_runs, "replay")
-    assert abs(r["step_error"]) <= 0.05 and r["exposed_ok"], r
+    assert abs(r["step_error"]) <= 0.05 and r["exposed_ok"], _brief(r)
 
 
 @pytest.mark.slow
@@ -377,23 +394,26 @@ def test_real_run_slow_link_removed(real_runs):
     its class figure, not at the delay removed: bench/whatif.py prints how compare judged
     it, docs/whatif.md the outcomes; whether ZD005 fires at all depends on the host's load.)"""
     r, _, _ = _case(real_runs, "slowlink")
-    assert r["step_ok"] and r["exposed_ok"], r
+    assert r["step_ok"] and r["exposed_ok"], _brief(r)
 
 
 @pytest.mark.slow
 def test_real_run_zd003_prediction_confirmed_by_compare(real_runs):
     """ZD003 on the demo (ZeRO-3, block wrap): its fix, reshard after forward off, run for
     real; `zerodoc compare` finds the fix applied and the model's step time and exposed
-    communication inside their ranges (a pair that misses is run again once, A and B in the
-    same minutes)."""
-    for attempt in range(2):
-        a, b = _pair(real_runs, (), ("--no-reshard-after-forward",), attempt)
+    communication inside their ranges (a pair that misses with the compute moved by the load
+    is replaced, as above)."""
+    from bench.whatif import BY_NAME, evaluate
+
+    for attempt in range(ATTEMPTS):
+        a, b = _pair(real_runs, "zd003", (), ("--no-reshard-after-forward",), attempt)
         doc = _compare(a, b)
         f = next(x for x in doc["fixes"] if x["code"] == "ZD003")
         assert f["applied"], f
         by = _timed(f)
         if all(by[m]["verdict"] == "confirmed"
-               for m in ("exposed_comm_seconds_per_step", "step_seconds")):
+               for m in ("exposed_comm_seconds_per_step", "step_seconds")) or \
+                evaluate(BY_NAME["reshard"], a, b)["same_compute"]:
             break
     assert by["backward_all_gather_bytes_per_step"]["observed_after"] == 0
     for m in ("exposed_comm_seconds_per_step", "step_seconds"):
