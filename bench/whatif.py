@@ -2,12 +2,17 @@
 for real (2 gloo ranks on this machine's CPU, per-unit detail on every step), predict B from A
 alone (`zerodoc.whatif`), and print A measured, the prediction for B, B measured.
 
-    python bench/whatif.py [--steps 10] [--cases replay,reshard,merge,slowlink,prefetch]
+    python bench/whatif.py [--steps 12] [--warmup 3] [--cases replay,reshard,merge,slowlink,prefetch]
+
+Each run leaves its first `--warmup` steps out (the first steps after step 1 still carry
+start-up work: a 1.4 s step 2 against 0.45 s later was seen), so the model and the
+measurement both read the last steps - warmup steps.
 
 Bounds (issue 22): replay of A within 5 % of A's step; reshard / merge / slow link: step within
 15 %, exposed communication within max(25 %, 5 ms) of B's measurement; synchronous ->
 asynchronous with prefetch: within 25 %. Each run is one process pair after another (never two
-runs at once: they would share the 2 cores). tests/test_whatif.py runs the same cases.
+runs at once: they would share the 2 cores), each case's A and B back to back.
+tests/test_whatif.py runs the same cases.
 """
 
 from __future__ import annotations
@@ -32,19 +37,20 @@ class Case:
     changes: dict  # zerodoc.whatif.Changes(**changes): B as a change of A
     step_bound: float
     what: str
+    rule: str | None = None  # the finding whose fix B is: its prediction, judged by compare
 
 
 CASES = [
     Case("replay", (), (), {}, 0.05, "replay of A (block wrap, ZeRO-3)"),
     Case("reshard", (), ("--no-reshard-after-forward",), {"reshard_after_forward": False},
-         0.15, "ZeRO-3 -> ZeRO-2-like (reshard after forward off)"),
+         0.15, "ZeRO-3 -> ZeRO-2-like (reshard after forward off)", "ZD003"),
     Case("merge", ("--wrap", "linear"), (), {"merge": "blocks"}, 0.15,
-         "too-fine wrapping (per linear) -> merged per block"),
+         "too-fine wrapping (per linear) -> merged per block", "ZD002"),
     Case("slowlink", ("--slow-link-ms", str(SLOW_MS)), (),
          {"latency_add_s": -SLOW_MS / 1000, "latency_kind": "all_gather"}, 0.15,
-         f"slow link (+{SLOW_MS} ms per all-gather) removed"),
+         f"slow link (+{SLOW_MS} ms per all-gather) removed", "ZD005"),
     Case("prefetch", (), ("--prefetch",), {"prefetch": 1}, 0.25,
-         "synchronous -> asynchronous unshard with prefetch 1"),
+         "synchronous -> asynchronous unshard with prefetch 1", "ZD004"),
 ]
 BY_NAME = {c.name: c for c in CASES}
 
@@ -63,27 +69,26 @@ def demo_run(run_dir: Path, flags: tuple[str, ...], steps: int, timeout: float =
     return run_dir
 
 
-def measure(run_dir: Path) -> dict:
+WINDOW = 9  # steps read per run: the last 9 (of 12: steps 1-3 are the warm-up)
+
+
+def measure(run_dir: Path, window: int = WINDOW) -> dict:
     """The what-if answer of a run for no change: its measurement and the replay."""
+    return predict(run_dir, {}, window)
+
+
+def predict(run_dir: Path, changes: dict, window: int = WINDOW) -> dict:
     from zerodoc.sources import open_source
     from zerodoc.whatif import Changes, answer, fit
 
-    snap = open_source(str(run_dir), window=None).snapshot()
-    return answer(fit(snap), Changes())
-
-
-def predict(run_dir: Path, changes: dict) -> dict:
-    from zerodoc.sources import open_source
-    from zerodoc.whatif import Changes, answer, fit
-
-    snap = open_source(str(run_dir), window=None).snapshot()
+    snap = open_source(str(run_dir), window=window).snapshot()
     return answer(fit(snap), Changes(**changes))
 
 
-def evaluate(case: Case, a_dir: Path, b_dir: Path) -> dict:
+def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict:
     """A measured, the prediction for B from A alone, B measured, and the errors."""
-    pred = predict(a_dir, case.changes)
-    b = measure(b_dir)
+    pred = predict(a_dir, case.changes, window)
+    b = measure(b_dir, window)
     bm = b["measured"]
     p = pred["predicted"]
     step_err = (p["step_s"] - bm["step_s"]) / bm["step_s"]
@@ -93,8 +98,14 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path) -> dict:
         step_err = pred["baseline"]["step_error"]
         exp_err = pred["baseline"]["exposed_comm_s"] - pred["measured"]["exposed_comm_s"]
         exp_bound = max(0.25 * pred["measured"]["exposed_comm_s"], 0.005)
+    rule = judged_rule(case.rule, a_dir, b_dir, window) if case.rule else None
     compute_a = pred["baseline"]["compute_s"]
     compute_b = b["baseline"]["compute_s"]
+    # A diagnostic, not a prediction: the same change with A's compute scaled to B's
+    # measured compute (`--micro-batch-scale`), to tell the load's share of an error (the
+    # compute moved between the runs) from the model's (ordering, link, overheads)
+    scaled = predict(a_dir, {**case.changes, "micro_batch_scale": compute_b / compute_a},
+                     window)["predicted"] if compute_a and case.name != "replay" else None
     return {"case": case.name, "what": case.what, "a": pred["measured"],
             "compute_a_s": compute_a, "compute_b_s": compute_b,
             # the model keeps A's compute: B measured within 15 % of it, or the machine's
@@ -105,23 +116,39 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path) -> dict:
             "exposed_ok": abs(exp_err) <= exp_bound or case.name == "prefetch" and
             abs(exp_err) <= max(0.25 * bm["exposed_comm_s"], 0.005),
             "step_bound": case.step_bound, "exposed_bound_s": exp_bound,
-            "in_range": p["step_s_range"][0] <= bm["step_s"] <= p["step_s_range"][1]}
+            "in_range": p["step_s_range"][0] <= bm["step_s"] <= p["step_s_range"][1],
+            "rule": rule, "with_b_compute": scaled,
+            "step_error_with_b_compute": (scaled["step_s"] - bm["step_s"]) / bm["step_s"]
+            if scaled else None}
 
 
-def run_cases(names: list[str], steps: int, tmp: Path) -> list[dict]:
-    """Run every distinct configuration once (in the order the cases need them) and
-    evaluate the cases."""
-    dirs: dict[tuple[str, ...], Path] = {}
+def judged_rule(code: str, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict | None:
+    """`zerodoc compare A B`'s judgement of rule `code`'s prediction (from the same model):
+    {code, fired, applied, verdict, effects: [metric, now, value, lo, hi, after, verdict]}."""
+    from zerodoc.compare import compare, side
+    from zerodoc.sources import open_source
 
-    def get(flags: tuple[str, ...]) -> Path:
-        if flags not in dirs:
-            dirs[flags] = demo_run(tmp / f"run{len(dirs)}", flags, steps)
-        return dirs[flags]
+    snaps = [open_source(str(d), window=window).snapshot() for d in (a_dir, b_dir)]
+    doc = compare(side(snaps[0], str(a_dir)), side(snaps[1], str(b_dir)))
+    fix = next((f for f in doc["fixes"] if f["code"] == code), None)
+    if fix is None:
+        return {"code": code, "fired": False}
+    return {"code": code, "fired": True, "applied": fix["applied"], "verdict": fix["verdict"],
+            "effects": [{k: e.get(k) for k in ("metric", "now", "value", "lo", "hi",
+                                                 "observed_after", "verdict")}
+                        for e in fix["effects"] if e.get("lo") is not None]}
 
+
+def run_cases(names: list[str], steps: int, tmp: Path, window: int = WINDOW) -> list[dict]:
+    """Per case a fresh pair, A then B right after it (the load on a shared machine moves
+    between minutes: a B run measured long after its A compares two loads, not two
+    configurations); the replay reads one run."""
     out = []
-    for name in names:
+    for i, name in enumerate(names):
         c = BY_NAME[name]
-        out.append(evaluate(c, get(c.a), get(c.b)))
+        a = demo_run(tmp / f"{i}-{name}-a", c.a, steps)
+        b = a if c.b == c.a else demo_run(tmp / f"{i}-{name}-b", c.b, steps)
+        out.append(evaluate(c, a, b, window))
     return out
 
 
@@ -137,6 +164,10 @@ def table(r: dict) -> str:
              f"   range step [{ms(p['step_s_range'][0]).strip()}, "
              f"{ms(p['step_s_range'][1]).strip()}]",
              f"{'B measured':24}{ms(r['b']['step_s'])} {ms(r['b']['exposed_comm_s']):>11}",
+             *([f"{'(with B compute)':24}{ms(r['with_b_compute']['step_s'])} "
+                f"{ms(r['with_b_compute']['exposed_comm_s']):>11}   diagnostic: step error "
+                f"{r['step_error_with_b_compute'] * 100:+.1f} % with A's compute scaled to B's"]
+               if r.get("with_b_compute") else []),
              f"step error {r['step_error'] * 100:+.1f} % (bound {r['step_bound'] * 100:.0f} %:"
              f" {'ok' if r['step_ok'] else 'MISSED'}), exposed error "
              f"{r['exposed_error_s'] * 1e3:+.1f} ms (bound {r['exposed_bound_s'] * 1e3:.1f} ms: "
@@ -145,12 +176,23 @@ def table(r: dict) -> str:
              f"compute per step: A {ms(r['compute_a_s']).strip()} ms, B "
              f"{ms(r['compute_b_s']).strip()} ms"
              f"{'' if r['same_compute'] else ' (differ by more than 15 %: load changed?)'}"]
+    rule = r.get("rule")
+    if rule and not rule["fired"]:
+        lines.append(f"{rule['code']} did not fire on A: no rule prediction to judge")
+    elif rule:
+        lines.append(f"{rule['code']}'s prediction, judged by zerodoc compare: {rule['verdict']}"
+                     f" (applied: {rule['applied']})")
+        for e in rule["effects"]:
+            lines.append(f"  {e['metric']:32} {ms(e['now']).strip()} -> {ms(e['value']).strip()}"
+                         f" ({ms(e['lo']).strip()}-{ms(e['hi']).strip()}) ms, observed "
+                         f"{ms(e['observed_after']).strip()} ms: {e['verdict']}")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=3, help="first steps left out of each run")
     ap.add_argument("--cases", default=",".join(BY_NAME))
     ap.add_argument("--keep", default=None, help="keep the run directories here")
     args = ap.parse_args(argv)
@@ -163,8 +205,13 @@ def main(argv=None) -> int:
         tmp = Path(args.keep) if args.keep else Path(t)
         tmp.mkdir(parents=True, exist_ok=True)
         load = os.getloadavg()[0]
-        results = run_cases(names, args.steps, tmp)
-        print(f"{args.steps} steps per run (step 1 left out), 2 gloo ranks; load average "
+        window = args.steps - args.warmup
+        if window < 2:
+            print("--steps must exceed --warmup by 2 or more", file=sys.stderr)
+            return 2
+        results = run_cases(names, args.steps, tmp, window)
+        print(f"{args.steps} steps per run (the first {args.warmup} left out), 2 gloo ranks; "
+              f"load average "
               f"{load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         for r in results:
             print(table(r))

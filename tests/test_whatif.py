@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -254,6 +256,165 @@ def test_bad_arguments_one_line_exit_2(args, msg, capsys):
     assert len(err) == 1 and msg in err[0], err
 
 
-# Predictions against real CPU/gloo runs (issue 22's cases) are measured by bench/whatif.py;
-# their tests, and the model's known misses on a shared 2-core machine, are not in the suite
-# yet (docs/whatif.md).
+# --- the rules predict from the same model ----------------------------------------------
+
+
+def test_rules_time_predictions_are_the_models_answer_with_a_range(monkeypatch):
+    """ZD005 on a recorded slow-link run: its exposed-comm and step effects are the model's
+    change (prediction - replay) applied to the value compare reads, with the model's range,
+    and its text quotes the model; without per-unit detail the rule keeps its own arithmetic
+    (no range)."""
+    from pathlib import Path
+
+    from zerodoc.diagnosis import diagnose
+    from zerodoc.runlog import load_run
+
+    snap = load_run(Path(__file__).parent / "data" / "scenarios" / "slow-link-50ms",
+                    window=None, stale_after_s=float("inf"))
+    f = next(f for f in diagnose(snap) if f.code == "ZD005")
+    ctx = Context(snap)
+    ans = answer(fit(snap), Changes(latency_set_s=0.0, latency_kind="all_gather",
+                                    bandwidth_set=ctx.link_busbw, bandwidth_kind="all_gather"))
+    by = {e.metric: e for e in f.effects}
+    for metric, key in (("exposed_comm_seconds_per_step", "exposed_comm_s"),
+                        ("step_seconds", "step_s")):
+        e = by[metric]
+        base, pred = ans["baseline"][key], ans["predicted"][key]
+        lo, hi = ans["predicted"][f"{key}_range"]
+        assert e.value == pytest.approx(e.now + pred - base, rel=1e-5)
+        assert (e.lo, e.hi) == (pytest.approx(e.now + lo - base, rel=1e-5),
+                                pytest.approx(e.now + hi - base, rel=1e-5))
+        assert e.lo < e.value < e.hi < e.now
+    assert f.effects[0].metric == "exposed_comm_seconds_per_step"
+    assert "what-if (latency set to 0 ms (all_gather)" in f.predicted
+    assert "the model replays the run within" in f.predicted
+
+    import zerodoc.whatif
+
+    def no_model(snapshot):
+        raise zerodoc.whatif.model.UserError("no rank with per-unit detail")
+
+    monkeypatch.setattr(zerodoc.whatif, "fit", no_model)  # a run the model cannot take
+    f = next(f for f in diagnose(snap) if f.code == "ZD005")
+    assert all(e.lo is None for e in f.effects) and "what-if" not in f.predicted
+    assert f.effects[0].metric == "exposed_comm_seconds_per_step" and f.effects[0].value
+
+
+# --- against real runs: 2 gloo ranks of the demo, A measured, B predicted, B measured -----
+# bench/whatif.py runs the same cases and prints them as a table (docs/whatif.md). The model
+# predicts B at A's load; on this shared machine the load moves between runs, and a pair
+# whose unit compute differs by more than 15 % (bench/whatif.py's `same_compute`: none of
+# these changes alters the compute) measured two loads, not two configurations. Such a pair
+# that misses is replaced by a fresh one (A and B back to back), up to ATTEMPTS pairs; a
+# pair with matched compute that misses fails the test at once, and the bounds are never
+# loosened.
+ATTEMPTS = 4
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory):
+    from bench.whatif import demo_run
+
+    tmp = tmp_path_factory.mktemp("whatif-runs")
+    made = {"n": 0}
+
+    def run(flags: tuple[str, ...]):
+        made["n"] += 1
+        return demo_run(tmp / f"run{made['n']}", flags, steps=12)  # the last 9 read
+
+    return run
+
+
+_RUNS: dict = {}  # (case, demo flags, attempt) -> run directory
+
+
+def _pair(real_runs, case, a_flags, b_flags, attempt):
+    """A case's A and B, run back to back (a B measured minutes after its A compares two
+    loads of this shared host, not two configurations)."""
+    for flags in (a_flags, b_flags):
+        if (case, flags, attempt) not in _RUNS:
+            _RUNS[(case, flags, attempt)] = real_runs(flags)
+    return _RUNS[(case, a_flags, attempt)], _RUNS[(case, b_flags, attempt)]
+
+
+def _case(real_runs, name: str):
+    """Evaluate a case of bench/whatif.py; on a missed bound, again on a fresh pair."""
+    from bench.whatif import BY_NAME, evaluate
+
+    c = BY_NAME[name]
+    for attempt in range(ATTEMPTS):
+        a, b = _pair(real_runs, name, c.a, c.b, attempt)
+        r = evaluate(c, a, b)
+        r["attempt"] = attempt
+        if r["step_ok"] and r["exposed_ok"] or r["same_compute"]:
+            break
+    return r, a, b
+
+
+def _brief(r: dict) -> str:
+    return (f"{r['case']}: step error {r['step_error']:+.1%} (bound {r['step_bound']:.0%}), "
+            f"exposed error {r['exposed_error_s'] * 1e3:+.1f} ms (bound "
+            f"{r['exposed_bound_s'] * 1e3:.1f} ms), A {r['a']}, predicted "
+            f"{r['predicted']['step_s']:.4f} / {r['predicted']['exposed_comm_s']:.4f}, "
+            f"B {r['b']}, compute A {r['compute_a_s']:.4f} B {r['compute_b_s']:.4f}, "
+            f"pair {r.get('attempt', 0) + 1}")
+
+
+def _compare(a, b) -> dict:
+    out = subprocess.run([sys.executable, "-m", "zerodoc", "compare", str(a), str(b),
+                          "--json", "--no-history", "--window", "9"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _timed(fix: dict) -> dict:
+    """The model's effects of a judged fix: exposed comm and step, each with its range,
+    judged by it (confirmed exactly when the observed value is inside)."""
+    by = {e["metric"]: e for e in fix["effects"]}
+    for metric in ("exposed_comm_seconds_per_step", "step_seconds"):
+        e = by[metric]
+        assert e["lo"] is not None and e["lo"] < e["value"] < e["hi"], e
+        inside = e["lo"] <= e["observed_after"] <= e["hi"]
+        assert e["verdict"] == ("confirmed" if inside else "missed"), e
+    return by
+
+
+@pytest.mark.slow
+def test_real_run_replay_of_a_within_5_percent(real_runs):
+    r, _, _ = _case(real_runs, "replay")
+    assert abs(r["step_error"]) <= 0.05 and r["exposed_ok"], _brief(r)
+
+
+@pytest.mark.slow
+def test_real_run_slow_link_removed(real_runs):
+    """A: the demo with +30 ms per all-gather (the slow link); B: without. From A alone,
+    told the delay is gone, the model predicts B's step within 15 % and its exposed
+    communication within max(25 %, 5 ms). (ZD005's own prediction prices the fixed link at
+    its class figure, not at the delay removed: bench/whatif.py prints how compare judged
+    it, docs/whatif.md the outcomes; whether ZD005 fires at all depends on the host's load.)"""
+    r, _, _ = _case(real_runs, "slowlink")
+    assert r["step_ok"] and r["exposed_ok"], _brief(r)
+
+
+@pytest.mark.slow
+def test_real_run_zd003_prediction_confirmed_by_compare(real_runs):
+    """ZD003 on the demo (ZeRO-3, block wrap): its fix, reshard after forward off, run for
+    real; `zerodoc compare` finds the fix applied and the model's step time and exposed
+    communication inside their ranges (a pair that misses with the compute moved by the load
+    is replaced, as above)."""
+    from bench.whatif import BY_NAME, evaluate
+
+    for attempt in range(ATTEMPTS):
+        a, b = _pair(real_runs, "zd003", (), ("--no-reshard-after-forward",), attempt)
+        doc = _compare(a, b)
+        f = next(x for x in doc["fixes"] if x["code"] == "ZD003")
+        assert f["applied"], f
+        by = _timed(f)
+        if all(by[m]["verdict"] == "confirmed"
+               for m in ("exposed_comm_seconds_per_step", "step_seconds")) or \
+                evaluate(BY_NAME["reshard"], a, b)["same_compute"]:
+            break
+    assert by["backward_all_gather_bytes_per_step"]["observed_after"] == 0
+    for m in ("exposed_comm_seconds_per_step", "step_seconds"):
+        assert by[m]["verdict"] == "confirmed", (attempt, by[m])

@@ -14,7 +14,8 @@ def add_parser(sub) -> None:
         "host:port[,...], a Prometheus URL or PyTorch profiler traces) and show what changed in the configuration and "
         "in the measurements, and, for each finding of BEFORE whose fix shows in AFTER's "
         "configuration, the predicted effect against the observed one with a verdict "
-        "(confirmed, partly, not confirmed, made worse). Outcomes are appended to a history "
+        "(inside or outside the predicted range: confirmed / missed; by size and direction "
+        "where only those are predicted: confirmed, partly, not confirmed, made worse). Outcomes are appended to a history "
         "file beside the run directories, which `zerodoc report` and the TUI read back. "
         "Exit status: 0, or 1 with --fail-on-worse when a fix made things worse or the step "
         "got slower, 2 on bad input.",

@@ -13,11 +13,13 @@ into one plain dict (the JSON document, schema 1, docs/compare.md):
   effect (`Finding.effects`) against what AFTER shows, with a verdict;
 - **findings**: resolved (gone in AFTER), new, persisting.
 
-Verdicts (per effect; the finding's is its main effect's, docs/compare.md "Verdicts"):
-observed change / predicted change >= 0.75 confirmed, >= 0.25 partly, else not confirmed;
+Verdicts (per effect; the finding's is its main effect's, docs/compare.md "Verdicts"): a
+prediction with a range (the step model's, `zerodoc.whatif`) is confirmed when the observed
+value falls inside it, else missed; one without a range by its size: observed change /
+predicted change >= 0.75 confirmed, >= 0.25 partly, else not confirmed;
 a change the other way beyond the noise floor is "made worse"; a peak-memory prediction on a
 CPU run smaller than the process's memory beyond its model states (the runtime) is "cannot
-judge here". Measurements whose good direction depends on the fix (observable `better`
+judge on CPU". Measurements whose good direction depends on the fix (observable `better`
 "fix": unit count, median all-gather size) are judged in the direction an applied fix
 predicted. Plain Python: no torch.
 """
@@ -29,7 +31,7 @@ from dataclasses import dataclass, fields
 
 from ..diagnosis import BY_CODE, Context, Finding, diagnose
 from ..diagnosis.findings import Predicted
-from ..humanize import nbytes
+from ..humanize import nbytes, value
 from ..diagnosis.observables import OBSERVABLES, config_facts, observe_all
 from ..model import RunSnapshot
 from ..report import finding_dict, per_unit_coverage, unit_rows
@@ -37,9 +39,10 @@ from ..thresholds import DEFAULT, Thresholds
 
 SCHEMA = 1
 NOISE = 0.05  # relative change below which a measurement "did not change"
-CONFIRMED, PARTLY, NOT_CONFIRMED, WORSE, UNKNOWN, CANNOT_JUDGE = (
-    "confirmed", "partly", "not confirmed", "made worse", "not measurable", "cannot judge here")
-RUNTIME_DOMINATED = "process memory is dominated by the runtime"
+CONFIRMED, PARTLY, NOT_CONFIRMED, WORSE, UNKNOWN, CANNOT_JUDGE, MISSED = (
+    "confirmed", "partly", "not confirmed", "made worse", "not measurable",
+    "cannot judge on CPU", "missed")
+RUNTIME_DOMINATED = "process memory hides a change of this size"
 CONFIRM_RATIO, PARTLY_RATIO = 0.75, 0.25
 NO_FIX = {"ZD000", "ZD013"}  # rule errors and stopped runs have no fix to judge
 
@@ -91,6 +94,18 @@ def judge(e: Predicted, before: float | None, after: float | None,
            "predicted_change": None, "observed_change": None, "ratio": None}
     if before is None or after is None:
         return {**out, "verdict": UNKNOWN}
+    if e.lo is not None and e.hi is not None and not e.cost:
+        out["observed_change"] = _r(after - before)
+        if e.value is not None:
+            out["predicted_change"] = _r(e.value - (e.now if e.now is not None else before))
+            if abs(out["predicted_change"]) > 1e-12:
+                out["ratio"] = _r((after - before) / out["predicted_change"])
+        rng = f"{value(e.metric, e.lo)}-{value(e.metric, e.hi)}"
+        if e.lo <= after <= e.hi:
+            return {**out, "verdict": CONFIRMED,
+                    "reason": f"observed {value(e.metric, after)}, inside {rng}"}
+        return {**out, "verdict": MISSED,
+                "reason": f"observed {value(e.metric, after)}, predicted {rng}"}
     sign = -1.0 if e.direction == "down" else 1.0
     d_obs = after - before
     floor = noise * max(abs(before), abs(e.now or 0.0), 1e-12)
@@ -123,7 +138,8 @@ def judge(e: Predicted, before: float | None, after: float | None,
 
 def overall(effects: list[dict]) -> str:
     """A fix's verdict: its main effect's, lowered to "partly" when another benefit did not
-    follow; "made worse" when the main effect went the wrong way."""
+    follow; "made worse" when the main effect went the wrong way; a main effect outside its
+    predicted range ("missed") stays missed unless another benefit was confirmed."""
     gains = [e for e in effects if not e["cost"] and e["verdict"] not in (UNKNOWN, CANNOT_JUDGE)]
     if not gains:
         return UNKNOWN
@@ -134,6 +150,8 @@ def overall(effects: list[dict]) -> str:
         return CONFIRMED if all(v == CONFIRMED for v in rest) else PARTLY
     if main == PARTLY:
         return PARTLY
+    if main == MISSED:
+        return PARTLY if CONFIRMED in rest else MISSED
     return PARTLY if CONFIRMED in rest else NOT_CONFIRMED
 
 
@@ -254,7 +272,7 @@ def compare(before: Side, after: Side, *, applied: set[str] | frozenset = frozen
     ac = {f.code for f in after.findings}
     judged = [x for x in fixes if x["applied"]]
     counts = {v: sum(1 for x in judged if x["verdict"] == v)
-              for v in (CONFIRMED, PARTLY, NOT_CONFIRMED, WORSE, UNKNOWN)}
+              for v in (CONFIRMED, PARTLY, NOT_CONFIRMED, MISSED, WORSE, UNKNOWN)}
     step = next((m for m in measurements if m["metric"] == "step_seconds"), None)
     return {
         "schema": SCHEMA,
@@ -280,4 +298,4 @@ def compare(before: Side, after: Side, *, applied: set[str] | frozenset = frozen
 
 
 __all__ = ["SCHEMA", "NOISE", "Side", "side", "judge", "overall", "compare", "CONFIRMED",
-           "PARTLY", "NOT_CONFIRMED", "WORSE", "UNKNOWN", "CANNOT_JUDGE"]
+           "PARTLY", "NOT_CONFIRMED", "MISSED", "WORSE", "UNKNOWN", "CANNOT_JUDGE"]

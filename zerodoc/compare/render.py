@@ -72,6 +72,8 @@ def _effect_cells(e: dict) -> tuple[str, str, str, str]:
     m = e["metric"]
     pred = f"{fmt(m, e['now'])} -> {fmt(m, e['value'])}" if e["value"] is not None else \
         f"{fmt(m, e['now'])}, {e['direction']}"
+    if e.get("lo") is not None and e.get("hi") is not None:
+        pred += f" ({fmt(m, e['lo'])}-{fmt(m, e['hi'])})"
     obs = f"{fmt(m, e['observed_before'])} -> {fmt(m, e['observed_after'])}"
     ratio = e["ratio"]
     verdict = e["verdict"] + (" (cost)" if e["cost"] else "")

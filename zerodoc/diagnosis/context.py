@@ -268,6 +268,37 @@ class Context:
             return max(0, int(m["peak_allocated"]) - self.model_state_bytes(w) - transient)
         return None
 
+    # --- the step model (zerodoc.whatif): one fit per diagnosis ------------------------
+    @cached_property
+    def whatif_model(self):
+        """The step model fitted to this run (`zerodoc.whatif.fit`), once per diagnosis, for
+        every rule that predicts a time; None when the run cannot carry one (no per-unit
+        detail, no collectives): those rules fall back to their direction-only texts."""
+        from ..whatif import fit
+
+        if not self.active:
+            return None
+        try:
+            return fit(self.snapshot)
+        except Exception:  # noqa: BLE001 - a thin or odd run: predictions without the model
+            return None
+
+    def whatif(self, changes) -> dict | None:
+        """`zerodoc.whatif.answer` for `changes` on this run (cached per change), or None."""
+        cache = self.__dict__.setdefault("_whatif_answers", {})
+        if changes not in cache:
+            model = self.whatif_model
+            ans = None
+            if model is not None:
+                from ..whatif import answer
+
+                try:
+                    ans = answer(model, changes, memory=False)
+                except Exception:  # noqa: BLE001 - a change the model cannot take
+                    ans = None
+            cache[changes] = ans
+        return cache[changes]
+
     # --- the planner's inputs, from the run -----------------------------------------
     def optimizer_bytes_measured(self, w: RankWindow) -> float | None:
         """Optimizer state bytes per parameter as the run measured it (the shim's
@@ -279,11 +310,12 @@ class Context:
         return min(max(round(opt / (sharded / p_bytes), 2), 0.0), 1024.0)
 
     def plan_input(self, **overrides):
-        """A `planner.PlanInput` describing this run — the one planner input of the rules and
-        of `zerodoc plan --run` — with measured activations and optimizer state when the
-        shim reports them (None when the facts are too thin). Without a measured optimizer
-        state K is Adam's: 8 bytes per parameter when the stored parameters are fp32 (their
-        own master copy: m + v), else 12 (`planner.PRESETS` adam-fp32 / adam-mixed)."""
+        """A `planner.PlanInput` describing this run — the one planner input of the rules,
+        of `zerodoc whatif` and of `zerodoc plan --run` — with measured activations and
+        optimizer state when the shim reports them (None when the facts are too thin).
+        Without a measured optimizer state K is Adam's: 8 bytes per parameter when the
+        stored parameters are fp32 (their own master copy: m + v), else 12
+        (`planner.PRESETS` adam-fp32 / adam-mixed)."""
         from ..planner import PlanInput, dtype_bytes
 
         if not self.units or self.total_params <= 0 or self.facts is None:
@@ -301,7 +333,10 @@ class Context:
         if k is None:
             k = 8.0 if p_bytes >= 4 else 12.0
         act = self.activation_bytes(w)
+        known = [u.reshard_after_forward for u in self.units
+                 if u.params > 0 and u.reshard_after_forward is not None]
         kw = dict(params=psi, world_size=max(1, self.group_size), activation_bytes=act,
+                  reshard_after_forward=not known or any(known),
                   optimizer_bytes_per_param=k, param_bytes=p_bytes,
                   grad_bytes=p_bytes, gather_bytes=g_bytes, reduce_bytes=r_bytes,
                   device_memory_bytes=self.capacity(w),

@@ -35,13 +35,17 @@ class Predicted:
     `direction` is how the fix moves it; `value` the value predicted after the fix (None: only
     the direction is predicted); `now` the value the rule read, so the predicted change is
     `value - now`. `cost`: a price the fix is expected to exact (more memory held), not the
-    benefit it is applied for."""
+    benefit it is applied for. `lo`, `hi`: the range the value after the fix is predicted in
+    (from the step model, `zerodoc.whatif`); None: no range, the change is judged by its size
+    and direction (docs/compare.md, "Verdicts")."""
 
     metric: str
     direction: str  # "down" | "up"
     value: float | None = None
     now: float | None = None
     cost: bool = False
+    lo: float | None = None
+    hi: float | None = None
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -50,7 +54,7 @@ class Predicted:
 
     def as_dict(self) -> dict:
         return {"metric": self.metric, "direction": self.direction, "value": self.value,
-                "now": self.now, "cost": self.cost}
+                "now": self.now, "cost": self.cost, "lo": self.lo, "hi": self.hi}
 
 
 @dataclass(frozen=True)

@@ -323,15 +323,22 @@ def finding_table(frame: Frame) -> Table:
 
 
 def finding_detail(f) -> list[tuple[str, str]]:
-    """(label, text) lines: what, evidence, threshold, fix, predicted effect."""
+    """(label, text) lines: what, evidence, threshold, fix, predicted effect, the what-if of
+    the fix from the step model (rules ZD002-ZD005, `extra["whatif"]`)."""
     lines = [("", f"{f.severity.name} {f.code} {f.name}"), ("", f.title)]
     for k, v in f.evidence.items():
         lines.append(("evidence", f"{fmt.label(k)} = {fmt.evidence_value(k, v)}"))
     for k, v in f.threshold.items():
         lines.append(("threshold", f"{fmt.label(k)} = {fmt.evidence_value(k, v)}"))
     lines.append(("fix", f.fix))
-    if f.predicted:
-        lines.append(("predicted", f.predicted))
+    whatif = f.extra.get("whatif") if isinstance(f.extra, dict) else None
+    predicted = f.predicted
+    if whatif and predicted:  # the model's answer on a line of its own
+        predicted = predicted.replace(f"; {whatif}", "").replace(whatif, "").strip("; ")
+    if predicted:
+        lines.append(("predicted", predicted))
+    if whatif:
+        lines.append(("what-if", whatif.removeprefix("what-if ")))
     hist = f.extra.get("history") if isinstance(f.extra, dict) else None
     if hist:
         lines.append(("history", hist["text"]))

@@ -24,7 +24,11 @@ def wire_factor(collective: str, n: int) -> float:
 @dataclass(frozen=True)
 class LinkFit:
     """t(bytes) = latency_s + bytes * wire_factor / bandwidth; `resid_s`: the residual
-    standard deviation of one call; `se_*`: standard errors of the two coefficients."""
+    standard deviation of one call; `se_latency_s`: the standard error of the fitted line at
+    the points' weighted mean size (`mean_wire_bytes`), `se_seconds_per_wire_byte` the
+    slope's: the line's standard error at x wire bytes is
+    sqrt(se_latency_s^2 + ((x - mean_wire_bytes) * se_seconds_per_wire_byte)^2), small
+    where the run's calls were and growing with the distance from them."""
 
     collective: str
     group_size: int
@@ -37,6 +41,7 @@ class LinkFit:
     calls: float
     min_bytes: float
     max_bytes: float
+    mean_wire_bytes: float = 0.0
 
     @property
     def bandwidth(self) -> float | None:
@@ -45,25 +50,36 @@ class LinkFit:
 
     def seconds(self, nbytes: float, group_size: int | None = None, *, latency_scale=1.0,
                 latency_add=0.0, latency_set=None, bandwidth_scale=1.0, bandwidth_set=None,
-                bound: int = 0) -> float:
+                bound: float = 0) -> float:
         """Time of one call of `nbytes` (algorithm bytes) on `group_size` ranks; `bound`
-        -1 / +1: the low / high end (one standard error of both coefficients)."""
+        -Z / +Z: the low / high end (Z standard errors of the line at this size, of the
+        parts a change leaves as fitted)."""
         n = group_size or self.group_size
         if n <= 1:
             return 0.0
-        lat = self.latency_s + bound * self.se_latency_s
-        spb = self.seconds_per_wire_byte + bound * self.se_seconds_per_wire_byte
+        x = nbytes * wire_factor(self.collective, n)
+        lat, spb = self.latency_s, self.seconds_per_wire_byte
+        se_b = self.se_seconds_per_wire_byte
+        changed = latency_set is not None or bandwidth_set is not None or \
+            latency_scale != 1.0 or bandwidth_scale != 1.0
+        if not changed:  # the fitted line: its standard error at x
+            se = math.hypot(self.se_latency_s, (x - self.mean_wire_bytes) * se_b)
+        else:  # the parts left as fitted keep their own standard errors
+            se_lat = 0.0 if latency_set is not None else \
+                math.hypot(self.se_latency_s, self.mean_wire_bytes * se_b) * latency_scale
+            se_bw = 0.0 if bandwidth_set is not None else x * se_b / bandwidth_scale
+            se = math.hypot(se_lat, se_bw)
         lat = latency_set if latency_set is not None else lat * latency_scale + latency_add
-        spb = max(0.0, spb)
         if bandwidth_set is not None:
             spb = 1.0 / bandwidth_set
         elif bandwidth_scale != 1.0:
             spb = spb / bandwidth_scale
-        return max(0.0, lat + nbytes * wire_factor(self.collective, n) * spb)
+        return max(0.0, lat + x * spb + bound * se)
 
 
 def _wls(xs, ys, ws):
-    """Weighted least squares y = a + b x; (a, b, residual sd, se_a, se_b). Falls back to a
+    """Weighted least squares y = a + b x; (a, b, residual sd, se of the line at the mean x,
+    se_b, the weighted mean x). Falls back to a
     line through the mean (b = 0) when the sizes do not spread, and to a line through the
     origin (a = 0) when the intercept comes out negative; to b = 0 when the slope does."""
     sw = sum(ws)
@@ -87,7 +103,7 @@ def _wls(xs, ys, ws):
     resid = math.sqrt(sum(w * r * r for r, w in zip(res, ws)) / sw * k / dof) if k > 1 else 0.0
     se_b = resid / math.sqrt(sxx / (sw / k)) if sxx > 0 and b > 0 else 0.0
     se_a = resid / math.sqrt(k)
-    return a, b, resid, se_a, se_b
+    return a, b, resid, se_a, se_b, mx
 
 
 def fit_links(snapshot: RunSnapshot, ranks=None) -> dict[tuple[str, int], LinkFit]:
@@ -119,7 +135,7 @@ def fit_links(snapshot: RunSnapshot, ranks=None) -> dict[tuple[str, int], LinkFi
         xs = [b * f for b, _, _ in p]
         ys = [s for _, s, _ in p]
         ws = [c for _, _, c in p]
-        a, b, resid, se_a, se_b = _wls(xs, ys, ws)
+        a, b, resid, se_a, se_b, mx = _wls(xs, ys, ws)
         out[(coll, n)] = LinkFit(coll, n, a, b, resid, se_a, se_b, len(p), sum(ws),
-                                 min(x for x, _, _ in p), max(x for x, _, _ in p))
+                                 min(x for x, _, _ in p), max(x for x, _, _ in p), mx)
     return out

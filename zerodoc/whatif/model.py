@@ -33,6 +33,9 @@ from ..model import RunSnapshot
 from .linkfit import LinkFit, fit_links
 
 GATHER = ("all_gather",)
+# The ranges are about 95 % intervals: two standard errors (of the link fit at each call's
+# size, and of the measured mean step) either side.
+Z = 2.0
 REDUCE = ("reduce_scatter", "all_reduce")
 
 
@@ -159,7 +162,7 @@ class StepModel:
         same = [f for (c, _), f in self.links.items() if c == coll]
         return same[0] if same else None
 
-    def call_seconds(self, coll: str, nbytes: float, n: int, ch: Changes, bound: int,
+    def call_seconds(self, coll: str, nbytes: float, n: int, ch: Changes, bound: float,
                      measured: float | None) -> float:
         f = self.link(coll, n)
         if f is None:
@@ -204,7 +207,7 @@ class StepModel:
             else ch.reshard_after_forward
 
     # --- the replay -----------------------------------------------------------------------
-    def replay(self, ch: Changes = Changes(), bound: int = 0) -> Replay:
+    def replay(self, ch: Changes = Changes(), bound: float = 0) -> Replay:
         """The step of the (changed) configuration, the worst rank's. Every collective is a
         meeting point of the ranks: between two of them the step advances by the slowest
         rank's compute (per unit and phase, the largest over the ranks), then by the link's
@@ -227,7 +230,7 @@ class StepModel:
         r.peer_wait_s = wait
         return r
 
-    def _replay_rank(self, rm: RankModel, ch: Changes, bound: int,
+    def _replay_rank(self, rm: RankModel, ch: Changes, bound: float,
                      units: list[UnitModel]) -> Replay:
         sem = self.semantics
         depth = sem.prefetch if ch.prefetch is None else ch.prefetch
@@ -491,14 +494,14 @@ def fit(snapshot: RunSnapshot) -> StepModel:
 # --- answers ------------------------------------------------------------------------------
 
 
-def answer(model: StepModel, ch: Changes) -> dict:
+def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
     """The what-if of `ch` on `model`: baseline (the replay) beside the measurement, the
-    prediction with its range, peak memory per rank, the units whose exposure changes most.
-    Seconds per step, per rank: the worst rank's."""
+    prediction with its range, peak memory per rank (`memory=False`: not asked, None), the
+    units whose exposure changes most. Seconds per step, per rank: the worst rank's."""
     base = model.replay()
     pred = model.replay(ch)
-    lo = model.replay(ch, bound=-1)
-    hi = model.replay(ch, bound=+1)
+    lo = model.replay(ch, bound=-Z)
+    hi = model.replay(ch, bound=+Z)
     measured_step = max(rm.measured_step_s for rm in model.ranks)
     measured_exposed = max(rm.measured_exposed_s for rm in model.ranks)
     b, p = base, pred
@@ -509,8 +512,9 @@ def answer(model: StepModel, ch: Changes) -> dict:
         xs = rm.step_times
         if len(xs) > 1 and rm.measured_step_s:
             sems.append(statistics.stdev(xs) / math.sqrt(len(xs)) / rm.measured_step_s)
-    noise = max(sems) if sems else 0.0
-    rel = misfit + noise
+    # A's mean and B's (the run the prediction is checked against) each carry that noise
+    noise = math.sqrt(2) * max(sems) if sems else 0.0
+    rel = misfit + Z * noise
     b_exp = base.exposed_s
     exp_misfit = abs(b_exp - measured_exposed)
     step_lo = lo.step_s * (1 - rel)
@@ -518,8 +522,8 @@ def answer(model: StepModel, ch: Changes) -> dict:
     p_exp = pred.exposed_s
     exp_lo = max(0.0, lo.exposed_s - exp_misfit)
     exp_hi = hi.exposed_s + exp_misfit
-    base_peak, base_note = model.peak_bytes()
-    peak, peak_note = model.peak_bytes(ch)
+    base_peak, base_note = model.peak_bytes() if memory else (None, "not asked")
+    peak, peak_note = model.peak_bytes(ch) if memory else (None, "not asked")
     nominal, wire = model.traffic(ch)
     # per unit of the change: a merged unit against the sum of its parts
     parts = {u.name: u.parts for u in model._units(model.ranks[0], ch) if u.parts}
@@ -559,3 +563,19 @@ def answer(model: StepModel, ch: Changes) -> dict:
                    "bytes_range": [f.min_bytes, f.max_bytes]}
                   for f in model.links.values()],
     }
+
+
+def summary(ans: dict) -> str:
+    """One line of an answer for a finding or the TUI: "step 721 ms -> 659 ms (620-700 ms),
+    exposed comm 208 ms -> 163 ms (150-176 ms); replay of the run within 0.5 %"."""
+    from ..humanize import secs
+
+    def rng(lo: float, hi: float) -> str:
+        return f"{secs(lo)}-{secs(hi)}"
+
+    b, p = ans["baseline"], ans["predicted"]
+    err = b.get("step_error")
+    replay = "" if err is None else f"; the model replays the run within {abs(err) * 100:.1f} %"
+    return (f"step {secs(b['step_s'])} -> {secs(p['step_s'])} ({rng(*p['step_s_range'])}), "
+            f"exposed comm {secs(b['exposed_comm_s'])} -> {secs(p['exposed_comm_s'])} "
+            f"({rng(*p['exposed_comm_s_range'])}){replay}")

@@ -34,6 +34,35 @@ def effect(ctx, metric: str, direction: str, value: float | None = None, *,
                      cost)
 
 
+# The observables the step model predicts: (observable, key in `zerodoc.whatif.answer`).
+# The main benefit first (what the fixes act on), then the step.
+MODEL_METRICS = (("exposed_comm_seconds_per_step", "exposed_comm_s"), ("step_seconds", "step_s"))
+
+
+def model_effects(ctx, changes) -> tuple[list[Predicted], str | None]:
+    """The predicted effects of a configuration change from the step model fitted to the run
+    (`Context.whatif`, `zerodoc.whatif`): step time and exposed communication, each with its
+    range, and the text that says so. The model's change (prediction - its replay of the run)
+    is applied to the observable as `zerodoc compare` reads it, so `now` is the run's value.
+    ([], None) when the run carries no model: the rule keeps its direction-only texts."""
+    from ...whatif import summary
+
+    ans = ctx.whatif(changes)
+    if ans is None:
+        return [], None
+    out = []
+    for metric, key in MODEL_METRICS:
+        now = observe(ctx, metric)
+        if now is None:
+            continue
+        base, pred = ans["baseline"][key], ans["predicted"][key]
+        lo, hi = ans["predicted"][f"{key}_range"]
+        after = lambda x: r6(max(0.0, now + x - base))  # noqa: E731
+        out.append(Predicted(metric, "down" if pred <= base else "up", after(pred), r6(now),
+                             lo=after(lo), hi=after(hi)))
+    return out, f"what-if ({', '.join(changes.describe())}): {summary(ans)}"
+
+
 def grade(value: float, warn: float, crit: float | None = None, *, below: bool = False,
           crit_severity: Severity = Severity.ERROR) -> Severity | None:
     """WARNING past `warn`, `crit_severity` past `crit` (`below`: smaller is worse)."""

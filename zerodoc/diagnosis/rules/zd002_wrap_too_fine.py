@@ -10,10 +10,12 @@ latency-bound only when the evidence shows it: their bus bandwidth below
 LATENCY_BOUND_FRACTION (half) of the reference; otherwise it names the count of calls.
 Fix: wrap at block granularity (`fully_shard` each block of the model's block list, named
 from the run, not each Linear).
-Predicted: wrapping by parent module (the unit names' parents) gives that many units; each
-collective is modelled as a fixed latency plus its bytes at the reference bus bandwidth (the
-large collectives', else the link's), the latency fitted to the measured time, so the
-all-gather and reduce-scatter time after the fix is calls x latency + bytes / bandwidth.
+Predicted: wrapping by parent module (the unit names' parents) gives that many units; the
+exposed communication and the step time after the fix come from the step model fitted to the
+run (`zerodoc.whatif`, `--merge blocks`, or every K units with K the units per parent), with
+their ranges. Without a model (no per-unit detail) each collective is modelled as a fixed
+latency plus its bytes at the reference bus bandwidth (the large collectives', else the
+link's): calls x latency + bytes / bandwidth.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import statistics
 
 from ..findings import Severity
 from ...humanize import nbytes, rate, secs
-from .base import effect, finding, r6
+from ...whatif import Changes
+from .base import effect, finding, model_effects, r6
 
 CODE = "ZD002"
 NAME = "wrap-too-fine"
@@ -94,24 +97,35 @@ def evaluate(ctx) -> list:
     if ctx.step_seconds:
         evidence["small_all_gather_exposed_fraction"] = r6(exposed / ctx.step_seconds)
     keep = len(parents) / len(units)  # share of the calls left after wrapping by parent
-    effects, saved_exposed, timing = [], 0.0, ""
-    for coll in ("all_gather", "reduce_scatter"):
-        views = [v for v in ctx.views(coll) if v.count]
-        fit = latency_model(views, ctx.group_size, ref_bw)
-        if fit is None:
-            continue
-        lat, bw_part = fit
-        now = sum(v.seconds for v in views)
-        after = sum(v.count for v in views) * keep * lat + bw_part
-        ratio = sum(v.exposed_seconds for v in views) / now if now else 0.0
-        saved_exposed += max(0.0, now - after) * ratio
-        effects.append(effect(ctx, f"{coll}_seconds_per_step", "down", after))
-        if coll == "all_gather":
-            evidence["all_gather_latency_seconds"] = r6(lat)
-            timing = f"; all-gather time {secs(now)} -> about {secs(after)} per step"
-    ex_now = sum(v.exposed_seconds for v in ctx.views() if v.count)
-    effects += [effect(ctx, "exposed_comm_seconds_per_step", "down", ex_now - saved_exposed),
-                effect(ctx, "all_gathers_per_step", "down", calls * keep),
+    # The step model (zerodoc.whatif): the units merged per block (or every K, K the units
+    # per parent module), compute summed, one call of the summed bytes priced by the link fit.
+    k = max(2, round(len(units) / max(1, len(parents))))
+    change = Changes(merge="blocks" if ctx.block_container is not None else k)
+    effects, timing = model_effects(ctx, change)
+    whatif = {"whatif": timing} if timing else {}
+    if timing is None:  # no model: the per-rule latency fit (calls x latency + bytes / bw)
+        timing = ""
+        saved_exposed = 0.0
+        for coll in ("all_gather", "reduce_scatter"):
+            views = [v for v in ctx.views(coll) if v.count]
+            fit = latency_model(views, ctx.group_size, ref_bw)
+            if fit is None:
+                continue
+            lat, bw_part = fit
+            now = sum(v.seconds for v in views)
+            after = sum(v.count for v in views) * keep * lat + bw_part
+            ratio = sum(v.exposed_seconds for v in views) / now if now else 0.0
+            saved_exposed += max(0.0, now - after) * ratio
+            effects.append(effect(ctx, f"{coll}_seconds_per_step", "down", after))
+            if coll == "all_gather":
+                evidence["all_gather_latency_seconds"] = r6(lat)
+                timing = f"; all-gather time {secs(now)} -> about {secs(after)} per step"
+        ex_now = sum(v.exposed_seconds for v in ctx.views() if v.count)
+        effects.append(effect(ctx, "exposed_comm_seconds_per_step", "down",
+                              ex_now - saved_exposed))
+    else:
+        timing = f"; {timing}"
+    effects += [effect(ctx, "all_gathers_per_step", "down", calls * keep),
                 effect(ctx, "median_all_gather_bytes", "up", per_parent)]
     return [finding(
         CODE, NAME, SEVERITY,
@@ -125,7 +139,8 @@ def evaluate(ctx) -> list:
         predicted=(f"wrapping by parent module: {len(units)} -> {len(parents)} units, "
                    f"about {nbytes(per_parent)} per all-gather instead of {nbytes(median)}, "
                    f"{calls:.0f} -> about {calls * keep:.0f} all-gathers per step{timing}"),
-        effects=effects, units=tuple(u.name for u in units[:8]), cost_seconds_per_step=cost)]
+        effects=effects, units=tuple(u.name for u in units[:8]), cost_seconds_per_step=cost,
+        **whatif)]
 
 
 def applied(before: dict, after: dict) -> str | None:

@@ -15,6 +15,9 @@ exposed fraction of the step >= exposed_fraction_warn, or avoidable exposed comm
 compute >= comm_compute_ratio_warn (docs/rules.md, "avoidable"); then the lower stage is the
 first fix. INFO otherwise (the stage costs traffic but no measurable time), e.g. a healthy
 gloo run on CPU, whose synchronous all-gathers run at the link's speed.
+Predicted: no backward all-gathers; the step time and exposed communication from the step
+model (`zerodoc.whatif`, reshard after forward off) with their ranges; the peak memory of
+ZeRO-2 from the planner (a cost).
 Fix: step down to ZeRO-2: FSDP2 `reshard_after_forward=False` (ZeRO-2-like), FSDP1
 `SHARD_GRAD_OP`, DeepSpeed stage 2; the prediction also names the lowest stage that fits,
 as `zerodoc plan --run` does.
@@ -24,7 +27,8 @@ from __future__ import annotations
 
 from ..findings import Severity
 from ...humanize import nbytes, pct, secs
-from .base import effect, finding, r6
+from ...whatif import Changes
+from .base import effect, finding, model_effects, r6
 
 CODE = "ZD003"
 NAME = "over-staging"
@@ -78,6 +82,11 @@ def evaluate(ctx) -> list:
         how = f"all-gathers expose {pct(frac)} of the step"
     else:
         how = f"exposed communication is {ratio:.2f}x the compute"
+    # step time and exposed communication with reshard after forward off: the step model
+    timed, model_text = model_effects(ctx, Changes(reshard_after_forward=False))
+    if not timed:
+        timed = [effect(ctx, "exposed_comm_seconds_per_step", "down",
+                        sum(v.exposed_seconds for v in ctx.views() if v.count) - bwd_exposed)]
     low = p.lowest_fitting_stage
     lowest = (f"; the lowest stage that fits is {p.stage(low).label} ({p.stage(low).pytorch})"
               if low not in (None, "zero2", "zero3") else "")
@@ -103,12 +112,12 @@ def evaluate(ctx) -> list:
         predicted=(f"{z2.label} ({z2.pytorch}): {nbytes(z2_peak)} peak per rank, fits "
                    f"({nbytes(z2_free)} free); traffic {z3.comm_psi}Ψ -> {z2.comm_psi}Ψ per "
                    f"step: no backward all-gathers ({nbytes(bwd_bytes)}/step, "
-                   f"{secs(bwd_exposed)}/step exposed now){lowest}"),
-        cost_seconds_per_step=saving,
+                   f"{secs(bwd_exposed)}/step exposed now){lowest}"
+                   + (f"; {model_text}" if model_text else "")),
+        cost_seconds_per_step=saving, **({"whatif": model_text} if model_text else {}),
         effects=(effect(ctx, "backward_all_gather_bytes_per_step", "down", 0.0),
                  effect(ctx, "backward_all_gather_exposed_seconds_per_step", "down", 0.0),
-                 effect(ctx, "exposed_comm_seconds_per_step", "down",
-                        sum(v.exposed_seconds for v in ctx.views() if v.count) - bwd_exposed),
+                 *timed,
                  effect(ctx, "peak_memory_bytes", "up", z2_peak, cost=True)))]
 
 

@@ -12,6 +12,10 @@ most exposed first, with their exposed / total ratio.
 Severity: WARNING / ERROR on the avoidable fraction (exposed_fraction_warn / _crit). When
 only the raw fraction is high (synchronous gloo all-gathers at the link's expected speed:
 FSDP2's default on CPU) it is an INFO note: there is nothing for prefetch to hide behind.
+Predicted: from the step model (`zerodoc.whatif`): synchronous all-gathers made asynchronous
+with prefetch depth 1, or asynchronous ones prefetched one unit deeper: the step time and
+exposed communication with their ranges. Per-unit `reshard_after_forward=False` on the late
+blocks is beyond the model: its saving is the late units' avoidable exposed time.
 Fix: FSDP2 knobs: explicit forward / backward prefetch, `reshard_after_forward=False` on the
 late blocks whose backward all-gather is exposed, a lower stage (ZD003), HSDP across nodes.
 """
@@ -20,7 +24,8 @@ from __future__ import annotations
 
 from ..findings import Severity
 from ...humanize import nbytes, pct, secs
-from .base import effect, finding, grade, r6, top
+from ...whatif import Changes
+from .base import effect, finding, grade, model_effects, r6, top
 
 CODE = "ZD004"
 NAME = "exposed-all-gather"
@@ -97,12 +102,18 @@ def evaluate(ctx) -> list:
                "if it fits (ZD003); HSDP (shard within a node, replicate across) when the "
                "shard group spans nodes.")
         fix = FRAMEWORK_FIX.get(framework, fix)
-    predicted, effects = None, ()
+    predicted, effects, whatif = None, (), {}
+    model = ctx.whatif_model
     if ctx.sync:
         hide = min(exposed, ctx.compute_seconds)
-        predicted = (f"with async unshard and prefetch, up to {secs(hide)}/step of all-gather "
-                     f"time can overlap with compute")
-        effects = (effect(ctx, "all_gather_exposed_seconds_per_step", "down", exposed - hide),)
+        # the step model: asynchronous unshard, prefetch depth 1 (docs/whatif.md)
+        timed, text = model_effects(ctx, Changes(prefetch=1))
+        whatif = {"whatif": text} if text else {}
+        predicted = text or (f"with async unshard and prefetch, up to {secs(hide)}/step of "
+                             f"all-gather time can overlap with compute")
+        # an upper bound, not a value: only its direction is judged
+        effects = (*timed, effect(ctx, "all_gather_exposed_seconds_per_step", "down",
+                                  None if timed else exposed - hide))
     elif late:
         saved = sum(v.avoidable_seconds for v in late)
         predicted = (f"reshard_after_forward=False on {', '.join(sorted(late_units))}: "
@@ -112,13 +123,21 @@ def evaluate(ctx) -> list:
         effects = (effect(ctx, "all_gather_exposed_seconds_per_step", "down", exposed - saved),
                    peak and effect(ctx, "peak_memory_bytes", "up", peak.now + late_bytes,
                                    cost=True))
+    if not ctx.sync and model is not None:
+        # prefetching one unit deeper (the step model); per-unit resharding it cannot express
+        depth = model.semantics.prefetch + 1
+        timed, text = model_effects(ctx, Changes(prefetch=depth))
+        if text:
+            whatif = {"whatif": text}
+            predicted = "; ".join(x for x in (predicted, text) if x)
+            effects = (*timed, *effects)
     return [finding(
         CODE, NAME, severity, title, evidence=evidence,
         threshold={"exposed_fraction_warn": t.exposed_fraction_warn,
                    "exposed_fraction_crit": t.exposed_fraction_crit,
                    "unit_exposed_ratio_warn": t.unit_exposed_ratio_warn},
         fix=fix, predicted=predicted, units=tuple(dict.fromkeys(v.unit for v in worst)),
-        cost_seconds_per_step=avoidable, effects=effects)]
+        cost_seconds_per_step=avoidable, effects=effects, **whatif)]
 
 
 def applied(before: dict, after: dict) -> str | None:

@@ -16,6 +16,9 @@ wrapping is too fine (ZD002's condition: at least wrap_fine_min_units units, med
 all-gather below wrap_fine_median_bytes): then per-call latency explains the wait.
 Severity: ERROR when the exposure beyond the link is >= exposed_fraction_crit of the step,
 else WARNING (the engine raises it further to what it explains: ZD003 / ZD004 / ZD006).
+Predicted: the step model (`zerodoc.whatif`) with the slow collectives at the link's
+expected bus bandwidth (their fitted one where that is higher) and no fixed delay per call:
+the step time and exposed communication with their ranges.
 Fix: check the topology and transport; keep the shard group inside a node (HSDP).
 """
 
@@ -25,7 +28,8 @@ import statistics
 
 from ..findings import Severity
 from ...humanize import pct, rate
-from .base import effect, finding, r6
+from ...whatif import Changes
+from .base import effect, finding, model_effects, r6
 
 CODE = "ZD005"
 NAME = "slow-link"
@@ -72,6 +76,22 @@ def evaluate(ctx) -> list:
     hsdp = ("; the shard group spans nodes: shard within a node and replicate across (HSDP, "
             "`fully_shard(..., mesh=init_device_mesh(dev, (nodes, gpus_per_node)))`)"
             if w is not None and w.facts.world_size > max(1, w.facts.local_world_size) else "")
+    # The step model with the slow collectives at the link's expected bus bandwidth (or the
+    # bandwidth fitted to them, where that is higher: a fixed path is not slower per byte)
+    # and no fixed delay per call
+    kinds = {s[0] for s in slow}
+    kind = next(iter(kinds)) if len(kinds) == 1 else None
+    bw_set: float | None = ctx.link_busbw
+    model = ctx.whatif_model
+    fits = [f for (c, _n), f in (model.links.items() if model is not None else ())
+            if c in kinds]
+    if fits and all((f.bandwidth or 0.0) >= ctx.link_busbw for f in fits):
+        bw_set = None
+    timed, model_text = model_effects(ctx, Changes(
+        latency_set_s=0.0, latency_kind=kind, bandwidth_set=bw_set, bandwidth_kind=kind))
+    if not timed:
+        timed = [effect(ctx, "exposed_comm_seconds_per_step", "down",
+                        sum(v.exposed_seconds for v in ctx.views() if v.count) - cost)]
     return [finding(
         CODE, NAME, severity,
         f"{coll.replace('_', '-')} bus bandwidth {rate(bw)} is {pct(frac)} of the "
@@ -90,10 +110,11 @@ def evaluate(ctx) -> list:
              "NCCL_IB_HCA (GLOO_SOCKET_IFNAME for gloo), PCIe link width and other traffic on "
              f"the bus{hsdp}. If the link class is wrong, pass --link."),
         predicted=(f"at the expected {rate(ctx.link_busbw)} the large collectives would expose "
-                   f"about {pct(cost_frac)} less of the step"),
+                   f"about {pct(cost_frac)} less of the step"
+                   + (f"; {model_text}" if model_text else "")),
         cost_seconds_per_step=cost, link=ctx.link,
-        effects=(effect(ctx, "exposed_comm_seconds_per_step", "down",
-                        sum(v.exposed_seconds for v in ctx.views() if v.count) - cost),
+        **({"whatif": model_text} if model_text else {}),
+        effects=(*timed,
                  effect(ctx, "large_collective_busbw_bytes_per_second", "up",
                         ctx.link_busbw)))]
 
