@@ -268,37 +268,6 @@ class Context:
             return max(0, int(m["peak_allocated"]) - self.model_state_bytes(w) - transient)
         return None
 
-    # --- the step model (zerodoc.whatif): one fit per diagnosis ------------------------
-    @cached_property
-    def whatif_model(self):
-        """The step model fitted to this run (`zerodoc.whatif.fit`), once per diagnosis, for
-        every rule that predicts a time; None when the run cannot carry one (no per-unit
-        detail, no collectives): those rules fall back to their direction-only texts."""
-        from ..whatif import fit
-
-        if not self.active:
-            return None
-        try:
-            return fit(self.snapshot)
-        except Exception:  # noqa: BLE001 - a thin or odd run: predictions without the model
-            return None
-
-    def whatif(self, changes) -> dict | None:
-        """`zerodoc.whatif.answer` for `changes` on this run (cached per change), or None."""
-        cache = self.__dict__.setdefault("_whatif_answers", {})
-        if changes not in cache:
-            model = self.whatif_model
-            ans = None
-            if model is not None:
-                from ..whatif import answer
-
-                try:
-                    ans = answer(model, changes, memory=False)
-                except Exception:  # noqa: BLE001 - a change the model cannot take
-                    ans = None
-            cache[changes] = ans
-        return cache[changes]
-
     # --- the planner's inputs, from the run -----------------------------------------
     def optimizer_bytes_measured(self, w: RankWindow) -> float | None:
         """Optimizer state bytes per parameter as the run measured it (the shim's

@@ -39,15 +39,51 @@ def effect(ctx, metric: str, direction: str, value: float | None = None, *,
 MODEL_METRICS = (("exposed_comm_seconds_per_step", "exposed_comm_s"), ("step_seconds", "step_s"))
 
 
+def whatif_model(ctx):
+    """The step model fitted to this run (`zerodoc.whatif.fit`), once per diagnosis (cached on
+    the context), for every rule that predicts a time; None when the run cannot carry one (no
+    per-unit detail, no collectives): those rules fall back to their direction-only texts.
+    Here, not on `Context`: the model reads the context (the planner's inputs), so the context
+    must not import it."""
+    if "_whatif_model" not in ctx.__dict__:
+        from ...whatif import fit
+
+        model = None
+        if ctx.active:
+            try:
+                model = fit(ctx.snapshot)
+            except Exception:  # noqa: BLE001 - a thin or odd run: predictions without the model
+                model = None
+        ctx.__dict__["_whatif_model"] = model
+    return ctx.__dict__["_whatif_model"]
+
+
+def whatif(ctx, changes) -> dict | None:
+    """`zerodoc.whatif.answer` for `changes` on this run (cached per change), or None."""
+    cache = ctx.__dict__.setdefault("_whatif_answers", {})
+    if changes not in cache:
+        model = whatif_model(ctx)
+        ans = None
+        if model is not None:
+            from ...whatif import answer
+
+            try:
+                ans = answer(model, changes, memory=False)
+            except Exception:  # noqa: BLE001 - a change the model cannot take
+                ans = None
+        cache[changes] = ans
+    return cache[changes]
+
+
 def model_effects(ctx, changes) -> tuple[list[Predicted], str | None]:
     """The predicted effects of a configuration change from the step model fitted to the run
-    (`Context.whatif`, `zerodoc.whatif`): step time and exposed communication, each with its
+    (`whatif` above, `zerodoc.whatif`): step time and exposed communication, each with its
     range, and the text that says so. The model's change (prediction - its replay of the run)
     is applied to the observable as `zerodoc compare` reads it, so `now` is the run's value.
     ([], None) when the run carries no model: the rule keeps its direction-only texts."""
     from ...whatif import summary
 
-    ans = ctx.whatif(changes)
+    ans = whatif(ctx, changes)
     if ans is None:
         return [], None
     out = []

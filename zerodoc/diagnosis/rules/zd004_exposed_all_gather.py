@@ -25,7 +25,7 @@ from __future__ import annotations
 from ..findings import Severity
 from ...humanize import nbytes, pct, secs
 from ...whatif import Changes
-from .base import effect, finding, grade, model_effects, r6, top
+from .base import effect, finding, whatif_model, grade, model_effects, r6, top
 
 CODE = "ZD004"
 NAME = "exposed-all-gather"
@@ -103,7 +103,7 @@ def evaluate(ctx) -> list:
                "shard group spans nodes.")
         fix = FRAMEWORK_FIX.get(framework, fix)
     predicted, effects, whatif = None, (), {}
-    model = ctx.whatif_model
+    model = whatif_model(ctx)
     if ctx.sync:
         hide = min(exposed, ctx.compute_seconds)
         # the step model: asynchronous unshard, prefetch depth 1 (docs/whatif.md)

@@ -29,7 +29,7 @@ import statistics
 from ..findings import Severity
 from ...humanize import pct, rate
 from ...whatif import Changes
-from .base import effect, finding, model_effects, r6
+from .base import effect, finding, whatif_model, model_effects, r6
 
 CODE = "ZD005"
 NAME = "slow-link"
@@ -82,7 +82,7 @@ def evaluate(ctx) -> list:
     kinds = {s[0] for s in slow}
     kind = next(iter(kinds)) if len(kinds) == 1 else None
     bw_set: float | None = ctx.link_busbw
-    model = ctx.whatif_model
+    model = whatif_model(ctx)
     fits = [f for (c, _n), f in (model.links.items() if model is not None else ())
             if c in kinds]
     if fits and all((f.bandwidth or 0.0) >= ctx.link_busbw for f in fits):
