@@ -10,9 +10,9 @@ GIL). Here:
   (the run log, the checkpoints and the collectives keep theirs). Every connection has a
   whole-request deadline (`request_deadline_s`, TLS handshake included): a client that
   trickles its request a byte at a time, or does not read the answer, is cut off then.
-- `Workers`: a small pool of daemon threads that handle the accepted connections (started
-  on demand up to the cap, leaving after a minute idle), instead of one new thread per
-  request.
+- `Workers`: a small pool of daemon threads that handle the connections the accepting loop
+  does not answer itself (TLS, requests not whole on arrival, large answers: `fastpath.py`),
+  started on demand up to the cap, leaving after a minute idle.
 - `Deadlines`: one thread that shuts down connections past their deadline (idle while
   there are none).
 - `name_thread`: the server's OS threads are named `zd-metrics*` (what a witness outside the
@@ -207,8 +207,9 @@ class Deadlines:
 
 
 def refuse(sock, response: bytes = BUSY_RESPONSE) -> None:
-    """Answer `response` (503) and close, from the accepting thread: never blocks, reads nothing but what
-    has already arrived (so that the close does not reset the connection under the answer)."""
+    """Answer `response` (503) and close, from the accepting thread: never blocks, reads
+    nothing but what has already arrived (so that the close does not reset the connection
+    under the answer)."""
     try:
         try:
             sock.recv(65536, socket.MSG_DONTWAIT)

@@ -16,8 +16,10 @@ own thread, so a slow or hostile client cannot stall the others.
 
 Whatever the configuration, what clients can take from the training process is bounded
 (`limits.py`, docs/reliability.md): at most `Limits.max_connections` connections at once (one
-more is answered 503 from the accepting thread, its request unread), a whole-request deadline,
-a pool of worker threads, the page rendered at most once per `PAGE_MAX_AGE_S` unless the
+more is answered 503 from the accepting thread, its request unread), a plain-HTTP request that
+arrived whole answered on the accepting thread itself (`fastpath.py`: an epoll loop, prebuilt
+answers, no thread switch), the rest on a pool of worker threads under a whole-request
+deadline, the page rendered at most once per `PAGE_MAX_AGE_S` unless the
 collector's stamp changed (`page.py`), password verdicts remembered and failed logins
 rate-limited (`webconfig.Authenticator`); how it answered and what it cost are served on
 `OWN_PATH`.
@@ -134,7 +136,7 @@ class _TLS:
 class MetricsServer(HTTPServer):
     """An HTTP(S) server for one registry, with the web configuration's protections and the
     limits of `limits.py` (connection cap answered 503, whole-request deadline, a pool of
-    worker threads, its own requests and CPU counted)."""
+    worker threads, its own requests and CPU counted), served by `fastpath.Loop`."""
 
     allow_reuse_address = True
     request_queue_size = 64
