@@ -14,9 +14,11 @@ the accepting thread, without a thread switch and without a file object:
   bytes built when the server starts, `200` from the page's cached body (`page.Page.bake`)
   behind a head cached per body length and headers; the answer and the connection's end go
   out in one segment (`MSG_MORE`, then `close`);
+- a connection whose request has not arrived yet when it is accepted waits in the epoll
+  (`watch`, under its whole-request deadline) and is answered the same way once it has;
 - anything else is handed to the worker threads with the bytes already read (`Handoff`): a
-  request not complete in the first read (a slow or trickling client: its whole-request
-  deadline applies there), another method, a `name[]` query, a malformed head (the full
+  request not complete in its first read (a slow or trickling client: its whole-request
+  deadline goes with it), another method, a `name[]` query, a malformed head (the full
   parser answers 400/431), TLS connections (the handshake needs a blocking thread), an
   answer larger than the socket took at once (the rest is sent there).
 
@@ -95,37 +97,61 @@ class Loop:
         self.listener = listener
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
-        self._stopping = False
+        self._stopping = self._closed = False
+        self._ep = select.epoll()
+        self._watched: dict[int, tuple] = {}  # fd -> (socket, callback): waiting to be read
+
+    def watch(self, sock: socket.socket, callback) -> None:
+        """Call `callback()` (on the loop) once `sock` is readable, or closed, or shut down.
+        Only from the loop's own thread."""
+        fd = sock.fileno()
+        self._watched[fd] = (sock, callback)
+        self._ep.register(fd, select.EPOLLIN)
 
     def serve(self, take, tick) -> None:
         """Run until `stop()`: accept and `take` every connection, `tick()` after each."""
-        self.listener.setblocking(False)
-        ep = select.epoll()
         try:
-            ep.register(self.listener.fileno(), select.EPOLLIN)
-            ep.register(self._wake_r.fileno(), select.EPOLLIN)
-            wake = self._wake_r.fileno()
-            backoff = False
-            while not self._stopping:
-                if backoff:  # the listener stays readable: wait on the wake-up pair alone
-                    select.select([self._wake_r], [], [], BACKOFF_S)
-                    self._drain()
-                    backoff = False
-                elif any(fd == wake for fd, _ev in ep.poll()):
-                    self._drain()
+            self._serve(take, tick)
+        except (OSError, ValueError):
+            if not self._closed:  # a fault of this loop's own, not a client's: raise
+                raise
+            # closed under it (server_close() without shutdown(), or before it started)
+
+    def _serve(self, take, tick) -> None:
+        self.listener.setblocking(False)
+        ep = self._ep
+        listening = self.listener.fileno()
+        ep.register(listening, select.EPOLLIN)
+        ep.register(self._wake_r.fileno(), select.EPOLLIN)
+        wake = self._wake_r.fileno()
+        backoff = False
+        while not self._stopping:
+            if backoff:  # the listener stays readable: wait on the wake-up pair alone
+                select.select([self._wake_r], [], [], BACKOFF_S)
+                self._drain()
+                backoff = False
+                fds = [listening]
+            else:
+                fds = [fd for fd, _ev in ep.poll()]
+            for fd in fds:
                 if self._stopping:
                     break
-                try:  # one per wake: the epoll is level-triggered (no failed accept per wake)
-                    conn, addr = self.listener.accept()
-                except BlockingIOError:
-                    continue
-                except OSError:  # out of descriptors (EMFILE) or aborted: retry soon
-                    backoff = True
-                    continue
-                take(conn, addr)
-                tick()
-        finally:
-            ep.close()
+                if fd == wake:
+                    self._drain()
+                elif fd in self._watched:
+                    _sock, callback = self._watched.pop(fd)
+                    ep.unregister(fd)
+                    callback()
+                elif fd == listening:
+                    try:  # one per wake: the epoll is level-triggered (no failed accept)
+                        conn, addr = self.listener.accept()
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # out of descriptors (EMFILE) or aborted: retry soon
+                        backoff = True
+                        continue
+                    take(conn, addr)
+            tick()
 
     def _drain(self) -> None:
         try:
@@ -141,5 +167,11 @@ class Loop:
             pass
 
     def close(self) -> None:
+        """The connections still waiting are closed (and the loop, if it still runs)."""
+        self._closed = self._stopping = True
+        for sock, _cb in self._watched.values():
+            sock.close()
+        self._watched.clear()
+        self._ep.close()
         self._wake_r.close()
         self._wake_w.close()

@@ -225,7 +225,7 @@ class MetricsServer(HTTPServer):
             self.stats.count("rate_limited")
             refuse(request, LIMITED_RESPONSE)
         elif self._tls is not None:
-            self._workers.submit(request, client_address, None)
+            self._workers.submit(request, client_address, None, None)
         else:
             try:
                 self._answer(request, client_address)
@@ -238,15 +238,22 @@ class MetricsServer(HTTPServer):
         with self._active_lock:
             self._active -= 1
 
-    def _answer(self, request, client_address) -> None:
-        """Read what has arrived; answer a whole, simple GET here; hand the rest on."""
+    def _answer(self, request, client_address, key: int | None = None) -> None:
+        """Read what has arrived; answer a whole, simple GET here; hand the rest on. `key`:
+        the connection's deadline, once it has one (it waited in the loop)."""
         try:
             data = request.recv(READ_MAX, socket.MSG_DONTWAIT)
-        except BlockingIOError:  # nothing yet: a worker waits for it (under the deadline)
-            self._workers.submit(request, client_address, b"")
+        except BlockingIOError:  # nothing yet: wait for it in the loop, under the deadline
+            if key is None:
+                key = self._deadlines.add(request, self.limits.request_deadline_s)
+            self._loop.watch(request, lambda: self._arrived(request, client_address, key))
             return
         except OSError:
             data = b""
+        if key is not None and not data and not self._deadlines.done(key):
+            self._release()  # cut off at its deadline (counted there)
+            request.close()
+            return
         if not data:  # closed or reset before its request
             self.stats.count("client_gone")
             self._release()
@@ -255,8 +262,10 @@ class MetricsServer(HTTPServer):
         head = parse_head(data)
         path = head[1] if head else ""
         if head is None or head[0] != "GET" or ("?" in path and "name[]" in path):
-            self._workers.submit(request, client_address, data)  # the full parser's
+            self._workers.submit(request, client_address, data, key)  # the full parser's
             return
+        if key is not None:
+            self._deadlines.done(key)
         headers = head[2]
         verdict = self.authorize(headers.get("authorization"), client_address[0])
         out = self._answers.get(verdict)
@@ -285,7 +294,7 @@ class MetricsServer(HTTPServer):
         total = len(out) if out is not None else len(parts[0]) + len(parts[1])
         if sent < total:  # the socket took part of it: a worker sends the rest
             rest = (out if out is not None else b"".join(parts))[sent:]
-            self._workers.submit(request, client_address, memoryview(rest))
+            self._workers.submit(request, client_address, memoryview(rest), None)
         else:
             self._release()
             request.close()  # the answer and the end of the connection in one segment
@@ -295,10 +304,22 @@ class MetricsServer(HTTPServer):
             if seen is not None:  # the page is out: who scraped (exporter/closing.py)
                 seen((client_address[0], headers.get("user-agent", "")))
 
-    def _handle(self, request, client_address, pending) -> None:
+    def _arrived(self, request, client_address, key: int) -> None:
+        """On the loop: a connection that waited for its request is readable."""
+        try:
+            self._answer(request, client_address, key)
+        except Exception as e:  # noqa: BLE001 - never a traceback from a client's doing
+            self._deadlines.done(key)
+            self._release()
+            request.close()
+            self.on_error(e)
+
+    def _handle(self, request, client_address, pending, key: int | None = None) -> None:
         """On a worker: TLS connections (`pending` None), requests the loop did not answer
-        (`pending`: the bytes it read), answers it could not send whole (the rest)."""
-        key = self._deadlines.add(request, self.limits.request_deadline_s)
+        (`pending`: the bytes it read; `key`: their deadline when it is already running),
+        answers it could not send whole (the rest)."""
+        if key is None:
+            key = self._deadlines.add(request, self.limits.request_deadline_s)
         try:
             if isinstance(pending, memoryview):
                 request.settimeout(HANDSHAKE_TIMEOUT_S)
