@@ -415,3 +415,10 @@ def test_parse_head():
                 b"GET /m HTTP/1.0\r\n" + b"A: b\r\n" * 101 + b"\r\n",
                 b"GET /m HTTP/1.0\r\nA: " + b"x" * 20000 + b"\r\n\r\n"):
         assert parse_head(bad) is None, bad
+
+
+def test_a_port_in_use_is_an_oserror(start):
+    """The bind's own error (the caller falls back to another port), nothing else."""
+    srv = start()
+    with pytest.raises(OSError):
+        server.start("127.0.0.1", srv.server_address[1], registry())

@@ -365,7 +365,9 @@ class MetricsServer(HTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
-        self._loop.close()
+        loop = getattr(self, "_loop", None)  # None: the bind failed (HTTPServer closes then)
+        if loop is not None:
+            loop.close()
         self._workers.stop()
         self._deadlines.stop()
 
