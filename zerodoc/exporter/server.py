@@ -299,10 +299,12 @@ class MetricsServer(HTTPServer):
             self._release()
             request.close()  # the answer and the end of the connection in one segment
         self.stats.count(verdict)
-        if page is self.page:
-            seen = getattr(self, "on_scraped", None)
-            if seen is not None:  # the page is out: who scraped (exporter/closing.py)
+        seen = getattr(self, "on_scraped", None)
+        if seen is not None and page is self.page:  # the page is out: who scraped (closing.py)
+            try:
                 seen((client_address[0], headers.get("user-agent", "")))
+            except Exception as e:  # noqa: BLE001 - the connection is done: report, go on
+                self.on_error(e)
 
     def _arrived(self, request, client_address, key: int) -> None:
         """On the loop: a connection that waited for its request is readable."""
