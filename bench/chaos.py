@@ -1,6 +1,6 @@
 """Faults, load and hostile input against a live 2-rank job: what zerodoc said, what it cost.
 
-    python bench/chaos.py [--quick] [--json] [--seconds S] [--only NAME ...]
+    python bench/chaos.py [--quick] [--json] [--seconds S] [--rate R] [--only NAME ...]
 
 Load rows run against a live 2-rank demo job (gloo, CPU; `tests/helpers.LiveDemo`) serving
 /metrics on 127.0.0.1 only, one job without and one with basic auth (a bcrypt hash of cost
@@ -26,7 +26,10 @@ pinned to one core (os.sched_setaffinity) that reports its own CPU. Columns:
 
 A "floor" row measures, in the same run, what a bare Python accept / answer / close loop
 costs per connection on this machine (no zerodoc): the exporter's per-request CPU cannot go
-below the kernel's and the interpreter's share of that.
+below the kernel's and the interpreter's share of that. Both depend on the request rate
+(`--rate`, default 200/s over the two ranks): the load generator sends one request at a time,
+so at 100 requests/s per rank every request wakes the server from idle, and that wake-up
+(scheduler, cold caches) is a large part of what a request costs.
 
 Hostile-file and disk-full rows use `zerodoc.testing.hostile` (the hostile-input makers of
 issue 20 item 15) when this build has it; without it they are listed as not run.
@@ -53,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 HOST = "127.0.0.1"
 USER, RIGHT, WRONG = "prometheus", "right-horse-battery", "wrong-password"
-SCRAPE_RATE = 200.0  # requests per second, all load kinds
+SCRAPE_RATE = 200.0  # requests per second, all load kinds (--rate)
 SLOW_CLIENTS = 20  # per rank
 MANY_CONNECTIONS = 1300  # against rank 0
 # The floods come from 20 loopback addresses ("20 clients"); the bench reads the exporter's
@@ -110,7 +113,7 @@ def load_main(a) -> int:
         req = _request(auth)
         i = 0
         while True:
-            due = t0 + i / SCRAPE_RATE
+            due = t0 + i / a.rate
             if due >= end:
                 break
             now = time.monotonic()
@@ -195,7 +198,8 @@ def floor_main(a) -> int:
     port = ls.getsockname()[1]
     n = 400 if a.quick else 2000
     client = subprocess.Popen([sys.executable, __file__, "--load", "scrape", "--ports",
-                               str(port), "--seconds", str(n / SCRAPE_RATE), "--cpu", "1"],
+                               str(port), "--seconds", str(n / a.rate), "--cpu", "1",
+                               "--rate", str(a.rate)],
                               stdout=subprocess.PIPE, text=True)
     t0, k = time.thread_time(), 0
     ls.settimeout(2.0)
@@ -322,11 +326,11 @@ class Stretch:
                 "server_threads_cpu_s": sum(cpu1) - sum(self.cpu0), "counters": delta}
 
 
-def run_load(kind: str, demo, auth, seconds: float) -> dict:
+def run_load(kind: str, demo, auth, seconds: float, rate: float = SCRAPE_RATE) -> dict:
     st = Stretch(demo, auth)
     ports = ",".join(ep.rsplit(":", 1)[1] for ep in demo.endpoints)
     cmd = [sys.executable, __file__, "--load", kind, "--ports", ports, "--seconds",
-           str(seconds), "--cpu", "1"]
+           str(seconds), "--cpu", "1", "--rate", str(rate)]
     if auth:
         cmd += ["--auth", auth]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
@@ -359,10 +363,10 @@ def said(counters: dict, load: dict) -> str:
 def load_rows(a, tmp: Path) -> tuple[list, dict]:
     from tests.support.helpers import LiveDemo
 
-    faults = {"plain": [("scrape flood 200/s", "scrape"), ("slow clients", "slow"),
+    faults = {"plain": [(f"scrape flood {a.rate:g}/s", "scrape"), ("slow clients", "slow"),
                         ("many connections", "conns")],
-              "auth": [("right-password flood 200/s", "right"),
-                       ("wrong-password flood 200/s", "wrong")]}
+              "auth": [(f"right-password flood {a.rate:g}/s", "right"),
+                       (f"wrong-password flood {a.rate:g}/s", "wrong")]}
     rows, spreads = [], {}
     for job, todo in faults.items():
         todo = [t for t in todo if not a.only or t[1] in a.only]
@@ -379,7 +383,7 @@ def load_rows(a, tmp: Path) -> tuple[list, dict]:
             done = []
             for name, kind in todo:
                 secs = max(a.seconds, 12.0) if kind == "slow" else a.seconds
-                done.append((name, kind, run_load(kind, demo, auth, secs)))
+                done.append((name, kind, run_load(kind, demo, auth, secs, a.rate)))
                 ctl.append(control(demo, auth, a.seconds))
             steps = [c["step_s"] for c in ctl]
             base = statistics.mean(steps)
@@ -586,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="short stretches, small files")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--seconds", type=float, default=None, help="seconds per stretch")
+    p.add_argument("--rate", type=float, default=SCRAPE_RATE,
+                   help="requests per second of the floods (and the floor's), from 20 "
+                        "addresses, one at a time (default %(default)g)")
     p.add_argument("--only", nargs="*", default=None,
                    help="load kinds to run: scrape slow conns wrong right files floor")
     # the load generator's own arguments (bench/chaos.py runs itself)
@@ -604,8 +611,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="zerodoc-chaos-"))
     rows, spreads, floor = [], {}, None
     if a.only is None or "floor" in a.only:
-        out = subprocess.run([sys.executable, __file__, "--floor"] + (["--quick"] if a.quick
-                                                                      else []),
+        out = subprocess.run([sys.executable, __file__, "--floor", "--rate", str(a.rate)]
+                             + (["--quick"] if a.quick else []),
                              capture_output=True, text=True, timeout=300)
         floor = json.loads(out.stdout.strip().splitlines()[-1])
     cred = credential_costs(tmp) if a.only is None or "floor" in a.only else None

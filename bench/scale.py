@@ -242,7 +242,8 @@ def report_time(spec: str, what: str, window: int | None = 20,
                                     link=None, window=window))
     wall, cpu = since(t)
     print(f"  zerodoc report {what}: {wall:.2f} s wall, {cpu:.2f} s CPU ({len(snap.ranks)} "
-          f"ranks, {len(findings)} findings, {len(text) / 1e6:.1f} MB of JSON)")
+          f"ranks, {len(findings)} findings: {' '.join(f.code for f in findings) or '-'}, "
+          f"{len(text) / 1e6:.1f} MB of JSON)")
     budget(f"report time, {what}", f"{wall:.2f} s wall, {cpu:.2f} s CPU"
            + (f" (<= {limit_s:g} s)" if limit_s else ""),
            None if limit_s is None else wall <= limit_s)

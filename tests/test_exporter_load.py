@@ -305,3 +305,120 @@ def test_the_server_serves_its_own_counters_apart(monkeypatch):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+# --- the accepting loop's fast path (exporter/fastpath.py) --------------------------------
+def raw(srv, *pieces: bytes, between=None) -> bytes:
+    """Send `pieces` on one connection (calling `between()` after each but the last), read
+    the answer to the end."""
+    s = socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=10)
+    try:
+        for i, p in enumerate(pieces):
+            s.sendall(p)
+            if between is not None and i < len(pieces) - 1:
+                between()
+        out = b""
+        while True:
+            b = s.recv(1 << 20)
+            if not b:
+                return out
+            out += b
+    finally:
+        s.close()
+
+
+def split_answer(answer: bytes) -> tuple[str, dict, bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    return lines[0], {k.lower(): v.strip() for k, _, v in
+                      (ln.partition(":") for ln in lines[1:])}, body
+
+
+def basic(user: str, pw: str) -> bytes:
+    return b"Authorization: Basic " + base64.b64encode(f"{user}:{pw}".encode()) + b"\r\n"
+
+
+def test_whole_requests_are_answered_on_the_accepting_thread(start):
+    """A plain request that arrived whole is answered by the loop (no worker thread): 200
+    with the page's bytes, 401 and 429 with the configured headers; the page is the one a
+    worker would serve (prometheus_client's encoder, gzip when asked)."""
+    import gzip
+
+    from prometheus_client import generate_latest
+
+    reg = registry(50)
+    cfg = webconfig.WebConfig(path=Path("web.yml"), users=users(),
+                              headers={"X-Content-Type-Options": "nosniff"})
+    srv = start(reg, cfg=cfg)
+    ok = raw(srv, b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + basic("prometheus", "s3cret")
+             + b"Accept-Encoding: gzip\r\n\r\n")
+    status, headers, body = split_answer(ok)
+    assert status == "HTTP/1.0 200 OK"
+    assert headers["content-encoding"] == "gzip" and int(headers["content-length"]) == len(body)
+    assert gzip.decompress(body) == generate_latest(reg)
+    assert headers["x-content-type-options"] == "nosniff"
+    for _ in range(webconfig.FAIL_LIMIT):
+        status, headers, body = split_answer(
+            raw(srv, b"GET /metrics HTTP/1.0\r\n" + basic("prometheus", "nope") + b"\r\n"))
+        assert status == "HTTP/1.0 401 Unauthorized", status
+        assert headers["www-authenticate"].startswith("Basic")
+        assert headers["x-content-type-options"] == "nosniff"
+    assert split_answer(raw(srv, b"GET /metrics HTTP/1.0\r\n" + basic("prometheus", "guess")
+                            + b"\r\n"))[0] == "HTTP/1.0 429 Too Many Requests"
+    assert srv._workers.threads == 0  # all of it on the accepting thread
+    assert srv.stats.requests["ok"] == 1 and srv.stats.requests["unauthorized"] == 5
+    assert srv.active == 0
+
+
+def test_a_request_in_pieces_reaches_the_full_parser_whole(start):
+    """The loop reads the first piece, hands the connection to a worker with it; the worker's
+    parser sees the whole request (the piece is not lost), and answers 200."""
+    srv = start(registry(5))
+    handed = lambda: wait_for(lambda: srv._workers.threads == 1, what="handed to a worker")  # noqa: E731
+    status, _h, body = split_answer(
+        raw(srv, b"GET /metr", b"ics HTTP/1.0\r\nAccept: text/plain\r\n\r\n", between=handed))
+    assert status.startswith("HTTP/1.0 200") and b"zerodoc_test_value" in body
+    assert srv.stats.requests["ok"] == 1
+
+
+def test_a_malformed_request_gets_the_full_parsers_answer(start):
+    srv = start()
+    assert raw(srv, b"GET /metrics HTTP/1.0\r\n bad folded line\r\n\r\n").startswith(
+        b"HTTP/1.0 400 ")
+    assert raw(srv, b"BREW /metrics HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 501 ")
+    assert get(srv) == 200
+
+
+def test_a_page_larger_than_the_socket_takes_is_sent_whole(start):
+    """The loop sends what the socket takes without blocking; a worker sends the rest."""
+    from prometheus_client import generate_latest
+
+    reg = registry(4000)  # ~150 kB of text, not gzipped
+    srv = start(reg)
+    srv.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)  # accepted ones inherit it
+    status, headers, body = split_answer(raw(srv, b"GET /metrics HTTP/1.0\r\n\r\n"))
+    assert status == "HTTP/1.0 200 OK"
+    assert int(headers["content-length"]) == len(body) and body == generate_latest(reg)
+    assert srv._workers.threads == 1  # the rest went out from a worker
+    wait_for(lambda: srv.active == 0, what="the connection released")
+
+
+def test_parse_head():
+    from zerodoc.exporter.fastpath import parse_head
+
+    assert parse_head(b"GET /m?x=1 HTTP/1.1\r\nHost: a\r\nAccept-Encoding:  gzip \r\n\r\n") == \
+        ("GET", "/m?x=1", {"host": "a", "accept-encoding": "gzip"})
+    for bad in (b"GET /m HTTP/1.1\r\nHost: a\r\n",  # not whole yet
+                b"GET /m HTTP/2\r\n\r\n", b"GET /m\r\n\r\n", b"GET /m HTTP/1.0\r\nNoColon\r\n\r\n",
+                b"GET /m HTTP/1.0\r\nA: b\r\n folded\r\n\r\n",
+                b"GET /m HTTP/1.0\r\nName : v\r\n\r\n",
+                b"GET /m HTTP/1.0\r\n" + b"A: b\r\n" * 101 + b"\r\n",
+                b"GET /m HTTP/1.0\r\nA: " + b"x" * 20000 + b"\r\n\r\n"):
+        assert parse_head(bad) is None, bad
+
+
+def test_a_port_in_use_is_an_oserror(start):
+    """The bind's own error (the caller falls back to another port), nothing else."""
+    srv = start()
+    with pytest.raises(OSError):
+        server.start("127.0.0.1", srv.server_address[1], registry())

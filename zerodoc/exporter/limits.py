@@ -10,9 +10,9 @@ GIL). Here:
   (the run log, the checkpoints and the collectives keep theirs). Every connection has a
   whole-request deadline (`request_deadline_s`, TLS handshake included): a client that
   trickles its request a byte at a time, or does not read the answer, is cut off then.
-- `Workers`: a small pool of daemon threads that handle the accepted connections (started
-  on demand up to the cap, leaving after a minute idle), instead of one new thread per
-  request.
+- `Workers`: a small pool of daemon threads that handle the connections the accepting loop
+  does not answer itself (TLS, requests not whole on arrival, large answers: `fastpath.py`),
+  started on demand up to the cap, leaving after a minute idle.
 - `Deadlines`: one thread that shuts down connections past their deadline (idle while
   there are none).
 - `name_thread`: the server's OS threads are named `zd-metrics*` (what a witness outside the
@@ -91,7 +91,7 @@ def name_thread(name: str) -> None:
 
 
 class Workers:
-    """Daemon threads that run `handle(conn, addr)` for accepted connections: as many as
+    """Daemon threads that run `handle(*job)` for accepted connections: as many as
     are busy at once (at most the cap), reused, each leaving after `idle_s` without work."""
 
     def __init__(self, handle, stats: Stats, idle_s: float, name: str = "zd-metrics-work"):
@@ -101,14 +101,15 @@ class Workers:
         self._idle = 0
         self.threads = 0
 
-    def submit(self, conn, addr) -> None:
+    def submit(self, *job) -> None:
+        """Run `handle(*job)` on a worker thread."""
         with self._lock:
             spawn = self._idle == 0
             if spawn:
                 self.threads += 1
             else:
                 self._idle -= 1
-        self._jobs.put((conn, addr))
+        self._jobs.put(job)
         if spawn:
             threading.Thread(target=self._run, name=self.name, daemon=True).start()
 
@@ -126,7 +127,6 @@ class Workers:
                     job = self._jobs.get(timeout=self.idle_s)
                     if job is None:  # stop()
                         return
-                    conn, addr = job
                 except queue.Empty:
                     with self._lock:
                         if self._idle > 0:  # nobody counted on this thread: leave
@@ -135,7 +135,7 @@ class Workers:
                             return
                     continue  # a job was handed to this thread while it timed out
                 try:
-                    self.handle(conn, addr)
+                    self.handle(*job)
                 finally:
                     now = time.thread_time()
                     self.stats.add_cpu(now - last)
@@ -207,15 +207,17 @@ class Deadlines:
 
 
 def refuse(sock, response: bytes = BUSY_RESPONSE) -> None:
-    """Answer `response` (503) and close, from the accepting thread: never blocks, reads nothing but what
-    has already arrived (so that the close does not reset the connection under the answer)."""
+    """Answer `response` (503) and close, from the accepting thread: never blocks, reads
+    nothing but what has already arrived (so that the close does not reset the connection
+    under the answer)."""
     try:
-        sock.setblocking(False)
         try:
-            sock.recv(65536)
+            sock.recv(65536, socket.MSG_DONTWAIT)
         except OSError:
             pass
-        sock.send(response)
+        # the answer and the FIN in one segment, the FIN before the close: a request that
+        # arrives after the read resets the connection only once the answer is out
+        sock.send(response, socket.MSG_DONTWAIT | getattr(socket, "MSG_MORE", 0))
         sock.shutdown(socket.SHUT_WR)
     except OSError:
         pass

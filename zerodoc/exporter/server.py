@@ -16,8 +16,10 @@ own thread, so a slow or hostile client cannot stall the others.
 
 Whatever the configuration, what clients can take from the training process is bounded
 (`limits.py`, docs/reliability.md): at most `Limits.max_connections` connections at once (one
-more is answered 503 from the accepting thread, its request unread), a whole-request deadline,
-a pool of worker threads, the page rendered at most once per `PAGE_MAX_AGE_S` unless the
+more is answered 503 from the accepting thread, its request unread), a plain-HTTP request that
+arrived whole answered on the accepting thread itself (`fastpath.py`: an epoll loop, prebuilt
+answers, no thread switch), the rest on a pool of worker threads under a whole-request
+deadline, the page rendered at most once per `PAGE_MAX_AGE_S` unless the
 collector's stamp changed (`page.py`), password verdicts remembered and failed logins
 rate-limited (`webconfig.Authenticator`); how it answered and what it cost are served on
 `OWN_PATH`.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import errno
+import io
 import ipaddress
 import os
 import socket
@@ -43,6 +46,7 @@ from .prometheus import (  # first: it configures prometheus_client  # isort: sk
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from . import webconfig  # noqa: E402
+from .fastpath import READ_MAX, SEND_FLAGS, Handoff, Loop, canned, parse_head, response_head  # noqa: E402,E501
 from .limits import (  # noqa: E402
     LIMITED_RESPONSE, Deadlines, Limits, Stats, Workers, name_thread, refuse,
 )
@@ -75,6 +79,12 @@ class _Handler(PageHandler):
             if seen is not None:  # the page is out: who scraped (exporter/closing.py)
                 seen((self.client_address[0], self.headers.get("User-Agent", "")))
         self.server.stats.count(verdict)
+
+    def setup(self) -> None:
+        super().setup()
+        prefix = self.server.prefixes.pop(self.request.fileno(), None)
+        if prefix is not None:  # the accepting loop read these bytes already (fastpath.py)
+            self.rfile = io.BufferedReader(Handoff(prefix, self.connection))
 
     def _refuse(self, code: int, text: str, header: tuple[str, str]) -> None:
         self.send_response(code)
@@ -126,7 +136,7 @@ class _TLS:
 class MetricsServer(HTTPServer):
     """An HTTP(S) server for one registry, with the web configuration's protections and the
     limits of `limits.py` (connection cap answered 503, whole-request deadline, a pool of
-    worker threads, its own requests and CPU counted)."""
+    worker threads, its own requests and CPU counted), served by `fastpath.Loop`."""
 
     allow_reuse_address = True
     request_queue_size = 64
@@ -146,13 +156,25 @@ class MetricsServer(HTTPServer):
         self._active_lock = threading.Lock()
         self._workers = Workers(self._handle, self.stats, self.limits.worker_idle_s)
         self._deadlines = Deadlines(self.stats)
+        self.prefixes: dict[int, bytes] = {}  # fd -> bytes read by the loop, for the handler
         self.address_family = _family(host, port)
         # The page is served from a `Page` (page.py: rendered at most once a second or per
         # step end, unchanged families and gzip reused).
-        page = Page(registry, stamp=stamp, max_age_s=PAGE_MAX_AGE_S if stamp else 0.0)
+        self.page = Page(registry, stamp=stamp, max_age_s=PAGE_MAX_AGE_S if stamp else 0.0)
         super().__init__((host, port),
                          type("ZerodocMetricsHandler", (_Handler,),
-                              {"registry": registry, "page": page}))
+                              {"registry": registry, "page": self.page}))
+        extra = list(self.extra_headers.items())
+        self._answers = {  # fastpath: refusals prebuilt, 200 heads cached per page
+            "unauthorized": canned("401 Unauthorized", extra + [
+                ("WWW-Authenticate", 'Basic realm="zerodoc"')], "401 Unauthorized\n"),
+            "rate_limited": canned("429 Too Many Requests", extra + [
+                ("Retry-After", str(int(webconfig.FAIL_WINDOW_S)))],
+                "429 Too Many Requests: too many failed logins\n")}
+        self._heads: dict[tuple, bytes] = {}
+        self._loop = Loop(self.socket)
+        self._served = threading.Event()
+        self._served.set()  # not serving: shutdown() returns at once
 
     @property
     def scheme(self) -> str:
@@ -174,9 +196,23 @@ class MetricsServer(HTTPServer):
             return "unauthorized"
         return self._auth.verdict(user, password, client)
 
-    # --- connections: capped, deadlined, handled by the worker pool -----------------------
+    # --- the accepting loop (fastpath.py) ------------------------------------------------
+    def serve_forever(self, poll_interval: float = 0.5) -> None:  # noqa: ARG002
+        self._served.clear()
+        try:
+            self._loop.serve(self.process_request, self.stats.report_thread)
+        finally:
+            self._served.set()
+
+    def shutdown(self) -> None:
+        self._loop.stop()
+        self._served.wait()
+
+    # --- connections: capped, answered on the loop or handled by the worker pool --------
     def process_request(self, request, client_address) -> None:
-        """On the accepting thread: over the cap, a canned 503 without reading the request."""
+        """On the accepting thread: over the cap, a canned 503 without reading the request;
+        an address over its failure limit, a canned 429; a plain-HTTP request that has
+        arrived whole, its answer (`_answer`); the rest, a worker thread."""
         with self._active_lock:
             over = self._active >= self.limits.max_connections
             if not over:
@@ -185,18 +221,114 @@ class MetricsServer(HTTPServer):
             self.stats.count("over_capacity")
             refuse(request)
         elif self._auth is not None and self._auth.refuse_early(client_address[0]):
-            with self._active_lock:
-                self._active -= 1
+            self._release()
             self.stats.count("rate_limited")
             refuse(request, LIMITED_RESPONSE)
+        elif self._tls is not None:
+            self._workers.submit(request, client_address, None, None)
         else:
-            self._workers.submit(request, client_address)
-        self.stats.report_thread()
+            try:
+                self._answer(request, client_address)
+            except Exception as e:  # noqa: BLE001 - never a traceback from a client's doing
+                self._release()
+                request.close()
+                self.on_error(e)
 
-    def _handle(self, request, client_address) -> None:
-        key = self._deadlines.add(request, self.limits.request_deadline_s)
+    def _release(self) -> None:
+        with self._active_lock:
+            self._active -= 1
+
+    def _answer(self, request, client_address, key: int | None = None) -> None:
+        """Read what has arrived; answer a whole, simple GET here; hand the rest on. `key`:
+        the connection's deadline, once it has one (it waited in the loop)."""
         try:
-            if self._tls is None:
+            data = request.recv(READ_MAX, socket.MSG_DONTWAIT)
+        except BlockingIOError:  # nothing yet: wait for it in the loop, under the deadline
+            if key is None:
+                key = self._deadlines.add(request, self.limits.request_deadline_s)
+            self._loop.watch(request, lambda: self._arrived(request, client_address, key))
+            return
+        except OSError:
+            data = b""
+        if key is not None and not data and not self._deadlines.done(key):
+            self._release()  # cut off at its deadline (counted there)
+            request.close()
+            return
+        if not data:  # closed or reset before its request
+            self.stats.count("client_gone")
+            self._release()
+            request.close()
+            return
+        head = parse_head(data)
+        path = head[1] if head else ""
+        if head is None or head[0] != "GET" or ("?" in path and "name[]" in path):
+            self._workers.submit(request, client_address, data, key)  # the full parser's
+            return
+        if key is not None:
+            self._deadlines.done(key)
+        headers = head[2]
+        verdict = self.authorize(headers.get("authorization"), client_address[0])
+        out = self._answers.get(verdict)
+        page = None
+        if out is None:
+            own = path.partition("?")[0] == OWN_PATH and self.own_page is not None
+            page = self.own_page if own else self.page
+            body, hdrs = page.bake(headers.get("accept"), headers.get("accept-encoding"))
+            key = (tuple(hdrs), len(body))
+            head_bytes = self._heads.get(key)
+            if head_bytes is None:
+                if len(self._heads) > 32:
+                    self._heads.clear()
+                head_bytes = self._heads[key] = response_head(
+                    "200 OK", hdrs + list(self.extra_headers.items()), len(body))
+            out = head_bytes + body if len(body) < 4096 else None
+            parts = [head_bytes, body]
+        try:
+            sent = request.send(out, SEND_FLAGS) if out is not None else \
+                request.sendmsg(parts, (), SEND_FLAGS)
+        except OSError:
+            self.stats.count("client_gone")
+            self._release()
+            request.close()
+            return
+        total = len(out) if out is not None else len(parts[0]) + len(parts[1])
+        if sent < total:  # the socket took part of it: a worker sends the rest
+            rest = (out if out is not None else b"".join(parts))[sent:]
+            self._workers.submit(request, client_address, memoryview(rest), None)
+        else:
+            self._release()
+            request.close()  # the answer and the end of the connection in one segment
+        self.stats.count(verdict)
+        seen = getattr(self, "on_scraped", None)
+        if seen is not None and page is self.page:  # the page is out: who scraped (closing.py)
+            try:
+                seen((client_address[0], headers.get("user-agent", "")))
+            except Exception as e:  # noqa: BLE001 - the connection is done: report, go on
+                self.on_error(e)
+
+    def _arrived(self, request, client_address, key: int) -> None:
+        """On the loop: a connection that waited for its request is readable."""
+        try:
+            self._answer(request, client_address, key)
+        except Exception as e:  # noqa: BLE001 - never a traceback from a client's doing
+            self._deadlines.done(key)
+            self._release()
+            request.close()
+            self.on_error(e)
+
+    def _handle(self, request, client_address, pending, key: int | None = None) -> None:
+        """On a worker: TLS connections (`pending` None), requests the loop did not answer
+        (`pending`: the bytes it read; `key`: their deadline when it is already running),
+        answers it could not send whole (the rest)."""
+        if key is None:
+            key = self._deadlines.add(request, self.limits.request_deadline_s)
+        try:
+            if isinstance(pending, memoryview):
+                request.settimeout(HANDSHAKE_TIMEOUT_S)
+                request.sendall(pending)
+            elif self._tls is None:
+                if pending:
+                    self.prefixes[request.fileno()] = pending
                 self.finish_request(request, client_address)
             else:
                 self._finish_tls(request, client_address, key)
@@ -208,9 +340,9 @@ class MetricsServer(HTTPServer):
                     self.on_error(e)
         finally:
             self._deadlines.done(key)
+            self.prefixes.pop(request.fileno(), None)
             self.shutdown_request(request)
-            with self._active_lock:
-                self._active -= 1
+            self._release()
 
     def _finish_tls(self, request, client_address, key: int) -> None:
         request.settimeout(HANDSHAKE_TIMEOUT_S)
@@ -235,6 +367,9 @@ class MetricsServer(HTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
+        loop = getattr(self, "_loop", None)  # None: the bind failed (HTTPServer closes then)
+        if loop is not None:
+            loop.close()
         self._workers.stop()
         self._deadlines.stop()
 

@@ -13,7 +13,9 @@ that stopped first is, in order: a rank stuck or failed *outside* a collective (
 the others wait for); else a rank that left no trace at all (no record and no clean close:
 the process died, or hangs holding the interpreter lock) and made no step since the others
 stopped; else the rank stuck in a collective since the earliest time. Ranks stuck or failed
-inside a collective are the ones left waiting.
+inside a collective are the ones left waiting. Every rank silent at the same last step (no
+record, no clean close) is the whole job stopping at once (killed, preempted, its "end"
+records lost with it): named as such (`whole_job`), with no rank first (`rank` None).
 Severity: CRITICAL when a rank is stuck, failed or stale; WARNING when the only sign is a
 missing clean close after every rank reached the same last step.
 Fix: look at that rank first: its own output, the kernel log (OOM killer), its Python stack
@@ -87,6 +89,10 @@ def evaluate(ctx) -> list:
     by_progress = sorted(gone, key=lambda r: (r not in stale, ranks[r].last_step,
                                               last_seen(r), r))
     first = (outside or by_progress or inside)[0]
+    # every rank silent at the same last step: the job ended as a whole (its "end" records
+    # lost with it), no rank is known to have gone first
+    whole = (not current and len(ranks) > 1 and len(gone) == len(ranks)
+             and len({ranks[r].last_step for r in ranks}) == 1)
     waiting = sorted(r for r in inside if r != first)
     also = sorted(r for r in [*outside, *gone] if r != first)
 
@@ -98,6 +104,12 @@ def evaluate(ctx) -> list:
                 f"{where}, step {s.get('step', '?')}")
         if state == "stuck" and s.get("stalled_s") is not None:
             head += f", no progress for {secs(float(s['stalled_s']))} when seen"
+    elif whole:
+        state = "stale" if first in stale else "gone"
+        head = (f"the whole job stopped after step {ranks[first].last_step}: none of its "
+                f"{len(ranks)} ranks closed cleanly or left a watchdog record (killed, "
+                "preempted or crashed as a whole, or it never called close(); the run logs "
+                "cannot tell which rank went first)")
     else:
         state = "stale" if first in stale else "gone"
         last = ranks[first].last_step
@@ -116,7 +128,7 @@ def evaluate(ctx) -> list:
                      len({ranks[r].last_step for r in ranks}) == 1)
     severity = Severity.WARNING if only_unclosed else Severity.CRITICAL
     evidence = {
-        "rank": first, "state": state,
+        "rank": None if whole else first, "state": state,
         "step": current[first].get("step") if first in current else ranks[first].last_step + 1,
         "last_step": ranks[first].last_step,
         "since_unix": float(current[first].get("since_unix") or 0.0) if first in current
@@ -136,12 +148,19 @@ def evaluate(ctx) -> list:
         "also_stopped_ranks": also,
         "ended_ranks": sorted(ended),
         "stale_ranks": sorted(stale),
+        "whole_job": whole,
     }
     if first in current:
         fix = (f"Look at rank {first} first: it is stuck in {_where(current[first])}"
                + (f" at {evidence['frame']}" if evidence["frame"] else "")
                + f"; dump its Python stack (`py-spy dump --pid PID`, pid in its run log "
                f"header) and its output. The other ranks only wait for it.")
+    elif whole:
+        fix = ("Look at the job as a whole: the launcher's or scheduler's record of it (exit "
+               "codes, a preemption, a time limit, Ctrl-C), each rank's output for the first "
+               "error, the nodes' kernel logs for the OOM killer (`dmesg | grep -i kill`). A "
+               "job that ends without calling close() (or `with zerodoc.attach(...)`) leaves "
+               "the same trace.")
     else:
         fix = (f"Look at rank {first} first: its output (stderr, exit code), the node's kernel "
                f"log for the OOM killer (`dmesg | grep -i kill`), the scheduler's record of the "
@@ -150,6 +169,6 @@ def evaluate(ctx) -> list:
     return [finding(
         CODE, NAME, severity, head + tail, evidence=evidence,
         threshold={"stale_after_seconds": ctx.t.stale_after_seconds},
-        fix=fix, ranks=(first,),
+        fix=fix, ranks=tuple(sorted(ranks)) if whole else (first,),
         units=(evidence["unit"],) if evidence["unit"] else (),
         cost_seconds_per_step=0.0)]
