@@ -139,6 +139,7 @@ class Monitor:
         self._errors_n = 0
         self._errors_snap: dict[str, int] = {}
         self._t_opt: float | None = None  # optimizer start on a step without detail
+        self._root_hook = None  # the root pre-hook's handle until step 1 ends
 
         self.adapter = adapters.detect(model, optimizer, self.registry)
         self.adapter.discover()
@@ -326,17 +327,33 @@ class Monitor:
 
     # --- tiers: per-unit instrumentation on detail steps only ---------------------------
     def _install_root_hook(self) -> None:
-        """Always on: the first step starts at the model's first forward (on detail steps the
-        adapter's root hook, which runs before this one, does the same first). Not with no
-        sharded units (framework "none"): its first step starts at attach, as it always did
-        (a `step(closure)` job runs its forward inside the step)."""
+        """Until the first step ends: the first step starts at the model's first forward (on
+        detail steps the adapter's root hook, which runs before this one, does the same
+        first). Removed at the first step end (`_first_step_end`): every later step starts
+        at the previous one's end, so from step 2 on a step without detail enters nothing of
+        zerodoc inside forward and backward. Not with no sharded units (framework "none"):
+        its first step starts at attach, as it always did (a `step(closure)` job runs its
+        forward inside the step)."""
         if self.adapter.framework == "none":
             return
         try:
             h = self.model.register_forward_pre_hook(self._root_pre, prepend=True)
+            self._root_hook = h
             self._undo.append(h.remove)
         except Exception as e:  # noqa: BLE001 - not a module (the first step starts at attach)
             self.registry.missing("root forward pre-hook", repr(e))
+
+    def _first_step_end(self) -> None:
+        """The end of step 1: the always-on root pre-hook has done its only job (a handle
+        removed twice, here and at close, is a no-op); rank 0's first-step checks."""
+        h, self._root_hook = self._root_hook, None
+        if h is not None:
+            try:
+                h.remove()
+            except Exception as e:  # noqa: BLE001 - never into the job
+                self.registry.error("root forward pre-hook", e)
+        if self.rank == 0:
+            self._first_step_checks()
 
     def _root_pre(self, mod, args) -> None:
         if self._step_start is None:
@@ -706,8 +723,8 @@ class Monitor:
                 self.registry.error("runlog", e)
         self._tiers(detail, step_s)
         self._pending_self_s = perf_counter() - now
-        if self.step_index == 1 and self.rank == 0:
-            self._first_step_checks()
+        if self.step_index == 1:
+            self._first_step_end()
 
     def _end_lean(self, now: float, opt_s: float | None = None) -> None:
         """The step end of a step without per-unit detail (the always-on tier): step-level
@@ -767,8 +784,8 @@ class Monitor:
         if self.sampler.mode != "off":
             self._tiers(False, step_s)
         self._pending_self_s = perf_counter() - now
-        if step == 1 and self.rank == 0:
-            self._first_step_checks()
+        if step == 1:
+            self._first_step_end()
 
     def _errors(self) -> dict:
         """The registry's error counts: a new dict when they changed, else the same one (it
