@@ -140,6 +140,7 @@ class Monitor:
         self._errors_snap: dict[str, int] = {}
         self._t_opt: float | None = None  # optimizer start on a step without detail
         self._root_hook = None  # the root pre-hook's handle until step 1 ends
+        self._tail = True  # GPU: a detail step's events may be left to read back
 
         self.adapter = adapters.detect(model, optimizer, self.registry)
         self.adapter.discover()
@@ -376,6 +377,7 @@ class Monitor:
         steps they are not entered at all."""
         undo, self._unit_undo = self._unit_undo, []
         self._detail_on = False
+        self._tail = True  # its events may still be read back (`_end_lean`)
         for fn in reversed(undo):
             try:
                 fn()
@@ -402,7 +404,8 @@ class Monitor:
             # `_opt_post`, not through the recorder's stack.
             self.rec.phase = OPTIMIZER
             self._t_opt = perf_counter()
-            if self._memory_due(self.step_index + 1):
+            step = self.step_index + 1
+            if step <= 2 or step % self.cfg.memory_every == 0:  # _memory_due, inlined
                 try:
                     self._mem_static["gradients"] = memory.gradient_bytes(
                         self.adapter.memory_module())
@@ -734,8 +737,9 @@ class Monitor:
         timer = self.timer
         dev = None
         if timer.device:
-            if timer.busy():  # a detail step's tail still to read back (never a wait)
-                timer.collect()
+            # a detail step's tail still to read back (never a wait): asked until it is done
+            if self._tail and not self._read_tail():
+                self._tail = False
             o = self.rec.drain_step(now, keep_comm=True)
             self._step_event(self.step_index + 1)
             dev, self._device_step = self._device_step, None
@@ -747,7 +751,8 @@ class Monitor:
         step_s = now - start
         self._step_start = now
         self.step_index = step = self.step_index + 1
-        coll = self.seq.step(None)
+        seq = self.seq
+        coll = None if seq.readers == [] else seq.step(None)  # [] : no process group
         mem = self._mem
         if mem is None or now - self._mem_t >= MEMORY_READ_S or step <= 2 or \
                 step % self.cfg.memory_every == 0 or self.cfg.reset_peak_memory:
@@ -786,6 +791,14 @@ class Monitor:
         self._pending_self_s = perf_counter() - now
         if step == 1:
             self._first_step_end()
+
+    def _read_tail(self) -> bool:
+        """GPU, a step without detail: read back what the last detail step left (never a
+        wait); False once nothing is left (no step without detail adds to it)."""
+        if self.timer.busy():
+            self.timer.collect()
+            return True
+        return False
 
     def _errors(self) -> dict:
         """The registry's error counts: a new dict when they changed, else the same one (it
@@ -831,7 +844,8 @@ class Monitor:
         completed together are not all read: the latest is, the older ones are skipped."""
         try:
             pool = self.rec.pool
-            ev = pool.get()
+            free = pool._free  # EventPool.get / put, inlined (every step)
+            ev = free.pop() if free else pool.get()
             pool.record(ev)
             q = self._step_ev
             q.append((step, ev))
@@ -841,11 +855,14 @@ class Monitor:
                 if e1.query():
                     e0 = q[-3][1]
                     self._device_step = (s1, max(0.0, e0.elapsed_time(e1)) / 1e3)
-                    for _s, e in q[:-2]:
-                        pool.put(e)
-                    del q[:-2]
+                    if n == 3:
+                        free.append(q.pop(0)[1])
+                    else:
+                        for _s, e in q[:-2]:
+                            free.append(e)
+                        del q[:-2]
                 elif n > 64:  # the device stopped completing: bound it
-                    pool.put(q.pop(0)[1])
+                    free.append(q.pop(0)[1])
         except Exception as e:
             self.registry.error("device_step", e)
 
