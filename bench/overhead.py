@@ -190,8 +190,12 @@ def report(args, res: dict, tmp: Path) -> tuple[float, float, float]:
     print(f"  training-thread CPU per step: A {med(ca) * 1e3:.1f} ms, B {med(cb) * 1e3:.1f} ms, "
           f"ratio {cpu_ratio:.4f}")
     if args.device != "cuda" and not args.control:
-        selfs = [st.self_seconds
-                 for st in read_rank_log(tmp / "run" / "rank-00000.jsonl").steps[2:]]
+        steps = read_rank_log(tmp / "run" / "rank-00000.jsonl").steps
+        selfs = [st.self_seconds for st in steps[2:]]
+        ks = [st.detail_k for st in steps if st.detail and st.detail_k]
+        print(f"  per-unit detail (rank 0): {sum(1 for st in steps if st.detail)} of "
+              f"{len(steps)} steps (warm-up and pairs), K at the end "
+              f"{ks[-1] if ks else '-'}")
         print(f"  shim step-end bookkeeping (run log + totals + memory): "
               f"median {med(selfs) * 1e6:.0f} us/step, "
               f"mean {res['self_s_per_step'] * 1e6:.0f} us/step "

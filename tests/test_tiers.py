@@ -91,6 +91,23 @@ def test_k_from_the_own_cost():
     assert s.k == sampling.K_MAX
 
 
+def test_k_from_the_wall_time_the_cpu_clock_misses():
+    """Sampled steps that cost the training thread no CPU time but 20 ms of wall time (gloo's
+    completion callbacks holding the interpreter lock on another thread): K follows the wall
+    time, 0.02 / (0.002 x 0.1) = 100 -> 128; a wall-time difference below the CPU one does
+    not lower K."""
+    s = Sampler("adaptive", "w")
+    for i in range(3, 60):
+        sampled = i % 4 == 0
+        s.observe(i, 0.1 + (2e-2 if sampled else 0.0), 0.05, sampled)
+    assert s.own_s == pytest.approx(2e-2) and s.k == 128
+    for i in range(60, 120):  # CPU cost 1.5 ms, wall 0 (noise): the CPU clock's K
+        sampled = i % 4 == 0
+        s.observe(i, 0.1 - (1e-3 if sampled else 0.0), 0.05 + (1.5e-3 if sampled else 0.0),
+                  sampled)
+    assert s.own_s == pytest.approx(1.5e-3) and s.k == 8
+
+
 def test_attach_option_and_environment(monkeypatch, tmp_path):
     from zerodoc.config import AttachConfig
 
