@@ -37,6 +37,10 @@ Printed, one JSON object (times: the training thread's CPU time, `time.thread_ti
 - `unsampled_gc_passes_in_zerodoc_per_step` (garbage-collector passes that started inside
   the timed zerodoc code, gc.callbacks) and `gc_passes_per_step` {A, B} over the unsampled
   blocks.
+- `step_end_us`: the same unsampled-step code (`optimizer.step()` with zerodoc's hooks,
+  no model) in a tight loop and after touching 0.25 to 16 MB of other memory: the cost of
+  that code when the caches no longer hold it (the model's own work between two step ends
+  does that, more of it the larger the model), with the stand-in's calls included.
 - `install_us` / `remove_us`: installing / removing the per-unit instrumentation once (paid on
   the first and after the last step of a run of sampled steps).
 Figures from this machine's CPU: they show the host cost a GPU step would pay.
@@ -110,17 +114,20 @@ class Counter:
 
     def calibrate(self, n: int = 20000) -> float:
         """The counting's own cost per call that lands outside `t` (so on whoever made the
-        call): a wrapped no-op's thread time less what `t` recorded of it."""
-        w = self.wrap(lambda: None)
-        best = float("inf")
-        for _ in range(5):
-            n0, t0 = self.n, self.t
+        call): a wrapped no-op's thread time less a bare one's (the wrapper's whole cost),
+        less one clock read (the part of it inside `t`). Thread CPU times, best of 5."""
+        def bare():
+            return None
+        w = self.wrap(bare)
+
+        def loop(fn) -> float:
             c = time.thread_time()
             for _ in range(n):
-                w()
-            c = time.thread_time() - c
-            best = min(best, (c - (self.t - t0)) / n)
-            self.n, self.t = n0, t0
+                fn()
+            return time.thread_time() - c
+        n0, t0 = self.n, self.t
+        best = min(loop(w) - loop(bare) - loop(perf_counter) for _ in range(5)) / n
+        self.n, self.t = n0, t0
         return max(0.0, best)
 
 
@@ -166,6 +173,33 @@ def zerodoc_calls(fn) -> int:
     finally:
         sys.setprofile(None)
     return n
+
+
+def step_end_cold(opt, direct: list, hook_calls: list, probe_s: float,
+                  n: int = 200) -> dict:
+    """The unsampled step's zerodoc code (the optimizer hooks, the step end) without the
+    model: `optimizer.step()` alone, in a tight loop and after the thread touched M MB of
+    other memory (a bytearray, one write per 64-byte line, and a walk over M MB of Python
+    objects): what the same code costs when the caches no longer hold it. Medians, us."""
+    def once() -> float:
+        d0, h0 = direct[0], hook_calls[0]
+        opt.step()
+        return direct[0] - d0 - probe_s * (hook_calls[0] - h0)
+
+    out = {"tight": round(statistics.median(once() for _ in range(n)) * 1e6, 1)}
+    for mb in (0.25, 1, 4, 16):
+        size = int(mb * 2**20)
+        buf = bytearray(size)
+        zeros = bytes(len(range(0, size, 64)))
+        objs = [object() for _ in range(size // 16)]  # 16 bytes each
+        ts = []
+        for _ in range(n // 4):
+            buf[::64] = zeros
+            for _o in objs:
+                pass
+            ts.append(once())
+        out[f"after_{mb:g}MB"] = round(statistics.median(ts) * 1e6, 1)
+    return out
 
 
 def main(argv=None) -> int:
@@ -318,6 +352,7 @@ def main(argv=None) -> int:
             step(twin)
         gcw.close()
         gc_per_step[twin] = round(gcw.total / args.steps, 3)
+    cold = step_end_cold(opt_a, direct, hook_calls, probe_s)
     mon.close()
     hp.queue_autograd_callback = real_queue
 
@@ -344,7 +379,10 @@ def main(argv=None) -> int:
             raw = med(a[1] for a, _b in pairs)
             standin = med(a[4] for a, _b in pairs)
             py = med(own)
-            out["unsampled_python_mean_us"] = round(statistics.fmean(own) * us, 1)
+            # the mean keeps the rare costly steps (memory re-reads); the stand-in's time,
+            # a wall clock (a preemption inside a call would inflate it), by its median
+            out["unsampled_python_mean_us"] = round(
+                (statistics.fmean(a[1] for a, _b in pairs) - standin) * us, 1)
             out["unsampled_python_p90_us"] = round(statistics.quantiles(own, n=10)[-1] * us, 1)
         else:  # A - B (the hooks are spread over forward and backward)
             own = [(a[0] - a[3]) - (b[0] - b[3]) - counter.outside_s * (a[2] - b[2])
@@ -360,6 +398,7 @@ def main(argv=None) -> int:
         out[f"{kind}_cuda_calls"] = calls
         out[f"{kind}_cost_us"] = round(py * us + US_PER_CUDA_CALL * calls, 1)
     n_unsampled = args.rounds * args.steps
+    out["step_end_us"] = cold
     out["timing_probe_us"] = round(probe_s * us, 2)
     out["counting_us_per_cuda_call"] = round(counter.outside_s * us, 3)
     out["unsampled_zerodoc_calls_in_forward_backward"] = max(inside)
