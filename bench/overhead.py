@@ -13,6 +13,11 @@ scrape time of a 128-unit model. Quote medians and ratios: the machine is shared
 every rank's /metrics every S seconds of A-step time (`--scrape-during A`, default: a real
 scrape is the instrumented job's cost, so it lands on A steps only) or of wall time (`both`:
 it then slows A and B alike and the ratio cannot see it).
+
+Per-unit detail comes on 1 step in K (docs/gpus.md, "Tiers"), K adaptive by default: the
+monitor's step spans an A and a B step here, so the worker halves the sampler's budget (a
+share of the median step) to give A the K a job of its own would get. The report says how
+many of rank 0's steps had detail and the K at the end.
 """
 
 from __future__ import annotations
@@ -112,7 +117,7 @@ def overhead(args, tmp: Path) -> dict:
             "attach": {"run_dir": str(run), "port": 0,
                        "completion_callbacks": not args.no_completion_callbacks},
             "warmup": 5, "pairs": args.pairs, "out": str(out), "device": args.device,
-            "control": args.control,
+            "control": args.control, "halve_budget": True,
             "flag_file": str(flag_file) if scraping and args.scrape_during == "A" else None}
     job = Job(args.ranks, spec, module="bench.overhead_worker",
               env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}).start()
