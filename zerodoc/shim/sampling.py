@@ -16,10 +16,9 @@ thread's CPU time (`time.thread_time()`, one read per step end). The shim's own 
 sampled step is the larger of two differences of medians over recent sampled and unsampled
 steps (past warm-up): of the training thread's CPU time (what the sampled steps cost the
 host beyond an unsampled one: hooks, wrappers, event records, install and removal) and of
-the step's wall time (what the CPU clock of the training thread does not see: on CPU / gloo
-the async collectives' completion callbacks run on gloo's threads and take the interpreter
-lock from the step, 5-9 % of a 65-unit step with prefetch on the 2-core test machine while
-the training thread's own CPU time differed by 0.2 %; docs/overhead.md). The wall-time
+the step's wall time (what the training thread's CPU clock does not see: the step waiting
+for the interpreter lock while other threads run zerodoc's work, e.g. on CPU / gloo the async
+collectives' completion callbacks on gloo's threads; docs/overhead.md). The wall-time
 difference is the noisier one: its noise can only raise K (less detail), never lower it.
 Then ``K = ceil(own / (budget x median step))``, rounded up to a power of two, clamped to
 [1, K_MAX]. Until two of each kind were seen, K stays at K_START.
