@@ -467,6 +467,9 @@ def test_gpu_steps_cuda_calls_on_the_cuda_stand_in(tmp_path, monkeypatch):
     from zerodoc.testing import simmonitor
 
     counts = _count_zerodoc_event_calls(monkeypatch)
+    # the real hook saved first (attach replaces it; monkeypatch restores the first value it
+    # saw at teardown: saved after attach, later tests would lose their autograd callbacks)
+    monkeypatch.setattr(hp, "queue_autograd_callback", hp.queue_autograd_callback)
     for detail in ("off", "every"):
         sim, fsdp, opt = simmonitor.build(6)
         queue: list = []
