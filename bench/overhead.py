@@ -13,6 +13,11 @@ scrape time of a 128-unit model. Quote medians and ratios: the machine is shared
 every rank's /metrics every S seconds of A-step time (`--scrape-during A`, default: a real
 scrape is the instrumented job's cost, so it lands on A steps only) or of wall time (`both`:
 it then slows A and B alike and the ratio cannot see it).
+
+Per-unit detail comes on 1 step in K (docs/gpus.md, "Tiers"), K adaptive by default: the
+monitor's step spans an A and a B step here, so the worker halves the sampler's budget (a
+share of the median step) to give A the K a job of its own would get. The report says how
+many of rank 0's steps had detail and the K at the end.
 """
 
 from __future__ import annotations
@@ -112,7 +117,7 @@ def overhead(args, tmp: Path) -> dict:
             "attach": {"run_dir": str(run), "port": 0,
                        "completion_callbacks": not args.no_completion_callbacks},
             "warmup": 5, "pairs": args.pairs, "out": str(out), "device": args.device,
-            "control": args.control,
+            "control": args.control, "halve_budget": True,
             "flag_file": str(flag_file) if scraping and args.scrape_during == "A" else None}
     job = Job(args.ranks, spec, module="bench.overhead_worker",
               env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}).start()
@@ -190,8 +195,12 @@ def report(args, res: dict, tmp: Path) -> tuple[float, float, float]:
     print(f"  training-thread CPU per step: A {med(ca) * 1e3:.1f} ms, B {med(cb) * 1e3:.1f} ms, "
           f"ratio {cpu_ratio:.4f}")
     if args.device != "cuda" and not args.control:
-        selfs = [st.self_seconds
-                 for st in read_rank_log(tmp / "run" / "rank-00000.jsonl").steps[2:]]
+        steps = read_rank_log(tmp / "run" / "rank-00000.jsonl").steps
+        selfs = [st.self_seconds for st in steps[2:]]
+        ks = [st.detail_k for st in steps if st.detail and st.detail_k]
+        print(f"  per-unit detail (rank 0): {sum(1 for st in steps if st.detail)} of "
+              f"{len(steps)} steps (warm-up and pairs), K at the end "
+              f"{ks[-1] if ks else '-'}")
         print(f"  shim step-end bookkeeping (run log + totals + memory): "
               f"median {med(selfs) * 1e6:.0f} us/step, "
               f"mean {res['self_s_per_step'] * 1e6:.0f} us/step "

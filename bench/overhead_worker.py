@@ -38,6 +38,11 @@ def main() -> None:
         mon = zerodoc.attach(models["A"], opts["A"], enabled=False)
     else:
         mon = zerodoc.attach(models["A"], opts["A"], **spec["attach"])
+        if spec.get("halve_budget") and hasattr(mon, "sampler"):
+            # The monitor's step runs from one A step end to the next: a B step lies in
+            # between, so its median step is about twice a job's and the detail budget
+            # (a share of it) twice as generous; halved, K is the one the job alone gets.
+            mon.sampler.budget /= 2
     flag = None
     if spec.get("flag_file"):
         with open(spec["flag_file"], "r+b") as f:

@@ -117,3 +117,30 @@ def test_the_recorders_clock_reads_are_its_bucket_boundaries():
     t1 = rec.remove(B_WAIT)
     assert t1 > t0 and rec.acc[B_WAIT] == t1 - t0
     assert rec.stack == [B_OTHER]
+
+
+def test_the_lean_drain_returns_the_optimizer_time_and_leaves_unit_buckets_alone():
+    """`drain_step` (a step without detail) hands back the optimizer's seconds and zeroes the
+    4 step-level buckets only: a detail step's `drain()` left the unit buckets at zero and
+    nothing charges them on a step without detail; a unit bucket left on the stack by
+    mistake is not charged either (the next detail step starts from clean buckets)."""
+    from zerodoc.shim.recorder import B_OPTIMIZER, unit_bucket
+
+    rec = Recorder(50)
+    ub = unit_bucket(49, BACKWARD)
+    rec.push(ub)
+    sum(range(1000))
+    acc, _comm = rec.drain(rec.remove(ub))
+    assert acc[ub] > 0 and all(x == 0.0 for x in rec.acc)  # the detail step's end
+    for _ in range(3):  # steps without detail
+        t0 = rec.push(B_OPTIMIZER)
+        sum(range(1000))
+        t1 = rec.remove(B_OPTIMIZER)
+        rec.push(B_WAIT)  # step-level buckets are zeroed too
+        assert rec.drain_step(t1 + 0.5) == pytest.approx(t1 - t0)
+        assert rec.stack == [B_OTHER] and all(x == 0.0 for x in rec.acc)
+    t0 = rec.push(B_OPTIMIZER)  # the optimizer still running at the step end
+    assert rec.drain_step(t0 + 0.25) == pytest.approx(0.25)
+    rec.push(ub)  # a unit bucket on the stack (never on such a step): not charged
+    rec.drain_step(rec.last + 1.0)
+    assert all(x == 0.0 for x in rec.acc) and rec.stack == [B_OTHER]

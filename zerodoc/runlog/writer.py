@@ -271,8 +271,14 @@ class RunLogWriter:
         optimizer_s, self_s, mem, coll, (device_step_s_for, device_step_s) or None,
         errors or None): the writer thread builds its `step` record (docs/runlog.md), so
         the training thread builds no dict on such a step. `mem` and `errors` are not
-        changed after the hand-over (the monitor replaces them, never mutates them)."""
-        self._put(("lean", t))
+        changed after the hand-over (the monitor replaces them, never mutates them).
+        The common case is one append here, no further call (`_put` for the rest: closed,
+        closing, full)."""
+        q = self._q
+        if not self._closing_timeout and len(q.items) < q.maxsize and not self._closed:
+            q.items.append(("lean", t))
+        else:
+            self._put(("lean", t))
 
     def units_due(self, step: int) -> bool:
         """A per-unit interval line is due after this step (every_steps / every_seconds)."""

@@ -118,6 +118,8 @@ class Monitor:
         self._errors_n = 0
         self._errors_snap: dict[str, int] = {}
         self._t_opt: float | None = None  # optimizer start on a step without detail
+        self._root_hook = None  # the root pre-hook's handle until step 1 ends
+        self._tail = True  # GPU: a detail step's events may be left to read back
 
         self.adapter = adapters.detect(model, optimizer, self.registry)
         self.adapter.discover()
@@ -305,17 +307,33 @@ class Monitor:
 
     # --- tiers: per-unit instrumentation on detail steps only ---------------------------
     def _install_root_hook(self) -> None:
-        """Always on: the first step starts at the model's first forward (on detail steps the
-        adapter's root hook, which runs before this one, does the same first). Not with no
-        sharded units (framework "none"): its first step starts at attach, as it always did
-        (a `step(closure)` job runs its forward inside the step)."""
+        """Until the first step ends: the first step starts at the model's first forward (on
+        detail steps the adapter's root hook, which runs before this one, does the same
+        first). Removed at the first step end (`_first_step_end`): every later step starts
+        at the previous one's end, so from step 2 on a step without detail enters nothing of
+        zerodoc inside forward and backward. Not with no sharded units (framework "none"):
+        its first step starts at attach, as it always did (a `step(closure)` job runs its
+        forward inside the step)."""
         if self.adapter.framework == "none":
             return
         try:
             h = self.model.register_forward_pre_hook(self._root_pre, prepend=True)
+            self._root_hook = h
             self._undo.append(h.remove)
         except Exception as e:  # noqa: BLE001 - not a module (the first step starts at attach)
             self.registry.missing("root forward pre-hook", repr(e))
+
+    def _first_step_end(self) -> None:
+        """The end of step 1: the always-on root pre-hook has done its only job (a handle
+        removed twice, here and at close, is a no-op); rank 0's first-step checks."""
+        h, self._root_hook = self._root_hook, None
+        if h is not None:
+            try:
+                h.remove()
+            except Exception as e:  # noqa: BLE001 - never into the job
+                self.registry.error("root forward pre-hook", e)
+        if self.rank == 0:
+            self._first_step_checks()
 
     def _root_pre(self, mod, args) -> None:
         if self._step_start is None:
@@ -338,6 +356,7 @@ class Monitor:
         steps they are not entered at all."""
         undo, self._unit_undo = self._unit_undo, []
         self._detail_on = False
+        self._tail = True  # its events may still be read back (`_end_lean`)
         for fn in reversed(undo):
             try:
                 fn()
@@ -364,7 +383,8 @@ class Monitor:
             # `_opt_post`, not through the recorder's stack.
             self.rec.phase = OPTIMIZER
             self._t_opt = perf_counter()
-            if self._memory_due(self.step_index + 1):
+            step = self.step_index + 1
+            if step <= 2 or step % self.cfg.memory_every == 0:  # _memory_due, inlined
                 try:
                     self._mem_static["gradients"] = memory.gradient_bytes(
                         self.adapter.memory_module())
@@ -685,8 +705,8 @@ class Monitor:
                 self.registry.error("runlog", e)
         self._tiers(detail, step_s)
         self._pending_self_s = perf_counter() - now
-        if self.step_index == 1 and self.rank == 0:
-            self._first_step_checks()
+        if self.step_index == 1:
+            self._first_step_end()
 
     def _end_lean(self, now: float, opt_s: float | None = None) -> None:
         """The step end of a step without per-unit detail (the always-on tier): step-level
@@ -696,8 +716,9 @@ class Monitor:
         timer = self.timer
         dev = None
         if timer.device:
-            if timer.busy():  # a detail step's tail still to read back (never a wait)
-                timer.collect()
+            # a detail step's tail still to read back (never a wait): asked until it is done
+            if self._tail and not self._read_tail():
+                self._tail = False
             o = self.rec.drain_step(now, keep_comm=True)
             self._step_event(self.step_index + 1)
             dev, self._device_step = self._device_step, None
@@ -709,7 +730,8 @@ class Monitor:
         step_s = now - start
         self._step_start = now
         self.step_index = step = self.step_index + 1
-        coll = self.seq.step(None)
+        seq = self.seq
+        coll = None if seq.readers == [] else seq.step(None)  # [] : no process group
         mem = self._mem
         if mem is None or now - self._mem_t >= MEMORY_READ_S or step <= 2 or \
                 step % self.cfg.memory_every == 0 or self.cfg.reset_peak_memory:
@@ -746,8 +768,16 @@ class Monitor:
         if self.sampler.mode != "off":
             self._tiers(False, step_s)
         self._pending_self_s = perf_counter() - now
-        if step == 1 and self.rank == 0:
-            self._first_step_checks()
+        if step == 1:
+            self._first_step_end()
+
+    def _read_tail(self) -> bool:
+        """GPU, a step without detail: read back what the last detail step left (never a
+        wait); False once nothing is left (no step without detail adds to it)."""
+        if self.timer.busy():
+            self.timer.collect()
+            return True
+        return False
 
     def _errors(self) -> dict:
         """The registry's error counts: a new dict when they changed, else the same one (it
@@ -793,7 +823,8 @@ class Monitor:
         completed together are not all read: the latest is, the older ones are skipped."""
         try:
             pool = self.rec.pool
-            ev = pool.get()
+            free = pool._free  # EventPool.get / put, inlined (every step)
+            ev = free.pop() if free else pool.get()
             pool.record(ev)
             q = self._step_ev
             q.append((step, ev))
@@ -803,11 +834,14 @@ class Monitor:
                 if e1.query():
                     e0 = q[-3][1]
                     self._device_step = (s1, max(0.0, e0.elapsed_time(e1)) / 1e3)
-                    for _s, e in q[:-2]:
-                        pool.put(e)
-                    del q[:-2]
+                    if n == 3:
+                        free.append(q.pop(0)[1])
+                    else:
+                        for _s, e in q[:-2]:
+                            free.append(e)
+                        del q[:-2]
                 elif n > 64:  # the device stopped completing: bound it
-                    pool.put(q.pop(0)[1])
+                    free.append(q.pop(0)[1])
         except Exception as e:
             self.registry.error("device_step", e)
 

@@ -13,10 +13,14 @@ are always sampled, so per-unit detail is there from the start.
 
 Adaptive K. After each step the monitor reports the step's wall time and the training
 thread's CPU time (`time.thread_time()`, one read per step end). The shim's own cost of a
-sampled step is the difference of the medians of the thread CPU time of recent sampled and
-unsampled steps (past warm-up): what the sampled steps cost the host beyond an unsampled
-one, hooks, wrappers, event records, install and removal included. Then
-``K = ceil(own / (budget x median step))``, rounded up to a power of two, clamped to
+sampled step is the larger of two differences of medians over recent sampled and unsampled
+steps (past warm-up): of the training thread's CPU time (what the sampled steps cost the
+host beyond an unsampled one: hooks, wrappers, event records, install and removal) and of
+the step's wall time (what the training thread's CPU clock does not see: the step waiting
+for the interpreter lock while other threads run zerodoc's work, e.g. on CPU / gloo the async
+collectives' completion callbacks on gloo's threads; docs/overhead.md). The wall-time
+difference is the noisier one: its noise can only raise K (less detail), never lower it.
+Then ``K = ceil(own / (budget x median step))``, rounded up to a power of two, clamped to
 [1, K_MAX]. Until two of each kind were seen, K stays at K_START.
 """
 
@@ -83,6 +87,7 @@ class Sampler:
         self.budget = budget
         self.seed = seed_of(run_id)
         self._cpu = {True: deque(maxlen=WINDOW), False: deque(maxlen=WINDOW)}
+        self._wall = {True: deque(maxlen=WINDOW), False: deque(maxlen=WINDOW)}
         self._steps: deque = deque(maxlen=2 * WINDOW)
         self.own_s: float | None = None  # the latest estimate of a sampled step's own cost
 
@@ -111,6 +116,7 @@ class Sampler:
             return
         self._steps.append(step_s)
         self._cpu[sampled].append(cpu_s)
+        self._wall[sampled].append(step_s)
         if sampled:
             self.adapt()
 
@@ -118,7 +124,9 @@ class Sampler:
         s, u = self._cpu[True], self._cpu[False]
         if len(s) < 2 or len(u) < 2 or not self._steps:
             return self.k
-        own = max(0.0, statistics.median(s) - statistics.median(u))
+        med = statistics.median
+        ws, wu = self._wall[True], self._wall[False]
+        own = max(0.0, med(s) - med(u), med(ws) - med(wu))
         self.own_s = own
         step = statistics.median(self._steps)
         if step <= 0:
