@@ -82,13 +82,39 @@ def test_k_from_the_own_cost():
         sampled = i % 4 == 0
         s.observe(i, step, 0.05 + (2e-2 if sampled else 0.0), sampled)
     assert s.k == 128
-    for i in range(80, 120):  # nothing to pay: every step
+    for i in range(80, 120):  # nothing to pay: the floor (plain steps keep the baseline)
         s.observe(i, step, 0.05, i % 4 == 0)
-    assert s.k == 1
+    assert s.k == sampling.K_MIN == 2
     for i in range(120, 160):
         sampled = i % 4 == 0
         s.observe(i, step, 0.05 + (10.0 if sampled else 0.0), sampled)
     assert s.k == sampling.K_MAX
+
+
+def test_a_cost_lost_in_the_steps_jitter_is_not_free():
+    """On a noisy CPU job the medians' difference is often <= 0 although a detail step costs
+    something: K must come from what the windows can resolve (upper bound: two standard
+    errors), not fall to the floor. Steps of 100 ms +- 5 ms (a fixed pseudo-random jitter),
+    detail steps costing 0.1 ms more (half the budget, 0.2 ms): the point estimate reads the
+    jitter; the bound keeps K where the jitter cannot hide the budget."""
+    import random
+
+    rng = random.Random(7)
+    s = Sampler("adaptive", "noise")
+    for i in range(3, 200):
+        sampled = i % 4 == 0
+        j = rng.uniform(-5e-3, 5e-3)
+        s.observe(i, 0.1 + j + (1e-4 if sampled else 0.0), 0.05 + j + (1e-4 if sampled
+                                                                   else 0.0), sampled)
+    assert s.own_hi_s is not None and s.own_hi_s > 1e-3  # the jitter's bound, not 0.1 ms
+    assert s.k >= 8, (s.k, s.own_s, s.own_hi_s)
+    # the same steps without jitter: the cost is resolved, K = ceil(0.1 / 0.2) -> the floor
+    q = Sampler("adaptive", "quiet")
+    for i in range(3, 200):
+        sampled = i % 4 == 0
+        q.observe(i, 0.1 + (1e-4 if sampled else 0.0), 0.05 + (1e-4 if sampled else 0.0),
+                  sampled)
+    assert q.k == sampling.K_MIN and q.own_hi_s == pytest.approx(1e-4)
 
 
 def test_k_from_the_wall_time_the_cpu_clock_misses():

@@ -20,8 +20,14 @@ the step's wall time (what the training thread's CPU clock does not see: the ste
 for the interpreter lock while other threads run zerodoc's work, e.g. on CPU / gloo the async
 collectives' completion callbacks on gloo's threads; docs/overhead.md). The wall-time
 difference is the noisier one: its noise can only raise K (less detail), never lower it.
-Then ``K = ceil(own / (budget x median step))``, rounded up to a power of two, clamped to
-[1, K_MAX]. Until two of each kind were seen, K stays at K_START.
+Each difference is taken at its upper bound: plus two standard errors of the difference of
+the two medians (from each window's median absolute deviation), so that a cost the windows
+cannot resolve from the steps' own jitter does not read as "free" (on a noisy CPU step the
+point estimate is often <= 0, and K fell to 1: detail on every step, the budget exceeded).
+Then ``K = ceil(own_hi / (budget x median step))``, rounded up to a power of two, clamped
+to [K_MIN, K_MAX]: at least 2, so that steps without detail keep coming and keep the
+baseline of the estimate current (`detail="every"` is K = 1). Until two of each kind were
+seen, K stays at K_START.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from collections import deque
 
 BUDGET = 0.002  # the shim's own host time on sampled steps, as a fraction of the median step
 K_START = 8
+K_MIN = 2  # adaptive: plain steps keep coming (the baseline of the cost estimate)
 K_MAX = 1024
 WARMUP = 2  # steps always sampled (and left out of the cost medians)
 WINDOW = 15  # recent steps of each kind the medians are taken over
@@ -74,6 +81,23 @@ def parse(detail) -> tuple[str, int | None]:
     return ("every", 1) if detail == 1 else ("fixed", detail)
 
 
+def median_se(xs) -> float:
+    """Standard error of the median of `xs` from their median absolute deviation (robust to
+    the odd slow step): 1.2533 x 1.4826 x MAD / sqrt(n); 0 with fewer than 2 values."""
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    m = statistics.median(xs)
+    mad = statistics.median(abs(x - m) for x in xs)
+    return 1.2533 * 1.4826 * mad / math.sqrt(n)
+
+
+def diff_hi(a, b) -> float:
+    """Upper bound of median(a) - median(b): plus two standard errors of the difference."""
+    se = math.hypot(median_se(a), median_se(b))
+    return statistics.median(a) - statistics.median(b) + 2.0 * se
+
+
 def pow2_ceil(x: float) -> int:
     return 1 if x <= 1 else 1 << math.ceil(math.log2(x))
 
@@ -90,6 +114,7 @@ class Sampler:
         self._wall = {True: deque(maxlen=WINDOW), False: deque(maxlen=WINDOW)}
         self._steps: deque = deque(maxlen=2 * WINDOW)
         self.own_s: float | None = None  # the latest estimate of a sampled step's own cost
+        self.own_hi_s: float | None = None  # its upper bound, which K is set from
 
     def header(self) -> dict:
         """The run header's `sampling` (docs/gpus.md, "Tiers")."""
@@ -126,12 +151,13 @@ class Sampler:
             return self.k
         med = statistics.median
         ws, wu = self._wall[True], self._wall[False]
-        own = max(0.0, med(s) - med(u), med(ws) - med(wu))
-        self.own_s = own
+        self.own_s = max(0.0, med(s) - med(u), med(ws) - med(wu))
+        own_hi = max(0.0, diff_hi(s, u), diff_hi(ws, wu))
+        self.own_hi_s = own_hi
         step = statistics.median(self._steps)
         if step <= 0:
             return self.k
-        self.k = max(1, min(K_MAX, pow2_ceil(own / (self.budget * step))))
+        self.k = max(K_MIN, min(K_MAX, pow2_ceil(own_hi / (self.budget * step))))
         return self.k
 
 
