@@ -4,7 +4,7 @@
                              [--scrape-interval 1.0] [--scrape-during A|both] [--repeat 3]
 
 Prints the median step-time ratio instrumented / plain (A and B alternate step by step in the
-same processes, order rotating), the same for the training thread's CPU time per step (less
+same processes, alternating A, B, A, B), the same for the training thread's CPU time per step (less
 sensitive to a loaded machine), the shim's own step-end bookkeeping per step, and the /metrics
 scrape time of a 128-unit model. Quote medians and ratios: the machine is shared and noisy.
 

@@ -49,6 +49,11 @@ def main() -> None:
             flag = mmap.mmap(f.fileno(), 0)
     times = {"A": [], "B": []}
     cpu = {"A": [], "B": []}
+    # A, B, A, B, ...: each step follows one of the other model's and a barrier, the same
+    # for both, and the monitor's step (A's step end to the next) always spans one B step
+    # and one A step. (A rotating order, ABBA..., made the monitor's steps bimodal, one A
+    # step or A + two B steps, and the adaptive sampler's medians of them meaningless: K
+    # jumped between 2 and 1024 from run to run.)
     order = ["A", "B"]
     for i in range(spec["warmup"] + spec["pairs"]):
         for k in order:
@@ -71,7 +76,6 @@ def main() -> None:
             if i >= spec["warmup"]:
                 times[k].append(dt)
                 cpu[k].append(dc)
-        order.reverse()  # rotate who goes first
     tot = getattr(mon, "totals", None)
     self_s = tot.self_seconds / max(1, tot.steps) if tot is not None else 0.0
     if spec.get("hold_s"):
