@@ -92,7 +92,11 @@ def test_json_report_is_stable_and_complete():
     assert set(f) == {"code", "name", "severity", "title", "evidence", "threshold", "fix",
                       "predicted", "predicted_effects", "history", "ranks", "units", "doc",
                       "cost_seconds_per_step", "explains", "explained_by", "extra"}
-    assert f["predicted_effects"][0]["metric"] == "all_gather_seconds_per_step"
+    # The step model's predictions come first (issue 22), each with its range.
+    pe = f["predicted_effects"]
+    assert [e["metric"] for e in pe[:2]] == ["exposed_comm_seconds_per_step", "step_seconds"]
+    assert all(e["lo"] <= e["value"] <= e["hi"] and e["value"] < e["now"] for e in pe[:2]), pe
+    assert "whatif" in f["extra"]
     assert f["evidence"]["units"] == 18 and f["threshold"]["wrap_fine_min_units"] == 16
     assert len(rep["units"]) == 18 and all(set(u) == UNIT_KEYS for u in rep["units"])
     assert [s["rank"] for s in rep["steps"]] == [0, 1]
