@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -11,6 +13,29 @@ from zerodoc.runlog import RankLog, read_rank_log, read_rank_tail
 
 # The repository root (README.md, docs/, exporters/, rules/, dashboards/, bench/ live here).
 ROOT = Path(__file__).resolve().parents[2]
+# Test programs as files (tests/support/jobs/*.py), each run in a fresh interpreter.
+JOBS = ROOT / "tests" / "support" / "jobs"
+
+
+def job_command(name: str, *args) -> list[str]:
+    """The command line running the job script tests/support/jobs/<name>.py by path (with
+    `job_env()`'s environment, so that it finds zerodoc and tests.support)."""
+    path = JOBS / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no job script {path}")
+    return [sys.executable, str(path), *map(str, args)]
+
+
+def job_env(env: dict | None = None, path=()) -> dict:
+    """`env` (this process's environment when None) with the repository root, after the
+    folders in `path`, on PYTHONPATH: a script run by path has its own folder as sys.path[0],
+    not the working directory."""
+    env = dict(os.environ if env is None else env)
+    parts = [str(p) for p in path] + [str(ROOT)]
+    if env.get("PYTHONPATH"):
+        parts.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
 
 
 def wait_until(condition, timeout: float = 30.0, what: str = "condition",
