@@ -263,7 +263,7 @@ def test_closure_time_is_not_optimizer_time(tmp_path):
     x = torch.randn(2, 4)
 
     def closure():
-        time.sleep(0.2)
+        time.sleep(0.2)  # the subject: 200 ms of closure, the ground truth beneath the shim
         opt.zero_grad()
         loss = model(x).square().sum()
         loss.backward()

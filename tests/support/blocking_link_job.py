@@ -23,7 +23,7 @@ def main() -> None:
         orig = c10d.all_gather_into_tensor
 
         def all_gather_into_tensor(*args, **kwargs):
-            time.sleep(delay)
+            time.sleep(delay)  # the subject: the slow link blocks the call itself
             return orig(*args, **kwargs)
         dist.all_gather_into_tensor = c10d.all_gather_into_tensor = all_gather_into_tensor
     sys.argv[1] = json.dumps(spec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
 import sys
@@ -51,6 +52,31 @@ def wait_until(condition, timeout: float = 30.0, what: str = "condition",
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+def pids_gone(pids) -> bool:
+    """Every process in `pids` has exited (gone from /proc, or a zombie not yet reaped)."""
+    def gone(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+    return all(gone(p) for p in pids)
+
+
+async def wait_until_async(attempt, timeout: float = 30.0, what: str = "condition",
+                           interval: float = 0.05):
+    """wait_until for a coroutine function: await `attempt()` until it returns something true
+    and return that value; after `timeout` seconds fail saying `what` was awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await attempt()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 async def until(pilot, cond, timeout: float = 30.0, what: str = "condition"):
