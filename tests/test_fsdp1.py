@@ -221,8 +221,8 @@ def test_missing_hook_point_fails_soft(tmp_path):
 def test_close_restores_fsdp1(tmp_path):
     from zerodoc.demo.launch import Job
 
-    job = Job(2, {"run_dir": str(tmp_path / "run")}, module="tests.support.jobs.fsdp1_restore",
-              env={"PYTHONPATH": str(ROOT)})
+    job = Job(2, {"run_dir": str(tmp_path / "run"), "framework": "fsdp1-full"},
+              module="tests.support.jobs.restore_after_close", env={"PYTHONPATH": str(ROOT)})
     with job:
         codes = job.wait(120)
     assert codes == [0, 0], job.outputs()
