@@ -195,7 +195,7 @@ def test_zero3_slow_link_exposed_rises_by_delay_per_unit(z3):
 def test_zero3_blocking_call_is_exposed_not_framework(ds_ready, tmp_path):
     """Issue 20 item 9: a slow link that blocks the fetch's collective *call* (every
     all-gather sleeps DELAY before it is issued, beneath DeepSpeed and zerodoc:
-    tests/support/blocking_link_job.py) was booked as the fetch's framework time (+DELAY per call)
+    tests/support/jobs/blocking_link.py) was booked as the fetch's framework time (+DELAY per call)
     with exposed time unchanged. The time blocked in the call is exposed communication: the
     exposed all-gather floor rises by DELAY per call on every unit and phase, the framework
     floor does not take the delays."""
@@ -209,7 +209,7 @@ def test_zero3_blocking_call_is_exposed_not_framework(ds_ready, tmp_path):
         run_dir = tmp_path / name
         spec = {"model": dict(SMALL_MODEL), "steps": STEPS, "framework": "deepspeed-3",
                 "attach": {"run_dir": str(run_dir), "port": False}, "block_call_s": delay}
-        job = Job(2, spec, module="tests.support.blocking_link_job", env=env).start()
+        job = Job(2, spec, module="tests.support.jobs.blocking_link", env=env).start()
         try:
             codes = job.wait(300)
         finally:

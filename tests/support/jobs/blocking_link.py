@@ -1,4 +1,6 @@
-"""A demo rank whose all-gathers block in the call: `python -m tests.support.blocking_link_job SPEC`.
+"""A demo rank whose all-gathers block in the call.
+
+    python -m tests.support.jobs.blocking_link SPEC
 
 A slow link that stalls the *call* (not just the completion, as `zerodoc/shim/slowlink.py`
 does): `torch.distributed.all_gather_into_tensor` sleeps `spec["block_call_s"]` before it
