@@ -94,7 +94,7 @@ def test_a_client_trickling_its_request_is_cut_off_at_the_deadline(start):
     s.sendall(b"GET /metrics HTTP/1.1\r\n")
     t0 = time.monotonic()
     closed = False
-    while time.monotonic() - t0 < 8:  # one byte every 0.2 s: each receive is quick
+    while time.monotonic() - t0 < 8:  # the subject, a slow client: one byte every 0.2 s
         try:
             s.sendall(b"X")
             s.settimeout(0.2)
