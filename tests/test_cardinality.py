@@ -9,13 +9,12 @@ rank's totals over units against its own run log (which keeps full per-unit deta
 
 from __future__ import annotations
 
-import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.helpers import LiveDemo
+from tests.support.helpers import LiveDemo, wait_until
 from zerodoc.ops import cardinality as card
 from zerodoc.catalog import CATALOG, Metric
 from zerodoc.exporter.detail import unit_detail_ranks
@@ -157,7 +156,11 @@ def test_coarse_totals_equal_the_run_log(jobs):
     retried)."""
     demo = jobs["coarse"]
     bad = None
-    for _attempt in range(3):
+    last: dict = {}
+
+    def served_matches_run_log() -> bool:
+        """A scrape can land between a rank's counter updates: compared again until a whole
+        step agrees."""
         got = {}
         for s in samples(scrape(demo.endpoints[1])):
             if s.name == "zerodoc_last_step":
@@ -177,12 +180,15 @@ def test_coarse_totals_equal_the_run_log(jobs):
                     want[(ph, c)] = want.get((ph, c), 0.0) + t.exposed_seconds
                 for (_u, ph), sec in st.compute.items():
                     want[ph] = want.get(ph, 0.0) + sec
-        bad = {k: (got.get(k), v) for k, v in want.items()
-               if got.get(k) != pytest.approx(v, rel=1e-9, abs=1e-12)}
-        if not bad and set(want) == set(got) - {"step"}:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"(served, run log): {bad}")
+        last["bad"] = bad = {k: (got.get(k), v) for k, v in want.items()
+                             if got.get(k) != pytest.approx(v, rel=1e-9, abs=1e-12)}
+        return not bad and set(want) == set(got) - {"step"}
+
+    try:
+        wait_until(served_matches_run_log, 30, "rank 1's served totals to match its run log",
+                   interval=0.2)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; (served, run log): {last.get('bad')}") from None
 
 
 @pytest.mark.slow

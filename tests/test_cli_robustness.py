@@ -14,12 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.support.promserver import require_binary
-from tests.support.helpers import ROOT
+from tests.support.helpers import ROOT, wait_until
 from zerodoc.cli import main as cli
 from zerodoc.demo.launch import free_port
 
@@ -115,8 +114,8 @@ def test_demo_into_closed_pipe_stops_its_ranks(tmp_path):
     p = run_into_closed_pipe(["-m", "zerodoc", "demo", "--headless", "--ranks", "2",
                               "--steps", "3", "--port", "0", "--run-dir", str(run_dir)])
     assert_quiet_broken_pipe(p)
-    time.sleep(0.5)
-    assert not _processes_mentioning(str(run_dir)), "a demo rank outlived the demo"
+    wait_until(lambda: not _processes_mentioning(str(run_dir)), 5,
+               "the demo's ranks to exit with it (a demo rank outlived the demo)")
 
 
 @pytest.mark.slow
@@ -128,8 +127,8 @@ def test_stack_into_closed_pipe_stops_prometheus(tmp_path):
                               str(free_port()), "--data-dir", str(data), "--no-alertmanager"])
     assert_quiet_broken_pipe(p)
     assert (data / "prometheus.log").exists()  # it had started
-    time.sleep(0.5)
-    assert not _processes_mentioning(str(data)), "prometheus outlived zerodoc stack"
+    wait_until(lambda: not _processes_mentioning(str(data)), 5,
+               "Prometheus to exit with zerodoc stack (prometheus outlived zerodoc stack)")
 
 
 class _CtrlCWhilePrinting:
@@ -166,8 +165,13 @@ def test_ctrl_c_on_a_report_waiting_for_a_server(tmp_path):
                                 env=ENV, cwd=ROOT)
         try:
             srv.settimeout(60)
-            conn, _ = srv.accept()  # the request arrived: it is now blocked on the answer
-            time.sleep(0.3)
+            conn, _ = srv.accept()
+            conn.settimeout(60)
+            request = b""
+            while b"\r\n\r\n" not in request:  # the whole request: it now waits on the answer
+                chunk = conn.recv(4096)
+                assert chunk, "the report closed its connection before asking"
+                request += chunk
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=30)
             conn.close()

@@ -26,13 +26,12 @@ import json
 import math
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import ROOT, SMALL_MODEL, per_step, run_demo
+from tests.support.helpers import ROOT, SMALL_MODEL, job_command, job_env, per_step, run_demo
 
 # The first start on a fresh machine compiles an op (ds_ready): more than the default 300 s.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -63,14 +62,9 @@ def ds_ready():
     """DeepSpeed importable and its CPU comm op compiled, once, in one process (two ranks
     compiling at once wait on a lock file; a killed build would leave it behind)."""
     require_deepspeed()
-    code = ("import os, time; os.environ.setdefault('DS_ACCELERATOR', 'cpu'); t = time.time()\n"
-            "from deepspeed.accelerator import get_accelerator\n"
-            "b = get_accelerator().create_op_builder('ShareMemCommBuilder')\n"
-            "b is not None and b.load(verbose=False)\n"
-            "print(round(time.time() - t, 1))")
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=BUILD_TIMEOUT, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    r = subprocess.run(job_command("deepspeed_build_op"), capture_output=True, text=True,
+                       timeout=BUILD_TIMEOUT, env={**job_env(), "DS_ACCELERATOR": "cpu"})
     assert r.returncode == 0, r.stderr[-3000:]
     return time.monotonic() - t0
 
@@ -201,7 +195,7 @@ def test_zero3_slow_link_exposed_rises_by_delay_per_unit(z3):
 def test_zero3_blocking_call_is_exposed_not_framework(ds_ready, tmp_path):
     """Issue 20 item 9: a slow link that blocks the fetch's collective *call* (every
     all-gather sleeps DELAY before it is issued, beneath DeepSpeed and zerodoc:
-    tests/support/blocking_link_job.py) was booked as the fetch's framework time (+DELAY per call)
+    tests/support/jobs/blocking_link.py) was booked as the fetch's framework time (+DELAY per call)
     with exposed time unchanged. The time blocked in the call is exposed communication: the
     exposed all-gather floor rises by DELAY per call on every unit and phase, the framework
     floor does not take the delays."""
@@ -215,7 +209,7 @@ def test_zero3_blocking_call_is_exposed_not_framework(ds_ready, tmp_path):
         run_dir = tmp_path / name
         spec = {"model": dict(SMALL_MODEL), "steps": STEPS, "framework": "deepspeed-3",
                 "attach": {"run_dir": str(run_dir), "port": False}, "block_call_s": delay}
-        job = Job(2, spec, module="tests.support.blocking_link_job", env=env).start()
+        job = Job(2, spec, module="tests.support.jobs.blocking_link", env=env).start()
         try:
             codes = job.wait(300)
         finally:
@@ -362,69 +356,15 @@ def test_zero2_offload_detected(ds_ready, tmp_path):
             assert s.compute.get(("(offload)", "backward"), 0) > 0
 
 
-RESTORE_CHECK = r"""
-import os, sys
-os.environ.update(DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                  MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-import torch, torch.distributed as dist
-import zerodoc
-from zerodoc.demo import frameworks
-from zerodoc.demo.model import DemoConfig, batch
-dist.init_process_group("gloo")
-import deepspeed.comm.comm as dcomm
-cfg = DemoConfig(blocks=2, hidden=64, heads=2, vocab=128, seq=16, batch=2)
-import zerodoc.shim.deepspeed as zds
-for fw in ("deepspeed-3", "deepspeed-2-offload", "deepspeed-3-renamed"):
-    if fw.endswith("renamed"):  # a DeepSpeed whose private methods were renamed
-        zds._COORD, zds._STAGE3 = "_Gone", "_Gone"
-    built = frameworks.build(fw.replace("-renamed", ""), cfg, {})
-    eng = built.target
-    hooks = lambda: sum(len(m._forward_pre_hooks) + len(m._forward_hooks)
-                        for m in eng.module.modules())
-    before = hooks()
-    mon = zerodoc.attach(eng, run_dir=sys.argv[2] + "/" + fw, port=False)
-    assert type(mon).__name__ == "Monitor", mon
-    for i in range(2):
-        built.train_step(*batch(cfg, i, 0))
-    assert mon.step_index == 2, mon.step_index
-    missing = {h for h, v in mon.registry.status.items() if v != "ok"}
-    if fw.endswith("renamed"):  # reported, and the rest still works
-        assert missing == {"PartitionedParameterCoordinator.__all_gather_params_",
-                           "DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads"}, \
-            mon.registry.status
-        assert mon.totals.compute, mon.totals.compute
-    else:
-        assert not missing, mon.registry.status
-    mon.close()
-    built.train_step(*batch(cfg, 2, 0))
-    assert hooks() == before, (hooks(), before)
-    shadowed = [n for n in ("all_gather_into_tensor", "all_reduce", "reduce_scatter_tensor",
-                            "broadcast") if n in vars(dcomm.cdb)]
-    assert not shadowed, shadowed
-    for obj in (eng, eng.optimizer):
-        left = [k for k, v in vars(obj).items() if callable(v) and getattr(v, "__name__", "")
-                in ("step", "backward", "call", "reduce_ipg_grads", "copy_grads_in_partition")]
-        assert not left, left
-    if hasattr(eng.optimizer, "parameter_offload"):
-        coord = eng.optimizer.parameter_offload.get_param_coordinator()
-        left = [k for k in vars(coord) if "fetch_sub_module" in k or "release_sub_module" in k
-                or k.endswith("__all_gather_params_")]
-        assert not left, left
-    print(fw, "restored")
-dist.destroy_process_group()
-os._exit(0)
-"""
-
-
 def test_close_restores_deepspeed(ds_ready, tmp_path):
     """After close(): DeepSpeed's backend methods, coordinator, engine and optimizer are
     DeepSpeed's own again and training goes on (one rank, ZeRO-3 and ZeRO-2 + offload).
     A private DeepSpeed method that is not there (renamed) is reported, training goes on."""
     from zerodoc.demo.launch import free_port
 
-    r = subprocess.run([sys.executable, "-c", RESTORE_CHECK, str(free_port()), str(tmp_path)],
+    r = subprocess.run(job_command("deepspeed_restore", free_port(), tmp_path),
                        capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+                       env={**job_env(), "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0 and "deepspeed-3-renamed restored" in r.stdout, \
         (r.stdout[-2000:], r.stderr[-3000:])
 
@@ -463,12 +403,12 @@ def test_findings_zero2_no_wrap_rules(z2):
 
 def test_not_detected_without_deepspeed():
     """A plain module is not a DeepSpeed engine, and detection never imports DeepSpeed."""
-    code = ("import sys, torch; from zerodoc.shim.deepspeed import DeepSpeedAdapter\n"
-            "assert not DeepSpeedAdapter.detect(torch.nn.Linear(2, 2), None)\n"
-            "assert 'deepspeed' not in sys.modules\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120)
+    detect = ("import torch; from zerodoc.shim.deepspeed import DeepSpeedAdapter; "
+              "assert not DeepSpeedAdapter.detect(torch.nn.Linear(2, 2), None)")
+    r = subprocess.run(job_command("imported_modules", detect, '["deepspeed"]'),
+                       capture_output=True, text=True, timeout=120, env=job_env())
     assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "", f"imported {r.stdout.strip()}"
 
 
 def test_unit_grouping():

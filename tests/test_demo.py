@@ -7,9 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from tests.support.helpers import pids_gone, wait_until
 
 
 def zerodoc(*args, timeout=240, **kw):
@@ -59,14 +60,12 @@ def test_ctrl_c_stops_cleanly_leaving_no_process(tmp_path):
                              "--steps", "0", "--port", "0", "--run-dir", str(tmp_path / "r")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:  # wait for the first steps
+        def stepping():  # both ranks' run logs with their first steps
             logs = list((tmp_path / "r").glob("rank-*.jsonl"))
-            if len(logs) == 2 and all(p.read_text().count('"type":"step"') >= 2 for p in logs):
-                break
-            time.sleep(0.3)
-        else:
-            pytest.fail("demo did not start stepping")
+            return len(logs) == 2 and all(p.read_text().count('"type":"step"') >= 2
+                                          for p in logs) and logs
+
+        logs = wait_until(stepping, 180, "the demo to start stepping", interval=0.3)
         pids = [int(l.split('"pid":')[1].split(",")[0])
                 for p in logs for l in p.read_text().splitlines()[:1]]
         targets = tmp_path / "r" / "file_sd"
@@ -80,10 +79,7 @@ def test_ctrl_c_stops_cleanly_leaving_no_process(tmp_path):
     assert proc.returncode == 130
     assert "interrupted" in out
     assert "Traceback" not in err and "terminate called" not in err
-    time.sleep(0.5)
-    for pid in pids:  # no rank left behind
-        assert not os.path.exists(f"/proc/{pid}") or \
-            open(f"/proc/{pid}/stat").read().split()[2] == "Z", pid
+    wait_until(lambda: pids_gone(pids), 5, f"every rank {pids} to exit (no rank left behind)")
     assert "every rank stopped and closed its run log cleanly" in out, out
     for log in logs:
         last = json.loads(log.read_text().splitlines()[-1])

@@ -15,14 +15,12 @@ import http.client
 import os
 import socket
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import ROOT, wait_until
+from tests.support.helpers import job_command, job_env, wait_until
 from zerodoc.exporter import limits, server, webconfig
 from zerodoc.exporter.page import Page
 
@@ -96,7 +94,7 @@ def test_a_client_trickling_its_request_is_cut_off_at_the_deadline(start):
     s.sendall(b"GET /metrics HTTP/1.1\r\n")
     t0 = time.monotonic()
     closed = False
-    while time.monotonic() - t0 < 8:  # one byte every 0.2 s: each receive is quick
+    while time.monotonic() - t0 < 8:  # the subject, a slow client: one byte every 0.2 s
         try:
             s.sendall(b"X")
             s.settimeout(0.2)
@@ -224,32 +222,11 @@ def test_page_cache_age_and_stamp():
     assert coll.calls == 4
 
 
-FLOODED_CHILD = textwrap.dedent("""
-    import os, resource, sys
-    sys.path.insert(0, sys.argv[1])
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    from prometheus_client import CollectorRegistry
-    from zerodoc.exporter import limits, server
-    srv = server.start("127.0.0.1", 0, CollectorRegistry(),
-                       limits=limits.Limits(max_connections=16, request_deadline_s=60))
-    print(srv.server_address[1], flush=True)
-    for line in sys.stdin:  # each line: open a new file, as the run log does for a segment
-        try:
-            fd = os.open(os.path.join(sys.argv[2], "segment-%d" % len(line)),
-                         os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.write(fd, b"{}\\n")
-            os.close(fd)
-            print("ok", flush=True)
-        except OSError as e:
-            print("error", e.errno, flush=True)
-""")
-
-
 @pytest.mark.slow
 def test_many_connections_do_not_take_the_files_of_the_rank(tmp_path):
     """A child with 64 file descriptors serves /metrics; 150 connections held open against it
     leave it able to open files (the run log's) and answering: 503 over the cap."""
-    child = subprocess.Popen([sys.executable, "-c", FLOODED_CHILD, str(ROOT), str(tmp_path)],
+    child = subprocess.Popen(job_command("flooded_exporter", tmp_path), env=job_env(),
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     held = []
     try:

@@ -218,49 +218,11 @@ def test_missing_hook_point_fails_soft(tmp_path):
             assert ("blocks.1", "backward", "reduce_scatter") not in s.comm
 
 
-RESTORE_WORKER = '''
-import json, os, sys, torch, torch.distributed as dist
-import zerodoc
-from torch.distributed.fsdp import _runtime_utils as ru
-from zerodoc.demo import frameworks
-from zerodoc.demo.model import DemoConfig, batch
-
-dist.init_process_group("gloo")
-cfg = DemoConfig(blocks=2, hidden=64, heads=4, vocab=256, seq=32, batch=2)
-built = frameworks.build("fsdp1-full", cfg, {})
-names = ("_pre_backward_hook", "_post_backward_hook", "_reduce_grad", "_reduce_grad_no_shard",
-         "dist")
-before = {n: getattr(ru, n) for n in names}
-hooks = {id(m): (len(m._forward_pre_hooks), len(m._forward_hooks))
-         for m in built.model.modules()}
-mon = zerodoc.attach(built.target, built.optimizer, port=False,
-                     run_dir=json.loads(sys.argv[1])["run_dir"])
-for step in range(2):
-    built.train_step(*batch(cfg, step, dist.get_rank()))
-mon.close()
-bad = [n for n in names if getattr(ru, n) is not before[n]]
-bad += [type(m).__name__ for m in built.model.modules()
-        if (len(m._forward_pre_hooks), len(m._forward_hooks)) != hooks[id(m)]]
-bad += ["handle" for m in built.model.modules()
-        if getattr(m, "_handle", None) is not None
-        and "_all_gather_flat_param" in vars(m._handle)]
-built.train_step(*batch(cfg, 2, dist.get_rank()))  # trains on after close()
-dist.barrier()
-dist.destroy_process_group()
-print("RESTORE", bad, flush=True)
-os._exit(1 if bad else 0)
-'''
-
-
 def test_close_restores_fsdp1(tmp_path):
-    import os
-
     from zerodoc.demo.launch import Job
 
-    (tmp_path / "zd_restore_fsdp1.py").write_text(RESTORE_WORKER)
-    root = str(ROOT)
-    job = Job(2, {"run_dir": str(tmp_path / "run")}, module="zd_restore_fsdp1",
-              env={"PYTHONPATH": os.pathsep.join([str(tmp_path), root])})
+    job = Job(2, {"run_dir": str(tmp_path / "run"), "framework": "fsdp1-full"},
+              module="tests.support.jobs.restore_after_close", env={"PYTHONPATH": str(ROOT)})
     with job:
         codes = job.wait(120)
     assert codes == [0, 0], job.outputs()

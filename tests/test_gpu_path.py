@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.helpers import job_command, job_env
 from zerodoc.testing.syncwatch import SyncWatch
 from zerodoc.testing.cudasim import Sim, SimPG
 from zerodoc.shim.config import AttachConfig
@@ -222,39 +223,14 @@ def test_real_gpu_step_adds_no_synchronisation(tmp_path):
         dist.destroy_process_group()
 
 
-CUDA_BRANCH = r"""
-import warnings, torch
-from zerodoc.shim import monitor as M, cuda_memory
-from zerodoc.testing.cudasim import Sim
-sim = Sim()
-class NoAllocator:
-    def __init__(self, *a, **k): pass
-    def __getattr__(self, n): return lambda *a, **k: None
-M.Monitor._device_type = lambda self: "cuda"   # the branch a CUDA model takes
-cuda_memory.AllocatorReader = NoAllocator
-made = []
-torch.cuda.Event = lambda enable_timing=False: made.append(enable_timing) or sim.Event()
-import zerodoc
-m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
-with warnings.catch_warnings(record=True) as w:
-    warnings.simplefilter("always")
-    mon = zerodoc.attach(m, torch.optim.SGD(m.parameters()), port=False, nvml=False,
-                         run_dir=RUN_DIR)
-failed = [str(x.message) for x in w if "attach failed" in str(x.message)]
-ev = mon.rec.pool.get() if hasattr(mon, "rec") else None
-print(type(mon).__name__, type(getattr(mon, "timer", None)).__name__,
-      type(getattr(mon, "rec", None)).__name__, made, failed)
-"""
-
-
 @pytest.mark.slow
 def test_attach_builds_the_cuda_path_for_a_cuda_model(tmp_path):
     # The monitor's CUDA branch runs only where the model is on a GPU; here it is taken on
     # CPU with torch.cuda.Event replaced by the stand-in's. (Its first GPU run found an
     # attribute missing in that branch: attach failed and the job ran unmonitored.)
-    code = CUDA_BRANCH.replace("RUN_DIR", repr(str(tmp_path / "run")))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
+    # (tests/support/jobs/cuda_branch.py)
+    out = subprocess.run(job_command("cuda_branch", tmp_path / "run"), capture_output=True,
+                         text=True, timeout=120, cwd=ROOT, env=job_env())
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "Monitor CudaTimer DeviceRecorder [True] []", \
         out.stdout[-2000:]

@@ -12,7 +12,6 @@ import json
 import logging
 import subprocess
 import sys
-import textwrap
 import warnings
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.support.helpers import ROOT
+from tests.support.helpers import ROOT, job_command, job_env
 import zerodoc
 from zerodoc.runlog import read_rank_log
 from zerodoc.exporter.targets import run_targets
@@ -199,27 +198,14 @@ def test_unwritable_run_dir_is_one_config_warning_not_an_error(rank0, tmp_path, 
 
 # --- interpreter exit without close() --------------------------------------------------------
 
-EXIT_SCRIPT = textwrap.dedent("""
-    import sys, torch, torch.nn as nn, zerodoc
-    model = nn.Linear(4, 4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = zerodoc.attach(model, opt, run_dir=sys.argv[1], port=0)
-    for _ in range(3):
-        model(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
-    if sys.argv[2] == "crash":
-        raise RuntimeError("the job crashed")
-    # no monitor.close()
-""")
-
-
 @pytest.mark.slow
 def test_exit_without_close(rank0, tmp_path):
     """Bug 6: a job that forgets close() left its log without an end and its file_sd target
     behind forever. Now a normal exit ends both; a crash (uncaught exception) still leaves
     the rank visibly dead (no end, target kept: its `up` goes to 0)."""
-    procs = {how: subprocess.Popen([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path / how),
-                                    how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, cwd=ROOT)
+    procs = {how: subprocess.Popen(job_command("exit_without_close", tmp_path / how, how),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   cwd=ROOT, env=job_env())
              for how in ("exit", "crash")}  # both at once: half the wall time
     outs = {how: p.communicate(timeout=180) for how, p in procs.items()}
     for how, p in procs.items():

@@ -13,13 +13,13 @@ is a command line and counts with the commands at the top.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import ROOT
+from tests.support.helpers import ROOT, job_command, job_env
 
 # Bottom up: a module may import its own layer and the layers below it, never one above.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
@@ -195,14 +195,11 @@ def test_import_hygiene(kind, name):
         assert not bad, f"{name}: " + "; ".join(bad)
         return
     statement, forbidden, env = RUNTIME[name]
-    code = (f"import sys; {statement}; "
-            f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r} or "
-            f"any(m.startswith(f + '.') for f in {forbidden!r} if '.' in f)); "
-            "print(','.join(bad))")
     # an environment override is the whole environment (no CUDA variables inherited); the
-    # package is found from the working directory, the repository root
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT, env=env or None)
+    # job finds the package on PYTHONPATH, the repository root
+    out = subprocess.run(job_command("imported_modules", statement, json.dumps(forbidden)),
+                         capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env=job_env(env or None))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "", f"{name}: imported {out.stdout.strip()}"
 

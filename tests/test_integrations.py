@@ -1,6 +1,6 @@
 """Trainer integrations, run for real: HF Trainer, Accelerate, Lightning on 2 gloo ranks.
 
-Each job (tests/support/integration_jobs.py) trains a tiny model with the real framework and the
+Each job (tests/support/jobs/integration.py) trains a tiny model with the real framework and the
 integration as a user writes it. Checked against witnesses independent of zerodoc:
 - units and bytes per all-gather: computed from the original model's parameter sizes
   (dim 0 padded to the world size) and the framework's documented wrapping;
@@ -13,8 +13,8 @@ integration as a user writes it. Checked against witnesses independent of zerodo
   the end marked failed, when the training ended in an exception).
 
 With two or more GPUs the same tests run on 2 ranks over NCCL, without the CPU-only patch of
-Accelerate's device gate (see integration_jobs.py); with one GPU they run on CPU over gloo (at
-world size 1 there would be no collective to count). Lightning's FSDPStrategy (FSDP1) needs
+Accelerate's device gate (see tests/support/jobs/integration.py); with one GPU they run on CPU
+over gloo (at world size 1 there would be no collective to count). Lightning's FSDPStrategy (FSDP1) needs
 CUDA: it runs on min(2, GPUs) ranks, and is skipped without a GPU.
 """
 
@@ -65,7 +65,7 @@ def run_job(tmp: Path, name: str, spec: dict, ok: bool = True, gpu: bool = False
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     if not (gpu or MULTI_GPU):
         env["CUDA_VISIBLE_DEVICES"] = ""
-    job = Job(nprocs, spec, module="tests.support.integration_jobs", env=env).start()
+    job = Job(nprocs, spec, module="tests.support.jobs.integration", env=env).start()
     try:
         codes = job.wait(240)
     finally:
@@ -263,7 +263,7 @@ def test_closure_time_is_not_optimizer_time(tmp_path):
     x = torch.randn(2, 4)
 
     def closure():
-        time.sleep(0.2)
+        time.sleep(0.2)  # the subject: 200 ms of closure, the ground truth beneath the shim
         opt.zero_grad()
         loss = model(x).square().sum()
         loss.backward()

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tests.support.helpers import ROOT, LiveDemo
+from tests.support.helpers import ROOT, LiveDemo, wait_until
 from tests.support.promserver import PromServer, require_binary
 from zerodoc.ops import alerts
 from zerodoc.ops.alerts import RuleOptions
@@ -85,17 +85,16 @@ def test_ranks_are_found_through_file_sd(live):
 
 def test_recording_rules_evaluate(live):
     names = alerts.recording_names()
-    missing = []
-    deadline = time.monotonic() + 45
-    for name in sorted(names - NO_DATA_ON_THIS_DEMO):
-        while True:
-            res = live.prom.query(name)
-            if res or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        if not res:
-            missing.append(name)
-    assert not missing, f"no data for {missing}"
+    waiting = sorted(names - NO_DATA_ON_THIS_DEMO)
+
+    def all_have_data() -> bool:  # 45 s for all of them together
+        waiting[:] = [name for name in waiting if not live.prom.query(name)]
+        return not waiting
+
+    try:
+        wait_until(all_have_data, 45, "data for every recording rule", interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"no data for {waiting}") from None
     for name in NO_DATA_ON_THIS_DEMO:
         assert not live.prom.query(name), f"{name} has data on a CPU demo?"
     head = live.prom.query("rank:zerodoc_memory_headroom:fraction")
@@ -109,12 +108,16 @@ def _alert_states(prom) -> set[str]:
 
 def test_slow_link_makes_the_exposed_all_gather_alert_fire(live):
     seen: set[str] = set()
-    deadline = time.monotonic() + 60
-    while "firing" not in seen and time.monotonic() < deadline:
-        seen |= _alert_states(live.prom)
-        time.sleep(0.5)
-    assert seen & {"pending", "firing"}, "ZerodocExposedAllGather never went pending"
-    assert "firing" in seen, f"only {seen} within 60 s"
+
+    def firing() -> bool:
+        seen.update(_alert_states(live.prom))
+        return "firing" in seen
+
+    try:
+        wait_until(firing, 60, "ZerodocExposedAllGather to fire", interval=0.5)
+    except AssertionError:
+        assert seen & {"pending", "firing"}, "ZerodocExposedAllGather never went pending"
+        raise AssertionError(f"only {seen} within 60 s") from None
     frac = float(live.prom.query("job:zerodoc_all_gather_avoidable:fraction")[0]["value"][1])
     assert frac >= 0.10, frac
     fired = [a for a in live.prom.api("alerts")["alerts"]
@@ -141,12 +144,10 @@ def test_every_dashboard_query_returns_data(live):
         for p in d["panels"]:
             for t in p.get("targets", []):
                 expr = substitute(t["expr"])
-                res = []
-                for _ in range(20):
-                    res = live.prom.query(expr)
-                    if res:
-                        break
-                    time.sleep(0.5)
+                try:
+                    res = wait_until(lambda: live.prom.query(expr), 10, expr, interval=0.5)
+                except AssertionError:
+                    res = []
                 if res and t.get("range"):
                     rng = live.prom.api("query_range", query=expr, start=now - 20, end=time.time(),
                                         step="2")["result"]
@@ -175,18 +176,22 @@ def test_stack_starts_and_stops_cleanly(live):
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     url = f"http://127.0.0.1:{port}/api/v1/"
     try:
-        deadline = time.monotonic() + 60
         up = []
-        while time.monotonic() < deadline and proc.poll() is None:
+
+        def both_up() -> bool:  # or the stack exited: reported below with its output
+            nonlocal up
             try:
                 q = urllib.parse.urlencode({"query": 'up{run_id="slowrun"} == 1'})
                 with urllib.request.urlopen(f"{url}query?{q}", timeout=2) as r:
                     up = json.load(r)["data"]["result"]
             except OSError:
                 up = []
-            if len(up) == 2:
-                break
-            time.sleep(0.5)
+            return len(up) == 2 or proc.poll() is not None
+
+        try:
+            wait_until(both_up, 60, "both ranks up in the stack's Prometheus", interval=0.5)
+        except AssertionError:
+            pass
         assert len(up) == 2, (live.tmp / "stack.out").read_text()
         with urllib.request.urlopen(f"{url}rules", timeout=5) as r:
             groups = {g["name"] for g in json.load(r)["data"]["groups"]}

@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.support.helpers import ROOT
+from tests.support.helpers import ROOT, wait_until
 import zerodoc
 from tests.support.promserver import require_binary
 from tests.test_dashboards import FakeGrafana
@@ -178,16 +178,21 @@ def test_stack_loads_the_packaged_rules_and_alertmanager_config(venv):
                             stdout=out, stderr=subprocess.STDOUT, env=venv.env, cwd=venv.cwd)
     groups: set = set()
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None and not (
-                groups and "Ctrl-C stops it" in (venv.cwd / "stack.out").read_text()):
+        def loaded() -> bool:  # the rules served and the stack says it is up (or it exited)
+            nonlocal groups
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules",
                                             timeout=2) as r:
                     groups = {g["name"] for g in json.load(r)["data"]["groups"]}
             except OSError:
                 pass
-            time.sleep(0.5)
+            return proc.poll() is not None or bool(
+                groups and "Ctrl-C stops it" in (venv.cwd / "stack.out").read_text())
+
+        try:
+            wait_until(loaded, 60, "the stack's Prometheus to load the rules", interval=0.5)
+        except AssertionError:
+            pass  # what it served, and its output, are checked below
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=30)
     finally:

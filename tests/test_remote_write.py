@@ -12,17 +12,14 @@ used as shipped.
 
 from __future__ import annotations
 
-import asyncio
-
 import json
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
 
-from tests.support.helpers import ROOT, LiveDemo, wait_until
+from tests.support.helpers import ROOT, LiveDemo, wait_until, wait_until_async
 from tests.support.promserver import PromServer, require_binary
 from zerodoc.ops import alerts, cardinality
 from zerodoc.ops.alerts import RuleOptions
@@ -121,14 +118,18 @@ def test_the_central_server_holds_what_the_ranks_serve(fleet):
         with urllib.request.urlopen(f"http://{ep}/metrics", timeout=10) as resp:
             want[str(r)] = sum(cardinality.count_exposition(resp.read().decode()).values())
     got: dict = {}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def same_count() -> bool:
         res = fleet.central.query(
             f'count by (rank) ({{__name__=~"zerodoc_.+", run_id="{RUN}"}})')
-        got = {s["metric"]["rank"]: int(s["value"][1]) for s in res}
-        if got == want:
-            break
-        time.sleep(0.5)
+        got.clear()
+        got.update({s["metric"]["rank"]: int(s["value"][1]) for s in res})
+        return got == want
+
+    try:
+        wait_until(same_count, 30, "the central server's series count per rank", interval=0.5)
+    except AssertionError:
+        pass
     assert got == want
     assert int(want["1"]) <= cardinality.BUDGET_FULL
 
@@ -177,7 +178,9 @@ async def test_the_tui_reads_the_central_server(fleet):
     from zerodoc.sources import open_source
     from zerodoc.tui.app import ZerodocApp
 
-    async def attempt():
+    miss: list = []
+
+    async def attempt() -> bool:
         want = diagnose(open_source(str(fleet.demo.run_dir)).snapshot())[0]
         app = ZerodocApp(open_source(fleet.central.url), refresh=None)
         async with app.run_test(size=SIZE) as pilot:
@@ -186,12 +189,14 @@ async def test_the_tui_reads_the_central_server(fleet):
             assert frame.findings, "no finding from the central server"
             got = (frame.findings[0].code, frame.findings[0].severity)
             if got != (want.code, want.severity):
-                return got, want  # remote write lags: the central rules one evaluation behind
+                miss[:] = [got, want]  # remote write lags: the central rules behind
+                return False
             assert want.code in app_text(app) and "Prometheus" in app_text(app)
-            return None
+            return True
 
     # The same lag as the report's: a few attempts, each a fresh app on fresh data.
-    deadline = time.monotonic() + 90
-    while (miss := await attempt()) is not None:
-        assert time.monotonic() < deadline, f"TUI {miss[0]} != run log {miss[1].code}"
-        await asyncio.sleep(2.0)
+    try:
+        await wait_until_async(attempt, 90, "the TUI's first finding to match the run log's",
+                               interval=2.0)
+    except AssertionError:
+        raise AssertionError(f"TUI {miss[0]} != run log {miss[1].code}") from None

@@ -96,16 +96,21 @@ def mismatches(snap, demo) -> list[str]:
 def agrees_with_run_log(make_source, demo, pause: float) -> tuple:
     """Snapshot a scrape source and compare it with the run log at the same step. A scrape
     can land while a rank is between updating its counters and its step count; such a torn
-    sample is retried (twice at most)."""
-    for _attempt in range(3):
+    sample is retried (every `pause` s, for 3 pauses: about twice)."""
+    bad: list = []
+
+    def agrees():
         snap = make_source().snapshot()
-        bad = mismatches(snap, demo)
-        if not bad:
-            ref = type(snap)(source="run log", ranks={
-                r: run_log_at(demo, r, w.last_step) for r, w in snap.ranks.items()})
-            return snap, ref
-        time.sleep(pause)
-    raise AssertionError(bad)
+        bad[:] = mismatches(snap, demo)
+        return not bad and snap
+
+    try:
+        snap = wait_until(agrees, 3 * pause, "a scrape that agrees with the run log", pause)
+    except AssertionError:
+        raise AssertionError(bad) from None
+    ref = type(snap)(source="run log", ranks={
+        r: run_log_at(demo, r, w.last_step) for r, w in snap.ranks.items()})
+    return snap, ref
 
 
 def codes(findings):
@@ -150,9 +155,11 @@ def test_endpoint_window_is_the_difference_between_scrapes(live):
     least one: issue 20 item 7) and reports those steps."""
     demo, _prom = live
     src = EndpointsSource(demo.endpoints, window=3)
-    for _attempt in range(3):
+    bad: list = []
+
+    def agrees():
         snap = src.snapshot()
-        bad = []
+        bad.clear()
         for r, w in snap.ranks.items():
             assert w.first_step > 1 and 1 <= w.steps < w.last_step, (w.first_step, w.steps)
             path = demo.run_dir / f"rank-{r:05d}.jsonl"
@@ -162,10 +169,13 @@ def test_endpoint_window_is_the_difference_between_scrapes(live):
             if ref.steps != w.steps or not close(w.step_seconds, ref.step_seconds) or \
                     not close(w.exposed_seconds, ref.exposed_seconds):
                 bad.append((r, w.steps, ref.steps, w.step_seconds, ref.step_seconds))
-        if not bad:
-            break
-        time.sleep(0.3)  # a torn scrape (counters updated, step count not yet): again
-    assert not bad, bad
+        return not bad and snap
+
+    # a torn scrape (counters updated, step count not yet): again, for about 3 tries
+    try:
+        snap = wait_until(agrees, 0.9, "a window that agrees with the run log", 0.3)
+    except AssertionError:
+        raise AssertionError(bad) from None
     demo.wait_steps(max(w.last_step for w in snap.ranks.values()) + 4)
     w = src.snapshot().ranks[0]  # later snapshots: the difference with an earlier scrape
     assert w.steps >= 3 and w.first_step > snap.ranks[0].first_step
@@ -341,9 +351,9 @@ def test_a_cleanly_closed_run_is_ended_from_every_source(live, tmp_path):
                                for p in sorted(run.glob("rank-*.jsonl")) if p.stat().st_size])
                 and len(e) >= 2 and e, 90, "both ranks' endpoints", 0.3)
             feed = Feed(EndpointsSource(eps, window=5, settle_s=0), diagnose=lambda s: [])
-            while job.running():
-                frame = feed.fetch()
-                time.sleep(0.3)
+            # the TUI's refresh: a fetch every 0.3 s while the run goes on, until it ends
+            wait_until(lambda: feed.fetch() and not job.running(), 240, "the run to end",
+                       interval=0.3)
             assert job.wait(30) == [0, 0]
             for _ in range(3):
                 frame = feed.fetch()
@@ -363,7 +373,7 @@ def test_a_cleanly_closed_run_is_ended_from_every_source(live, tmp_path):
             src = PrometheusSource(prom.url, window=5, run_id="closed-run")
             assert {"closed-run", "live"} <= set(src.runs())
             a = src.snapshot()
-            time.sleep(3)
+            time.sleep(3)  # the subject: seconds later, an ended run's window has not moved
             b = open_source(prom.url + "#run=closed-run", window=5).snapshot()
             for s in (a, b):
                 assert sorted(s.ranks) == [0] and s.ranks[0].facts.run_id == "closed-run"

@@ -11,11 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
-from tests.support.helpers import SMALL_MODEL, until, wait_until
+from tests.support.helpers import SMALL_MODEL, pids_gone, until, wait_until
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
 from zerodoc.exporter.targets import read_header
@@ -53,11 +52,6 @@ def wait_for(cond, timeout: float, what: str, job: Job) -> None:
     except AssertionError:
         job.stop(grace=1)
         raise
-
-
-def gone(pids: list[int]) -> bool:
-    return all(not os.path.exists(f"/proc/{p}") or
-               open(f"/proc/{p}/stat").read().split()[2] == "Z" for p in pids)
 
 
 def test_killed_rank_is_named_and_the_waiting_ranks_with_it(tmp_path):
@@ -102,7 +96,7 @@ def test_killed_rank_is_named_and_the_waiting_ranks_with_it(tmp_path):
     text = report(run).stdout
     assert "RUN STOPPED: rank 1 stopped first" in text
     assert "ranks 0, 2 failed waiting for it in" in text
-    assert gone(pids)
+    assert pids_gone(pids)
 
 
 def _endpoint(run: Path, rank: int) -> str:
@@ -147,8 +141,7 @@ def test_hung_rank_is_named_with_its_unit_while_the_job_hangs(tmp_path):
     ltop = json.loads(live.stdout)["findings"][0]
     assert ltop["code"] == "ZD013" and (ltop["evidence"]["rank"], ltop["evidence"]["unit"]) == \
         (1, "blocks.2") and ltop["evidence"]["waiting_ranks"] == [0, 2], ltop
-    time.sleep(0.3)
-    assert gone(pids)
+    wait_until(lambda: pids_gone(pids), 5, f"the ranks {pids} to exit")
 
 
 async def test_tui_shows_the_stopped_rank_above_every_view():

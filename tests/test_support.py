@@ -44,3 +44,49 @@ def test_wait_until_fails_naming_what_it_waited_for():
     with pytest.raises(AssertionError, match=r"timed out after 0.2 s waiting for the moon"):
         wait_until(lambda: 0, timeout=0.2, what="the moon", interval=0.02)
     assert time.monotonic() - start >= 0.2
+
+
+def test_job_scripts_are_code_with_their_usage():
+    """The test programs are files (tests/support/jobs/), not string literals in tests: each
+    compiles, says in its docstring how it is run, and is found by name; a wrong name fails."""
+    import ast
+
+    from tests.support.helpers import JOBS, job_command
+
+    scripts = sorted(p for p in JOBS.glob("*.py") if p.name != "__init__.py")
+    assert len(scripts) >= 7, scripts
+    for path in scripts:
+        tree = ast.parse(path.read_text(), filename=str(path))  # a SyntaxError fails here
+        doc = ast.get_docstring(tree) or ""
+        assert f"tests/support/jobs/{path.name}" in doc or \
+            f"tests.support.jobs.{path.stem}" in doc, f"{path.name}: no usage line"
+        assert job_command(path.stem)[1] == str(path)
+    with pytest.raises(FileNotFoundError, match="no job script"):
+        job_command("no_such_job")
+
+
+def test_no_test_keeps_a_program_in_a_string():
+    """A program handed to `python -c` or written to a .py file to run is a job script
+    instead; `-c` stays only for a one-line command."""
+    import ast
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    found = []
+    for path in sorted(tests.glob("test_*.py")) + sorted((tests / "support").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.List) and any(
+                    isinstance(e, ast.Constant) and e.value == "-c" for e in node.elts):
+                i = [getattr(e, "value", None) for e in node.elts].index("-c")
+                prog = node.elts[i + 1] if i + 1 < len(node.elts) else None
+                if not (isinstance(prog, ast.Constant) and isinstance(prog.value, str)
+                        and "\n" not in prog.value.strip()):
+                    found.append(f"{path.name}:{node.lineno}")
+            # a program written to a .py file to be run: `(tmp / "x.py").write_text(...)`
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "write_text" and any(
+                        isinstance(c, ast.Constant) and str(c.value).endswith(".py")
+                        for c in ast.walk(node.func.value)):
+                found.append(f"{path.name}:{node.lineno}")
+    assert not found, f"programs kept in strings: {found} (make them tests/support/jobs/)"

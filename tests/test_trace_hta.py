@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import ROOT
+from tests.support.helpers import ROOT, job_command, job_env
 
 from zerodoc.cli.main import main
 from zerodoc.trace import open_traces
@@ -50,61 +50,6 @@ HTA_REQUIREMENTS = ["HolisticTraceAnalysis==0.5.0", "pandas>=2.2", "plotly", "py
 CASES = {"ddp-2ranks": DATA / "nccl_parser_config", "sendrecv-128ranks": DATA / "trace_filter"}
 ALL = {"ns-1gpu": DATA / "ns_resolution_trace",  # no NCCL kernel
        "sendrecv-128ranks": CASES["sendrecv-128ranks"], "ddp-2ranks": CASES["ddp-2ranks"]}
-
-HTA_SCRIPT = """
-import json, sys
-from hta.trace_analysis import TraceAnalysis
-out = {}
-for name, d in json.loads(sys.argv[1]).items():
-    df = TraceAnalysis(trace_dir=d, include_last_profiler_step=sys.argv[2] == "all") \\
-        .get_comm_comp_overlap(visualize=False)
-    out[name] = {int(r): float(p) for r, p in zip(df["rank"], df["comp_comm_overlap_pctg"])}
-print("RESULT" + json.dumps(out))
-"""
-
-# Per rank: HTA's overall overlap, and per profiler step its numbers on that step's kernels
-# (module docstring).
-HTA_STEPS_SCRIPT = """
-import json, sys
-import numpy as np
-from hta.trace_analysis import TraceAnalysis
-from hta.utils.utils import KernelType, get_kernel_type, merge_kernel_intervals
-from tests.support.helpers import ROOT
-out = {}
-for name, d in json.loads(sys.argv[1]).items():
-    ta = TraceAnalysis(trace_dir=d, include_last_profiler_step=True)
-    t = ta.t
-    sym = t.symbol_table.get_sym_table()
-    traces = dict(t.traces)
-    overlap = ta.get_comm_comp_overlap(visualize=False)
-    overlap = dict(zip(overlap["rank"], overlap["comp_comm_overlap_pctg"]))
-    ranks = {}
-    for rank, df in traces.items():
-        names = df["name"].map(lambda i: sym[i])
-        gpu = df[df["stream"].ne(-1)]
-        steps = {}
-        for _, s in df[names.str.startswith("ProfilerStep#")].iterrows():
-            lo, hi = s["ts"], s["ts"] + s["dur"]
-            k = gpu[(gpu["ts"] < hi) & (gpu["ts"] + gpu["dur"] > lo)].copy()
-            end = np.minimum(k["ts"] + k["dur"], hi)
-            k["ts"] = np.maximum(k["ts"], lo)
-            k["dur"] = end - k["ts"]
-            t.traces = {rank: k}
-            tb = ta.get_temporal_breakdown(visualize=False).iloc[0]
-            kinds = k["name"].map(lambda i: get_kernel_type(sym[i]))
-            comm = merge_kernel_intervals(k[kinds.eq(KernelType.COMMUNICATION.name)].copy())
-            comm_us = float((comm["end"] - comm["ts"]).sum())
-            ov = ta.get_comm_comp_overlap(visualize=False).iloc[0]["comp_comm_overlap_pctg"] \\
-                if comm_us else 0.0
-            steps[int(sym[s["name"]].split("#")[1])] = {
-                "seconds": float(s["dur"]) * 1e-6,
-                "compute": float(tb["compute_time(us)"]) * 1e-6, "comm": comm_us * 1e-6,
-                "exposed": comm_us * (1 - float(ov) / 100) * 1e-6}
-        t.traces = traces
-        ranks[int(rank)] = {"overlap": float(overlap[rank]), "steps": steps}
-    out[name] = ranks
-print("RESULT" + json.dumps(out))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -121,13 +66,15 @@ def hta_path() -> Path:
     return target
 
 
-def hta(hta_path: Path, steps: str, rounding: bool, script: str = HTA_SCRIPT,
+def hta(hta_path: Path, steps: str, rounding: bool, per_step: bool = False,
         cases: dict = CASES) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(hta_path))
+    """HTA's numbers on `cases` (tests/support/jobs/hta_overlap.py, HTA on the path)."""
+    env = job_env(path=[hta_path])
     if not rounding:
         env["HTA_DISABLE_NS_ROUNDING"] = "1"
-    res = subprocess.run([sys.executable, "-c", script,
-                          json.dumps({k: str(v) for k, v in cases.items()}), steps],
+    res = subprocess.run(job_command("hta_overlap", json.dumps({k: str(v) for k, v in
+                                                                cases.items()}), steps,
+                                     *(["per-step"] if per_step else [])),
                          capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     line = next(x for x in res.stdout.splitlines() if x.startswith("RESULT"))
@@ -145,7 +92,7 @@ def zerodoc_overlap() -> dict:
 @pytest.fixture(scope="module")
 def hta_exact(hta_path) -> dict:
     """HTA on every step, no rounding: overall overlap and per-step numbers, per rank."""
-    return hta(hta_path, "all", rounding=False, script=HTA_STEPS_SCRIPT, cases=ALL)
+    return hta(hta_path, "all", rounding=False, per_step=True, cases=ALL)
 
 
 def test_overlap_agrees_with_hta(hta_path, hta_exact):

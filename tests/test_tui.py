@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import ROOT, run_demo, until
+from tests.support.helpers import ROOT, run_demo, until, wait_until
 from zerodoc.diagnosis.findings import Finding, Severity
 from zerodoc.model import RunSnapshot
 from zerodoc.runlog import load_run, read_rank_log, window_from_steps
@@ -645,14 +645,13 @@ def test_tmux_real_terminal(recorded):
                               text=True).stdout
 
     def wait_for(*texts: str, timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        try:
+            return wait_until(lambda: (out := screen()) and all(t in out for t in texts)
+                              and out, timeout, f"{texts} on the screen", interval=0.2)
+        except AssertionError:
             out = screen()
-            if all(t in out for t in texts):
-                return out
-            time.sleep(0.2)
-        out = screen()
-        raise AssertionError(f"{[t for t in texts if t not in out]} never appeared:\n{out}")
+            raise AssertionError(f"{[t for t in texts if t not in out]} never appeared:\n{out}"
+                                 ) from None
 
     try:
         subprocess.run([*base, "new-session", "-d", "-s", "tui", "-x", "120", "-y", "36", cmd],

@@ -12,6 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.support.helpers import wait_until
+
 from zerodoc.shim.config import AttachConfig
 from zerodoc.model import RankWindow
 from zerodoc.shim.comm import HostTimer
@@ -128,8 +130,8 @@ def test_blocked_collective_is_found_on_the_training_thread():
     wd.thread_id = t.ident
     try:
         assert entered.wait(10)
-        time.sleep(0.4)
-        got = wd.check()
+        # in the collective past the 0.3 s threshold: the watchdog's check reports the stall
+        got = wait_until(wd.check, 10, "the watchdog to see the stall", interval=0.02)
     finally:
         release.set()
         t.join(10)
@@ -198,7 +200,8 @@ def test_thread_starts_stops_and_never_raises():
     m = fake_monitor(clock)
     m.rec = None  # broken state: every check raises inside the watchdog
     wd = Watchdog(m, 1.0, poll_s=0.01).start()
-    time.sleep(0.1)
+    wait_until(lambda: m.registry.errors.get("watchdog", 0) >= 2, 10,
+               "the watchdog thread to poll on past a check that raised")
     wd.stop()
     assert not wd._thread.is_alive()
     assert m.registry.errors.get("watchdog", 0) >= 1

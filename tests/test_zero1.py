@@ -251,51 +251,11 @@ def test_findings_zero1_no_wrap_rules(zero1):
     assert not codes & {"ZD001", "ZD002"}, codes
 
 
-RESTORE_WORKER = '''
-import json, os, sys, torch, torch.distributed as dist
-import zerodoc
-from torch.distributed.optim import zero_redundancy_optimizer as zro
-from zerodoc.demo import frameworks
-from zerodoc.demo.model import DemoConfig, batch
-
-dist.init_process_group("gloo")
-cfg = DemoConfig(blocks=2, hidden=64, heads=4, vocab=256, seq=32, batch=2)
-built = frameworks.build("zero1", cfg, {})
-hooks = {id(m): (len(m._forward_pre_hooks), len(m._forward_hooks))
-         for m in built.model.modules()}
-mon = zerodoc.attach(built.target, built.optimizer, port=False,
-                     run_dir=json.loads(sys.argv[1])["run_dir"])
-losses = [built.train_step(*batch(cfg, s, dist.get_rank())) for s in range(2)]
-mon.close()
-bad = [] if zro.dist is dist else ["zero_redundancy_optimizer.dist"]
-bad += ["optimizer"] if "_broadcast_params_from_rank" in vars(built.optimizer) else []
-bad += [type(m).__name__ for m in built.model.modules()
-        if (len(m._forward_pre_hooks), len(m._forward_hooks)) != hooks[id(m)]]
-# DDP cannot drop a comm hook: ours stays and only averages, as DDP's own all-reduce does.
-losses += [built.train_step(*batch(cfg, s, dist.get_rank())) for s in range(2, 4)]
-p = [p.detach().clone() for p in built.model.parameters()]
-for t in p:  # parameters stay identical across ranks
-    ref = t.clone()
-    dist.broadcast(ref, src=0)
-    if not torch.equal(ref, t):
-        bad.append("parameters differ between ranks")
-        break
-dist.barrier()
-dist.destroy_process_group()
-print("RESTORE", bad, losses, flush=True)
-os._exit(1 if bad else 0)
-'''
-
-
 def test_close_restores_zero1_and_training_continues(tmp_path):
-    import os
-
     from zerodoc.demo.launch import Job
 
-    (tmp_path / "zd_restore_zero1.py").write_text(RESTORE_WORKER)
-    root = str(ROOT)
-    job = Job(2, {"run_dir": str(tmp_path / "run")}, module="zd_restore_zero1",
-              env={"PYTHONPATH": os.pathsep.join([str(tmp_path), root])})
+    job = Job(2, {"run_dir": str(tmp_path / "run"), "framework": "zero1"},
+              module="tests.support.jobs.restore_after_close", env={"PYTHONPATH": str(ROOT)})
     with job:
         codes = job.wait(120)
     assert codes == [0, 0], job.outputs()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -11,6 +14,29 @@ from zerodoc.runlog import RankLog, read_rank_log, read_rank_tail
 
 # The repository root (README.md, docs/, exporters/, rules/, dashboards/, bench/ live here).
 ROOT = Path(__file__).resolve().parents[2]
+# Test programs as files (tests/support/jobs/*.py), each run in a fresh interpreter.
+JOBS = ROOT / "tests" / "support" / "jobs"
+
+
+def job_command(name: str, *args) -> list[str]:
+    """The command line running the job script tests/support/jobs/<name>.py by path (with
+    `job_env()`'s environment, so that it finds zerodoc and tests.support)."""
+    path = JOBS / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no job script {path}")
+    return [sys.executable, str(path), *map(str, args)]
+
+
+def job_env(env: dict | None = None, path=()) -> dict:
+    """`env` (this process's environment when None) with the repository root, after the
+    folders in `path`, on PYTHONPATH: a script run by path has its own folder as sys.path[0],
+    not the working directory."""
+    env = dict(os.environ if env is None else env)
+    parts = [str(p) for p in path] + [str(ROOT)]
+    if env.get("PYTHONPATH"):
+        parts.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
 
 
 def wait_until(condition, timeout: float = 30.0, what: str = "condition",
@@ -26,6 +52,31 @@ def wait_until(condition, timeout: float = 30.0, what: str = "condition",
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+def pids_gone(pids) -> bool:
+    """Every process in `pids` has exited (gone from /proc, or a zombie not yet reaped)."""
+    def gone(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+    return all(gone(p) for p in pids)
+
+
+async def wait_until_async(attempt, timeout: float = 30.0, what: str = "condition",
+                           interval: float = 0.05):
+    """wait_until for a coroutine function: await `attempt()` until it returns something true
+    and return that value; after `timeout` seconds fail saying `what` was awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await attempt()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 async def until(pilot, cond, timeout: float = 30.0, what: str = "condition"):

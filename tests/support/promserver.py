@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -50,14 +49,18 @@ class ServerProcess:
         self.log = open(self.tmp / f"{self.name}.log", "w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=None if env is None else {**os.environ, **env})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             try:
                 with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return
+                    return r.status == 200
             except OSError:
-                time.sleep(0.2)
+                return False
+
+        try:
+            wait_until(ready, timeout, f"{self.name} to be ready", interval=0.2)
+            return
+        except AssertionError:
+            pass
         self.__exit__()
         raise RuntimeError(f"{self.name} did not start: "
                            f"{(self.tmp / f'{self.name}.log').read_text()[-2000:]}")

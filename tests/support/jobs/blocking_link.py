@@ -1,4 +1,6 @@
-"""A demo rank whose all-gathers block in the call: `python -m tests.support.blocking_link_job SPEC`.
+"""A demo rank whose all-gathers block in the call.
+
+    python -m tests.support.jobs.blocking_link SPEC
 
 A slow link that stalls the *call* (not just the completion, as `zerodoc/shim/slowlink.py`
 does): `torch.distributed.all_gather_into_tensor` sleeps `spec["block_call_s"]` before it
@@ -23,7 +25,7 @@ def main() -> None:
         orig = c10d.all_gather_into_tensor
 
         def all_gather_into_tensor(*args, **kwargs):
-            time.sleep(delay)
+            time.sleep(delay)  # the subject: the slow link blocks the call itself
             return orig(*args, **kwargs)
         dist.all_gather_into_tensor = c10d.all_gather_into_tensor = all_gather_into_tensor
     sys.argv[1] = json.dumps(spec)

@@ -1,4 +1,6 @@
-"""One rank of a trainer-integration test job: `python -m tests.support.integration_jobs SPEC_JSON`.
+"""One rank of a trainer-integration test job.
+
+    python -m tests.support.jobs.integration SPEC_JSON
 
 Started by tests/test_integrations.py through `zerodoc.demo.launch.Job` (RANK, LOCAL_RANK,
 WORLD_SIZE, MASTER_ADDR/PORT set). Each scenario trains a tiny model with the real framework
