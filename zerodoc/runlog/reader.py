@@ -438,12 +438,19 @@ def _latest(log: RankLog, attr: str) -> dict:
     return best[1]
 
 
+def _is_warmup(block: UnitsBlock) -> bool:
+    """The warm-up step's own interval line (step 1 alone)."""
+    return block.kind == "interval" and block.first_step == 1 and block.last_step == 1
+
+
 def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
                skip_warmup: bool = False) -> RankWindow:
     """One rank's totals over its last `window` steps (None: all steps of the segment).
-    `skip_warmup`: a window served from full-detail steps that starts at step 1 (a short
-    run) leaves that warm-up step out when a later step exists (`warmup_left_out` says so;
-    interval lines cannot take it out and keep it).
+    `skip_warmup`: a window that starts at step 1 (a short run) leaves that warm-up step out
+    when a later step exists (`warmup_left_out` says so): from full-detail steps, or from
+    interval lines through the warm-up step's own interval line (the writer writes one).
+    Where the lines it reads cover step 1 together with later steps (an older log, or all
+    steps from a `total` line) step 1 stays in and `warmup_kept` says so.
 
     With `detail` and enough full-detail steps, exactly those steps. Otherwise per-unit
     numbers come from the newest interval lines that cover the window (all steps: the
@@ -485,6 +492,11 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
             covered += b.steps
         if covered < window and totals and not intervals:
             pieces.insert(0, totals[-1])
+    # a later step exists (in a block, a detail step or a step line): step 1 can leave
+    later = len(pieces) + len(tail) >= 2 or bool(log.totals and log.totals[-1].step > 1)
+    warmup_out = skip_warmup and later and bool(pieces) and _is_warmup(pieces[0])
+    if warmup_out:
+        pieces = pieces[1:]
     if tail:  # full-detail steps after the blocks (small runs): dicts
         part = window_from_steps(facts, tail)
         w = part
@@ -512,17 +524,27 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
         for i, b in enumerate(pieces):
             _add_block(w, b, i == 0)
     lines = log.totals
+    if skip_warmup and pieces and pieces[0].first_step == 1 and w.steps >= 2:
+        w.warmup_kept = True  # its per-unit numbers are summed with later steps' here
     if lines:
         if not detail and window is not None:
             # step-level numbers: exactly the last `window` step lines, fresh; per-unit: the
             # intervals above, over `detail_steps` steps
             detail_steps = w.per_unit_steps if (pieces or tail) else 0
-            _scalars_from_totals(w, lines[-window:])
+            lines = lines[-window:]
+            if skip_warmup and len(lines) >= 2 and lines[0].step == 1:
+                lines = lines[1:]  # the step-level numbers leave it out with the per-unit
+                warmup_out = True
+            _scalars_from_totals(w, lines)
             w.detail_steps = detail_steps
         else:
             inside = [t for t in lines if w.first_step <= t.step <= w.last_step]
             if w.steps == 0 and not pieces:
-                _scalars_from_totals(w, lines if window is None else lines[-window:])
+                lines = lines if window is None else lines[-window:]
+                if skip_warmup and len(lines) >= 2 and lines[0].step == 1:
+                    lines = lines[1:]
+                    warmup_out = True
+                _scalars_from_totals(w, lines)
                 w.detail_steps = 0
             else:
                 if len(inside) == w.steps:
@@ -530,6 +552,8 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
                 if inside:
                     w.last_step_seconds = inside[-1].step_seconds
                     w.updated_unix = max(w.updated_unix, inside[-1].end_unix)
+    if warmup_out and not w.warmup_kept:
+        w.warmup_left_out = 1
     w.memory = _latest(log, "memory")
     w.errors = _latest(log, "errors")
     return w

@@ -186,6 +186,7 @@ class RunLogWriter:
         # per-unit checkpoints: decided on the training thread (cheap), written by the thread
         self._last_units_step = 0
         self._last_units_time = clock()
+        self._warmup_written = False  # step 1's own interval line was handed over
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -281,10 +282,13 @@ class RunLogWriter:
             self._put(("lean", t))
 
     def units_due(self, step: int) -> bool:
-        """A per-unit interval line is due after this step (every_steps / every_seconds)."""
+        """A per-unit interval line is due after this step (every_steps / every_seconds),
+        and after step 1: the warm-up step gets an interval line of its own, so that a
+        window read from interval lines can leave it out as one read from steps does."""
         return step - self._last_units_step >= self.every_steps or (
             step > self._last_units_step
-            and self.clock() - self._last_units_time >= self.every_seconds)
+            and self.clock() - self._last_units_time >= self.every_seconds) or (
+            step == 1 and not self._warmup_written)
 
     def write_units(self, totals, final: bool = False) -> None:
         """Hand over a copy of the cumulative totals (a RankWindow since attach): the writer
@@ -293,8 +297,11 @@ class RunLogWriter:
         entries, once per interval)."""
         if totals.last_step <= self._last_units_step and not final:
             return
-        self._last_units_step = totals.last_step
-        self._last_units_time = self.clock()
+        if totals.last_step == 1 and not self._warmup_written:
+            self._warmup_written = True  # the warm-up line: the interval boundaries stay
+        else:
+            self._last_units_step = totals.last_step
+            self._last_units_time = self.clock()
         snap = (totals.last_step, totals.steps, totals.updated_unix,
                 (totals.step_seconds, totals.optimizer_seconds, totals.framework_seconds,
                  totals.other_seconds, totals.self_seconds,
@@ -562,11 +569,12 @@ class RunLogWriter:
                     "header_at": self._header_at, **base, "max_step_s": self._interval_max,
                     "units": self._columns(d_comp, d_comm, skip_zero=True)})
         self._interval_max = 0.0
-        self._intervals += 1
+        warmup = first == 1 and step == 1  # step 1 alone: not an interval of the cadence
+        self._intervals += not warmup
         self._prev_cum = snap
-        if self._intervals % self.totals_every == 0 or final:
+        if (self._intervals % self.totals_every == 0 and not warmup) or final:
             self._total(snap)
-        if self.detail and not final:
+        if self.detail and not final and not warmup:
             self._switch_detail(self.segment, first_step=step + 1)
 
     def _total(self, snap: tuple) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ..sampling import next_sample, run_coverage, samples
+from ..sampling import next_sample, run_coverage, run_warmup, samples
 from ..thresholds import DEFAULT as T
 from .. import humanize as fmt
 from .feed import Frame, UnitTotals
@@ -371,7 +371,8 @@ def _arrow(col: Column, reverse: bool) -> str:
 def _window_text(frame: Frame) -> str:
     steps = [w.steps for w in frame.snapshot.ranks.values() if w.steps]
     n = max(steps) if steps else 0
-    return f"{n} step{'s' if n != 1 else ''}"
+    warm = run_warmup(frame.snapshot, short=True)
+    return f"{n} step{'s' if n != 1 else ''}" + (f" ({warm})" if warm else "")
 
 
 # --------------------------------------------------------------------------------------
