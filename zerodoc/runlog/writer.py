@@ -203,6 +203,8 @@ class RunLogWriter:
         self._prev_cum: tuple | None = None  # cumulative totals at the last interval line
         self._intervals = 0
         self._interval_max = 0.0  # longest step line written since the last interval
+        self._max_past_warmup = 0.0  # longest step line after step 1
+        self._wrote_warmup = False  # step 1's own interval line is in this segment
         self._detail_fd: int | None = None
         self._detail_pos = 0
         self._detail_slot = 1
@@ -479,6 +481,8 @@ class RunLogWriter:
             light = {k: v for k, v in rec.items() if k not in ("compute", "comm")}
             self._main(light)
             self._interval_max = max(self._interval_max, float(rec.get("step_s", 0.0)))
+            if rec.get("step", 1) > 1:  # the longest step past warm-up, for `total` lines
+                self._max_past_warmup = max(self._max_past_warmup, float(rec.get("step_s", 0.0)))
             if self._detail_fd is not None:
                 data = _dumps(rec)
                 try:
@@ -570,6 +574,7 @@ class RunLogWriter:
                     "units": self._columns(d_comp, d_comm, skip_zero=True)})
         self._interval_max = 0.0
         warmup = first == 1 and step == 1  # step 1 alone: not an interval of the cadence
+        self._wrote_warmup = self._wrote_warmup or warmup
         self._intervals += not warmup
         self._prev_cum = snap
         if (self._intervals % self.totals_every == 0 and not warmup) or final:
@@ -586,6 +591,9 @@ class RunLogWriter:
                     "optimizer_s": scalars[1], "framework_s": scalars[2],
                     "other_s": scalars[3], "self_s": scalars[4], "host_compute_s": scalars[5],
                     "launch": [scalars[6], scalars[7]], "max_step_s": max_step,
+                    # a reader that takes the warm-up line off these totals needs this max
+                    **({"max_step_s_past_warmup": self._max_past_warmup}
+                       if self._wrote_warmup else {}),
                     "units": self._columns(compute, comm, skip_zero=False)})
 
     def _columns(self, compute: dict, comm: dict, skip_zero: bool) -> dict:
