@@ -78,7 +78,7 @@ def test_json_report_is_stable_and_complete():
     assert rep["notes"] == []
     assert rep["stopped"] is None
     assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10,
-                             "warmup_left_out": None,
+                             "warmup_left_out": None, "warmup_kept": False,
                              "per_unit": {"sampled": False, "detail_steps": 5, "steps": 5,
                                           "before_window": 0, "every": None, "text": None,
                                           "next": None}}
