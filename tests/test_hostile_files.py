@@ -72,7 +72,7 @@ def test_header_fields_checked_against_their_meaning(name, tmp_path, capsys):
 def test_bad_durations_and_nested_lines_are_skipped_counted_and_shown(tmp_path, capsys):
     run = hostile.make_run(tmp_path / "run", bad={1: hostile.bad_duration_lines()})
     hostile.make_deep_runlog(tmp_path / "deep")
-    assert cli.main(["report", str(run), "--json", "--window", "0"]) == 0
+    assert cli.main(["report", str(run), "--json", "--window", "0", "--include-warmup"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert "3 lines skipped in rank-00001.jsonl (torn or not valid)" in rep["log_notes"]
     for row in rep["steps"]:  # the good steps only: 6 per rank, every number finite
@@ -121,7 +121,7 @@ def test_long_last_line_is_read_linearly_in_bounded_memory(tmp_path):
     assert rc == 0, err
     rep = json.loads(out)
     assert "1 line skipped in rank-00000.jsonl (torn or not valid)" in rep["log_notes"]
-    assert rep["window"]["steps"] == 6
+    assert rep["window"]["steps"] == 5 and rep["window"]["warmup_left_out"] == 1  # 6 good
     assert rss < MAX_RSS_MB, rss
     assert wall < 60, wall
 

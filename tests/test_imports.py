@@ -31,7 +31,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("terminal UI", frozenset({"tui"})),
     ("demo job", frozenset({"demo"})),
     ("operations", frozenset({"ops"})),
-    ("commands and test support", frozenset({"cli", "__main__", "testing"})),
+    # `alerts` and `grafana`: only the thin aliases of the old `python -m` names
+    ("commands and test support", frozenset({"cli", "__main__", "testing", "alerts",
+                                             "grafana"})),
 )
 LAYER_OF = {part: i for i, (_name, parts) in enumerate(LAYERS) for part in parts}
 TOP = len(LAYERS) - 1

@@ -78,7 +78,7 @@ def test_json_report_is_stable_and_complete():
     assert rep["notes"] == []
     assert rep["stopped"] is None
     assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10,
-                             "warmup_left_out": None,
+                             "warmup_left_out": None, "warmup_kept": False,
                              "per_unit": {"sampled": False, "detail_steps": 5, "steps": 5,
                                           "before_window": 0, "every": None, "text": None,
                                           "next": None}}
@@ -230,3 +230,77 @@ def test_short_run_window_leaves_the_warm_up_step_out_and_says_so(capsys):
     assert kept["units"] != rep["units"]  # the warm-up step moves the per-unit numbers
     whole = json.loads(report_in_process(capsys, str(run), "--json", "--window", "0").stdout)
     assert whole["window"]["warmup_left_out"] == 1 and whole["units"] == rep["units"]
+
+
+def test_interval_line_windows_leave_the_warm_up_step_out_too(tmp_path, capsys):
+    """Issue 20: a window read from the run log's interval lines (no detail files) kept step
+    1 where a window read from steps leaves it out. The writer now gives step 1 an interval
+    line of its own, so both leave it out and say so. Witness: the same synthetic run
+    written with detail files, its steps 2-10 folded by `window_from_steps`. All steps of a
+    finished run (`--window 0`) come from its `total` line, which holds step 1: the warm-up
+    line is taken off it (the same numbers)."""
+    from zerodoc.model import RunSnapshot
+    from zerodoc.report import unit_rows
+    from zerodoc.runlog import read_rank_log, window_from_steps
+    from zerodoc.testing.synthetic import write_run
+
+    lean = write_run(tmp_path / "lean", ranks=2, units=3, steps=10, detail=False)
+    full = write_run(tmp_path / "full", ranks=2, units=3, steps=10, detail=True)
+    assert not (lean / "detail").exists() or not any((lean / "detail").iterdir())
+    rep = json.loads(report_in_process(capsys, str(lean), "--json").stdout)
+    assert rep["window"]["warmup_left_out"] == 1 and not rep["window"]["warmup_kept"]
+    assert (rep["window"]["first_step"], rep["window"]["steps"]) == (2, 9)
+    witness = RunSnapshot(source="witness")
+    for p in sorted(full.glob("rank-*.jsonl")):
+        log = read_rank_log(p)
+        assert [s.step for s in log.steps] == list(range(1, 11))
+        witness.ranks[log.facts.rank] = window_from_steps(log.facts, log.steps[1:])
+    want = {u["unit"]: u for u in unit_rows(witness)}
+    for u in rep["units"]:
+        for k in ("all_gather_seconds_per_step", "all_gather_exposed_seconds_per_step",
+                  "compute_forward_seconds_per_step", "reduce_scatter_seconds_per_step"):
+            assert u[k] == pytest.approx(want[u["unit"]][k], rel=1e-9), (u["unit"], k)
+    text = report_in_process(capsys, str(lean)).stdout
+    assert "(9 steps, 2-10; warm-up step 1 left out, --include-warmup keeps it)" in text
+    kept = json.loads(report_in_process(capsys, str(lean), "--json",
+                                        "--include-warmup").stdout)
+    assert kept["window"]["first_step"] == 1 and kept["window"]["warmup_left_out"] is None
+    assert kept["units"] != rep["units"]
+    whole = json.loads(report_in_process(capsys, str(lean), "--json", "--window", "0").stdout)
+    assert whole["window"]["warmup_left_out"] == 1 and not whole["window"]["warmup_kept"]
+    assert (whole["window"]["first_step"], whole["window"]["steps"]) == (2, 9)
+    assert [u["unit"] for u in whole["units"]] == [u["unit"] for u in rep["units"]]
+    for u, v in zip(whole["units"], rep["units"]):
+        for k, x in u.items():
+            if isinstance(x, float):
+                assert x == pytest.approx(v[k], rel=1e-9, abs=1e-15), (u["unit"], k)
+            else:
+                assert x == v[k], (u["unit"], k)
+    for s, t in zip(whole["steps"], rep["steps"]):
+        assert s["step_seconds"] == pytest.approx(t["step_seconds"], rel=1e-9)
+
+
+def test_a_log_without_the_warm_up_line_keeps_step_1_and_says_so(tmp_path, capsys):
+    """A log whose interval lines cover step 1 with later steps (written before the warm-up
+    line existed) cannot leave it out: the window keeps it and the coverage line says so."""
+    from zerodoc.testing.synthetic import write_run
+
+    run = write_run(tmp_path / "old", ranks=2, units=3, steps=10, detail=False)
+    for p in run.glob("rank-*.jsonl"):
+        lines = p.read_text().splitlines(keepends=True)
+        recs = [json.loads(x) for x in lines]
+        warm = [i for i, r in enumerate(recs) if r["type"] == "interval" and r["last"] == 1]
+        assert len(warm) == 1  # the writer wrote step 1's own interval line
+        nxt = next(i for i, r in enumerate(recs) if r["type"] == "interval" and r["first"] == 2)
+        # as an older writer did: one interval line for steps 1-10 (offsets move: no total
+        # line's header_at is needed by the reader past the header, which stays first)
+        merged = dict(recs[nxt], first=1, steps=10)
+        merged["step_s"] += recs[warm[0]]["step_s"]
+        lines[nxt] = json.dumps(merged) + "\n"
+        del lines[warm[0]]
+        p.write_text("".join(lines))
+    rep = json.loads(report_in_process(capsys, str(run), "--json").stdout)
+    assert rep["window"]["warmup_kept"] and rep["window"]["warmup_left_out"] is None
+    text = report_in_process(capsys, str(run)).stdout
+    assert "warm-up step 1 kept in the per-unit numbers: the run log's per-unit lines cover it " \
+        "with later steps" in text

@@ -121,7 +121,9 @@ def test_interval_lines_equal_the_sum_of_the_steps(tmp_path):
         assert [s.step for s in log.steps] == list(range(1, 9))
         intervals = [b for b in log.blocks if b.kind == "interval"]
         totals = [b for b in log.blocks if b.kind == "total"]
-        assert [(b.first_step, b.last_step, b.steps) for b in intervals] == [(1, 5, 5), (6, 8, 3)]
+        # step 1 (warm-up) has an interval line of its own; the cadence stays 5, 10, ...
+        assert [(b.first_step, b.last_step, b.steps) for b in intervals] == \
+            [(1, 1, 1), (2, 5, 4), (6, 8, 3)]
         assert [(b.last_step, b.steps) for b in totals] == [(8, 8)]
         for b in intervals + totals:
             ref = window_from_steps(log.facts, [s for s in log.steps
@@ -145,6 +147,15 @@ def test_interval_lines_equal_the_sum_of_the_steps(tmp_path):
         w = log_window(read_rank_tail(log.path, None, detail=False), None, detail=False)
         assert w.steps == 8 and math.isclose(
             w.comm_seconds, window_from_steps(log.facts, log.steps).comm_seconds, rel_tol=1e-9)
+        # ... and without the warm-up step: the warm-up line taken off the total line
+        w = log_window(read_rank_tail(log.path, None, detail=False), None, detail=False,
+                       skip_warmup=True)
+        ref = window_from_steps(log.facts, log.steps[1:])
+        assert (w.first_step, w.steps, w.warmup_left_out) == (2, 7, 1)
+        assert math.isclose(w.comm_seconds, ref.comm_seconds, rel_tol=1e-9)
+        assert math.isclose(w.compute_seconds, ref.compute_seconds, rel_tol=1e-9)
+        assert math.isclose(w.step_seconds, ref.step_seconds, rel_tol=1e-9)
+        assert w.max_step_seconds == max(s.step_seconds for s in log.steps[1:])
 
 
 def test_seek_from_end_on_a_long_log(tmp_path, monkeypatch):

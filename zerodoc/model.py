@@ -187,6 +187,11 @@ class RankWindow:
     # The warm-up step (step 1: compile, allocator, first all-gathers) this window leaves out
     # although its span would cover it (`skip_warmup`); None: nothing left out.
     warmup_left_out: int | None = None
+    # The window starts at the warm-up step although `skip_warmup` asked to leave it out:
+    # the run log's interval or total lines it was read from cover step 1 together with
+    # later steps (a log written before the warm-up interval line, or all steps from a
+    # `total` line), so it cannot be taken out. The front ends say so.
+    warmup_kept: bool = False
 
     # --- derived numbers everyone wants -----------------------------------------------
     @property

@@ -15,7 +15,7 @@ from dataclasses import fields
 from .diagnosis import Finding, Severity
 from .humanize import nbytes, pct, rate, secs, table, value
 from .model import RunSnapshot, busbw
-from .sampling import every, next_sample, run_coverage, samples
+from .sampling import every, next_sample, run_coverage, samples, warmup_text
 from .thresholds import LINK_BUSBW, Thresholds
 
 SCHEMA = 1
@@ -173,6 +173,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
                    "last_step": max((w.last_step for w in snap.ranks.values()), default=0),
                    "warmup_left_out": next((w.warmup_left_out for w in snap.ranks.values()
                                             if w.warmup_left_out), None),
+                   "warmup_kept": any(w.warmup_kept for w in snap.ranks.values()),
                    "per_unit": per_unit_coverage(snap)},
         "ranks": sorted(snap.ranks),
         "stale_ranks": sorted(snap.stale_ranks),
@@ -295,8 +296,8 @@ def _header(rep: dict) -> list[str]:
         bits.append(f"link {link['class']} ({rate(link['expected_busbw_bytes_per_second'])} "
                     f"expected)")
     req = win["steps_requested"]
-    warm = (f"; warm-up step {win['warmup_left_out']} left out, --include-warmup keeps it"
-            if win.get("warmup_left_out") else "")
+    warm = warmup_text(win.get("warmup_left_out"), bool(win.get("warmup_kept")))
+    warm = f"; {warm}" if warm else ""
     wtxt = (f"last {req} steps" if req else "all steps") + \
         f" ({win['steps']} steps, {win['first_step']}-{win['last_step']}{warm})"
     lines = ["zerodoc report: " + " | ".join(bits), f"source: {rep['source']}; window: {wtxt}"]

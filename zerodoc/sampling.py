@@ -79,6 +79,27 @@ def coverage(w: RankWindow) -> str:
     return f"per-unit: {n} {noun} of {w.steps}"
 
 
+def warmup_text(left_out: int | None, kept: bool, short: bool = False) -> str | None:
+    """What a window did with the warm-up step, as the report (and, `short`, the TUI's
+    captions) say it. None: the window does not reach step 1, or --include-warmup keeps it
+    as asked."""
+    if kept:
+        return "with warm-up" if short else (
+            "warm-up step 1 kept in the per-unit numbers: the run log's per-unit lines cover it "
+            "with later steps")
+    if left_out:
+        return "no warm-up" if short else \
+            f"warm-up step {left_out} left out, --include-warmup keeps it"
+    return None
+
+
+def run_warmup(snap: RunSnapshot, short: bool = False) -> str | None:
+    """`warmup_text` of a snapshot: kept when any rank's window had to keep it."""
+    ws = list(snap.ranks.values())
+    return warmup_text(next((w.warmup_left_out for w in ws if w.warmup_left_out), None),
+                       any(w.warmup_kept for w in ws), short)
+
+
 def run_coverage(snap: RunSnapshot, ranks=None) -> str | None:
     """`coverage` of the rank with the fewest samples; None when every step has detail."""
     ws = [snap.ranks[r] for r in (snap.ranks if ranks is None else ranks) if r in snap.ranks]

@@ -1,5 +1,5 @@
 """Command-line options shared by several commands: which run a source shows (report, tui),
-the warm-up step (report, compare, whatif) and the diagnosis options (report, compare).
+the warm-up step (report, tui, compare, whatif) and the diagnosis options (report, compare).
 Standard library only at import: imported while the command line is parsed."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ def add_run_arguments(p) -> None:
 
 
 def add_warmup_argument(p) -> None:
+    """`--include-warmup` (report, tui, compare, whatif)."""
     p.add_argument("--include-warmup", action="store_true",
                    help="keep step 1 (compile, allocator, first all-gathers) in a run "
                         "directory's window; by default a window that would start there "

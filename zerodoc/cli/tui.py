@@ -25,9 +25,10 @@ def add_parser(sub) -> None:
     from ..trace import add_arguments
 
     add_arguments(p)
-    from .options import add_run_arguments
+    from .options import add_run_arguments, add_warmup_argument
 
     add_run_arguments(p)
+    add_warmup_argument(p)
     p.set_defaults(func=run)
 
 
@@ -47,7 +48,8 @@ def run(args) -> int:
 
     source = open_source(args.source, window=args.window or None,
                          trace_facts=facts_from_args(args), run_id=getattr(args, "run_id", None),
-                         segment=getattr(args, "segment", None), wait=True)
+                         segment=getattr(args, "segment", None), wait=True,
+                         skip_warmup=not args.include_warmup)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UserError("needs an interactive terminal (stdin and stdout are not a TTY); "
                         "`zerodoc report` prints the same diagnosis as text")

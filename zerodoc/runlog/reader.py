@@ -12,8 +12,9 @@ from pathlib import Path
 from ..model import CommTotals, LazyRankWindow, RankFacts, RankWindow, RunSnapshot
 from ..sampling import MIN_WINDOW_SAMPLES
 from .records import (
-    SUMMED_SCALARS, RankLog, RunLogError, StepRecord, StepTotals, UnitsBlock, block_from_dict,
-    check_header, facts_from_dict, rank_log_name, step_from_dict, totals_from_dict, totals_of,
+    SCALARS, SUMMED_SCALARS, RankLog, RunLogError, StepRecord, StepTotals, UnitsBlock,
+    block_from_dict, check_header, facts_from_dict, rank_log_name, step_from_dict,
+    totals_from_dict, totals_of,
 )
 from .scan import MAX_LINE, OVERLONG, kind_of, reverse_lines, segment_heads
 from .writer import DETAIL_DIR, detail_names
@@ -223,6 +224,34 @@ def read_rank_log(path: str | os.PathLike, segment: int | None = None, *,
     return log
 
 
+WARMUP_LOOKAHEAD = 8  # lines after a header searched for the warm-up step's interval line
+
+
+def seen_total(picked: list[bytes]) -> bool:
+    return bool(picked) and kind_of(picked[-1]) == "total"
+
+
+def _warmup_line(f, body: int) -> bytes | None:
+    """The warm-up step's own interval line (step 1 alone), among the first lines after the
+    segment's header (step 1's line, then its interval line; a few events may come
+    between): bounded, whatever the log's size. None: not there (an older log)."""
+    f.seek(body)
+    for _ in range(WARMUP_LOOKAHEAD):
+        line = f.readline(MAX_LINE)
+        if not line.endswith(b"\n"):
+            return None
+        kind = kind_of(line)
+        if kind == "header" or kind == "total":
+            return None
+        if kind == "interval":
+            try:
+                d = json.loads(line)
+            except _BAD:
+                return None
+            return line if d.get("first") == 1 and d.get("last") == 1 else None
+    return None
+
+
 def read_rank_tail(path: str | os.PathLike, window: int | None = 20,
                    segment: int | None = None, *, detail: bool = True) -> RankLog:
     """What a window of the last `window` steps (None: all) needs of one segment, read from
@@ -279,8 +308,11 @@ def read_rank_tail(path: str | os.PathLike, window: int | None = 20,
                 picked.append(line)
             if window is not None and step_lines >= window and covered >= window:
                 break
+        warm = _warmup_line(f, body) if window is None and seen_total(picked) else None
     if window is not None and covered < window and newest_total is not None:
         picked.append(newest_total)  # the segment's totals: better than no per-unit numbers
+    if warm is not None:
+        picked.append(warm)  # oldest: log_window can take step 1 off the totals
     for line in reversed(picked):
         _take(log, line, names)
     if detail and number == count - 1:
@@ -438,12 +470,34 @@ def _latest(log: RankLog, attr: str) -> dict:
     return best[1]
 
 
+def _is_warmup(block: UnitsBlock) -> bool:
+    """The warm-up step's own interval line (step 1 alone)."""
+    return block.kind == "interval" and block.first_step == 1 and block.last_step == 1
+
+
+def _past_warmup(total: UnitsBlock, warm: UnitsBlock) -> UnitsBlock:
+    """A `total` line's totals without the warm-up step: steps 2 .. total.last_step."""
+    wck, wcv, wmk, wmv = warm.unit_arrays
+    b = UnitsBlock("total", 2, total.last_step, total.steps - warm.steps, total.end_unix,
+                   *(getattr(total, f) - getattr(warm, f) for _k, f in SCALARS),
+                   total.max_past_warmup if total.max_past_warmup is not None
+                   else total.max_step_seconds,
+                   merge_arrays([total.unit_arrays, (wck, -wcv, wmk, -wmv)]))
+    b.host_compute_seconds = total.host_compute_seconds - warm.host_compute_seconds
+    b.launch_checks = total.launch_checks - warm.launch_checks
+    b.launch_caught_up = total.launch_caught_up - warm.launch_caught_up
+    b.detail_steps = total.detail_steps - warm.detail_steps
+    return b
+
+
 def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
                skip_warmup: bool = False) -> RankWindow:
     """One rank's totals over its last `window` steps (None: all steps of the segment).
-    `skip_warmup`: a window served from full-detail steps that starts at step 1 (a short
-    run) leaves that warm-up step out when a later step exists (`warmup_left_out` says so;
-    interval lines cannot take it out and keep it).
+    `skip_warmup`: a window that starts at step 1 (a short run) leaves that warm-up step out
+    when a later step exists (`warmup_left_out` says so): from full-detail steps, or from
+    interval lines through the warm-up step's own interval line (the writer writes one).
+    Where the lines it reads cover step 1 together with later steps (an older log, or all
+    steps from a `total` line) step 1 stays in and `warmup_kept` says so.
 
     With `detail` and enough full-detail steps, exactly those steps. Otherwise per-unit
     numbers come from the newest interval lines that cover the window (all steps: the
@@ -466,12 +520,19 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
         return w
     intervals = [b for b in log.blocks if b.kind == "interval"]
     totals = [b for b in log.blocks if b.kind == "total"]
+    warm = next((b for b in intervals if _is_warmup(b)), None)
+    if window is None and totals and warm is not None:
+        intervals.remove(warm)  # inside the newest total's steps: only to take step 1 off
     cut = intervals[-1].last_step if intervals else (totals[-1].last_step if totals else 0)
     tail = [s for s in det if s.step > cut]
     pieces: list = []
+    taken_off = False  # step 1 taken off a `total` line
     if window is None:
         base = totals[-1] if totals else None
         if base is not None:
+            if skip_warmup and warm is not None and base.first_step == 1 and \
+                    base.steps > warm.steps:
+                base, taken_off = _past_warmup(base, warm), True
             pieces.append(base)
             pieces += [b for b in intervals if b.first_step > base.last_step]
         else:
@@ -485,6 +546,12 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
             covered += b.steps
         if covered < window and totals and not intervals:
             pieces.insert(0, totals[-1])
+    # a later step exists (in a block, a detail step or a step line): step 1 can leave
+    later = len(pieces) + len(tail) >= 2 or bool(log.totals and log.totals[-1].step > 1)
+    dropped = skip_warmup and later and bool(pieces) and _is_warmup(pieces[0])
+    if dropped:
+        pieces = pieces[1:]
+    warmup_out = taken_off or dropped
     if tail:  # full-detail steps after the blocks (small runs): dicts
         part = window_from_steps(facts, tail)
         w = part
@@ -512,17 +579,27 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
         for i, b in enumerate(pieces):
             _add_block(w, b, i == 0)
     lines = log.totals
+    if skip_warmup and pieces and pieces[0].first_step == 1 and w.steps >= 2:
+        w.warmup_kept = True  # its per-unit numbers are summed with later steps' here
     if lines:
         if not detail and window is not None:
             # step-level numbers: exactly the last `window` step lines, fresh; per-unit: the
             # intervals above, over `detail_steps` steps
             detail_steps = w.per_unit_steps if (pieces or tail) else 0
-            _scalars_from_totals(w, lines[-window:])
+            lines = lines[-window:]
+            if skip_warmup and len(lines) >= 2 and lines[0].step == 1:
+                lines = lines[1:]  # the step-level numbers leave it out with the per-unit
+                warmup_out = True
+            _scalars_from_totals(w, lines)
             w.detail_steps = detail_steps
         else:
             inside = [t for t in lines if w.first_step <= t.step <= w.last_step]
             if w.steps == 0 and not pieces:
-                _scalars_from_totals(w, lines if window is None else lines[-window:])
+                lines = lines if window is None else lines[-window:]
+                if skip_warmup and len(lines) >= 2 and lines[0].step == 1:
+                    lines = lines[1:]
+                    warmup_out = True
+                _scalars_from_totals(w, lines)
                 w.detail_steps = 0
             else:
                 if len(inside) == w.steps:
@@ -530,6 +607,8 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
                 if inside:
                     w.last_step_seconds = inside[-1].step_seconds
                     w.updated_unix = max(w.updated_unix, inside[-1].end_unix)
+    if warmup_out and not w.warmup_kept:
+        w.warmup_left_out = 1
     w.memory = _latest(log, "memory")
     w.errors = _latest(log, "errors")
     return w

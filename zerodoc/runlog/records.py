@@ -101,7 +101,7 @@ class UnitsBlock:
     __slots__ = ("kind", "first_step", "last_step", "steps", "end_unix", "step_seconds",
                  "optimizer_seconds", "framework_seconds", "other_seconds", "self_seconds",
                  "max_step_seconds", "unit_arrays", "_dicts", "host_compute_seconds",
-                 "launch_checks", "launch_caught_up", "detail_steps")
+                 "launch_checks", "launch_caught_up", "detail_steps", "max_past_warmup")
 
     def __init__(self, kind, first_step, last_step, steps, end_unix, step_seconds,
                  optimizer_seconds, framework_seconds, other_seconds, self_seconds,
@@ -116,6 +116,7 @@ class UnitsBlock:
         self.host_compute_seconds = 0.0
         self.launch_checks = self.launch_caught_up = 0
         self.detail_steps = steps  # steps the per-unit totals cover (sampled steps)
+        self.max_past_warmup: float | None = None  # `total` lines: the longest step after 1
 
     def _make(self):
         if self._dicts is None:
@@ -514,4 +515,6 @@ def block_from_dict(d: dict, unit_names: list[str]) -> UnitsBlock:
     b.launch_checks, b.launch_caught_up = int(launch[0]), int(launch[1])
     if d.get("detail_steps") is not None:
         b.detail_steps = int(d["detail_steps"])
+    if d.get("max_step_s_past_warmup") is not None:
+        b.max_past_warmup = float(d["max_step_s_past_warmup"])
     return b

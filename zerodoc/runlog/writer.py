@@ -186,6 +186,7 @@ class RunLogWriter:
         # per-unit checkpoints: decided on the training thread (cheap), written by the thread
         self._last_units_step = 0
         self._last_units_time = clock()
+        self._warmup_written = False  # step 1's own interval line was handed over
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -202,6 +203,8 @@ class RunLogWriter:
         self._prev_cum: tuple | None = None  # cumulative totals at the last interval line
         self._intervals = 0
         self._interval_max = 0.0  # longest step line written since the last interval
+        self._max_past_warmup = 0.0  # longest step line after step 1
+        self._wrote_warmup = False  # step 1's own interval line is in this segment
         self._detail_fd: int | None = None
         self._detail_pos = 0
         self._detail_slot = 1
@@ -281,10 +284,13 @@ class RunLogWriter:
             self._put(("lean", t))
 
     def units_due(self, step: int) -> bool:
-        """A per-unit interval line is due after this step (every_steps / every_seconds)."""
+        """A per-unit interval line is due after this step (every_steps / every_seconds),
+        and after step 1: the warm-up step gets an interval line of its own, so that a
+        window read from interval lines can leave it out as one read from steps does."""
         return step - self._last_units_step >= self.every_steps or (
             step > self._last_units_step
-            and self.clock() - self._last_units_time >= self.every_seconds)
+            and self.clock() - self._last_units_time >= self.every_seconds) or (
+            step == 1 and not self._warmup_written)
 
     def write_units(self, totals, final: bool = False) -> None:
         """Hand over a copy of the cumulative totals (a RankWindow since attach): the writer
@@ -293,8 +299,11 @@ class RunLogWriter:
         entries, once per interval)."""
         if totals.last_step <= self._last_units_step and not final:
             return
-        self._last_units_step = totals.last_step
-        self._last_units_time = self.clock()
+        if totals.last_step == 1 and not self._warmup_written:
+            self._warmup_written = True  # the warm-up line: the interval boundaries stay
+        else:
+            self._last_units_step = totals.last_step
+            self._last_units_time = self.clock()
         snap = (totals.last_step, totals.steps, totals.updated_unix,
                 (totals.step_seconds, totals.optimizer_seconds, totals.framework_seconds,
                  totals.other_seconds, totals.self_seconds,
@@ -472,6 +481,8 @@ class RunLogWriter:
             light = {k: v for k, v in rec.items() if k not in ("compute", "comm")}
             self._main(light)
             self._interval_max = max(self._interval_max, float(rec.get("step_s", 0.0)))
+            if rec.get("step", 1) > 1:  # the longest step past warm-up, for `total` lines
+                self._max_past_warmup = max(self._max_past_warmup, float(rec.get("step_s", 0.0)))
             if self._detail_fd is not None:
                 data = _dumps(rec)
                 try:
@@ -562,11 +573,13 @@ class RunLogWriter:
                     "header_at": self._header_at, **base, "max_step_s": self._interval_max,
                     "units": self._columns(d_comp, d_comm, skip_zero=True)})
         self._interval_max = 0.0
-        self._intervals += 1
+        warmup = first == 1 and step == 1  # step 1 alone: not an interval of the cadence
+        self._wrote_warmup = self._wrote_warmup or warmup
+        self._intervals += not warmup
         self._prev_cum = snap
-        if self._intervals % self.totals_every == 0 or final:
+        if (self._intervals % self.totals_every == 0 and not warmup) or final:
             self._total(snap)
-        if self.detail and not final:
+        if self.detail and not final and not warmup:
             self._switch_detail(self.segment, first_step=step + 1)
 
     def _total(self, snap: tuple) -> None:
@@ -578,6 +591,9 @@ class RunLogWriter:
                     "optimizer_s": scalars[1], "framework_s": scalars[2],
                     "other_s": scalars[3], "self_s": scalars[4], "host_compute_s": scalars[5],
                     "launch": [scalars[6], scalars[7]], "max_step_s": max_step,
+                    # a reader that takes the warm-up line off these totals needs this max
+                    **({"max_step_s_past_warmup": self._max_past_warmup}
+                       if self._wrote_warmup else {}),
                     "units": self._columns(compute, comm, skip_zero=False)})
 
     def _columns(self, compute: dict, comm: dict, skip_zero: bool) -> dict:

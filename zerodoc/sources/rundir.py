@@ -28,10 +28,12 @@ class _Running:
     """Running sums of one rank's last `window` step lines (refolded every `window`
     evictions, so float drift stays bounded)."""
 
-    def __init__(self, facts, window: int):
+    def __init__(self, facts, window: int, skip_warmup: bool = False):
         from collections import deque
 
         self.facts, self.window = facts, window
+        self.skip_warmup = skip_warmup  # step 1 leaves once a later step is in
+        self.warmup_dropped = False
         self.steps: deque = deque()
         self.sums = [0.0] * 11
         self.last = 0
@@ -56,6 +58,10 @@ class _Running:
                 self.evictions += 1
         if new:
             self.last = new[-1].step
+        if self.skip_warmup and len(self.steps) >= 2 and self.steps[0].step == 1:
+            for i, v in enumerate(self._vals(self.steps.popleft())):
+                self.sums[i] -= v
+            self.warmup_dropped = True
         if self.evictions >= self.window:
             self.evictions = 0
             self.sums = [sum(col) for col in zip(*map(self._vals, self.steps))] or [0.0] * 11
@@ -79,6 +85,8 @@ class _Running:
         w.last_step_seconds = w.step_times[-1]
         w.max_step_seconds = max(w.step_times)
         w.updated_unix = self.steps[-1].end_unix
+        if self.warmup_dropped and w.first_step == 2:
+            w.warmup_left_out = 1
 
 
 class RunDirSource:
@@ -178,15 +186,18 @@ class RunDirSource:
             ukey = (len(log.blocks), id(log.blocks[-1]) if log.blocks else None)
             u = self._units.get(rank)
             if u is None or u[0] != ukey:
-                lw = log_window(log, self.window, detail=False)
-                u = self._units[rank] = (ukey, getattr(lw, "unit_arrays", None), lw.detail_steps)
+                lw = log_window(log, self.window, detail=False, skip_warmup=self.skip_warmup)
+                u = self._units[rank] = (ukey, getattr(lw, "unit_arrays", None), lw.detail_steps,
+                                         lw.warmup_kept)
             run = self._runs.get(rank)
             if run is None or run.facts is not log.facts:
-                run = self._runs[rank] = _Running(log.facts, self.window)
+                run = self._runs[rank] = _Running(log.facts, self.window, self.skip_warmup)
             run.add(log.totals)
             w = LazyRankWindow(facts=log.facts, unit_arrays=u[1])
             run.fill(w)
             w.detail_steps = u[2] if u[1] is not None else 0
+            if u[3]:  # the per-unit numbers hold step 1: say so, not that it was left out
+                w.warmup_kept, w.warmup_left_out = True, None
             w.memory = _latest(log, "memory")
             w.errors = _latest(log, "errors")
         self._windows[rank] = (ver, w)

@@ -210,6 +210,7 @@ def case_from_snapshot(snap: RunSnapshot, code: str = "ZD000") -> dict:
 
 
 if __name__ == "__main__":  # a thin alias of the command in zerodoc.cli.rulecase
+    from ..cli.main import guarded  # a closed pipe or Ctrl-C ends it quietly
     from ..cli.rulecase import main
 
-    sys.exit(main())
+    sys.exit(guarded(main))

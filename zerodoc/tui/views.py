@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ..sampling import next_sample, run_coverage, samples
+from ..sampling import next_sample, run_coverage, run_warmup, samples
 from ..thresholds import DEFAULT as T
 from .. import humanize as fmt
 from .feed import Frame, UnitTotals
@@ -371,11 +371,41 @@ def _arrow(col: Column, reverse: bool) -> str:
 def _window_text(frame: Frame) -> str:
     steps = [w.steps for w in frame.snapshot.ranks.values() if w.steps]
     n = max(steps) if steps else 0
-    return f"{n} step{'s' if n != 1 else ''}"
+    warm = run_warmup(frame.snapshot, short=True)
+    return f"{n} step{'s' if n != 1 else ''}" + (f" ({warm})" if warm else "")
 
 
 # --------------------------------------------------------------------------------------
 # overview
+
+
+TRACE_DEVICE_ROWS = 8  # ranks of the device-time table the overview shows
+
+
+def trace_scope(frame: Frame) -> dict | None:
+    """Profiler traces without sharded units: what zerodoc can and cannot say from them (the
+    report's `trace_scope`); None for every other source."""
+    from ..trace.scope import scope
+
+    return scope(frame.snapshot) if frame.snapshot.ranks else None
+
+
+def trace_lines(frame: Frame) -> list[str]:
+    """Profiler traces: what they let zerodoc say and the device time read, the lines
+    `zerodoc report` prints under its step breakdown ([] for every other source)."""
+    from ..trace.scope import device_rows, is_trace, text
+
+    snap = frame.snapshot
+    if not snap.ranks or not is_trace(snap):
+        return []
+    rows = device_rows(snap)
+    lines = text(trace_scope(frame), rows[:TRACE_DEVICE_ROWS], fmt.secs, fmt.table)
+    while lines and not lines[0]:
+        lines.pop(0)
+    if len(rows) > TRACE_DEVICE_ROWS:  # the overview does not scroll: the rest in the report
+        lines.append(f"  ... and {len(rows) - TRACE_DEVICE_ROWS} more ranks: `zerodoc report` "
+                     f"lists every rank")
+    return lines
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ Keys:
 - `p`: pause / resume live refresh · `n`: refresh now
 - `?`: this help (`escape` closes) · `q`: quit
 
-Numbers are per step over the last N steps (`--window`); exposed = the time the compute
-waited on a collective. Ranks with no new step for a while, or that stop reporting, are
+Numbers are per step over the last N steps (`--window`; "no warm-up": step 1 left out,
+`--include-warmup` keeps it); exposed = the time the compute waited on a collective. Ranks with no new step for a while, or that stop reporting, are
 marked STALE and kept with their last numbers.
 """
 

@@ -55,6 +55,7 @@ class Overview(Vertical):
     Overview #ov-sparks { height: auto; padding: 1 1 0 1; }
     Overview #ov-sparks-title { color: $text-muted; }
     Overview #ov-finding { height: auto; padding: 1 1 0 1; }
+    Overview #ov-trace { height: auto; padding: 1 1 0 1; }
     Overview #ov-headroom-title { padding: 1 1 0 1; color: $text-muted; }
     Overview #ov-headroom-scroll { height: 1fr; padding: 0 1; }
     """
@@ -67,6 +68,7 @@ class Overview(Vertical):
             yield SparkRow("exposed comm", id="spark-exposed")
             yield SparkRow("compute", id="spark-compute")
         yield Static(id="ov-finding")
+        yield Static(id="ov-trace")  # profiler traces: their scope and device time
         yield Label("Memory headroom per rank (capacity − peak; bar = share free)",
                     id="ov-headroom-title")
         with VerticalScroll(id="ov-headroom-scroll"):
@@ -89,6 +91,10 @@ class Overview(Vertical):
         self.query_one("#spark-compute", SparkRow).set(series["compute"])
 
         self.query_one("#ov-finding", Static).update(_top_finding(frame))
+        trace = views.trace_lines(frame)
+        box = self.query_one("#ov-trace", Static)
+        box.display = bool(trace)
+        box.update(Text("\n".join(trace)))
         self.query_one("#ov-headroom", Static).update(_headroom_grid(frame))
 
 
@@ -110,6 +116,9 @@ def _top_finding(frame: Frame) -> Text:
         if frame.waiting:
             return Text(f"Waiting for samples  {frame.waiting['message']} (no step-level "
                         "finding so far; the per-unit rules run then)", style="yellow")
+        if views.trace_scope(frame):  # as the report says it
+            return Text("No findings in what the traces show (steps, collectives, ranks); "
+                        "they show no per-unit detail (Profiler traces below)", style="green")
         return Text("No findings: nothing crossed a threshold in this window.", style="green")
     f = frame.findings[0]
     t = Text("Top finding  ")
