@@ -6,10 +6,12 @@ Snapshots live in tests/snapshots/tui_*.txt; regenerate with ZERODOC_UPDATE_SNAP
 
 from __future__ import annotations
 
+
 import asyncio
 import gc
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -589,6 +591,9 @@ async def test_overview_shows_the_reports_trace_scope_and_device_table(traces, c
     for line in block:
         assert line in words, line
     assert "No findings: nothing crossed a threshold" not in text  # traces say what they lack
+    # a recording: not "live", and no age from a wall clock the trace does not carry
+    assert "recorded trace" in text and "● live" not in text, text
+    assert not re.search(r"\d{4,}h ago", text), text
 
 
 async def test_overview_of_a_run_log_has_no_trace_block(snapshot_run):

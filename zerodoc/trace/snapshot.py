@@ -344,6 +344,7 @@ def window_of(facts: RankFacts, res: RankResult, window: int | None) -> RankWind
                 dev.comm_kernels[c.collective] = dev.comm_kernels.get(c.collective, 0) + 1
     w.other_seconds = max(0.0, w.step_seconds - w.compute_seconds - w.exposed_seconds
                           - w.optimizer_seconds - w.framework_seconds)
-    if steps:
+    if steps and facts.started_unix > 0:  # a trace without baseTimeNanoseconds has no
+        # wall clock: its last step's time is unknown, not 1970 ("498776 h ago")
         w.updated_unix = facts.started_unix + (steps[-1].end - res.steps[0].ts) * US
     return w

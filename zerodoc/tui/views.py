@@ -233,6 +233,12 @@ RANK_SORTS = ("rank", "step_ms", "compute_ms", "exposed_ms", "exposed_pct", "rat
               "vs_median", "headroom", "last_step")
 
 
+def recorded_trace(frame: Frame) -> bool:
+    """The frame comes from profiler traces (zerodoc/trace): a recording, not a live run."""
+    return any(w.facts.config.get("source") == "profiler trace"
+               for w in frame.snapshot.ranks.values())
+
+
 def rank_state(frame: Frame, r: int) -> str:
     if r in frame.stale:
         return "STALE"

@@ -60,6 +60,8 @@ class StatusLine(Static):
                 t.append(f" · last good data {fmt.ago(now - frame.good_unix)}", style="dim")
         elif paused:
             t.append("⏸ paused", style="bold yellow")
+        elif views.recorded_trace(frame):  # a profiler trace is a recording, never live
+            t.append("■ recorded trace", style="bold blue")
         else:
             t.append("● live", style="bold green")
         if job:
