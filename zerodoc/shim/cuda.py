@@ -258,9 +258,7 @@ class CudaTimer:
                     self._cal, self._n_side = c, 0
             else:
                 c.cal = cal
-        ev = self.pool.get()
-        self.pool.record(ev)
-        m = Mark(ev, -1)
+        m = self.pool.mark(-1)
         if self._last.get(c.group) is c:
             m.holds += 1  # for the next collective of the group
         c.e1 = m
