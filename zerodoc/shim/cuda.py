@@ -378,8 +378,7 @@ class CudaTimer:
                 n += 1
             elif w is None:
                 keep.append(c)  # not claimed yet
-            elif all(x.seconds is not None for x in w.colls) and w.arrive.complete() \
-                    and w.ready.complete():
+            elif _all_read(w.colls) and w.arrive.complete() and w.ready.complete():
                 n += self._settle(w)
             else:
                 keep.append(c)
@@ -479,6 +478,23 @@ class CudaTimer:
         """Exposure of the window's collectives (module docstring), then emit them."""
         a = w.arrive
         r = w.ready
+        colls = w.colls
+        if len(colls) == 1 and a.t is not None and r.t is not None \
+                and colls[0].e1.t is not None:
+            # one collective (most windows: a unit's all-gather): no sort, no cursor
+            c = colls[0]
+            end = c.e1.t - a.t
+            if end < 0.0:
+                end = 0.0
+            span = r.t - a.t
+            exposed = 0.0
+            if end <= span:
+                exposed = min(end / 1e3, c.seconds)
+            self._emit(c, exposed)
+            self._charge_wait(w, exposed)
+            a.release(self.pool)
+            r.release(self.pool)
+            return 1
         if a.t is not None and r.t is not None and all(c.e1.t is not None for c in w.colls):
             t0 = a.t  # all on the clock's timeline: no read of their own
             span = max(0.0, r.t - t0) / 1e3
@@ -496,14 +512,17 @@ class CudaTimer:
                 cursor = max(cursor, end)
             total += exposed
             self._emit(c, exposed)
-        rec = self.rec
-        if total and isinstance(rec, DeviceRecorder) and w.bucket >= 0:
-            # On the device clock the stall sat in the window's bucket: it was a wait.
-            rec.dev_acc[w.bucket] -= total
-            rec.dev_acc[B_WAIT] += total
+        self._charge_wait(w, total)
         a.release(self.pool)
         r.release(self.pool)
         return len(ends)
+
+    def _charge_wait(self, w: _Window, total: float) -> None:
+        rec = self.rec
+        if total and w.bucket >= 0 and isinstance(rec, DeviceRecorder):
+            # On the device clock the stall sat in the window's bucket: it was a wait.
+            rec.dev_acc[w.bucket] -= total
+            rec.dev_acc[B_WAIT] += total
 
     def _emit(self, c: _Coll, exposed: float) -> None:
         s = c.seconds or 0.0
@@ -525,6 +544,13 @@ class CudaTimer:
 
 
 _HIDDEN = _Window(None, None, [], -1)  # type: ignore[arg-type]
+
+
+def _all_read(colls: list) -> bool:
+    for x in colls:
+        if x.seconds is None:
+            return False
+    return True
 
 
 def _not_ready(e: Exception) -> bool:
