@@ -55,19 +55,13 @@ end, in the step in which they are read.
 
 from __future__ import annotations
 
-from time import perf_counter
-
-from .devclock import DeviceRecorder, EventPool, Mark, _first_incomplete
+from .devclock import DeviceRecorder, EventPool, Mark, _first_incomplete, host_clock
 from .recorder import ALL_GATHER, B_WAIT, Recorder
 
 # One collective in this many records a side event (the host-to-device clock calibration);
 # the others map a host clock reading with it (module docstring). Also the first after each
 # step end, so that the offset used is at most a step old (clock drift: ppm).
 SIDE_EVERY = 16
-
-
-def _perf_ms() -> float:
-    return perf_counter() * 1e3
 
 
 class _Coll:
@@ -167,9 +161,8 @@ class CudaTimer:
             # real CUDA: torch.cuda.Stream; the stand-in's Sim has `Stream()` beside `Event()`
             stream_factory = _cuda_stream if event_factory is None else \
                 getattr(sim, "Stream", None)
-        if host_ms is None:  # the host clock (ms) the side events calibrate: the stand-in's own
-            host_ms = getattr(sim, "host_ms", None) or _perf_ms
-        self._host_ms = host_ms
+        # the host clock (ms) the side events calibrate: the stand-in's own for its events
+        self._host_ms = host_ms or host_clock(event_factory)
         self._cal: _Coll | None = None  # the latest calibration (a side event on the timeline)
         self._n_side = 0  # collectives since it
         if event_factory is None:
@@ -452,6 +445,8 @@ class CudaTimer:
                 ts = base + el(c.side)
                 if c.h is not None:
                     c.off = ts - c.h
+                    if isinstance(self.rec, DeviceRecorder):
+                        self.rec.dev_off = c.off  # the launch probe's clock (devclock.py)
             elif cal is not None and cal.off is not None:
                 ts = c.h + cal.off
             if ts is not None and ts > start:

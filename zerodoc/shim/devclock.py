@@ -13,9 +13,13 @@ complete (`query()`), in order, never a synchronisation. Numbers land in the ste
 they were read, typically one step late.
 
 Launch-bound signal. When a unit's compute segment ends (the host has launched it all), we
-`query()` the event that started the segment (one segment in `LAUNCH_EVERY`, rotating): complete means the device had already begun
+ask whether the event that started the segment (one segment in `LAUNCH_EVERY`, rotating) was
+complete: complete means the device had already begun
 the segment while the host was still launching it, i.e. the device was keeping pace with the
-host, not the other way round. The fraction of segments where that held ("caught up"), with
+host, not the other way round. Once the collective timer has calibrated the host clock on the
+device's (`dev_off`, cuda.py's launch bracket) that needs no CUDA call: the host time of the
+segment's end is kept and compared at read-back with the start mark's device time (complete
+then iff its time <= that host time + `dev_off`); before that, a `query()`. The fraction of segments where that held ("caught up"), with
 host launch time close to device time, is what rule ZD014 reads.
 
 Marks are shared with the collective timer (`cuda.CudaTimer`): the switch that starts a
@@ -24,6 +28,8 @@ A mark's event returns to the pool only when the clock and every window holding 
 """
 
 from __future__ import annotations
+
+from time import perf_counter
 
 from .recorder import _FIRST_UNIT_BUCKET, Recorder
 
@@ -34,6 +40,16 @@ LAUNCH_EVERY = 4
 
 def _plain_record(ev) -> None:
     ev.record()
+
+
+def _perf_ms() -> float:
+    return perf_counter() * 1e3
+
+
+def host_clock(event_factory):
+    """The host clock (ms) on which an event recorded on an idle stream lands, offset aside:
+    the CUDA stand-in's own (`Sim.host_ms`) for its events, else `perf_counter`."""
+    return getattr(getattr(event_factory, "__self__", None), "host_ms", None) or _perf_ms
 
 
 class EventPool:
@@ -136,6 +152,9 @@ class DeviceRecorder(Recorder):
         self._seg_n = LAUNCH_EVERY - 1  # unit segments since the last checked one
         self.max_marks = 1 << 16
         self.dropped_marks = 0
+        self.host_ms = host_clock(pool._factory)
+        self.dev_off: float | None = None  # device - host ms (the collective timer's calibration)
+        self._probes: list = []  # (segment start mark, host ms at its end): read back later
         self.on = True  # marks only on detail steps (sampling.py); host clock always
 
     # --- tiers: marks on detail steps only -----------------------------------------------
@@ -168,11 +187,14 @@ class DeviceRecorder(Recorder):
         seg = self._seg_start
         if seg is not None and seg.bucket != top:
             # A unit's compute segment ends: was the device already running it?
-            self.launch_checks += 1
-            if seg.ev.query():
-                self.launch_caught_up += 1
             self._seg_start = None
-            seg.release(self.pool)
+            if self.dev_off is not None and len(self._probes) < 4096:
+                self._probes.append((seg, self.host_ms()))  # compared at read-back
+            else:
+                self.launch_checks += 1
+                if seg.ev.query():
+                    self.launch_caught_up += 1
+                seg.release(self.pool)
         if len(self.marks) >= self.max_marks:  # the device stopped reading back: bound it
             self.dropped_marks += 1
             self.last_mark = None
@@ -230,7 +252,25 @@ class DeviceRecorder(Recorder):
             prev.release(pool)
             prev = m
         del marks[: k - 1]
+        if self._probes:
+            self._probe()
         return k - 1
+
+    def _probe(self) -> None:
+        """The launch probes whose start mark is on the timeline now: complete at the
+        segment's end iff its device time <= that host time on the device's clock."""
+        off, pool, keep = self.dev_off, self.pool, []
+        checks = caught = 0
+        for seg, h in self._probes:
+            if seg.t is None:
+                keep.append((seg, h))
+                continue
+            checks += 1
+            caught += seg.t <= h + off
+            seg.release(pool)
+        self._probes[:] = keep
+        self.launch_checks += checks
+        self.launch_caught_up += caught
 
     def take_device(self) -> tuple[list[float], int, int]:
         """Device seconds per bucket and launch checks read since the last take."""
