@@ -335,7 +335,7 @@ class CudaTimer:
         self.arrive(-1, claim=kinds)
         rec.push(B_WAIT)
         self.ready(-1, ())
-        rec.remove(B_WAIT)
+        rec.leave_unmarked(B_WAIT)  # the wait's end is its start: one mark
 
     # --- at a step end: read back what the GPU has finished, never block -------------------
     def busy(self) -> bool:

@@ -225,6 +225,16 @@ class DeviceRecorder(Recorder):
         Recorder.switch(self, old, new)
         self._mark()
 
+    def leave_unmarked(self, bucket: int) -> float:
+        """`remove(bucket)` right after the push that entered it, nothing launched between
+        (zerodoc's own code): no mark, the push's mark starts the new top's interval (the
+        two events would have been recorded back to back on the stream: one suffices)."""
+        now = Recorder.remove(self, bucket)
+        m = self.last_mark
+        if m is not None and self.on:
+            m.bucket = self.stack[-1]
+        return now
+
     # --- read-back (step end) -------------------------------------------------------------
     def collect(self) -> int:
         """Charge the device time between completed marks to their buckets; returns how
@@ -235,7 +245,7 @@ class DeviceRecorder(Recorder):
         k = _first_incomplete(marks, 0)  # marks[:k] complete
         if k < 2:
             return 0
-        acc, pool = self.dev_acc, self.pool
+        acc, slots = self.dev_acc, self.pool._marks
         prev = marks[0]
         prev.done = True
         t = prev.t
@@ -249,7 +259,9 @@ class DeviceRecorder(Recorder):
             m.t = t  # one read per mark: the windows and collectives use `t`
             if prev.bucket >= 0:  # -1: the end of a detail step's chain (pause())
                 acc[prev.bucket] += dt / 1e3
-            prev.release(pool)
+            prev.holds -= 1  # Mark.release, inlined (one per mark)
+            if prev.holds == 0:
+                slots.append(prev)
             prev = m
         del marks[: k - 1]
         if self._probes:
