@@ -18,6 +18,8 @@ framework's time, not the link's), and the unit's compute kernels. Both are dete
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -46,7 +48,7 @@ UNITS = [("(root)", 1.0, 2.0, 0.4, 0.6),
 
 
 def run_fsdp2(monkeypatch, steps: int = 3, units_spec=None, launch_ms: float = 0.001,
-              gap_ms: float = 0.0, **cfg):
+              gap_ms: float = 0.0, probe_witness: list | None = None, **cfg):
     UNITS = units_spec or globals()["UNITS"]  # noqa: N806 - the module's spec by default
     sim = Sim(launch_ms=launch_ms)
     fsdp = FakeFSDP2(sim, UNITS, **cfg)
@@ -58,6 +60,9 @@ def run_fsdp2(monkeypatch, steps: int = 3, units_spec=None, launch_ms: float = 0
     n = len(units)
     rec = DeviceRecorder(n, EventPool(sim.Event)) if DeviceRecorder else Recorder(n)
     timer = CudaTimer(rec, registry, event_factory=sim.Event)
+    if probe_witness is not None:
+        rec._probes = _ProbeWitness(sim, probe_witness)
+        sim.host(250.0)  # the clocks far from the timeline's origin: the offset matters
     queue: list = []
     monkeypatch.setattr(hp, "queue_autograd_callback", queue.append)
 
@@ -70,7 +75,7 @@ def run_fsdp2(monkeypatch, steps: int = 3, units_spec=None, launch_ms: float = 0
     pg = hp.fsdp2_param_group_class()
     monkeypatch.setattr(pg, "_prefetch_unshard", pg.__dict__["_prefetch_unshard"])
     fsdp2.instrument(units, rec, timer, registry, on_root_forward)
-    got = {"comm": {}, "compute": {}, "host": {}, "gap": {}}
+    got = {"comm": {}, "compute": {}, "host": {}, "gap": {}, "launch": [0, 0]}
 
     def fold():
         _acc, comm = rec.drain(0.0)
@@ -79,7 +84,9 @@ def run_fsdp2(monkeypatch, steps: int = 3, units_spec=None, launch_ms: float = 0
             old = got["comm"].get(key, [0, 0, 0.0, 0.0, 0.0])
             got["comm"][key] = [x + y for x, y in zip(old, a)]
         if DeviceRecorder:
-            dev, _checks, _caught = rec.take_device()
+            dev, checks, caught = rec.take_device()
+            got["launch"][0] += checks
+            got["launch"][1] += caught
             for u in range(n):
                 for p in (0, 1):
                     key = (UNITS[u][0], PHASES[p])
@@ -100,6 +107,19 @@ def run_fsdp2(monkeypatch, steps: int = 3, units_spec=None, launch_ms: float = 0
     for (u, p, c), g in timer.launch_gap.items():
         got["gap"][(UNITS[u][0], PHASES[p], COLLECTIVES[c])] = g
     return sim, got
+
+
+class _ProbeWitness(list):
+    """The launch probe's deferred checks, each with the stand-in's own answer at the
+    segment's end (its start event's device time <= the host clock: what `query()` says)."""
+
+    def __init__(self, sim, truth: list):
+        super().__init__()
+        self.sim, self.truth = sim, truth
+
+    def append(self, item):
+        self.truth.append(item[0].ev.t <= self.sim.host_now)
+        super().append(item)
 
 
 def truth_all_gather(sim, name, phase):
@@ -508,3 +528,35 @@ def test_deepspeed_fetch_order_and_prefetch():
         assert a[0] == 2 and a[2] == pytest.approx(truth_secs, abs=EPS), (m.uname, a)
         assert a[3] == pytest.approx(truth_exp, abs=EPS), (m.uname, a, truth_exp)
     assert rec.comm[(3, FORWARD, ALL_GATHER)][3] > 0.005  # b2's slow link, mostly exposed
+
+
+@pytest.mark.parametrize("launch_bound", [True, False], ids=["launch-bound", "host-ahead"])
+def test_the_launch_probe_reads_the_host_clock_as_query_would(monkeypatch, launch_bound):
+    """Issue 19 round 4: once the launch bracket calibrated the host clock on the device's,
+    the launch-bound probe makes no `query()`: it keeps the host time of the segment's end
+    and compares it at read-back with the segment start's device time. Each deferred check
+    agrees with the stand-in's own clocks at that moment (what a query would have said),
+    and the fraction tells a launch-bound job from one whose host is ahead."""
+    from zerodoc.testing import cudasim
+
+    asked = []  # the queries the probe still made (before the first calibration was read)
+    orig = cudasim.SimEvent.query
+
+    def query(ev):
+        out = orig(ev)
+        if sys._getframe(1).f_code.co_name == "_mark":
+            asked.append(out)
+        return out
+    monkeypatch.setattr(cudasim.SimEvent, "query", query)
+    truth: list = []
+    # launch-bound: kernels shorter than their launch (the device waits for the host)
+    spec = dict(units_spec=[(name, 0.002, 0.004, 0.003, 0.003) for name, *_ in UNITS],
+                launch_ms=0.01) if launch_bound else {}
+    _sim, got = run_fsdp2(monkeypatch, steps=6, probe_witness=truth, **spec)
+    checks, caught = got["launch"]
+    # deferred once a calibration was read back (the host far ahead: late in the run)
+    assert len(truth) > (len(asked) if launch_bound else 0), (len(truth), len(asked))
+    assert checks == len(asked) + len(truth)
+    assert caught == sum(asked) + sum(truth)
+    frac = caught / checks
+    assert frac > 0.5 if launch_bound else frac < 0.25, (caught, checks)  # ZD014: 0.5

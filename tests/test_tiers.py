@@ -517,7 +517,9 @@ def test_gpu_steps_cuda_calls_on_the_cuda_stand_in(tmp_path, monkeypatch):
             # each event read once (an elapsed time from a mark on the clock's timeline; the
             # windows and chains are differences), completion found by binary searches
             assert per_step["elapsed_time"] <= per_step["record"], per_step
-            assert per_step["query"] <= per_step["record"] / 4, per_step
+            # (queries: the launch probe, 1 unit segment in 4, and the binary searches;
+            # against records, fewer since round 4: one side event per SIDE_EVERY collectives)
+            assert per_step["query"] <= per_step["record"] / 3, per_step
 
 
 def test_memory_is_read_at_most_every_second_between_walks(fsdp2, tmp_path, monkeypatch):

@@ -19,6 +19,12 @@ group), the kernel starts only when that one ends; issued onto an idle stream, i
 when the host has launched it (the host launch gap after the issue event), which an event
 recorded after the call on zerodoc's own idle side stream bounds from above. The duration is
 therefore ``done - max(issue, done of the previous collective of that group, side)``.
+An event on an idle stream completes when the host records it (plus the submission latency):
+it is the host's clock read on the device's. So only one collective in `SIDE_EVERY` (and the
+first after each step end) records a side event, the *calibration*; the others read the host
+clock (`host_ms`) where theirs would have been recorded, and their ``side`` is that reading
+plus the offset the calibration measured (its side event's device time less its host time,
+submission latency included): two CUDA calls fewer per collective.
 NCCL's own timing (`work._get_duration()`) is not used: reading it needs the `Work` object
 after completion, and holding it pins the collective's output buffer (a unit's unsharded
 parameters) until read-back.
@@ -49,8 +55,13 @@ end, in the step in which they are read.
 
 from __future__ import annotations
 
-from .devclock import DeviceRecorder, EventPool, Mark, _first_incomplete
+from .devclock import DeviceRecorder, EventPool, Mark, _first_incomplete, host_clock
 from .recorder import ALL_GATHER, B_WAIT, Recorder
+
+# One collective in this many records a side event (the host-to-device clock calibration);
+# the others map a host clock reading with it (module docstring). Also the first after each
+# step end, so that the offset used is at most a step old (clock drift: ppm).
+SIDE_EVERY = 16
 
 
 class _Coll:
@@ -58,7 +69,7 @@ class _Coll:
     itself and, for the latest async collective of a process group, by its successor)."""
 
     __slots__ = ("unit", "phase", "coll", "nbytes", "e0", "e1", "group", "win", "seconds",
-                 "prev", "ref", "side", "gap")
+                 "prev", "ref", "side", "gap", "h", "cal", "off")
 
     def __init__(self, unit, phase, coll, nbytes, e0, group, ref):
         self.unit, self.phase, self.coll, self.nbytes = unit, phase, coll, nbytes
@@ -66,6 +77,9 @@ class _Coll:
         self.ref: Mark | None = ref  # the clock's mark before the issue (held): e0, e1 and
         # the side event are read as one elapsed time each from it
         self.side = None  # the launch bracket's event on the idle side stream (after the call)
+        self.h: float | None = None  # host ms where `side` is (or would have been) recorded
+        self.cal: _Coll | None = None  # the calibration whose offset maps `h` (no `side`)
+        self.off: float | None = None  # a calibration's device - host ms, once read
         self.gap = 0.0  # seconds the bracket took off (the host launch gap)
         self.e1: Mark | None = None
         self.win: _Window | None = None
@@ -141,11 +155,16 @@ class CudaTimer:
     device = True
 
     def __init__(self, rec: Recorder, registry, event_factory=None, max_pending: int = 65536,
-                 stream_factory=None):
+                 stream_factory=None, host_ms=None):
+        sim = getattr(event_factory, "__self__", None)
         if stream_factory is None:
             # real CUDA: torch.cuda.Stream; the stand-in's Sim has `Stream()` beside `Event()`
             stream_factory = _cuda_stream if event_factory is None else \
-                getattr(getattr(event_factory, "__self__", None), "Stream", None)
+                getattr(sim, "Stream", None)
+        # the host clock (ms) the side events calibrate: the stand-in's own for its events
+        self._host_ms = host_ms or host_clock(event_factory)
+        self._cal: _Coll | None = None  # the latest calibration (a side event on the timeline)
+        self._n_side = 0  # collectives since it
         if event_factory is None:
             event_factory = timing_event
         self._stream_factory = stream_factory
@@ -218,14 +237,21 @@ class CudaTimer:
             side = self._side_stream()
         if side is not None:
             # The launch bracket: the call has returned, so the kernel was enqueued before
-            # this event, recorded on a stream that runs nothing: it completes at about the
-            # host's now, an upper bound of the kernel's launch.
-            sev = self.pool.get()
-            sev.record(side)
-            c.side = sev
-        ev = self.pool.get()
-        self.pool.record(ev)
-        m = Mark(ev, -1)
+            # now: an event recorded now on a stream that runs nothing completes at about
+            # the host's now, an upper bound of the kernel's launch. Recorded for the
+            # calibrations only; the others read the host clock (module docstring).
+            c.h = self._host_ms()
+            cal = self._cal
+            self._n_side += 1
+            if cal is None or c.ref is None or self._n_side >= SIDE_EVERY:
+                sev = self.pool.get()
+                sev.record(side)
+                c.side = sev
+                if c.ref is not None:
+                    self._cal, self._n_side = c, 0
+            else:
+                c.cal = cal
+        m = self.pool.mark(-1)
         if self._last.get(c.group) is c:
             m.holds += 1  # for the next collective of the group
         c.e1 = m
@@ -309,7 +335,7 @@ class CudaTimer:
         self.arrive(-1, claim=kinds)
         rec.push(B_WAIT)
         self.ready(-1, ())
-        rec.remove(B_WAIT)
+        rec.leave_unmarked(B_WAIT)  # the wait's end is its start: one mark
 
     # --- at a step end: read back what the GPU has finished, never block -------------------
     def busy(self) -> bool:
@@ -323,6 +349,7 @@ class CudaTimer:
         if isinstance(rec, DeviceRecorder):
             rec.collect()
         if step_end:
+            self._cal = None  # the next step's first collective calibrates afresh
             # Collectives no window claimed by the end of their step never will be: hidden.
             for lst in self._unclaimed.values():
                 for c in lst:
@@ -344,8 +371,7 @@ class CudaTimer:
                 n += 1
             elif w is None:
                 keep.append(c)  # not claimed yet
-            elif all(x.seconds is not None for x in w.colls) and w.arrive.complete() \
-                    and w.ready.complete():
+            elif _all_read(w.colls) and w.arrive.complete() and w.ready.complete():
                 n += self._settle(w)
             else:
                 keep.append(c)
@@ -403,6 +429,9 @@ class CudaTimer:
     def _read_done(self, c: _Coll, e1: Mark, p: _Coll | None) -> bool:
         ref = c.ref
         pt = p.e1.t if p is not None else None
+        cal = c.cal
+        if cal is not None and cal.off is None and cal.seconds is None:
+            return False  # its calibration is read first (it may complete later)
         if ref is not None and ref.t is not None and (p is None or pt is not None):
             el = ref.ev.elapsed_time
             base = ref.t
@@ -411,10 +440,17 @@ class CudaTimer:
             if pt is not None and pt > start:
                 start = pt
             old = t1 - start
+            ts = None
             if c.side is not None:
                 ts = base + el(c.side)
-                if ts > start:
-                    start = ts
+                if c.h is not None:
+                    c.off = ts - c.h
+                    if isinstance(self.rec, DeviceRecorder):
+                        self.rec.dev_off = c.off  # the launch probe's clock (devclock.py)
+            elif cal is not None and cal.off is not None:
+                ts = c.h + cal.off
+            if ts is not None and ts > start:
+                start = ts
             ms = t1 - start
             e1.t = t1
         elif ref is not None and ref.t is None and not ref.done:
@@ -430,12 +466,30 @@ class CudaTimer:
             c.prev = None
         c.seconds = max(0.0, ms) / 1e3
         c.gap = max(0.0, old - ms) / 1e3
+        c.cal = None
         return True
 
     def _settle(self, w: _Window) -> int:
         """Exposure of the window's collectives (module docstring), then emit them."""
         a = w.arrive
         r = w.ready
+        colls = w.colls
+        if len(colls) == 1 and a.t is not None and r.t is not None \
+                and colls[0].e1.t is not None:
+            # one collective (most windows: a unit's all-gather): no sort, no cursor
+            c = colls[0]
+            end = c.e1.t - a.t
+            if end < 0.0:
+                end = 0.0
+            span = r.t - a.t
+            exposed = 0.0
+            if end <= span:
+                exposed = min(end / 1e3, c.seconds)
+            self._emit(c, exposed)
+            self._charge_wait(w, exposed)
+            a.release(self.pool)
+            r.release(self.pool)
+            return 1
         if a.t is not None and r.t is not None and all(c.e1.t is not None for c in w.colls):
             t0 = a.t  # all on the clock's timeline: no read of their own
             span = max(0.0, r.t - t0) / 1e3
@@ -453,14 +507,17 @@ class CudaTimer:
                 cursor = max(cursor, end)
             total += exposed
             self._emit(c, exposed)
-        rec = self.rec
-        if total and isinstance(rec, DeviceRecorder) and w.bucket >= 0:
-            # On the device clock the stall sat in the window's bucket: it was a wait.
-            rec.dev_acc[w.bucket] -= total
-            rec.dev_acc[B_WAIT] += total
+        self._charge_wait(w, total)
         a.release(self.pool)
         r.release(self.pool)
         return len(ends)
+
+    def _charge_wait(self, w: _Window, total: float) -> None:
+        rec = self.rec
+        if total and w.bucket >= 0 and isinstance(rec, DeviceRecorder):
+            # On the device clock the stall sat in the window's bucket: it was a wait.
+            rec.dev_acc[w.bucket] -= total
+            rec.dev_acc[B_WAIT] += total
 
     def _emit(self, c: _Coll, exposed: float) -> None:
         s = c.seconds or 0.0
@@ -482,6 +539,13 @@ class CudaTimer:
 
 
 _HIDDEN = _Window(None, None, [], -1)  # type: ignore[arg-type]
+
+
+def _all_read(colls: list) -> bool:
+    for x in colls:
+        if x.seconds is None:
+            return False
+    return True
 
 
 def _not_ready(e: Exception) -> bool:

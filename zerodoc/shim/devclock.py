@@ -13,9 +13,13 @@ complete (`query()`), in order, never a synchronisation. Numbers land in the ste
 they were read, typically one step late.
 
 Launch-bound signal. When a unit's compute segment ends (the host has launched it all), we
-`query()` the event that started the segment (one segment in `LAUNCH_EVERY`, rotating): complete means the device had already begun
+ask whether the event that started the segment (one segment in `LAUNCH_EVERY`, rotating) was
+complete: complete means the device had already begun
 the segment while the host was still launching it, i.e. the device was keeping pace with the
-host, not the other way round. The fraction of segments where that held ("caught up"), with
+host, not the other way round. Once the collective timer has calibrated the host clock on the
+device's (`dev_off`, cuda.py's launch bracket) that needs no CUDA call: the host time of the
+segment's end is kept and compared at read-back with the start mark's device time (complete
+then iff its time <= that host time + `dev_off`); before that, a `query()`. The fraction of segments where that held ("caught up"), with
 host launch time close to device time, is what rule ZD014 reads.
 
 Marks are shared with the collective timer (`cuda.CudaTimer`): the switch that starts a
@@ -24,6 +28,8 @@ A mark's event returns to the pool only when the clock and every window holding 
 """
 
 from __future__ import annotations
+
+from time import perf_counter
 
 from .recorder import _FIRST_UNIT_BUCKET, Recorder
 
@@ -36,17 +42,49 @@ def _plain_record(ev) -> None:
     ev.record()
 
 
+def _perf_ms() -> float:
+    return perf_counter() * 1e3
+
+
+def host_clock(event_factory):
+    """The host clock (ms) on which an event recorded on an idle stream lands, offset aside:
+    the CUDA stand-in's own (`Sim.host_ms`) for its events, else `perf_counter`."""
+    return getattr(getattr(event_factory, "__self__", None), "host_ms", None) or _perf_ms
+
+
 class EventPool:
     """Reuses timing events (creating CUDA events is not free). `record(ev)` records one on
-    the current stream: `cuda.fast_record()` on a GPU, the event's own `record()` otherwise."""
+    the current stream: `cuda.fast_record()` on a GPU, the event's own `record()` otherwise.
 
-    __slots__ = ("_factory", "_free", "created", "record")
+    Marks are slots too: `mark(bucket)` records a `Mark` taken from `_marks` (each keeps its
+    event for good), and a mark whose last holder let go goes back there, not to the event
+    list: a detail step allocates no Python object per switch or collective end once the
+    pool has grown to the most marks in flight (issue 19 item 3; the garbage collector ran
+    over ~230 new marks per detail step at 21 units)."""
+
+    __slots__ = ("_factory", "_free", "_marks", "created", "record")
 
     def __init__(self, factory, record=None):
         self._factory = factory
         self._free: list = []
+        self._marks: list = []  # released Marks, their events with them
         self.created = 0
         self.record = record or _plain_record
+
+    def mark(self, bucket: int) -> "Mark":
+        """A mark (from the slots, else a new one), its event recorded on the current
+        stream."""
+        marks = self._marks
+        if marks:
+            m = marks.pop()
+            m.bucket = bucket
+            m.holds = 1
+            m.done = False
+            m.t = None
+        else:
+            m = Mark(self.get(), bucket)
+        self.record(m.ev)
+        return m
 
     def get(self):
         if self._free:
@@ -79,8 +117,8 @@ class Mark:
 
     def release(self, pool: EventPool) -> None:
         self.holds -= 1
-        if self.holds <= 0:
-            pool.put(self.ev)
+        if self.holds == 0:  # back to the slots (once: a stray extra release is ignored)
+            pool._marks.append(self)
 
 
 def _first_incomplete(marks: list, lo: int) -> int:
@@ -114,6 +152,9 @@ class DeviceRecorder(Recorder):
         self._seg_n = LAUNCH_EVERY - 1  # unit segments since the last checked one
         self.max_marks = 1 << 16
         self.dropped_marks = 0
+        self.host_ms = host_clock(pool._factory)
+        self.dev_off: float | None = None  # device - host ms (the collective timer's calibration)
+        self._probes: list = []  # (segment start mark, host ms at its end): read back later
         self.on = True  # marks only on detail steps (sampling.py); host clock always
 
     # --- tiers: marks on detail steps only -----------------------------------------------
@@ -146,18 +187,19 @@ class DeviceRecorder(Recorder):
         seg = self._seg_start
         if seg is not None and seg.bucket != top:
             # A unit's compute segment ends: was the device already running it?
-            self.launch_checks += 1
-            if seg.ev.query():
-                self.launch_caught_up += 1
             self._seg_start = None
-            seg.release(self.pool)
+            if self.dev_off is not None and len(self._probes) < 4096:
+                self._probes.append((seg, self.host_ms()))  # compared at read-back
+            else:
+                self.launch_checks += 1
+                if seg.ev.query():
+                    self.launch_caught_up += 1
+                seg.release(self.pool)
         if len(self.marks) >= self.max_marks:  # the device stopped reading back: bound it
             self.dropped_marks += 1
             self.last_mark = None
             return
-        ev = self.pool.get()
-        self.pool.record(ev)
-        m = Mark(ev, top)
+        m = self.pool.mark(top)
         self.marks.append(m)
         self.last_mark = m
         if top >= _FIRST_UNIT_BUCKET:
@@ -183,6 +225,16 @@ class DeviceRecorder(Recorder):
         Recorder.switch(self, old, new)
         self._mark()
 
+    def leave_unmarked(self, bucket: int) -> float:
+        """`remove(bucket)` right after the push that entered it, nothing launched between
+        (zerodoc's own code): no mark, the push's mark starts the new top's interval (the
+        two events would have been recorded back to back on the stream: one suffices)."""
+        now = Recorder.remove(self, bucket)
+        m = self.last_mark
+        if m is not None and self.on:
+            m.bucket = self.stack[-1]
+        return now
+
     # --- read-back (step end) -------------------------------------------------------------
     def collect(self) -> int:
         """Charge the device time between completed marks to their buckets; returns how
@@ -193,7 +245,7 @@ class DeviceRecorder(Recorder):
         k = _first_incomplete(marks, 0)  # marks[:k] complete
         if k < 2:
             return 0
-        acc, pool = self.dev_acc, self.pool
+        acc, slots = self.dev_acc, self.pool._marks
         prev = marks[0]
         prev.done = True
         t = prev.t
@@ -207,10 +259,30 @@ class DeviceRecorder(Recorder):
             m.t = t  # one read per mark: the windows and collectives use `t`
             if prev.bucket >= 0:  # -1: the end of a detail step's chain (pause())
                 acc[prev.bucket] += dt / 1e3
-            prev.release(pool)
+            prev.holds -= 1  # Mark.release, inlined (one per mark)
+            if prev.holds == 0:
+                slots.append(prev)
             prev = m
         del marks[: k - 1]
+        if self._probes:
+            self._probe()
         return k - 1
+
+    def _probe(self) -> None:
+        """The launch probes whose start mark is on the timeline now: complete at the
+        segment's end iff its device time <= that host time on the device's clock."""
+        off, pool, keep = self.dev_off, self.pool, []
+        checks = caught = 0
+        for seg, h in self._probes:
+            if seg.t is None:
+                keep.append((seg, h))
+                continue
+            checks += 1
+            caught += seg.t <= h + off
+            seg.release(pool)
+        self._probes[:] = keep
+        self.launch_checks += checks
+        self.launch_caught_up += caught
 
     def take_device(self) -> tuple[list[float], int, int]:
         """Device seconds per bucket and launch checks read since the last take."""

@@ -57,6 +57,10 @@ class Sim:
     def host(self, ms: float) -> None:
         self.host_now += ms
 
+    def host_ms(self) -> float:
+        """The host clock (ms): where an event recorded now on an idle stream lands."""
+        return self.host_now
+
     def _enqueue(self) -> float:
         t = self.host_now
         self.host_now += self.launch_ms
