@@ -64,6 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from zerodoc.testing.syncwatch import python_calls  # noqa: E402
 
 TARGETS = {21: (30.0, 1500.0), 81: (60.0, 5000.0)}
 US_PER_CUDA_CALL = 3.0
@@ -159,20 +160,7 @@ class GcWatch:
 
 def zerodoc_calls(fn) -> int:
     """Python calls into zerodoc (not its test stand-ins) while `fn` runs (sys.setprofile)."""
-    n = 0
-
-    def prof(frame, event, arg):
-        nonlocal n
-        if event == "call":
-            mod = str(frame.f_globals.get("__name__", ""))
-            if mod.startswith("zerodoc") and not mod.startswith("zerodoc.testing"):
-                n += 1
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return n
+    return python_calls(fn)
 
 
 def step_end_cold(opt, direct: list, hook_calls: list, probe_s: float,

@@ -18,6 +18,7 @@ import zerodoc
 from zerodoc.runlog.writer import DETAIL_DIR, detail_names
 from zerodoc.shim import sampling
 from zerodoc.shim.sampling import Sampler
+from zerodoc.testing.syncwatch import python_calls
 
 from tests.support.helpers import run_demo
 
@@ -183,19 +184,7 @@ def fsdp2(tmp_path):
 def _zerodoc_calls(fn) -> int:
     """Python calls into zerodoc's shim while `fn` runs on this thread (sys.setprofile: an
     independent witness of which hooks were entered)."""
-    n = 0
-
-    def prof(frame, event, arg):
-        nonlocal n
-        if event == "call" and str(frame.f_globals.get("__name__", "")).startswith(
-                "zerodoc.shim"):
-            n += 1
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return n
+    return python_calls(fn, prefix="zerodoc.shim", exclude="")
 
 
 @pytest.mark.slow

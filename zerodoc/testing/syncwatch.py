@@ -107,3 +107,24 @@ if __name__ == "__main__":  # pragma: no cover - a quick self-check
     with SyncWatch() as w:
         torch.zeros(1).item()
     print(dict(w.counts), file=sys.stderr)
+
+
+def python_calls(fn, prefix: str = "zerodoc", exclude: str = "zerodoc.testing") -> int:
+    """Python function calls into modules named `prefix...` (not `exclude...`) while `fn`
+    runs on this thread, counted with sys.setprofile: an independent witness of which code
+    was entered (the tiers' "unsampled steps enter no zerodoc code")."""
+    n = 0
+
+    def prof(frame, event, arg):
+        nonlocal n
+        if event == "call":
+            mod = str(frame.f_globals.get("__name__", ""))
+            if mod.startswith(prefix) and not (exclude and mod.startswith(exclude)):
+                n += 1
+    prev = sys.getprofile()
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(prev)
+    return n
