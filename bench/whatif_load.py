@@ -3,7 +3,8 @@ FSDP2 on 2 gloo ranks with no shim installed, wrapped per linear (A of the merge
 block (B) alternately, back to back. Per step and rank: the wall time, the main thread's time
 on a CPU, and its time runnable but waiting for one (the run-queue delay, from
 /proc/thread-self/schedstat); the rest of the wall time the thread slept (waiting for its peer
-and the collectives). Over the steps after the warm-up; per configuration the slower rank.
+and the collectives). The same two for the Linear layers' own forwards (the same ops in both
+wrappings). Over the steps after the warm-up; per configuration the slower rank.
 
     python bench/whatif_load.py [--pairs 2] [--steps 12] [--warmup 3]
 
@@ -49,18 +50,36 @@ def _worker(rank: int, wrap: str, steps: int, warmup: int, port: int, out: str) 
     cfg = DemoConfig(wrap=wrap)
     model = build(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # The same ops in both wrappings: every Linear's own forward (after FSDP's pre-forward,
+    # whose hooks were registered first, before its post-forward): on CPU and run queue
+    span = [0.0, 0.0]
+    opened: list = []
+
+    def pre(_m, _a):
+        opened.append(_sched())
+
+    def post(_m, _a, _o):
+        c0, q0 = opened.pop()
+        c1, q1 = _sched()
+        span[0] += c1 - c0
+        span[1] += q1 - q0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.register_forward_pre_hook(pre)
+            m.register_forward_hook(post, prepend=True)
     rows = []
     for s in range(steps):
         x, y = batch(cfg, s, rank)
+        span[:] = [0.0, 0.0]
         t0, (c0, q0) = time.perf_counter(), _sched()
         loss_fn(model(x), y).backward()
         opt.step()
         opt.zero_grad()
         t1, (c1, q1) = time.perf_counter(), _sched()
-        rows.append((t1 - t0, c1 - c0, q1 - q0))
+        rows.append((t1 - t0, c1 - c0, q1 - q0, *span))
     kept = rows[warmup:]
     Path(f"{out}-{rank}.json").write_text(json.dumps(
-        [sum(r[i] for r in kept) / len(kept) for i in range(3)]))
+        [sum(r[i] for r in kept) / len(kept) for i in range(5)]))
     dist.destroy_process_group()
 
 
@@ -78,9 +97,9 @@ def run(wrap: str, steps: int, warmup: int, tmp: Path) -> dict:
     load = os.getloadavg()[0]
     mp.spawn(_worker, args=(wrap, steps, warmup, _free_port(), out), nprocs=2)
     ranks = [json.loads(Path(f"{out}-{r}.json").read_text()) for r in range(2)]
-    wall, cpu, runq = max(ranks, key=lambda r: r[0])
+    wall, cpu, runq, lin_cpu, lin_runq = max(ranks, key=lambda r: r[0])
     return {"wrap": wrap, "load": load, "wall": wall, "cpu": cpu, "runq": runq,
-            "slept": max(0.0, wall - cpu - runq)}
+            "slept": max(0.0, wall - cpu - runq), "lin_cpu": lin_cpu, "lin_runq": lin_runq}
 
 
 def main(argv=None) -> int:
@@ -101,13 +120,14 @@ def main(argv=None) -> int:
     print(f"per step, the slower rank, ms ({args.steps} steps, first {args.warmup} left out); "
           f"{os.cpu_count()} cores")
     print(f"{'pair':>4} {'wrap':>7} {'load':>5} {'wall':>7} {'on CPU':>7} {'run queue':>10} "
-          f"{'slept':>7}")
+          f"{'slept':>7}   Linear forwards: {'on CPU':>7} {'run queue':>10}")
     with tempfile.TemporaryDirectory() as t:
         for i in range(args.pairs):
             for wrap in ("linear", "block"):
                 r = run(wrap, args.steps, args.warmup, Path(t))
                 print(f"{i + 1:>4} {wrap:>7} {r['load']:5.1f} {r['wall'] * 1e3:7.0f} "
-                      f"{r['cpu'] * 1e3:7.0f} {r['runq'] * 1e3:10.0f} {r['slept'] * 1e3:7.0f}",
+                      f"{r['cpu'] * 1e3:7.0f} {r['runq'] * 1e3:10.0f} {r['slept'] * 1e3:7.0f}   "
+                      f"{'':16} {r['lin_cpu'] * 1e3:7.1f} {r['lin_runq'] * 1e3:10.1f}",
                       flush=True)
     return 0
 
