@@ -146,9 +146,13 @@ def run_cases(names: list[str], steps: int, tmp: Path, window: int = WINDOW) -> 
     out = []
     for i, name in enumerate(names):
         c = BY_NAME[name]
+        load = [os.getloadavg()[0]]
         a = demo_run(tmp / f"{i}-{name}-a", c.a, steps)
+        load.append(os.getloadavg()[0])
         b = a if c.b == c.a else demo_run(tmp / f"{i}-{name}-b", c.b, steps)
-        out.append(evaluate(c, a, b, window))
+        load.append(os.getloadavg()[0])
+        # the host's 1-minute load average before A, between A and B, after B
+        out.append({**evaluate(c, a, b, window), "load": load})
     return out
 
 
@@ -175,7 +179,9 @@ def table(r: dict) -> str:
              f"{'yes' if r['in_range'] else 'no'}",
              f"compute per step: A {ms(r['compute_a_s']).strip()} ms, B "
              f"{ms(r['compute_b_s']).strip()} ms"
-             f"{'' if r['same_compute'] else ' (differ by more than 15 %: load changed?)'}"]
+             f"{'' if r['same_compute'] else ' (differ by more than 15 %: load changed?)'}"
+             + (f"; load average {' -> '.join(f'{x:.1f}' for x in r['load'])} (before A, "
+                f"between, after B)" if r.get("load") else "")]
     rule = r.get("rule")
     if rule and not rule["fired"]:
         lines.append(f"{rule['code']} did not fire on A: no rule prediction to judge")

@@ -145,10 +145,76 @@ def test_merging_units_pays_the_latency_once_per_merged_unit():
     a = answer(fit(snap), Changes(merge=2))  # root, (l0+l1), (l2+l3)
     b = [100_000, 750_000, 3_000_000]
     comm = sum(3 * call_s(p * 4) for p in b)
-    want = 5 * 0.03 + comm + 0.05 + 0.001 * 9
+    # the framework time (15 ms: 1 ms per call in the run) is priced per byte: the bytes stay
+    want = 5 * 0.03 + comm + 0.05 + 0.015
     assert a["predicted"]["step_s"] == pytest.approx(want, rel=1e-9)
     assert a["predicted"]["exposed_comm_s"] == pytest.approx(comm, rel=1e-9)
-    assert step - a["predicted"]["step_s"] == pytest.approx(2 * 3 * (LAT + 0.001), rel=1e-6)
+    assert step - a["predicted"]["step_s"] == pytest.approx(2 * 3 * LAT, rel=1e-6)
+    # the range reaches a cost per call (9 calls: 9 ms)
+    assert a["predicted"]["step_s_range"][0] <= want - 0.006
+
+
+def _merged_truth(units, parts, fw_per_byte=None):
+    """Run B of a merge measured for real, synthetically: `units` with the compute of their
+    `parts` (units merged) and, with `fw_per_byte`, a framework time per byte moved."""
+    def extra(d):
+        r = d["ranks"][0]
+        for row in r["compute"]:
+            k = parts.get(row[0], 1)
+            r["step"] += row[2] * (k - 1)
+            row[2] *= k
+        if fw_per_byte is not None:
+            _fw_per_byte(d, fw_per_byte)
+    snap, _ = synthetic(units, extra=extra)
+    return snap, snap.ranks[0].mean_step_seconds
+
+
+def _fw_per_byte(d, per_byte):
+    r = d["ranks"][0]
+    fw = per_byte * sum(row[3] * row[4] for row in r["comm"])
+    r["step"] += fw - r["framework"]
+    r["framework"] = fw
+
+
+def test_merge_prices_the_framework_time_per_byte():
+    """Ground truth beneath: FSDP's copies cost 2 ms per MB moved in A and in B (the merged
+    run moves the same bytes in fewer calls); B predicted from A lands on B."""
+    snap, _ = synthetic(extra=lambda d: _fw_per_byte(d, 2e-9))
+    a = answer(fit(snap), Changes(merge=2))
+    _, step_b = _merged_truth((("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000)),
+                              {"l0..l1": 2, "l2..l3": 2}, fw_per_byte=2e-9)
+    assert a["predicted"]["step_s"] == pytest.approx(step_b, rel=1e-9)
+    lo, hi = a["predicted"]["step_s_range"]
+    assert lo <= step_b <= hi
+
+
+def test_merge_beyond_the_fitted_sizes_a_noise_hidden_slope_widens_the_range():
+    """The run's calls span 1-2 MB and noise (+3 ms on the small calls, -3 ms on the large)
+    makes the fitted slope negative: latency only. A merge prices 5.8 MB calls: the
+    bandwidth the noise hid (200 MB/s, injected) must be inside the range, not priced as
+    infinite with no error."""
+    units = (("(root)", 100_000), ("l0", 250_000), ("l1", 300_000), ("l2", 400_000),
+             ("l3", 500_000))
+
+    def hide(d):
+        for row in d["ranks"][0]["comm"]:
+            if row[0] != "(root)":
+                dt = 0.003 if row[4] <= 1_200_000 else -0.003
+                row[5] += dt
+                row[6] += dt
+                d["ranks"][0]["step"] += dt
+    snap, _ = synthetic(units, extra=hide)
+    f = fit_links(snap)[("all_gather", 2)]
+    assert f.bandwidth is None and f.se_seconds_per_wire_byte > 0
+    a = answer(fit(snap), Changes(merge=4))  # root, (l0..l3)
+    b, step_b = _merged_truth((("(root)", 100_000), ("l0..l3", 1_450_000)), {"l0..l3": 4})
+    exposed_b = b.ranks[0].exposed_seconds / 10
+    p = a["predicted"]
+    assert p["exposed_comm_s"] < exposed_b  # the point: latency only, too fast
+    lo, hi = p["exposed_comm_s_range"]
+    assert lo <= exposed_b <= hi
+    lo, hi = p["step_s_range"]
+    assert lo <= step_b <= hi
 
 
 def test_merge_per_block_groups_by_the_block_container():
@@ -161,7 +227,7 @@ def test_merge_per_block_groups_by_the_block_container():
     assert [u.name for u in merged] == ["(root)..head", "blocks.0.a..blocks.0.b",
                                         "blocks.1.a..blocks.1.b"]
     a = answer(m, Changes(merge="blocks"))
-    assert step - a["predicted"]["step_s"] == pytest.approx(3 * 3 * (LAT + 0.001), rel=1e-6)
+    assert step - a["predicted"]["step_s"] == pytest.approx(3 * 3 * LAT, rel=1e-6)
     # each merged unit against the sum of its parts: two units' 3 calls become 3, so 3
     # latencies fewer
     change = {u["unit"]: u["exposed_change_s"] for u in a["units"]}

@@ -87,12 +87,13 @@ def _wls(xs, ys, ws):
     my = sum(w * y for y, w in zip(ys, ws)) / sw
     sxx = sum(w * (x - mx) ** 2 for x, w in zip(xs, ws))
     k = len(xs)
-    if sxx <= (0.05 * mx) ** 2 * sw or k < 3:  # sizes within ~5 %: no slope to see
+    spread = not (sxx <= (0.05 * mx) ** 2 * sw or k < 3)
+    if not spread:  # sizes within ~5 %: no slope to see
         a, b = my, 0.0
     else:
         b = sum(w * (x - mx) * (y - my) for x, y, w in zip(xs, ys, ws)) / sxx
         a = my - b * mx
-        if b < 0:
+        if b < 0:  # the noise hides the slope: latency only, the slope's error kept
             a, b = my, 0.0
         elif a < 0:
             b = sum(w * x * y for x, y, w in zip(xs, ys, ws)) / \
@@ -101,7 +102,10 @@ def _wls(xs, ys, ws):
     res = [y - (a + b * x) for x, y in zip(xs, ys)]
     dof = max(1, k - 2)
     resid = math.sqrt(sum(w * r * r for r, w in zip(res, ws)) / sw * k / dof) if k > 1 else 0.0
-    se_b = resid / math.sqrt(sxx / (sw / k)) if sxx > 0 and b > 0 else 0.0
+    # the slope's standard error wherever the sizes spread, also when the fitted slope came
+    # out negative and fell back to 0: a noise-hidden bandwidth is not an infinite one, and
+    # calls priced far beyond the run's sizes (merged units) get the range that says so
+    se_b = resid / math.sqrt(sxx / (sw / k)) if spread and sxx > 0 else 0.0
     se_a = resid / math.sqrt(k)
     return a, b, resid, se_a, se_b, mx
 

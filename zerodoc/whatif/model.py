@@ -15,8 +15,8 @@ the compute waits (docs/whatif.md, docs/gpus.md):
   synchronously (gloo: the compute waits) or asynchronously (waited for at the next unit's
   post-backward and at the end of backward).
 - the step: forward + backward + optimizer + framework + other + zerodoc's own time. The
-  framework's time (FSDP's copy-in / copy-out and bookkeeping) is modelled per collective
-  call.
+  framework's time (FSDP's copy-in / copy-out and bookkeeping) is modelled per byte the
+  collectives move, its range reaching a cost per call.
 
 `replay()` of the unchanged configuration must reproduce the measured step (its own check,
 shown with every answer).
@@ -71,6 +71,11 @@ class RankModel:
     @property
     def framework_per_call_s(self) -> float:
         n = sum(u.calls() for u in self.units)
+        return self.framework_s / n if n else 0.0
+
+    @property
+    def framework_per_byte_s(self) -> float:
+        n = sum(_bytes_moved(u) for u in self.units)
         return self.framework_s / n if n else 0.0
 
 
@@ -329,14 +334,32 @@ class StepModel:
                     exposed[u.name] = exposed.get(u.name, 0.0) + s
                     t += s
                     comm_total += s
-        calls = sum(_calls(u, reshard) for u in units)
         opt = rm.optimizer_s
         if ch.world_size:
             opt *= self.world_size / ch.world_size  # sharded optimizer states
-        overhead = opt + rm.framework_per_call_s * calls + rm.other_s + rm.self_s
+        overhead = opt + self._framework_s(rm, units, reshard, bound) + rm.other_s + rm.self_s
         compute = sum(u.forward_s + u.backward_s for u in units) * scale
         return Replay(t + overhead, sum(exposed.values()), compute, comm_total, overhead,
                       exposed)
+
+    @staticmethod
+    def _framework_s(rm: RankModel, units: list[UnitModel], reshard: bool,
+                     bound: float) -> float:
+        """FSDP's own time (copy-in / copy-out of the gathered parameters, the gradients'
+        copies into the reduce-scatter buffer, the hooks) after the change. The run gives one
+        total per step, and every unit moves its bytes in one call, so it cannot tell a cost
+        per byte from a cost per call: they part only when the calls change and the bytes do
+        not (merged units). The point prices it per byte (the copies: in paired real runs,
+        per linear -> per block, the framework time stayed at 26-41 ms while the calls fell
+        54 -> 15, docs/whatif.md); the range (`bound` < 0 / > 0) reaches the cheaper / dearer
+        of per byte and per call."""
+        by_byte = rm.framework_per_byte_s * sum(_bytes_moved(u, reshard) for u in units)
+        by_call = rm.framework_per_call_s * sum(_calls(u, reshard) for u in units)
+        if bound < 0:
+            return min(by_byte, by_call)
+        if bound > 0:
+            return max(by_byte, by_call)
+        return by_byte
 
     # --- traffic ------------------------------------------------------------------------------
     def traffic(self, ch: Changes = Changes()) -> tuple[float, float]:
@@ -401,6 +424,14 @@ def _rows(u: UnitModel, reshard: bool):
 
 def _calls(u: UnitModel, reshard: bool) -> float:
     return sum(v[0] for _p, _c, v in _rows(u, reshard))
+
+
+def _bytes_moved(u: UnitModel, reshard: bool | None = None) -> float:
+    """Bytes per step of a unit's collectives (calls x bytes per call); `reshard` None: as
+    measured."""
+    rows = ((p, c, v) for p, cs in u.comm.items() for c, v in cs.items()) if reshard is None \
+        else _rows(u, reshard)
+    return sum(v[0] * v[1] for _p, _c, v in rows)
 
 
 def _block_key(name: str, container: str) -> str | None:
