@@ -227,7 +227,8 @@ async def tui_bench(run_dir: Path, ranks: int, units: int, first_new: int, refre
 
 
 def report_time(spec: str, what: str, window: int | None = 20,
-                limit_s: float | None = None, recorded: bool = True) -> None:
+                limit_s: float | None = None, recorded: bool = True,
+                rank_series: bool = True) -> None:
     from zerodoc.diagnosis import diagnose
     from zerodoc.report import build_report, render_json
     from zerodoc.sources import open_source
@@ -236,6 +237,7 @@ def report_time(spec: str, what: str, window: int | None = 20,
     t = clock()
     src = open_source(spec, window=window)
     src.recorded = recorded  # Prometheus: per-unit stats from its recording rules, or not
+    src.rank_series = rank_series  # ... and per-rank figures from the rank-level series
     snap = src.snapshot()
     findings = diagnose(snap)
     text = render_json(build_report(snap, findings, source=src.description, thresholds=DEFAULT,

@@ -214,17 +214,24 @@ def prometheus_section(tmp: Path, scrapes: dict[int, str], ranks: int, budget,
         proc.terminate()
         proc.wait(30)
         proc, url, log = _start(prometheus, tmp, data, log)
-        for what, recorded in (("recording rules", True), ("raw per-unit series", False)):
+        # per-unit stats from the rules and per-rank figures from the rank-level series (the
+        # default); the same with the per-rank sums over every per-unit series (before them);
+        # everything from the raw per-unit series
+        for what, recorded, rank_series in (
+                ("recording rules + rank-level series", True, True),
+                ("recording rules + per-rank sums of per-unit series", True, False),
+                ("raw per-unit series", False, False)):
+            limit = 5.0 if recorded and rank_series else None
             _reset_peak(proc.pid)
-            report_time(url, f"from Prometheus, {ranks} ranks, {what}",
-                        limit_s=5.0 if recorded else None, recorded=recorded)
+            report_time(url, f"from Prometheus, {ranks} ranks, {what}", limit_s=limit,
+                        recorded=recorded, rank_series=rank_series)
             peak = _peak(proc.pid)
             print(f"  Prometheus peak resident memory during the report: "
                   f"{peak / 2**20:,.0f} MiB")
             budget(f"Prometheus peak memory, report ({ranks} ranks, {what})",
                    f"{peak / 2**20:,.0f} MiB", None)
-            tui_refreshes(url, ranks, budget, what, limit_s=5.0 if recorded else None,
-                          recorded=recorded)
+            tui_refreshes(url, ranks, budget, what, limit_s=limit, recorded=recorded,
+                          rank_series=rank_series)
         lat = []
         panels = [(w, e, "query_range") for w, e in _queries()]
         rules = [(w, e, "query") for w, e in _rules()]  # a rule is evaluated at an instant
@@ -346,13 +353,14 @@ def _backfill_unit_rules(promtool: str, url: str, tmp: Path, data: Path, end: fl
 
 
 def tui_refreshes(url: str, ranks: int, budget, what: str, n: int = 3,
-                  limit_s: float | None = None, recorded: bool = True) -> None:
+                  limit_s: float | None = None, recorded: bool = True,
+                  rank_series: bool = True) -> None:
     """What a TUI on this Prometheus waits per refresh: the first snapshot (per-unit stats
     computed or read from the recording rules), then `n` more with the same source (reused;
     recomputed in the background)."""
     from zerodoc.sources import PrometheusSource
 
-    src = PrometheusSource(url, window=20, recorded=recorded)
+    src = PrometheusSource(url, window=20, recorded=recorded, rank_series=rank_series)
     t = time.perf_counter()
     src.snapshot()
     first = time.perf_counter() - t
