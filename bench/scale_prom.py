@@ -250,6 +250,7 @@ def prometheus_section(tmp: Path, scrapes: dict[int, str], ranks: int, budget,
             ok = body.get("status") == "success"
             got = len(body.get("data", {}).get("result", [])) if ok else 0
             lat.append((statistics.median(times), where, got, ok))
+        per_rank = _per_rank_rule_ab(url, end)
         rss = _rss(proc.pid)
         lat.sort(reverse=True)
         print(f"  {len(lat)} queries (every dashboard panel: 2 min range, 15 s step; every "
@@ -259,12 +260,64 @@ def prometheus_section(tmp: Path, scrapes: dict[int, str], ranks: int, budget,
             print(f"    {secs * 1e3:7.0f} ms  {where} ({got} series{'' if ok else ', ERROR'})")
         print(f"  Prometheus resident memory after the queries: {rss / 2**20:,.0f} MiB")
         budget(f"Prometheus panel query, slowest ({ranks} ranks)", f"{lat[0][0]:.2f} s", None)
+        if per_rank:
+            print("  per-rank recording rules (one instant, median of 3): from the rank-level "
+                  "series vs summing the per-unit series")
+            for name, a, b in per_rank:
+                print(f"    {a * 1e3:7.0f} ms vs {b * 1e3:7.0f} ms  {name}")
+            a, b = sum(x[1] for x in per_rank), sum(x[2] for x in per_rank)
+            budget(f"per-rank recording rules, all {len(per_rank)} ({ranks} ranks): rank-level "
+                   "vs per-unit sums", f"{a:.2f} s vs {b:.2f} s", None)
         budget(f"Prometheus resident memory ({ranks} ranks, {n:,} series)",
                f"{rss / 2**20:,.0f} MiB", None)
     finally:
         proc.terminate()
         proc.wait(30)
         log.close()
+
+
+def _per_unit_form(expr: str) -> str:
+    """A per-rank rule as it was before the rank-level series (issue 20 item 17): the same
+    sums over the rank's per-unit series."""
+    from zerodoc.catalog import RANK_COMPUTE, RANK_EXPOSED
+
+    expr = re.sub(r"sum without \(phase, collective\) \(rate\(" + RANK_EXPOSED,
+                  "sum without (unit, phase, collective) (rate("
+                  "zerodoc_collective_exposed_seconds_total", expr)
+    return re.sub(r"sum without \(phase\) \(rate\(" + RANK_COMPUTE,
+                  "sum without (unit, phase) (rate(zerodoc_compute_seconds_total", expr)
+
+
+def _per_rank_rule_ab(url: str, end: float) -> list[tuple[str, float, float]]:
+    """(rule, seconds from the rank-level series, seconds summing the per-unit series) for
+    every shipped rule that reads the rank-level series; each the median of 3, interleaved,
+    and both forms checked to give the same numbers."""
+    from zerodoc.catalog import RANK_COMPUTE, RANK_EXPOSED
+
+    out = []
+    # the sums alone (a rule's denominators may be recorded series not backfilled here)
+    parts = [(f"sum of {n}", f"sum without ({by}) (rate({n}[1m]))")
+             for n, by in ((RANK_EXPOSED, "phase, collective"), (RANK_COMPUTE, "phase"))]
+    for where, expr in parts + _rules():
+        old = _per_unit_form(expr)
+        if old == expr:
+            continue
+        times: dict[str, list[float]] = {expr: [], old: []}
+        got = {}
+        for _ in range(3):
+            for e in (expr, old):
+                q = urllib.parse.urlencode({"query": e, "time": f"{end:.3f}"})
+                t = time.perf_counter()
+                body = json.loads(_get(f"{url}/api/v1/query?{q}", 120))
+                times[e].append(time.perf_counter() - t)
+                got[e] = sorted((tuple(sorted(r["metric"].items())), float(r["value"][1]))
+                                for r in body["data"]["result"])
+        same = len(got[expr]) == len(got[old]) and all(
+            a[0] == b[0] and abs(a[1] - b[1]) <= 1e-9 * max(1.0, abs(b[1]))
+            for a, b in zip(got[expr], got[old]))
+        out.append((f"{where} ({len(got[expr])} series{'' if same else ', DIFFERENT'})",
+                    statistics.median(times[expr]), statistics.median(times[old])))
+    return out
 
 
 def _start(prometheus: str, tmp: Path, data: Path, log=None):
