@@ -18,8 +18,11 @@ met / missed):
   query (dashboards/*.json, variables = all) and recording rule, a zerodoc report from it
   (with the server's peak memory during it), and a TUI's refreshes on it (the first, then
   with per-unit numbers reused); both with the per-unit stats read from the recording rules
-  (backfilled with `promtool tsdb create-blocks-from rules`; budget: <= 5 s to a first
-  answer) and, in the same run, aggregated from the raw per-unit series. `--prom-ranks 1024` measures the full size (~2 min to
+  (backfilled with `promtool tsdb create-blocks-from rules`) and per-rank figures from the
+  ranks' rank-level totals (budget: <= 5 s to a first answer); in the same run, the same
+  with the per-rank figures summed over the per-unit series, and everything aggregated from
+  the raw per-unit series; and the per-rank recording rules on the rank-level series
+  against the same rules summing the per-unit series (latency, same answers). `--prom-ranks 1024` measures the full size (~2 min to
   backfill 1.2 M series; a Prometheus peak of ~5 GB).
 - tui: a `--ranks` x `--units` run written through the real writer (synthetic numbers), the
   real Textual app headless: first frame, then refreshes with one new step on every rank

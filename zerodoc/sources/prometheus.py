@@ -9,7 +9,7 @@ HTTP API with the work done server-side.
 - **Aggregated over ranks in PromQL.** Per rank only its step-level numbers (a few series
   each; compute and exposed time from the rank's own totals over its units,
   `zerodoc_rank_compute_seconds_total` and `zerodoc_rank_collective_exposed_seconds_total`:
-  7 series a rank instead of its ~400 per-unit ones, issue 20 item 17; summed over the
+  5 series a rank for FSDP2 instead of its ~400 per-unit ones, issue 20 item 17; summed over the
   per-unit series with `sum by (rank)` only for ranks that do not serve them, i.e. an older
   zerodoc, or when told to with `rank_series=False`); per unit, phase
   and collective the min / median / mean / max of the per-step numbers over ranks
