@@ -153,6 +153,13 @@ def _pin_interval(src: PrometheusSource) -> None:
     src._scrape_interval = lambda sel: measured.setdefault(sel, real(sel))
 
 
+def _settled() -> float:
+    """An instant whose scrapes are all in the TSDB: a sample is stamped when its scrape
+    starts and appended when it ends (up to the 1 s scrape timeout later, more on a loaded
+    box), so an instant of `now` can gain samples between two queries."""
+    return time.time() - 5.0
+
+
 def _report(src: PrometheusSource, snap) -> tuple[str, str]:
     rep = build_report(snap, diagnose(snap), source=src.description, thresholds=DEFAULT,
                        link=None, window=src.window, generated_unix=0.0)
@@ -168,7 +175,7 @@ def test_per_rank_figures_come_from_the_rank_level_series(prom_rules, window):
     src = PrometheusSource(prom.url, window=window, run_id="rules-run")
     seen = _spy(src)
     _pin_interval(src)
-    at = time.time()
+    at = _settled()
     snap = src.snapshot(at=at)
     seen_new = list(seen)
     seen.clear()
@@ -202,7 +209,7 @@ def test_ranks_without_rank_level_series_fall_back_to_the_sums(prom_rules):
         return [] if "zerodoc_rank_" in expr else rows
     src._query = withheld
     _pin_interval(src)
-    at = time.time()
+    at = _settled()
     snap = src.snapshot(at=at)
     assert len(_per_rank_sums(seen)) == 2
     src.rank_series = False

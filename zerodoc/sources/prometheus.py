@@ -241,7 +241,7 @@ class PrometheusSource:
         cnt = head["count"][0][1] if head["count"] else 0.0
         mean = head["sum"][0][1] / cnt if cnt else 1.0
         interval = self._scrape_interval(sel)
-        now = time.time() if at is None else at
+        asked, now = at, time.time() if at is None else at
         # evaluate where the run's samples end (one scrape after its last step): a live run's
         # latest steps, an ended run's last ones, whenever asked
         at = min(now, last + interval)
@@ -307,7 +307,7 @@ class PrometheusSource:
         ranks = tuple(sorted(r for r, w in snap.ranks.items() if w.steps))
         snap.unit_stats = self._unit_stats_reused((run, ranks, self.window), sel, rng, at,
                                                   ranks, snap)
-        self._states(snap, got, sel, at, now, interval)
+        self._states(snap, got, sel, asked, now, interval)
         snap.missing_ranks = missing(snap)
         return snap
 
@@ -485,12 +485,12 @@ class PrometheusSource:
         out.order = tuple(order)
         return out
 
-    def _states(self, snap: RunSnapshot, got: dict, sel: str, at: float, now: float,
+    def _states(self, snap: RunSnapshot, got: dict, sel: str, at: float | None, now: float,
                 interval: float) -> None:
         """ended / stale per rank (see the module docstring)."""
         lb = self.lookback
         res = self._many({"last_up": f"last_over_time(up{{{sel}}}[{lb}])",
-                          "up": f"up{{{sel}}}"}, None)
+                          "up": f"up{{{sel}}}"}, at)  # at: None (now) unless asked
         last_up = {m.get("instance"): v for m, v in res["last_up"]}
         up_now = {m.get("instance"): v for m, v in res["up"]}
         for rank, c in got.items():
