@@ -18,8 +18,11 @@ met / missed):
   query (dashboards/*.json, variables = all) and recording rule, a zerodoc report from it
   (with the server's peak memory during it), and a TUI's refreshes on it (the first, then
   with per-unit numbers reused); both with the per-unit stats read from the recording rules
-  (backfilled with `promtool tsdb create-blocks-from rules`; budget: <= 5 s to a first
-  answer) and, in the same run, aggregated from the raw per-unit series. `--prom-ranks 1024` measures the full size (~2 min to
+  (backfilled with `promtool tsdb create-blocks-from rules`) and per-rank figures from the
+  ranks' rank-level totals (budget: <= 5 s to a first answer); in the same run, the same
+  with the per-rank figures summed over the per-unit series, and everything aggregated from
+  the raw per-unit series; and the per-rank recording rules on the rank-level series
+  against the same rules summing the per-unit series (latency, same answers). `--prom-ranks 1024` measures the full size (~2 min to
   backfill 1.2 M series; a Prometheus peak of ~5 GB).
 - tui: a `--ranks` x `--units` run written through the real writer (synthetic numbers), the
   real Textual app headless: first frame, then refreshes with one new step on every rank
@@ -227,7 +230,8 @@ async def tui_bench(run_dir: Path, ranks: int, units: int, first_new: int, refre
 
 
 def report_time(spec: str, what: str, window: int | None = 20,
-                limit_s: float | None = None, recorded: bool = True) -> None:
+                limit_s: float | None = None, recorded: bool = True,
+                rank_series: bool = True) -> None:
     from zerodoc.diagnosis import diagnose
     from zerodoc.report import build_report, render_json
     from zerodoc.sources import open_source
@@ -236,6 +240,7 @@ def report_time(spec: str, what: str, window: int | None = 20,
     t = clock()
     src = open_source(spec, window=window)
     src.recorded = recorded  # Prometheus: per-unit stats from its recording rules, or not
+    src.rank_series = rank_series  # ... and per-rank figures from the rank-level series
     snap = src.snapshot()
     findings = diagnose(snap)
     text = render_json(build_report(snap, findings, source=src.description, thresholds=DEFAULT,

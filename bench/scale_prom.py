@@ -214,17 +214,24 @@ def prometheus_section(tmp: Path, scrapes: dict[int, str], ranks: int, budget,
         proc.terminate()
         proc.wait(30)
         proc, url, log = _start(prometheus, tmp, data, log)
-        for what, recorded in (("recording rules", True), ("raw per-unit series", False)):
+        # per-unit stats from the rules and per-rank figures from the rank-level series (the
+        # default); the same with the per-rank sums over every per-unit series (before them);
+        # everything from the raw per-unit series
+        for what, recorded, rank_series in (
+                ("recording rules + rank-level series", True, True),
+                ("recording rules + per-rank sums of per-unit series", True, False),
+                ("raw per-unit series", False, False)):
+            limit = 5.0 if recorded and rank_series else None
             _reset_peak(proc.pid)
-            report_time(url, f"from Prometheus, {ranks} ranks, {what}",
-                        limit_s=5.0 if recorded else None, recorded=recorded)
+            report_time(url, f"from Prometheus, {ranks} ranks, {what}", limit_s=limit,
+                        recorded=recorded, rank_series=rank_series)
             peak = _peak(proc.pid)
             print(f"  Prometheus peak resident memory during the report: "
                   f"{peak / 2**20:,.0f} MiB")
             budget(f"Prometheus peak memory, report ({ranks} ranks, {what})",
                    f"{peak / 2**20:,.0f} MiB", None)
-            tui_refreshes(url, ranks, budget, what, limit_s=5.0 if recorded else None,
-                          recorded=recorded)
+            tui_refreshes(url, ranks, budget, what, limit_s=limit, recorded=recorded,
+                          rank_series=rank_series)
         lat = []
         panels = [(w, e, "query_range") for w, e in _queries()]
         rules = [(w, e, "query") for w, e in _rules()]  # a rule is evaluated at an instant
@@ -243,6 +250,7 @@ def prometheus_section(tmp: Path, scrapes: dict[int, str], ranks: int, budget,
             ok = body.get("status") == "success"
             got = len(body.get("data", {}).get("result", [])) if ok else 0
             lat.append((statistics.median(times), where, got, ok))
+        per_rank = _per_rank_rule_ab(url, end)
         rss = _rss(proc.pid)
         lat.sort(reverse=True)
         print(f"  {len(lat)} queries (every dashboard panel: 2 min range, 15 s step; every "
@@ -252,12 +260,72 @@ def prometheus_section(tmp: Path, scrapes: dict[int, str], ranks: int, budget,
             print(f"    {secs * 1e3:7.0f} ms  {where} ({got} series{'' if ok else ', ERROR'})")
         print(f"  Prometheus resident memory after the queries: {rss / 2**20:,.0f} MiB")
         budget(f"Prometheus panel query, slowest ({ranks} ranks)", f"{lat[0][0]:.2f} s", None)
+        if per_rank:
+            print("  per-rank recording rules (one instant, median of 3): from the rank-level "
+                  "series vs summing the per-unit series")
+            for name, a, b in per_rank:
+                print(f"    {a * 1e3:7.0f} ms vs {b * 1e3:7.0f} ms  {name}")
+            rules_only = [x for x in per_rank if x[0].startswith("rule ")]
+            a, b = sum(x[1] for x in rules_only), sum(x[2] for x in rules_only)
+            budget(f"per-rank recording rules, all {len(rules_only)} ({ranks} ranks): "
+                   "rank-level vs per-unit sums", f"{a:.2f} s vs {b:.2f} s", None)
+            # the whole recording group, one rule after another as the server evaluates it
+            # (an estimate: recorded series the bench did not backfill read as empty)
+            group = sum(x[0] for x in lat if x[1].startswith("rule "))
+            print(f"  every recording rule once, in sequence: {group:.1f} s; with the per-rank "
+                  f"rules summing per-unit series: {group - a + b:.1f} s")
+            budget(f"recording rule group, one evaluation ({ranks} ranks): now vs per-rank "
+                   "rules on per-unit sums", f"{group:.1f} s vs {group - a + b:.1f} s", None)
         budget(f"Prometheus resident memory ({ranks} ranks, {n:,} series)",
                f"{rss / 2**20:,.0f} MiB", None)
     finally:
         proc.terminate()
         proc.wait(30)
         log.close()
+
+
+def _per_unit_form(expr: str) -> str:
+    """A per-rank rule as it was before the rank-level series (issue 20 item 17): the same
+    sums over the rank's per-unit series."""
+    from zerodoc.catalog import RANK_COMPUTE, RANK_EXPOSED
+
+    expr = re.sub(r"sum without \(phase, collective\) \(rate\(" + RANK_EXPOSED,
+                  "sum without (unit, phase, collective) (rate("
+                  "zerodoc_collective_exposed_seconds_total", expr)
+    return re.sub(r"sum without \(phase\) \(rate\(" + RANK_COMPUTE,
+                  "sum without (unit, phase) (rate(zerodoc_compute_seconds_total", expr)
+
+
+def _per_rank_rule_ab(url: str, end: float) -> list[tuple[str, float, float]]:
+    """(rule, seconds from the rank-level series, seconds summing the per-unit series) for
+    every shipped rule that reads the rank-level series; each the median of 3, interleaved,
+    and both forms checked to give the same numbers."""
+    from zerodoc.catalog import RANK_COMPUTE, RANK_EXPOSED
+
+    out = []
+    # the sums alone (a rule's denominators may be recorded series not backfilled here)
+    parts = [(f"sum of {n}", f"sum without ({by}) (rate({n}[1m]))")
+             for n, by in ((RANK_EXPOSED, "phase, collective"), (RANK_COMPUTE, "phase"))]
+    for where, expr in parts + _rules():
+        old = _per_unit_form(expr)
+        if old == expr:
+            continue
+        times: dict[str, list[float]] = {expr: [], old: []}
+        got = {}
+        for _ in range(3):
+            for e in (expr, old):
+                q = urllib.parse.urlencode({"query": e, "time": f"{end:.3f}"})
+                t = time.perf_counter()
+                body = json.loads(_get(f"{url}/api/v1/query?{q}", 120))
+                times[e].append(time.perf_counter() - t)
+                got[e] = sorted((tuple(sorted(r["metric"].items())), float(r["value"][1]))
+                                for r in body["data"]["result"])
+        same = len(got[expr]) == len(got[old]) and all(
+            a[0] == b[0] and abs(a[1] - b[1]) <= 1e-9 * max(1.0, abs(b[1]))
+            for a, b in zip(got[expr], got[old]))
+        out.append((f"{where} ({len(got[expr])} series{'' if same else ', DIFFERENT'})",
+                    statistics.median(times[expr]), statistics.median(times[old])))
+    return out
 
 
 def _start(prometheus: str, tmp: Path, data: Path, log=None):
@@ -346,13 +414,14 @@ def _backfill_unit_rules(promtool: str, url: str, tmp: Path, data: Path, end: fl
 
 
 def tui_refreshes(url: str, ranks: int, budget, what: str, n: int = 3,
-                  limit_s: float | None = None, recorded: bool = True) -> None:
+                  limit_s: float | None = None, recorded: bool = True,
+                  rank_series: bool = True) -> None:
     """What a TUI on this Prometheus waits per refresh: the first snapshot (per-unit stats
     computed or read from the recording rules), then `n` more with the same source (reused;
     recomputed in the background)."""
     from zerodoc.sources import PrometheusSource
 
-    src = PrometheusSource(url, window=20, recorded=recorded)
+    src = PrometheusSource(url, window=20, recorded=recorded, rank_series=rank_series)
     t = time.perf_counter()
     src.snapshot()
     first = time.perf_counter() - t

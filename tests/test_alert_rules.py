@@ -18,7 +18,7 @@ from tests.support.promserver import require_binary
 from tests.support.helpers import ROOT
 from zerodoc.ops import alerts
 from zerodoc.ops.alerts import RuleOptions
-from zerodoc.catalog import all_series_names
+from zerodoc.catalog import RANK_COMPUTE, RANK_EXPOSED, all_series_names
 from zerodoc.thresholds import DEFAULT, Thresholds
 
 RULES = ROOT / "rules"
@@ -361,6 +361,17 @@ def _series(ranks: dict, samples: int = 40, interval: float = 15.0) -> list[dict
             add("zerodoc_collective_bytes_total", lab, n * b)
             add("zerodoc_collective_seconds_total", lab, n * s)
             add("zerodoc_collective_exposed_seconds_total", lab, n * e)
+        # ... and summed over the rank's units, as it serves them too (the per-rank rules)
+        rank_compute: dict = {}
+        for (_u, ph), s in d["compute"].items():
+            rank_compute[ph] = rank_compute.get(ph, 0.0) + s
+        for ph, s in rank_compute.items():
+            add(RANK_COMPUTE, {"phase": ph}, n * s)
+        rank_exposed: dict = {}
+        for (_u, ph, c), (_cnt, _b, _s, e, _h) in d["comm"].items():
+            rank_exposed[(ph, c)] = rank_exposed.get((ph, c), 0.0) + e
+        for (ph, c), e in rank_exposed.items():
+            add(RANK_EXPOSED, {"phase": ph, "collective": c}, n * e)
         for pop, v in d["memory"].items():
             if pop == "capacity":
                 add("zerodoc_device_memory_capacity_bytes", {}, value=v)

@@ -192,6 +192,34 @@ def test_coarse_totals_equal_the_run_log(jobs):
 
 
 @pytest.mark.slow
+def test_rank_level_totals_equal_the_sums_of_the_per_unit_series(jobs):
+    """Every rank, at both detail levels, serves its compute per phase and exposed time per
+    (phase, collective) summed over its units: in the same scrape, equal to the sums of the
+    per-unit (or, coarse, unit-less) series it serves beside them."""
+    from zerodoc.catalog import RANK_COMPUTE, RANK_EXPOSED
+
+    per_unit = {"zerodoc_compute_seconds_total": RANK_COMPUTE,
+                "zerodoc_collective_exposed_seconds_total": RANK_EXPOSED}
+    for mode, demo in jobs.items():
+        for r, ep in enumerate(demo.endpoints):
+            sums: dict = {}
+            ranked: dict = {}
+            for s in samples(scrape(ep)):
+                key = (s.labels.get("phase"), s.labels.get("collective"))
+                if s.name in per_unit:
+                    k = (per_unit[s.name], *key)
+                    sums[k] = sums.get(k, 0.0) + s.value
+                elif s.name in per_unit.values():
+                    assert "unit" not in s.labels, s
+                    ranked[(s.name, *key)] = s.value
+            assert len(ranked) == 5 and set(ranked) == set(sums), (mode, r, ranked, sums)
+            assert any(v > 0 for v in ranked.values())
+            bad = {k: (v, sums[k]) for k, v in ranked.items()
+                   if v != pytest.approx(sums[k], rel=1e-9, abs=1e-12)}
+            assert not bad, (mode, r, bad)
+
+
+@pytest.mark.slow
 def test_a_coarse_run_reads_through_the_sources(jobs):
     """Sources file a coarse rank's unit-less totals as its totals (not as a unit); the rules
     engine gets every rank's totals and rank 0's per-unit numbers, and finds what it finds

@@ -5,12 +5,16 @@ labelled with `run_id`), with zerodoc's recording rules loaded (generated with a
 window for a 1 s scrape). Checked: the source's per-unit queries are the recorded series (none
 aggregates the raw per-unit series), and its answers equal the raw aggregation over the same
 span at the same instant (the recorded sample's evaluation time); without the rules loaded
-(or told not to use them) the source aggregates the raw series itself.
+(or told not to use them) the source aggregates the raw series itself. Per rank, compute
+and exposed time come from the rank-level series (`zerodoc_rank_*`, a few per rank), not
+from sums over every per-unit series, and the report built from them equals the one built
+from those sums at the same instant.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -18,8 +22,12 @@ from tests.support.helpers import LiveDemo
 from tests.support.promserver import PromServer
 from zerodoc.ops import alerts
 from zerodoc.ops.alerts import RuleOptions
+from zerodoc.catalog import RANK_COMPUTE, RANK_EXPOSED
+from zerodoc.diagnosis import diagnose
 from zerodoc.ops.alerts.recording import RULE_WINDOW, UNIT_RANKS
+from zerodoc.report import build_report, render_json, render_text
 from zerodoc.sources import PrometheusSource
+from zerodoc.thresholds import DEFAULT
 
 pytestmark = pytest.mark.slow
 WINDOW = "10s"
@@ -126,3 +134,86 @@ def test_recorded_answers_equal_the_raw_ones(prom_rules):
             return
         seen.append((t, diff[:3]))
     raise AssertionError(f"no evaluation agrees with the raw aggregation: {seen}")
+
+
+PER_UNIT = ("zerodoc_compute_seconds_total", "zerodoc_collective_exposed_seconds_total")
+
+
+def _per_rank_sums(seen: list[str]) -> list[str]:
+    """The queries that sum a rank's per-unit series (what cost 1.4-6.8 s each at 1,024
+    ranks)."""
+    return [e for e in seen if "sum by (rank)" in e and any(n in e for n in PER_UNIT)]
+
+
+def _pin_interval(src: PrometheusSource) -> None:
+    """The scrape interval measured once (the window's span and the evaluation instant derive
+    from it: two snapshots at the same `at` must not differ by a jittered scrape)."""
+    measured: dict = {}
+    real = src._scrape_interval
+    src._scrape_interval = lambda sel: measured.setdefault(sel, real(sel))
+
+
+def _settled() -> float:
+    """An instant whose scrapes are all in the TSDB: a sample is stamped when its scrape
+    starts and appended when it ends (up to the 1 s scrape timeout later, more on a loaded
+    box), so an instant of `now` can gain samples between two queries."""
+    return time.time() - 5.0
+
+
+def _report(src: PrometheusSource, snap) -> tuple[str, str]:
+    rep = build_report(snap, diagnose(snap), source=src.description, thresholds=DEFAULT,
+                       link=None, window=src.window, generated_unix=0.0)
+    return render_text(rep), render_json(rep)
+
+
+@pytest.mark.parametrize("window", [5, None], ids=["window", "cumulative"])
+def test_per_rank_figures_come_from_the_rank_level_series(prom_rules, window):
+    """The snapshot's per-rank compute and exposed time are read from the rank-level series
+    (no query sums the per-unit ones) and equal those sums, evaluated at the same instant:
+    the same report, number for number."""
+    _demo, prom = prom_rules
+    src = PrometheusSource(prom.url, window=window, run_id="rules-run")
+    seen = _spy(src)
+    _pin_interval(src)
+    at = _settled()
+    snap = src.snapshot(at=at)
+    seen_new = list(seen)
+    seen.clear()
+    src.rank_series = False
+    ref = src.snapshot(at=at)
+    assert [e for e in seen_new if RANK_COMPUTE in e] and \
+        [e for e in seen_new if RANK_EXPOSED in e]
+    assert _per_rank_sums(seen_new) == [], _per_rank_sums(seen_new)
+    assert len(_per_rank_sums(seen)) == 2  # the witness: the sums over units
+    assert not [e for e in seen if "zerodoc_rank_" in e]
+    assert sorted(snap.ranks) == sorted(ref.ranks) == [0, 1]
+    for r, w in snap.ranks.items():
+        for f in ("compute_total", "exposed_total"):
+            a, b = getattr(w, f), getattr(ref.ranks[r], f)
+            assert a > 0 and math.isclose(a, b, rel_tol=1e-9), (r, f, a, b)
+    got, want = _report(src, snap), _report(src, ref)
+    assert got[0] == want[0]
+    assert got[1] == want[1]
+
+
+def test_ranks_without_rank_level_series_fall_back_to_the_sums(prom_rules):
+    """A rank of an older zerodoc serves no rank-level series: its figures come from the sums
+    over its per-unit series (simulated: the rank-level answers withheld)."""
+    _demo, prom = prom_rules
+    src = PrometheusSource(prom.url, window=5, run_id="rules-run")
+    seen = _spy(src)
+    real = src._query
+
+    def withheld(expr, at=None, timeout_s=None):
+        rows = real(expr, at, timeout_s)
+        return [] if "zerodoc_rank_" in expr else rows
+    src._query = withheld
+    _pin_interval(src)
+    at = _settled()
+    snap = src.snapshot(at=at)
+    assert len(_per_rank_sums(seen)) == 2
+    src.rank_series = False
+    ref = src.snapshot(at=at)
+    for r, w in snap.ranks.items():
+        assert w.compute_total > 0 and w.compute_total == ref.ranks[r].compute_total
+        assert w.exposed_total == ref.ranks[r].exposed_total

@@ -7,7 +7,9 @@ in `dashboards/` and `rules/` names a catalogued metric.
 
 Conventions: base units (seconds, bytes), cumulative counters for time and bytes so any
 window is a `rate()`, gauges for levels, nothing derivable exported twice (bus bandwidth is
-bytes / seconds x the collective's factor: the recording rules compute it). Every series
+bytes / seconds x the collective's factor: the recording rules compute it) but the rank's
+compute and exposed collective time summed over its units (a few series that spare every
+per-rank query the sum over all per-unit series). Every series
 also carries the rank labels `rank`, `local_rank`, `node`; the extra labels listed per
 metric are bounded (unit = the sharded module's path, phase, collective, population, hook).
 
@@ -29,6 +31,14 @@ RANK_TOTAL_UNIT = ""
 
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
+
+# Rank-level totals of the per-unit counters, served by every rank at every detail level: the
+# Prometheus source's per-rank figures and the per-rank recording rules read these few
+# series instead of summing a rank's per-unit ones (issue 20 item 17: at 1,024 ranks x 81
+# units those sums took 1.4-6.8 s a query). Not read from a scrape (`into` ""): a scrape
+# source sums the per-unit series it holds anyway.
+RANK_COMPUTE = "zerodoc_rank_compute_seconds_total"
+RANK_EXPOSED = "zerodoc_rank_collective_exposed_seconds_total"
 
 # Step-time histogram buckets (seconds): 1 ms .. ~2 min.
 STEP_BUCKETS: tuple[float, ...] = (
@@ -115,6 +125,15 @@ CATALOG: tuple[Metric, ...] = (
     Metric("zerodoc_collective_exposed_seconds_total", "counter", "seconds",
            "Part of the collective's time the compute had to wait for (not hidden).",
            ("unit", "phase", "collective"), scope="unit", per="unit_collective_keys", into="comm:exposed_seconds"),
+    # --- per rank: the per-unit counters above summed over this rank's units --------------
+    Metric(RANK_COMPUTE, "counter", "seconds",
+           "zerodoc_compute_seconds_total summed over the rank's units, per phase (the same "
+           "steps): what a per-rank query reads instead of summing every per-unit series.",
+           ("phase",), per="phases", into=""),
+    Metric(RANK_EXPOSED, "counter", "seconds",
+           "zerodoc_collective_exposed_seconds_total summed over the rank's units, per phase "
+           "and collective (the same steps): what a per-rank query reads instead of summing "
+           "every per-unit series.", ("phase", "collective"), per="collectives", into=""),
     # --- memory -------------------------------------------------------------------------
     Metric("zerodoc_memory_bytes", "gauge", "bytes",
            "Memory by population: sharded_parameters, gradients, optimizer_state, "

@@ -20,7 +20,9 @@ from prometheus_client.core import (  # noqa: E402
 )
 
 from ..version import __version__  # noqa: E402
-from ..catalog import BY_NAME, RANK_LABELS, STEP_BUCKETS  # noqa: E402
+from ..catalog import (  # noqa: E402
+    BY_NAME, RANK_COMPUTE, RANK_EXPOSED, RANK_LABELS, STEP_BUCKETS,
+)
 from . import detail  # noqa: E402
 from .closing import CloseSignal  # noqa: E402
 
@@ -145,6 +147,8 @@ class ZerodocCollector:
                 fams = list(_rank_totals(rl, compute, comm))
                 full = len(compute) + 4 * len(comm)
                 folded = full - sum(len(f.samples) for f in fams)
+            # the rank-level totals, at every detail level (catalog RANK_COMPUTE): not folded
+            fams += list(_rank_level(rl, compute, comm))
             self._units_cache, self._units_key = (fams, folded), key
         fams, folded = self._units_cache
         yield from fams
@@ -252,6 +256,25 @@ def _per_unit(rl: list[str], compute: list, comm: list):
         secs.add_metric(lv, t.seconds)
         exposed.add_metric(lv, t.exposed_seconds)
     yield from (calls, nbytes, secs, exposed)
+
+
+def _rank_level(rl: list[str], compute: list, comm: list):
+    """The rank's compute per phase and exposed collective time per (phase, collective),
+    summed over its units (catalog RANK_COMPUTE, RANK_EXPOSED)."""
+    comp: dict[str, float] = {}
+    for (_unit, phase), s in compute:
+        comp[phase] = comp.get(phase, 0.0) + s
+    exposed: dict[tuple[str, str], float] = {}
+    for (_unit, phase, coll), t in comm:
+        exposed[(phase, coll)] = exposed.get((phase, coll), 0.0) + t.exposed_seconds
+    f = _family(RANK_COMPUTE)
+    for phase, s in comp.items():
+        f.add_metric(rl + [phase], s)
+    yield f
+    f = _family(RANK_EXPOSED)
+    for (phase, coll), s in exposed.items():
+        f.add_metric(rl + [phase, coll], s)
+    yield f
 
 
 def _rank_totals(rl: list[str], compute: list, comm: list):

@@ -20,7 +20,8 @@ from ..catalog import CATALOG, STEP_BUCKETS
 
 # The budgets of issue "a 1,024-GPU, 80-layer job": series per rank at 81 units (1,200
 # then; +10 for the counters that say what the sampled per-unit series cover, issue 19:
-# zerodoc_detail_steps_total puts a GPU rank at 1,201).
+# zerodoc_detail_steps_total puts a GPU rank at 1,201; the rank-level totals of compute and
+# exposed collective time, issue 20 item 17, +5 (2 phases + 3 collectives): 1,206, within it).
 BUDGET_FULL = 1210
 BUDGET_COARSE = 150
 BUDGET_UNITS = 81

@@ -33,6 +33,17 @@ def markdown() -> str:
         "the unit's group (`zerodoc_unit_group_size`), and the recording rule "
         "`unit_collective_rank:zerodoc_collective_busbw:bytes_per_second` computes it.",
         "",
+        "Rank-level totals: every rank, at either detail level, also serves its compute per "
+        "phase and its exposed collective time per phase and collective summed over its "
+        "units (`zerodoc_rank_compute_seconds_total{phase}`, "
+        "`zerodoc_rank_collective_exposed_seconds_total{phase, collective}`; 5 series for "
+        "FSDP2). The same steps and seconds as the per-unit counters, so "
+        "`sum by (rank) (rate(zerodoc_rank_compute_seconds_total[1m]))` equals the sum of "
+        "the rank's per-unit series, read from a few series instead of hundreds: "
+        "`zerodoc report` / `zerodoc tui` on Prometheus take their per-rank figures from "
+        "these (at 1,024 ranks x 81 units the sums over per-unit series took 1.4-6.8 s a "
+        "query; docs/operations.md).",
+        "",
         "## Detail levels",
         "",
         f"`zerodoc.attach(..., metrics_detail=\"full\")` (default; or `${detail.DETAIL_ENV}`) "

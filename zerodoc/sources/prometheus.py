@@ -7,7 +7,11 @@ HTTP API with the work done server-side.
   the series carry the label (the file_sd targets zerodoc writes, or a relabelled
   remote-write), else the run's `instance`s.
 - **Aggregated over ranks in PromQL.** Per rank only its step-level numbers (a few series
-  each; compute and exposed time summed over units with `sum by (rank)`); per unit, phase
+  each; compute and exposed time from the rank's own totals over its units,
+  `zerodoc_rank_compute_seconds_total` and `zerodoc_rank_collective_exposed_seconds_total`:
+  5 series a rank for FSDP2 instead of its ~400 per-unit ones, issue 20 item 17; summed over the
+  per-unit series with `sum by (rank)` only for ranks that do not serve them, i.e. an older
+  zerodoc, or when told to with `rank_series=False`); per unit, phase
   and collective the min / median / mean / max of the per-step numbers over ranks
   (`zerodoc.unitstats`). A rank's own per-unit numbers are fetched only if a front end asks
   for them (one rank's series).
@@ -45,7 +49,10 @@ import urllib.error
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
-from ..catalog import ASYNC_ALL_GATHER, RULE_WINDOW, UNIT_COMPUTE, UNIT_RANKS, UNIT_STAT
+from ..catalog import (
+    ASYNC_ALL_GATHER, RANK_COMPUTE, RANK_EXPOSED, RULE_WINDOW, UNIT_COMPUTE, UNIT_RANKS,
+    UNIT_STAT,
+)
 from ..errors import UserError
 from ..model import CommTotals, LazyRankWindow, RankWindow, RunSnapshot
 from ..runlog import missing
@@ -98,7 +105,7 @@ class PrometheusSource:
     def __init__(self, url: str, window: int | None = 20, *, timeout_s: float = 10.0,
                  stale_after_s: float = STALE_AFTER_S, lookback: str = "15m",
                  run_id: str | None = None, unit_reuse: float = UNIT_REUSE,
-                 recorded: bool = True):
+                 recorded: bool = True, rank_series: bool = True):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise UserError(f"{url!r} is not an http(s) URL of a Prometheus server")
@@ -114,6 +121,7 @@ class PrometheusSource:
         self.queries = 0  # HTTP queries made (the bench reports them)
         self.unit_reuse = unit_reuse
         self.recorded = recorded  # per-unit stats from the recording rules where they exist
+        self.rank_series = rank_series  # per-rank totals from the rank-level series
         self._units_cache: tuple | None = None  # (key, UnitStats, monotonic when, cost s)
         self._units_next: list = []  # [(key, ...) or an exception] from the background
         self._units_busy = False
@@ -220,19 +228,20 @@ class PrometheusSource:
         return best[1], best[2]
 
     # -- snapshot ------------------------------------------------------------------------
-    def snapshot(self) -> RunSnapshot:
+    def snapshot(self, at: float | None = None) -> RunSnapshot:
+        """The run as of now, or as of the Unix time `at` (its samples up to then)."""
         lb = self.lookback
         run, sel = self._pick_run()
         head = self._many({
             "end": f"max(last_over_time({_TIMESTAMP}{{{sel}}}[{lb}]))",
             "sum": f"sum(last_over_time({_STEP_SUM}{{{sel}}}[{lb}]))",
             "count": f"sum(last_over_time({_STEPS}{{{sel}}}[{lb}]))",
-        }, None)
+        }, at)
         last = head["end"][0][1] if head["end"] else time.time()
         cnt = head["count"][0][1] if head["count"] else 0.0
         mean = head["sum"][0][1] / cnt if cnt else 1.0
         interval = self._scrape_interval(sel)
-        now = time.time()
+        asked, now = at, time.time() if at is None else at
         # evaluate where the run's samples end (one scrape after its last step): a live run's
         # latest steps, an ended run's last ones, whenever asked
         at = min(now, last + interval)
@@ -252,10 +261,8 @@ class PrometheusSource:
             if kind in ("compute", "comm", "unit", "unit_info", "stall"):
                 continue  # per unit: aggregated below; unit facts from one rank; stalls: now
             exprs[name] = rng(name) if windowed else level(name)
-        exprs["compute_total"] = f"sum by (rank) ({rng(_COMPUTE)})"
-        exprs["exposed_total"] = f"sum by (rank) ({rng(_COMM['exposed_seconds'])})"
-        # two of these read every per-unit series (1.6 s at 1,024 ranks on an idle 2-core
-        # server; more while it computes the per-unit stats): the long timeout
+        totals_from = self._rank_total_exprs(rng)
+        exprs.update(totals_from[self.rank_series])
         res = self._many(exprs, at, timeout_s=max(self.timeout_s, UNIT_QUERY_TIMEOUT_S))
         got: dict[int, Cumulative] = {}
         for name in ROUTES:
@@ -281,6 +288,16 @@ class PrometheusSource:
                 add_sample(got, name, m, v)
         totals = {k: {int(m["rank"]): v for m, v in res[k] if m.get("rank", "").isdigit()}
                   for k in ("compute_total", "exposed_total")}
+        # a rank with steps but without the rank-level series (an older zerodoc): its sums
+        # over units (a rank that serves them has compute; collectives it may lack)
+        if self.rank_series and any(r not in totals["compute_total"]
+                                    for r, c in got.items() if c.steps):
+            raw = self._many(totals_from[False], at,
+                             timeout_s=max(self.timeout_s, UNIT_QUERY_TIMEOUT_S))
+            for k, rows in raw.items():
+                for m, v in rows:
+                    if m.get("rank", "").isdigit():
+                        totals[k].setdefault(int(m["rank"]), v)
 
         snap = RunSnapshot(source=self.description)
         for rank, c in sorted(got.items()):
@@ -290,9 +307,19 @@ class PrometheusSource:
         ranks = tuple(sorted(r for r, w in snap.ranks.items() if w.steps))
         snap.unit_stats = self._unit_stats_reused((run, ranks, self.window), sel, rng, at,
                                                   ranks, snap)
-        self._states(snap, got, sel, at, now, interval)
+        self._states(snap, got, sel, asked, now, interval)
         snap.missing_ranks = missing(snap)
         return snap
+
+    @staticmethod
+    def _rank_total_exprs(rng) -> dict:
+        """Per rank, compute and exposed collective time summed over its units: {True: from
+        the rank-level series (a few per rank), False: from the per-unit series (every one
+        of them: 1.4-6.8 s a query at 1,024 ranks x 81 units on a 2-core server)}."""
+        return {True: {"compute_total": f"sum by (rank) ({rng(RANK_COMPUTE)})",
+                       "exposed_total": f"sum by (rank) ({rng(RANK_EXPOSED)})"},
+                False: {"compute_total": f"sum by (rank) ({rng(_COMPUTE)})",
+                        "exposed_total": f"sum by (rank) ({rng(_COMM['exposed_seconds'])})"}}
 
     def _window(self, c: Cumulative, sel: str, span, at, totals, rank) -> RankWindow:
         from .samples import window_of
@@ -458,12 +485,12 @@ class PrometheusSource:
         out.order = tuple(order)
         return out
 
-    def _states(self, snap: RunSnapshot, got: dict, sel: str, at: float, now: float,
+    def _states(self, snap: RunSnapshot, got: dict, sel: str, at: float | None, now: float,
                 interval: float) -> None:
         """ended / stale per rank (see the module docstring)."""
         lb = self.lookback
         res = self._many({"last_up": f"last_over_time(up{{{sel}}}[{lb}])",
-                          "up": f"up{{{sel}}}"}, None)
+                          "up": f"up{{{sel}}}"}, at)  # at: None (now) unless asked
         last_up = {m.get("instance"): v for m, v in res["last_up"]}
         up_now = {m.get("instance"): v for m, v in res["up"]}
         for rank, c in got.items():

@@ -16,10 +16,17 @@ Bus bandwidth is not exported (it is derivable): bus bytes = bytes x the nccl-te
 of the unit's group, from rank 0's `zerodoc_unit_group_size` (the world size where rank 0's
 facts are missing), over the collective's seconds.
 
+Per-rank compute and exposed time (`rank:zerodoc_compute_seconds:per_step`, the exposed
+fractions and ratios, the straggler rules built on them) read the rank's own totals over its
+units, `zerodoc_rank_compute_seconds_total` and `zerodoc_rank_collective_exposed_seconds_total`
+(5 series a rank), not its per-unit series (~400 a rank at 81 units; issue 20 item 17). Ranks
+of a zerodoc without those series get no per-rank compute rules: rules and ranks come
+from the same release.
+
 Coarse detail (`metrics_detail="coarse"`): ranks outside the unit sample serve their
 collective and compute counters without a `unit` label (summed over units). Per-rank rules
-add them up like any other rank; per-unit rules select `unit!=""`, so a unit's numbers come
-from the ranks that keep unit detail.
+read the rank-level totals every rank serves; per-unit rules select `unit!=""`, so a unit's
+numbers come from the ranks that keep unit detail.
 
 Per-rank per-unit intermediates are not recorded (they would cost as many series as the
 exporter serves): the per-run rules compute them inline.
@@ -38,7 +45,8 @@ One rule group, in order: later rules read earlier ones within the same evaluati
 from __future__ import annotations
 
 from ...catalog import (  # the recorded names: the contract with the Prometheus source
-    ASYNC_ALL_GATHER, RULE_WINDOW, UNIT_COMPUTE, UNIT_RANKS, UNIT_STAT,
+    ASYNC_ALL_GATHER, RANK_COMPUTE, RANK_EXPOSED, RULE_WINDOW, UNIT_COMPUTE, UNIT_RANKS,
+    UNIT_STAT,
 )
 from ...thresholds import DEFAULT, LINK_BUSBW, Thresholds
 
@@ -145,6 +153,10 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
     sampled = "rank:zerodoc_detail_steps:rate"
     mean_step = "rank:zerodoc_step_seconds:mean"
     exposed = "zerodoc_collective_exposed_seconds_total"
+    # a rank's own totals over its units (catalog RANK_COMPUTE / RANK_EXPOSED): the per-rank
+    # rules read these 5 series a rank, not its ~400 per-unit ones
+    rank_exposed = f"sum without (phase, collective) (rate({RANK_EXPOSED}[{w}]))"
+    rank_compute = f"sum without (phase) (rate({RANK_COMPUTE}[{w}]))"
     nbytes = f"rate(zerodoc_collective_bytes_total[{w}])"
     unit_bytes = f"rate(zerodoc_collective_bytes_total{{{UNITS}}}[{w}])"
 
@@ -181,14 +193,12 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
              f"sum without (phase, collective) (rate({exposed}{{{AG}, {UNITS}}}[{w}]))\n/\n"
              f"sum without (phase, collective) (rate(zerodoc_collective_seconds_total{{{AG}, {UNITS}}}[{w}]))"),
         _rec("rank:zerodoc_all_gather_exposed:fraction",
-             f"sum without ({COLL}) (rate({exposed}{{{AG}}}[{w}]))\n/\n{sampled}\n/\n{mean_step}"),
+             f"sum without (phase, collective) (rate({RANK_EXPOSED}{{{AG}}}[{w}]))\n/\n"
+             f"{sampled}\n/\n{mean_step}"),
         _rec("rank:zerodoc_comm_exposed:fraction",
-             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n{sampled}\n/\n{mean_step}"),
-        _rec("rank:zerodoc_comm_compute:ratio",
-             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n"
-             f"sum without (unit, phase) (rate(zerodoc_compute_seconds_total[{w}]))"),
-        _rec("rank:zerodoc_compute_seconds:per_step",
-             f"sum without (unit, phase) (rate(zerodoc_compute_seconds_total[{w}]))\n/\n{sampled}"),
+             f"{rank_exposed}\n/\n{sampled}\n/\n{mean_step}"),
+        _rec("rank:zerodoc_comm_compute:ratio", f"{rank_exposed}\n/\n{rank_compute}"),
+        _rec("rank:zerodoc_compute_seconds:per_step", f"{rank_compute}\n/\n{sampled}"),
         # The engine's straggler ratio: a rank's compute per step over the median of the
         # *other* ranks. For the slowest rank that is the median of all but the slowest;
         # every other rank's ratio is below it, so "some rank above the threshold" agrees.
@@ -201,8 +211,7 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
              "     max by (job, run_id) (rank:zerodoc_compute_seconds:per_step))\n)"),
         # The straggler's cost: the other ranks' exposed time beyond its own, per step (the
         # median over them), as a share of the median step.
-        _rec("rank:zerodoc_comm_exposed_seconds:per_step",
-             f"sum without ({COLL}) (rate({exposed}[{w}]))\n/\n{sampled}"),
+        _rec("rank:zerodoc_comm_exposed_seconds:per_step", f"{rank_exposed}\n/\n{sampled}"),
         _rec("job:zerodoc_slowest_rank_exposed_seconds:per_step",
              f"max by ({JOB}) (\n  rank:zerodoc_comm_exposed_seconds:per_step\n  and\n"
              f"  (rank:zerodoc_compute_seconds:per_step == on ({JOB}) group_left ()\n"
