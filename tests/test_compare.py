@@ -293,7 +293,9 @@ def test_demo_loop_confirms_the_wrap_fix(tmp_path):
     assert by["all_gathers_per_step"]["observed_after"] == by["all_gathers_per_step"]["value"]
     ex = by["exposed_comm_seconds_per_step"]  # the step model's, with its range
     assert f["effects"][0]["metric"] == "exposed_comm_seconds_per_step"
-    assert ex["lo"] < ex["value"] < ex["hi"] < ex["now"], ex
+    # the point predicts less waiting; the range may reach past "now" (the framework's
+    # per-call vs per-byte price, which one run cannot tell apart: docs/whatif.md)
+    assert ex["lo"] < ex["value"] < ex["hi"] and ex["value"] < ex["now"], ex
     assert ex["verdict"] == (CONFIRMED if ex["lo"] <= ex["observed_after"] <= ex["hi"]
                              else MISSED), ex
     assert f["verdict"] in (CONFIRMED, PARTLY)
