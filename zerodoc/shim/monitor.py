@@ -383,8 +383,7 @@ class Monitor:
             # `_opt_post`, not through the recorder's stack.
             self.rec.phase = OPTIMIZER
             self._t_opt = perf_counter()
-            step = self.step_index + 1
-            if step <= 2 or step % self.cfg.memory_every == 0:  # _memory_due, inlined
+            if self._memory_due(self.step_index + 1):
                 try:
                     self._mem_static["gradients"] = memory.gradient_bytes(
                         self.adapter.memory_module())
@@ -733,8 +732,8 @@ class Monitor:
         seq = self.seq
         coll = None if seq.readers == [] else seq.step(None)  # [] : no process group
         mem = self._mem
-        if mem is None or now - self._mem_t >= MEMORY_READ_S or step <= 2 or \
-                step % self.cfg.memory_every == 0 or self.cfg.reset_peak_memory:
+        if mem is None or now - self._mem_t >= MEMORY_READ_S or self._memory_due(step) or \
+                self.cfg.reset_peak_memory:
             mem = self._memory(now)
         self_s = self._pending_self_s
         tot = self.totals
