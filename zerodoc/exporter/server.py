@@ -46,7 +46,9 @@ from .prometheus import (  # first: it configures prometheus_client  # isort: sk
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from . import webconfig  # noqa: E402
-from .fastpath import READ_MAX, SEND_FLAGS, Handoff, Loop, canned, parse_head, response_head  # noqa: E402,E501
+from .fastpath import (  # noqa: E402
+    READ_MAX, SEND_FLAGS, Handoff, Loop, canned, defer_accept, parse_head, response_head,
+)
 from .limits import (  # noqa: E402
     LIMITED_RESPONSE, Deadlines, Limits, Stats, Workers, name_thread, refuse,
 )
@@ -172,6 +174,7 @@ class MetricsServer(HTTPServer):
                 ("Retry-After", str(int(webconfig.FAIL_WINDOW_S)))],
                 "429 Too Many Requests: too many failed logins\n")}
         self._heads: dict[tuple, bytes] = {}
+        self.deferred = defer_accept(self.socket)  # one wake-up per request (fastpath.py)
         self._loop = Loop(self.socket)
         self._served = threading.Event()
         self._served.set()  # not serving: shutdown() returns at once
@@ -199,9 +202,11 @@ class MetricsServer(HTTPServer):
     # --- the accepting loop (fastpath.py) ------------------------------------------------
     def serve_forever(self, poll_interval: float = 0.5) -> None:  # noqa: ARG002
         self._served.clear()
+        watched = self.stats.watch_thread()  # its CPU read from outside: nothing per request
         try:
-            self._loop.serve(self.process_request, self.stats.report_thread)
+            self._loop.serve(self.process_request, None if watched else self.stats.report_thread)
         finally:
+            self.stats.thread_done()
             self._served.set()
 
     def shutdown(self) -> None:
