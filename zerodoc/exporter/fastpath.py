@@ -31,8 +31,8 @@ import io
 import select
 import socket
 
-from .page import MAX_HEADERS
 
+MAX_HEADERS = 100  # as http.client's
 MAX_HEAD = 16384  # a longer request head is left to the full parser (it allows 64 KiB lines)
 READ_MAX = MAX_HEAD + 1
 BACKOFF_S = 0.05  # out of file descriptors: accept again after this long

@@ -67,6 +67,11 @@ class Stats:
         with self._lock:
             self.requests[outcome] += n
 
+    def set_counts(self, counts: dict) -> None:
+        """Requests by outcome as counted elsewhere (the sidecar process's)."""
+        with self._lock:
+            self.requests.update(counts)
+
     def add_cpu(self, seconds: float) -> None:
         with self._lock:
             self._cpu_done += seconds

@@ -27,8 +27,6 @@ rate-limited (`webconfig.Authenticator`); how it answered and what it cost are s
 
 from __future__ import annotations
 
-import base64
-import binascii
 import errno
 import io
 import ipaddress
@@ -45,7 +43,7 @@ from .prometheus import (  # first: it configures prometheus_client  # isort: sk
 )
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from . import webconfig  # noqa: E402
+from . import sidecar, webconfig  # noqa: E402
 from .fastpath import (  # noqa: E402
     READ_MAX, SEND_FLAGS, Handoff, Loop, canned, defer_accept, parse_head, response_head,
 )
@@ -191,11 +189,8 @@ class MetricsServer(HTTPServer):
         """"ok", "unauthorized" or "rate_limited" (webconfig.Authenticator.verdict)."""
         if self._auth is None:
             return "ok"
-        if not header or not header.startswith("Basic "):
-            return "unauthorized"
-        try:
-            user, _, password = base64.b64decode(header[6:].strip()).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        user, password = webconfig.basic_credentials(header)
+        if user is None:
             return "unauthorized"
         return self._auth.verdict(user, password, client)
 
@@ -438,6 +433,23 @@ def start(host: str, port: int, registry, cfg: WebConfig | None = None,
     return server
 
 
+def _start_sidecar(host: str, port: int, registry, cfg, on_error, monitor, stamp):
+    """The sidecar server (sidecar.py) bound on `port` (raises OSError when it cannot be
+    bound), or None with a warning when the sidecar process cannot start."""
+    page = Page(registry, stamp=stamp, max_age_s=PAGE_MAX_AGE_S)
+    srv = sidecar.SidecarServer(host, port, page, _family(host, port), cfg, on_error=on_error)
+    srv.own_page = Page(ServerCollector(monitor, srv.stats))
+    try:
+        srv.start()
+        return srv
+    except Exception as e:  # noqa: BLE001 - serve in-process instead, and say why
+        srv.shutdown()
+        srv.server_close()
+        warnings.warn(f"zerodoc: cannot start the /metrics sidecar ({e}); serving /metrics "
+                      "from the training process instead", stacklevel=5)
+        return None
+
+
 def serve(monitor, base_port: int | bool | None, host: str):
     """Start the /metrics server for `monitor`. Returns (server or None, "host:port" or None)."""
     def on_error(e: Exception) -> None:
@@ -468,18 +480,25 @@ def serve(monitor, base_port: int | bool | None, host: str):
     base = int(base_port or 0)
     wanted = base + monitor.local_rank if base else 0
     last_err = None
+    use_sidecar = sidecar.wanted(cfg=cfg)
     for port in _candidate_ports(base, monitor.local_rank, monitor.local_world_size):
         try:
-            server = start(host, port, registry, cfg, on_error, stamp=collector.stamp)
+            server = None
+            if use_sidecar:
+                server = _start_sidecar(host, port, registry, cfg, on_error, monitor,
+                                        collector.stamp)
+            if server is None:
+                server = start(host, port, registry, cfg, on_error, stamp=collector.stamp)
+                server.own_page = Page(ServerCollector(monitor, server.stats))
         except OSError as e:
             last_err = e
             if e.errno not in (errno.EADDRINUSE, errno.EACCES):
                 break
             continue
-        server.own_page = Page(ServerCollector(monitor, server.stats))
         signal = getattr(monitor, "close_signal", None)  # set by the collector
         if signal is not None:
             server.on_scraped = signal.scraped
+            server.close_signal = signal
         actual = server.server_address[1]
         if base and actual != wanted:
             warnings.warn(f"zerodoc: port {wanted} is in use; rank {monitor.rank} serves "

@@ -29,6 +29,7 @@ it accepts). `http2` is accepted and ignored (the server speaks HTTP/1.1).
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import json
@@ -291,6 +292,17 @@ CHECKS_BURST = 4.0
 CACHE_RIGHT = 64  # verified credentials remembered
 CACHE_WRONG = 1024  # refused credentials remembered
 CLIENTS = 4096  # client addresses whose failures are tracked
+
+
+def basic_credentials(header: str | None) -> tuple[str | None, str]:
+    """(user, password) of an `Authorization: Basic ...` header; (None, "") for anything else."""
+    if not header or not header.startswith("Basic "):
+        return None, ""
+    try:
+        user, _, password = base64.b64decode(header[6:].strip()).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None, ""
+    return user, password
 
 
 class Authenticator:

@@ -1,0 +1,173 @@
+"""The /metrics sidecar (zerodoc/exporter/sidecar.py), with real sockets and processes: the
+sidecar answers (right and wrong passwords, the page's bytes) while the rank's only exporter
+thread is its publisher and the page is rendered per interval, not per request; it holds the
+connection cap and the whole-request deadline; it exits with its rank (kill -9) and frees the
+port."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import signal
+import socket
+import subprocess
+
+import pytest
+
+from tests.support.helpers import job_command, job_env, pids_gone, wait_until
+from zerodoc.exporter import limits, sidecar, webconfig
+from zerodoc.exporter.page import Page
+
+pytestmark = pytest.mark.slow  # every test starts a sidecar process
+
+bcrypt = pytest.importorskip("bcrypt")
+
+
+def web_config(tmp_path):
+    h = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    p = tmp_path / "web.yml"
+    p.write_text(json.dumps({"basic_auth_users": {"prometheus": h},
+                             "http_server_config": {"headers": {"X-Frame-Options": "deny"}}}))
+    return webconfig.load(p)
+
+
+def registry(series: int = 20):
+    from prometheus_client import CollectorRegistry, Gauge
+
+    reg = CollectorRegistry()
+    g = Gauge("zerodoc_test_value", "A test gauge.", ["i"], registry=reg)
+    for i in range(series):
+        g.labels(str(i)).set(i)
+    return reg
+
+
+@pytest.fixture
+def side(tmp_path):
+    made = []
+
+    def go(reg=None, **kw):
+        page = Page(reg or registry(), stamp=lambda: 1, max_age_s=1.0)
+        srv = sidecar.SidecarServer("127.0.0.1", 0, page, socket.AF_INET, web_config(tmp_path),
+                                    limits=limits.Limits(**kw) if kw else None)
+        srv.start()
+        made.append(srv)
+        return srv
+
+    yield go
+    for s in made:
+        s.shutdown()
+        s.server_close()
+
+
+def ask(port: int, pw: str | None, extra: bytes = b"") -> tuple[str, dict, bytes]:
+    head = b"GET /metrics HTTP/1.0\r\n" + extra
+    if pw is not None:
+        head += b"Authorization: Basic " + base64.b64encode(f"prometheus:{pw}".encode()) + b"\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head + b"\r\n")
+        out = b""
+        while True:
+            b = s.recv(1 << 16)
+            if not b:
+                break
+            out += b
+    h, _, body = out.partition(b"\r\n\r\n")
+    lines = h.decode("latin-1").split("\r\n")
+    return lines[0], {k.lower(): v.strip() for k, _, v in
+                      (ln.partition(":") for ln in lines[1:])}, body
+
+
+def exporter_threads() -> list[str]:
+    return sorted(open(f"/proc/self/task/{t}/comm").read().strip()
+                  for t in os.listdir("/proc/self/task")
+                  if open(f"/proc/self/task/{t}/comm").read().startswith("zd-metrics"))
+
+
+def test_the_sidecar_answers_while_the_rank_only_publishes(side):
+    from prometheus_client import generate_latest
+
+    reg = registry(50)
+    srv = side(reg)
+    port = srv.server_address[1]
+    status, headers, body = ask(port, "s3cret", b"Accept-Encoding: gzip\r\n")
+    assert status == "HTTP/1.0 200 OK" and headers["content-encoding"] == "gzip"
+    assert gzip.decompress(body) == generate_latest(reg)
+    assert headers["x-frame-options"] == "deny"
+    status, headers, body = ask(port, "s3cret",
+                                b"Accept: application/openmetrics-text; version=1.0.0\r\n")
+    assert headers["content-type"].startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n")
+    wrong = [ask(port, "wrong")[0] for _ in range(webconfig.FAIL_LIMIT)]
+    assert wrong == ["HTTP/1.0 401 Unauthorized"] * webconfig.FAIL_LIMIT  # checked once
+    assert ask(port, "a new guess")[0] == "HTTP/1.0 429 Too Many Requests"  # over the limit
+    renders = srv.page.renders
+    for _ in range(30):
+        assert ask(port, "s3cret")[0] == "HTTP/1.0 200 OK"  # a verified one, from any address
+    assert srv.page.renders - renders <= 4 * 2  # per interval (a second), not per request
+    assert exporter_threads() == ["zd-metrics-pub"]  # no thread of the rank took a connection
+    wait_until(lambda: srv.stats.requests["ok"] == 32, 10, "the sidecar's counts in the rank")
+    assert srv.stats.requests["unauthorized"] == webconfig.FAIL_LIMIT
+    assert srv.stats.requests["rate_limited"] == 1
+    assert srv.sidecar_cpu_s > 0
+
+
+def test_the_rank_learns_who_scraped(side):
+    srv = side()
+    seen = []
+    srv.on_scraped = seen.append
+    ask(srv.server_address[1], "s3cret", b"User-Agent: Prometheus/3\r\n")
+    wait_until(lambda: seen == [("127.0.0.1", "Prometheus/3")], 10, "the scrape reported")
+
+
+def test_the_sidecar_holds_the_cap_and_the_deadline(side):
+    srv = side(max_connections=2, request_deadline_s=1.0)
+    port = srv.server_address[1]
+    held = []
+    for _ in range(2):  # trickling clients: a request that never ends
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")
+        held.append(s)
+    wait_until(lambda: ask(port, "s3cret")[0].startswith("HTTP/1.0 503"), 10, "503 over the cap")
+    for s in held:
+        assert s.recv(64) == b""  # cut off at the deadline
+        s.close()
+    wait_until(lambda: srv.stats.requests["timed_out"] == 2, 10, "the cut-offs counted")
+    assert srv.stats.requests["over_capacity"] >= 1
+    assert ask(port, "s3cret")[0] == "HTTP/1.0 200 OK"
+
+
+def test_the_sidecar_dies_with_its_rank(tmp_path):
+    cfg = web_config(tmp_path)
+    rank = subprocess.Popen(job_command("sidecar_rank", cfg.path), env=job_env(),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port, pid = map(int, rank.stdout.readline().split())
+        assert ask(port, "s3cret")[0] == "HTTP/1.0 200 OK"
+        rank.send_signal(signal.SIGKILL)
+        rank.wait(timeout=10)
+        wait_until(lambda: pids_gone([pid]), 10, "the sidecar gone with its rank")
+
+        def free() -> bool:
+            with socket.socket() as s:  # as a restarted rank binds (TIME_WAIT allowed)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                    return True
+                except OSError:
+                    return False
+        wait_until(free, 10, "the port freed")
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_the_sidecar_is_the_default_for_basic_auth(tmp_path, monkeypatch):
+    monkeypatch.delenv(sidecar.ENV, raising=False)
+    monkeypatch.setenv(webconfig.ENV, str(web_config(tmp_path).path))
+    assert sidecar.wanted(cfg=webconfig.from_env())
+    monkeypatch.setenv(sidecar.ENV, "0")
+    assert not sidecar.wanted(cfg=webconfig.from_env())
+    monkeypatch.setenv(sidecar.ENV, "1")
+    assert sidecar.wanted(cfg=None)

@@ -1,0 +1,489 @@
+"""The /metrics server out of the training process: a sidecar process per rank.
+
+Every connection served from inside the training process costs it the wake-up of a thread,
+the kernel's TCP work and the interpreter's (and its GIL): ~130-250 us of CPU per request on
+the 2-core bench box, above issue 20 item 12's budget of 100 us (docs/reliability.md). In
+sidecar mode the rank serves no connection at all:
+
+- the rank binds and listens (so a port in use is reported by the rank, as before), then
+  starts `python -m zerodoc.exporter.sidecar` (this module: standard library only, no torch,
+  no prometheus_client) with the listening socket passed by descriptor (`pass_fds`);
+- the rank renders its page at most once a second, sooner when the collector's stamp
+  changes (a step end, the close, a stall), as the in-process server's cache does
+  (`page.Page`), and writes each variant (text 0.0.4 / OpenMetrics 1.0.0, plain / gzip, the
+  `/metrics/exporter` page) as a whole HTTP answer to a file under /dev/shm (written beside,
+  renamed: a reader sees the old file or the new one); `Publisher` below, one rank thread;
+- the sidecar accepts, reads the request, checks the credential (`webconfig.Authenticator`:
+  remembered verdicts, failed logins rate-limited), and sends the file's bytes; it holds the
+  connection cap (503) and the whole-request deadline itself;
+- what it served, by outcome, its own CPU and who scraped reach the rank through a small
+  JSON file it rewrites at most 4 times a second, read by the rank's publisher thread;
+- it exits when the rank is gone: PR_SET_PDEATHSIG (SIGKILL at the parent thread's death)
+  and a parent-pid check once a second; the listening socket then closes with it.
+
+Default: the sidecar when basic auth is configured without TLS (a password-protected port
+is one meant to be reached beyond loopback); `ZERODOC_EXPORTER_SIDECAR=1` or `0` forces it on
+or off. TLS stays in the rank in this build (its handshake runs on the rank's workers). If the
+sidecar cannot start, the rank serves in-process and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from . import webconfig
+from .fastpath import DEFER_ACCEPT_S, MAX_HEAD, canned, defer_accept, parse_head, response_head
+from .limits import BUSY_RESPONSE, LIMITED_RESPONSE, OUTCOMES, Limits, Stats, name_thread
+
+ENV = "ZERODOC_EXPORTER_SIDECAR"
+PUBLISH_POLL_S = 0.25  # the rank's publisher: stats read, stamp checked this often
+STATS_EVERY_S = 0.25  # the sidecar rewrites its stats file at most this often
+OWN_PATH = "/metrics/exporter"
+VARIANTS = ("text", "text.gz", "om", "om.gz", "own.text", "own.om")
+OM_ACCEPT = "application/openmetrics-text; version=1.0.0"
+BAD_REQUEST = canned("400 Bad Request", [], "400 Bad Request\n")
+NOT_ALLOWED = canned("405 Method Not Allowed", [("Allow", "GET")], "405 only GET\n")
+NO_FILTER = canned("400 Bad Request", [], "400 name[] filters are not served in sidecar mode\n")
+NOT_READY = canned("503 Service Unavailable", [("Retry-After", "1")], "503 page not ready\n")
+
+
+def wanted(env: dict | None = None, cfg=None) -> bool:
+    """Serve from a sidecar? `$ZERODOC_EXPORTER_SIDECAR` 1/0, else basic auth without TLS."""
+    v = (env if env is not None else os.environ).get(ENV, "").strip().lower()
+    if cfg is not None and cfg.tls:
+        return False
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    return bool(cfg is not None and cfg.auth)
+
+
+def variant(path: str, accept: str | None, encoding: str | None) -> str:
+    """Which published file answers a GET of `path` with these headers (as prometheus_client's
+    choose_encoder / gzip_accepted decide, for the formats published)."""
+    om = any(a.split(";")[0].strip() == "application/openmetrics-text"
+             for a in (accept or "").split(","))
+    if path.partition("?")[0] == OWN_PATH:
+        return "own.om" if om else "own.text"
+    gz = any(a.split(";")[0].strip().lower() == "gzip" for a in (encoding or "").split(","))
+    return ("om" if om else "text") + (".gz" if gz else "")
+
+
+# ------------------------------------------------------------------------ the sidecar process
+class _Conn:
+    __slots__ = ("sock", "client", "deadline", "buf", "out")
+
+    def __init__(self, sock, client, deadline):
+        self.sock, self.client, self.deadline = sock, client, deadline
+        self.buf, self.out = b"", None
+
+
+class Sidecar:
+    """The sidecar's loop (in its own process): accept, read, check, answer from the files."""
+
+    def __init__(self, listener: socket.socket, folder: Path, parent: int, limits: Limits,
+                 cfg=None):
+        self.listener, self.folder, self.parent, self.limits = listener, folder, parent, limits
+        self.auth = webconfig.Authenticator(cfg.users) if cfg is not None and cfg.auth else None
+        extra = list(cfg.headers.items()) if cfg is not None else []
+        self.unauthorized = canned("401 Unauthorized", extra + [
+            ("WWW-Authenticate", 'Basic realm="zerodoc"')], "401 Unauthorized\n")
+        self.limited = canned("429 Too Many Requests", extra + [
+            ("Retry-After", str(int(webconfig.FAIL_WINDOW_S)))],
+            "429 Too Many Requests: too many failed logins\n")
+        self.requests = dict.fromkeys(OUTCOMES, 0)
+        self.scraped: dict[tuple, list] = {}  # (address, user agent) -> [pages, last page's mtime]
+        self.files: dict[str, tuple] = {}  # variant -> (mtime_ns, bytes)
+        self.conns: dict[int, _Conn] = {}
+        self.ep = select.epoll()
+        self.dirty, self.written = True, 0.0
+
+    def serve(self) -> None:
+        ls = self.listener
+        ls.setblocking(False)
+        self.ep.register(ls.fileno(), select.EPOLLIN)
+        last_check = time.monotonic()
+        while True:
+            now = time.monotonic()
+            nearest = min((c.deadline for c in self.conns.values()), default=now + 1.0)
+            for fd, ev in self.ep.poll(max(0.0, min(1.0, nearest - now))):
+                if fd == ls.fileno():
+                    self._accept()
+                elif fd in self.conns:
+                    c = self.conns[fd]
+                    self._write(c) if c.out is not None else self._read(c)
+            now = time.monotonic()
+            for c in [c for c in self.conns.values() if c.deadline <= now]:
+                self._count("timed_out")
+                self._close(c, shut=True)
+            if now - last_check >= 1.0:
+                last_check = now
+                if os.getppid() != self.parent:  # the rank is gone (PDEATHSIG missed)
+                    return
+            if self.dirty and now - self.written >= STATS_EVERY_S:
+                self._write_stats(now)
+
+    def _count(self, outcome: str) -> None:
+        self.requests[outcome] += 1
+        self.dirty = True
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, addr = self.listener.accept()
+            except BlockingIOError:
+                return
+            except OSError:  # out of descriptors: the next wake retries
+                return
+            if len(self.conns) >= self.limits.max_connections:
+                self._count("over_capacity")
+                _refuse(sock, BUSY_RESPONSE)
+            elif self.auth is not None and self.auth.refuse_early(addr[0]):
+                self._count("rate_limited")
+                _refuse(sock, LIMITED_RESPONSE)
+            else:
+                sock.setblocking(False)
+                c = _Conn(sock, addr[0], time.monotonic() + self.limits.request_deadline_s)
+                self.conns[sock.fileno()] = c
+                self.ep.register(sock.fileno(), select.EPOLLIN)
+                self._read(c)
+
+    def _read(self, c: _Conn) -> None:
+        try:
+            data = c.sock.recv(MAX_HEAD + 1)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._count("client_gone")
+            self._close(c)
+            return
+        c.buf += data
+        if b"\r\n\r\n" not in c.buf:
+            if len(c.buf) > MAX_HEAD:
+                self._send(c, BAD_REQUEST, None)
+            return  # wait for the rest, under the deadline
+        head = parse_head(c.buf)
+        if head is None:
+            self._send(c, BAD_REQUEST, None)
+            return
+        method, path, headers = head
+        if method != "GET":
+            self._send(c, NOT_ALLOWED, None)
+            return
+        if "?" in path and "name[]" in path:
+            self._send(c, NO_FILTER, None)
+            return
+        verdict = self._verdict(headers.get("authorization"), c.client)
+        if verdict != "ok":
+            self._send(c, self.unauthorized if verdict == "unauthorized" else self.limited,
+                       verdict)
+            return
+        name = variant(path, headers.get("accept"), headers.get("accept-encoding"))
+        got = self._file(name)
+        if got is None:
+            self._send(c, NOT_READY, None)
+            return
+        mtime, answer = got
+        self._send(c, answer, "ok")
+        if not name.startswith("own."):
+            key = (c.client, headers.get("user-agent", ""))
+            seen = self.scraped.get(key)
+            if seen is None:
+                if len(self.scraped) > 64:
+                    self.scraped.pop(next(iter(self.scraped)))
+                seen = self.scraped[key] = [0, 0]
+            seen[0] += 1
+            seen[1] = mtime
+
+    def _verdict(self, header: str | None, client: str) -> str:
+        if self.auth is None:
+            return "ok"
+        user, password = webconfig.basic_credentials(header)
+        if user is None:
+            return "unauthorized"
+        return self.auth.verdict(user, password, client)
+
+    def _file(self, name: str) -> tuple | None:
+        path = self.folder / name
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return None
+        hit = self.files.get(name)
+        if hit is None or hit[0] != mtime:
+            try:
+                hit = self.files[name] = (mtime, path.read_bytes())
+            except OSError:
+                return None
+        return hit
+
+    def _send(self, c: _Conn, answer: bytes, outcome: str | None) -> None:
+        if outcome is not None:
+            self._count(outcome)
+        c.out = memoryview(answer)
+        self.ep.modify(c.sock.fileno(), select.EPOLLOUT)
+        self._write(c)
+
+    def _write(self, c: _Conn) -> None:
+        try:
+            sent = c.sock.send(c.out, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._count("client_gone")
+            self._close(c)
+            return
+        c.out = c.out[sent:]
+        if not c.out:
+            self._close(c, shut=True)
+
+    def _close(self, c: _Conn, shut: bool = False) -> None:
+        self.conns.pop(c.sock.fileno(), None)
+        try:
+            self.ep.unregister(c.sock.fileno())
+            if shut:
+                c.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        c.sock.close()
+
+    def _write_stats(self, now: float) -> None:
+        self.dirty, self.written = False, now
+        data = {"requests": self.requests, "cpu_s": time.process_time(), "pid": os.getpid(),
+                "scraped": [[a, ua, n, m] for (a, ua), (n, m) in self.scraped.items()]}
+        _write_atomic(self.folder / "stats.json", json.dumps(data).encode())
+
+
+def _refuse(sock: socket.socket, answer: bytes) -> None:
+    try:
+        try:
+            sock.recv(65536, socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+        sock.send(answer, socket.MSG_DONTWAIT | getattr(socket, "MSG_MORE", 0))
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".new")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _die_with_parent(parent: int) -> bool:
+    """SIGKILL when the parent (thread) that started us dies; False if it already has."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    return os.getppid() == parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m zerodoc.exporter.sidecar",
+                                description="serve a rank's published /metrics page")
+    p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--dir", required=True)
+    p.add_argument("--parent", type=int, required=True)
+    p.add_argument("--max-connections", type=int, default=Limits.max_connections)
+    p.add_argument("--deadline", type=float, default=Limits.request_deadline_s)
+    p.add_argument("--web-config", default=None)
+    a = p.parse_args(argv)
+    if not _die_with_parent(a.parent):
+        return 0
+    name_thread("zd-sidecar")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        cfg = webconfig.load(a.web_config) if a.web_config else None
+    except webconfig.WebConfigError as e:
+        print(f"zerodoc sidecar: {e}", file=sys.stderr)
+        return 2
+    listener = socket.socket(fileno=a.fd)
+    Sidecar(listener, Path(a.dir), a.parent, Limits(a.max_connections, a.deadline),
+            cfg).serve()
+    return 0
+
+
+# ------------------------------------------------------------------------ the rank's side
+class SidecarServer:
+    """What `server.serve` holds in sidecar mode: the rank's listening socket, the sidecar
+    process, and the publisher thread (named `zd-metrics-pub`: its CPU is what serving
+    /metrics costs the rank now, counted in `stats` as the in-process server's threads)."""
+
+    scheme = "http"
+
+    def __init__(self, host: str, port: int, page, family: int, cfg=None,
+                 limits: Limits | None = None, on_error=None, own_page=None):
+        self.page, self.cfg, self.limits = page, cfg, limits or Limits()
+        self.own_page = own_page
+        self.on_error = on_error or (lambda e: None)
+        self.on_scraped = None
+        self.close_signal = None  # closing.CloseSignal: scrapes after the close are counted
+        self.stats = Stats()
+        self.sidecar_cpu_s = 0.0
+        self.extra = list(cfg.headers.items()) if cfg is not None else []
+        ls = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            ls.bind((host, port))
+            ls.listen(64)
+        except OSError:
+            ls.close()
+            raise
+        self.socket = ls
+        self.deferred = defer_accept(ls)
+        self.server_address = ls.getsockname()
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.folder = Path(tempfile.mkdtemp(prefix="zerodoc-metrics-", dir=shm))
+        self._stop = threading.Event()
+        self._seen: dict[tuple, int] = {}
+        self._last: dict[str, tuple] = {}  # variant -> what was written last
+        self._closed_mtime: int | None = None  # first page written after the close signal
+        self._stats_mtime = 0
+        self.proc = None
+
+    def start(self) -> None:
+        """Publish the first page, start the sidecar (raises OSError/RuntimeError if it
+        cannot), then the publisher thread."""
+        self.publish()
+        cmd = [sys.executable, "-m", "zerodoc.exporter.sidecar", "--fd",
+               str(self.socket.fileno()), "--dir", str(self.folder), "--parent",
+               str(os.getpid()), "--max-connections", str(self.limits.max_connections),
+               "--deadline", str(self.limits.request_deadline_s)]
+        if self.cfg is not None and self.cfg.path is not None:
+            cmd += ["--web-config", str(self.cfg.path)]
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"]
+                                    if env.get("PYTHONPATH") else "")
+        self.proc = subprocess.Popen(cmd, pass_fds=(self.socket.fileno(),), env=env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, close_fds=True)
+        threading.Thread(target=self._run, name="zerodoc-metrics-pub", daemon=True).start()
+
+    @property
+    def active(self) -> int:
+        return 0  # connections are the sidecar's
+
+    def publish(self) -> None:
+        """Write every variant of the page as a whole HTTP answer (rendered from the page's
+        cache: at most once a second, or when the stamp changed)."""
+        for name, accept, enc, page in (("text", None, None, self.page),
+                                        ("text.gz", None, "gzip", self.page),
+                                        ("om", OM_ACCEPT, None, self.page),
+                                        ("om.gz", OM_ACCEPT, "gzip", self.page),
+                                        ("own.text", None, None, self.own_page),
+                                        ("own.om", OM_ACCEPT, None, self.own_page)):
+            if page is None:
+                continue
+            body, headers = page.bake(accept, enc)
+            head = response_head("200 OK", list(headers) + self.extra, len(body))
+            path = self.folder / name
+            old = self._mtime(path)
+            key = (len(body), hash(body), head)
+            if self._last.get(name) != key:
+                self._last[name] = key
+                _write_atomic(path, head + body)
+            if name == "text" and self._closed_mtime is None and self._closing():
+                new = self._mtime(path)
+                self._closed_mtime = new if new != old else old
+
+    @staticmethod
+    def _mtime(path: Path) -> int:
+        try:
+            return os.stat(path).st_mtime_ns
+        except OSError:
+            return 0
+
+    def _closing(self) -> bool:
+        return getattr(self.close_signal, "closed_unix", None) is not None
+
+    def _run(self) -> None:
+        name_thread("zd-metrics-pub")
+        watched = self.stats.watch_thread()
+        try:
+            while not self._stop.wait(PUBLISH_POLL_S):
+                try:
+                    self.publish()
+                    self.read_stats()
+                except Exception as e:  # noqa: BLE001 - never into the training job
+                    self.on_error(e)
+                if not watched:
+                    self.stats.report_thread()
+                if self.proc.poll() is not None:
+                    err = (self.proc.stderr.read() or b"").decode(errors="replace").strip()
+                    self.on_error(RuntimeError(f"/metrics sidecar exited ({self.proc.returncode})"
+                                               f"{': ' + err[-200:] if err else ''}"))
+                    return
+        finally:
+            self.stats.thread_done()
+
+    def read_stats(self) -> None:
+        """The sidecar's counts (requests by outcome, its CPU) and scrapes (closing.py)."""
+        path = self.folder / "stats.json"
+        mtime = self._mtime(path)
+        if mtime == self._stats_mtime:
+            return
+        self._stats_mtime = mtime
+        try:
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return
+        self.stats.set_counts({k: int(data.get("requests", {}).get(k, 0)) for k in OUTCOMES})
+        self.sidecar_cpu_s = float(data.get("cpu_s", 0.0))
+        seen = self.on_scraped
+        for addr, ua, n, page_mtime in data.get("scraped", []):
+            key = (addr, ua)
+            if n > self._seen.get(key, 0):
+                self._seen[key] = n
+                closed = self._closed_mtime
+                if seen is not None and (closed is None or page_mtime >= closed):
+                    seen(key)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def server_close(self) -> None:
+        self.socket.close()
+        for f in self.folder.glob("*"):
+            try:
+                f.unlink()
+            except OSError:
+                pass
+        try:
+            self.folder.rmdir()
+        except OSError:
+            pass
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
