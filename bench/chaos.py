@@ -264,6 +264,23 @@ def server_threads_cpu(pid: int) -> float:
     return total
 
 
+def sidecar_cpu(pid: int) -> float:
+    """The CPU time of the rank's /metrics sidecar process (its child named zd-sidecar), 0
+    where it has none (the server runs in the rank)."""
+    total = 0.0
+    try:
+        kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:
+        return 0.0
+    for kid in kids:
+        try:
+            if open(f"/proc/{kid}/comm").read().startswith("zd-sidecar"):
+                total += proc_cpu(int(kid))
+        except OSError:
+            pass
+    return total
+
+
 def _get(endpoint: str, auth: str | None, path: str) -> str:
     host, port = endpoint.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10,
@@ -306,6 +323,7 @@ class Stretch:
         self.demo, self.auth = demo, auth
         self.t0 = time.time()
         self.cpu0 = [server_threads_cpu(p.pid) for p in demo.job.procs]
+        self.side0 = [sidecar_cpu(p.pid) for p in demo.job.procs]
         self.c0 = [scrape_counters(ep, auth) for ep in demo.endpoints]
 
     def end(self) -> dict:
@@ -313,6 +331,7 @@ class Stretch:
 
         c1 = [scrape_counters(ep, self.auth) for ep in self.demo.endpoints]
         cpu1 = [server_threads_cpu(p.pid) for p in self.demo.job.procs]
+        side1 = [sidecar_cpu(p.pid) for p in self.demo.job.procs]
         t1 = time.time()
         delta: dict = {}
         for a, b in zip(self.c0, c1):
@@ -323,7 +342,8 @@ class Stretch:
         steps = [s.step_seconds for s in log.steps if self.t0 <= s.end_unix <= t1]
         return {"seconds": t1 - self.t0, "steps": len(steps),
                 "step_s": statistics.mean(steps) if steps else float("nan"),
-                "server_threads_cpu_s": sum(cpu1) - sum(self.cpu0), "counters": delta}
+                "server_threads_cpu_s": sum(cpu1) - sum(self.cpu0),
+                "sidecar_cpu_s": sum(side1) - sum(self.side0), "counters": delta}
 
 
 def run_load(kind: str, demo, auth, seconds: float, rate: float = SCRAPE_RATE) -> dict:
@@ -373,8 +393,11 @@ def load_rows(a, tmp: Path) -> tuple[list, dict]:
         if not todo:
             continue
         env, auth = {}, None
+        if a.sidecar != "auto":
+            env["ZERODOC_EXPORTER_SIDECAR"] = "1" if a.sidecar == "on" else "0"
         if job == "auth":
-            env, auth = {"ZERODOC_WEB_CONFIG_FILE": str(web_config(tmp))}, f"{USER}:{RIGHT}"
+            env["ZERODOC_WEB_CONFIG_FILE"] = str(web_config(tmp))
+            auth = f"{USER}:{RIGHT}"
         with LiveDemo(tmp, name=f"chaos-{job}", env=env, model=DEMO_MODEL) as demo:
             demo.wait_steps(5)
             # control, fault, control, fault, ..., control: each fault against the mean of
@@ -408,6 +431,9 @@ def load_rows(a, tmp: Path) -> tuple[list, dict]:
                     "witness_cpu_per_request_us":
                         r["server_threads_cpu_s"] / answered * 1e6 if answered else None,
                     "exporter_cpu_s": c.get("zerodoc_exporter_cpu_seconds_total", 0),
+                    "sidecar_cpu_s": r["sidecar_cpu_s"],
+                    "sidecar_cpu_per_request_us":
+                        r["sidecar_cpu_s"] / answered * 1e6 if answered else None,
                     "witness_cpu_s": r["server_threads_cpu_s"],
                     "reader_peak_mb": None, "loadgen_cpu_s": load.get("cpu_s"),
                     "rate_per_s": sum(v for k, v in load.get("codes", {}).items()
@@ -553,6 +579,8 @@ def table(rows: list, spreads: dict, floor: dict | None, cred: dict | None = Non
             witness = (f"{r['witness_cpu_per_request_us']:.0f} µs"
                        if r.get("witness_cpu_s", 0) >= 0.05 else "below its 10 ms ticks")
             cpu = f"{r['exporter_cpu_per_request_us']:.0f} µs × {r['requests']} ({witness})"
+            if r.get("sidecar_cpu_s"):
+                cpu += f"; sidecar {r['sidecar_cpu_per_request_us']:.0f} µs"
             share = (f"{r['exporter_cpu_s']:.2f} s in {r['seconds']:.0f} s, "
                      f"{r['exporter_cpu_s'] / r['seconds'] / RANKS * 100:.1f} %")
         gen = (f"{r['loadgen_cpu_s']:.1f} s CPU in {r['seconds']:.0f} s"
@@ -593,6 +621,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=SCRAPE_RATE,
                    help="requests per second of the floods (and the floor's), from 20 "
                         "addresses, one at a time (default %(default)g)")
+    p.add_argument("--sidecar", choices=("auto", "on", "off"), default="auto",
+                   help="serve /metrics from a sidecar process: auto (the default: with "
+                        "basic auth), on, off ($ZERODOC_EXPORTER_SIDECAR in the jobs)")
     p.add_argument("--only", nargs="*", default=None,
                    help="load kinds to run: scrape slow conns wrong right files floor")
     # the load generator's own arguments (bench/chaos.py runs itself)

@@ -171,3 +171,27 @@ def test_the_sidecar_is_the_default_for_basic_auth(tmp_path, monkeypatch):
     assert not sidecar.wanted(cfg=webconfig.from_env())
     monkeypatch.setenv(sidecar.ENV, "1")
     assert sidecar.wanted(cfg=None)
+
+
+def test_a_live_run_with_basic_auth_serves_from_sidecars(tmp_path):
+    """serve() in a real 2-rank job: each rank has a zd-sidecar child serving its page; the
+    sidecars end with the job."""
+    from tests.support.helpers import LiveDemo
+
+    cfg = web_config(tmp_path)
+    env = {webconfig.ENV: str(cfg.path)}
+    with LiveDemo(tmp_path, env=env) as demo:
+        def sidecars() -> list[int]:
+            kids = []
+            for p in demo.job.procs:
+                for kid in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split():
+                    if open(f"/proc/{kid}/comm").read().startswith("zd-sidecar"):
+                        kids.append(int(kid))
+            return kids if len(kids) == 2 else []
+        kids = wait_until(sidecars, 20, "a named sidecar per rank")
+        for ep in demo.endpoints:
+            port = int(ep.rsplit(":", 1)[1])
+            status, _h, body = ask(port, "s3cret")
+            assert status == "HTTP/1.0 200 OK" and b"zerodoc_" in body
+            assert ask(port, "nope")[0] == "HTTP/1.0 401 Unauthorized"
+    wait_until(lambda: pids_gone(kids), 15, "the sidecars gone with the job")

@@ -8,9 +8,8 @@ sidecar mode the rank serves no connection at all:
 - the rank binds and listens (so a port in use is reported by the rank, as before), then
   starts `python -m zerodoc.exporter.sidecar` (this module: standard library only, no torch,
   no prometheus_client) with the listening socket passed by descriptor (`pass_fds`);
-- the rank renders its page at most once a second, sooner when the collector's stamp
-  changes (a step end, the close, a stall), as the in-process server's cache does
-  (`page.Page`), and writes each variant (text 0.0.4 / OpenMetrics 1.0.0, plain / gzip, the
+- the rank renders its page once a second (at once when the rank closes: the closed
+  page; `page.Page` reuses what did not change), and writes each variant (text 0.0.4 / OpenMetrics 1.0.0, plain / gzip, the
   `/metrics/exporter` page) as a whole HTTP answer to a file under /dev/shm (written beside,
   renamed: a reader sees the old file or the new one); `Publisher` below, one rank thread;
 - the sidecar accepts, reads the request, checks the credential (`webconfig.Authenticator`:
@@ -49,7 +48,8 @@ from .limits import BUSY_RESPONSE, LIMITED_RESPONSE, OUTCOMES, Limits, Stats, na
 
 ENV = "ZERODOC_EXPORTER_SIDECAR"
 PUBLISH_POLL_S = 0.25  # the rank's publisher: stats read, stamp checked this often
-STATS_EVERY_S = 0.25  # the sidecar rewrites its stats file at most this often
+STATS_EVERY_S = 0.25
+QUIET_START_S = 5.0  # a page that cannot be rendered this soon after the start is not an error  # the sidecar rewrites its stats file at most this often
 OWN_PATH = "/metrics/exporter"
 VARIANTS = ("text", "text.gz", "om", "om.gz", "own.text", "own.om")
 OM_ACCEPT = "application/openmetrics-text; version=1.0.0"
@@ -333,8 +333,10 @@ class SidecarServer:
     scheme = "http"
 
     def __init__(self, host: str, port: int, page, family: int, cfg=None,
-                 limits: Limits | None = None, on_error=None, own_page=None):
+                 limits: Limits | None = None, on_error=None, own_page=None,
+                 max_age_s: float = 1.0):
         self.page, self.cfg, self.limits = page, cfg, limits or Limits()
+        self.max_age_s = max_age_s  # the page is published this often (and at the close)
         self.own_page = own_page
         self.on_error = on_error or (lambda e: None)
         self.on_scraped = None
@@ -361,11 +363,18 @@ class SidecarServer:
         self._closed_mtime: int | None = None  # first page written after the close signal
         self._stats_mtime = 0
         self.proc = None
+        self._ok = False  # a page was published
 
     def start(self) -> None:
         """Publish the first page, start the sidecar (raises OSError/RuntimeError if it
-        cannot), then the publisher thread."""
-        self.publish()
+        cannot), then the publisher thread. A page that cannot be rendered yet (the rank
+        starts the server before its collector has all it needs) is answered 503 until it
+        can; failures are reported once a page was published, or after `QUIET_START_S`."""
+        try:
+            self.publish()
+            self._ok = True
+        except Exception:  # noqa: BLE001 - tried again on the publisher thread
+            pass
         cmd = [sys.executable, "-m", "zerodoc.exporter.sidecar", "--fd",
                str(self.socket.fileno()), "--dir", str(self.folder), "--parent",
                str(os.getpid()), "--max-connections", str(self.limits.max_connections),
@@ -422,12 +431,19 @@ class SidecarServer:
         name_thread("zd-metrics-pub")
         watched = self.stats.watch_thread()
         try:
+            started = published = time.monotonic()
             while not self._stop.wait(PUBLISH_POLL_S):
+                now = time.monotonic()
                 try:
-                    self.publish()
+                    if not self._ok or now - published >= self.max_age_s or (
+                            self._closed_mtime is None and self._closing()):
+                        published = now
+                        self.publish()
+                        self._ok = True
                     self.read_stats()
                 except Exception as e:  # noqa: BLE001 - never into the training job
-                    self.on_error(e)
+                    if self._ok or now - started >= QUIET_START_S:
+                        self.on_error(e)
                 if not watched:
                     self.stats.report_thread()
                 if self.proc.poll() is not None:
