@@ -326,6 +326,18 @@ class Stretch:
         self.side0 = [sidecar_cpu(p.pid) for p in demo.job.procs]
         self.c0 = [scrape_counters(ep, auth) for ep in demo.endpoints]
 
+    def settle(self, sent: int, timeout: float = 3.0) -> None:
+        """Wait (bounded) until the ranks have counted the `sent` requests: a sidecar's counts
+        reach the rank a fraction of a second late."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            c1 = [scrape_counters(ep, self.auth) for ep in self.demo.endpoints]
+            n = sum(b.get(k, 0.0) - a.get(k, 0.0) for a, b in zip(self.c0, c1)
+                    for k in b if k.startswith("req:")) - 2 * len(c1)  # our own reads
+            if n >= sent:
+                return
+            time.sleep(0.1)
+
     def end(self) -> dict:
         from zerodoc.runlog import read_rank_tail
 
@@ -354,6 +366,11 @@ def run_load(kind: str, demo, auth, seconds: float, rate: float = SCRAPE_RATE) -
     if auth:
         cmd += ["--auth", auth]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
+    try:
+        sent = sum(json.loads(out.stdout.strip().splitlines()[-1])["codes"].values())
+    except (IndexError, KeyError, json.JSONDecodeError):
+        sent = 0
+    st.settle(sent)
     res = st.end()
     try:
         res["load"] = json.loads(out.stdout.strip().splitlines()[-1])

@@ -79,6 +79,12 @@ def ask(port: int, pw: str | None, extra: bytes = b"") -> tuple[str, dict, bytes
                       (ln.partition(":") for ln in lines[1:])}, body
 
 
+def served(port: int):
+    """The answer to a right password, None while it is 503 (no page published yet)."""
+    answer = ask(port, "s3cret")
+    return None if answer[0].startswith("HTTP/1.0 503 ") else answer
+
+
 def exporter_threads() -> list[str]:
     return sorted(open(f"/proc/self/task/{t}/comm").read().strip()
                   for t in os.listdir("/proc/self/task")
@@ -191,7 +197,9 @@ def test_a_live_run_with_basic_auth_serves_from_sidecars(tmp_path):
         kids = wait_until(sidecars, 20, "a named sidecar per rank")
         for ep in demo.endpoints:
             port = int(ep.rsplit(":", 1)[1])
-            status, _h, body = ask(port, "s3cret")
+            # 503 until the rank's first page is published (its collector's facts come after
+            # the server starts), then the page
+            status, _h, body = wait_until(lambda: served(port), 10, "the first page")
             assert status == "HTTP/1.0 200 OK" and b"zerodoc_" in body
             assert ask(port, "nope")[0] == "HTTP/1.0 401 Unauthorized"
     wait_until(lambda: pids_gone(kids), 15, "the sidecars gone with the job")

@@ -119,6 +119,8 @@ class Sidecar:
         while True:
             now = time.monotonic()
             nearest = min((c.deadline for c in self.conns.values()), default=now + 1.0)
+            if self.dirty:  # counts not yet written: not later than STATS_EVERY_S from now
+                nearest = min(nearest, self.written + STATS_EVERY_S)
             for fd, ev in self.ep.poll(max(0.0, min(1.0, nearest - now))):
                 if fd == ls.fileno():
                     self._accept()
