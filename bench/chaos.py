@@ -327,6 +327,7 @@ class Stretch:
 
     def __init__(self, demo, auth):
         self.demo, self.auth = demo, auth
+        self.settle()  # the reads that ended the stretch before are counted by now
         self.t0 = time.time()
         self.cpu0 = [server_threads_cpu(p.pid) for p in demo.job.procs]
         self.side0 = [sidecar_cpu(p.pid) for p in demo.job.procs]
@@ -335,7 +336,7 @@ class Stretch:
     def settle(self) -> None:
         """A sidecar's counts reach the rank's /metrics/exporter page up to ~1.5 s late (its
         stats file every 0.25 s, read every 0.25 s, the page published once a second): with
-        sidecars, wait that long (bounded, 2 s) before the counts at the end are read."""
+        sidecars, wait that long (2 s) before the counts are read, at both ends."""
         if any(sidecar_cpu(p.pid) > 0 for p in self.demo.job.procs):
             time.sleep(SIDECAR_LAG_S)
 
