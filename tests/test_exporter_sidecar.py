@@ -203,3 +203,31 @@ def test_a_live_run_with_basic_auth_serves_from_sidecars(tmp_path):
             assert status == "HTTP/1.0 200 OK" and b"zerodoc_" in body
             assert ask(port, "nope")[0] == "HTTP/1.0 401 Unauthorized"
     wait_until(lambda: pids_gone(kids), 15, "the sidecars gone with the job")
+
+
+def test_the_sidecar_imports_neither_torch_nor_prometheus_client():
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys, zerodoc.exporter.sidecar; print("
+                          "sorted({m.split('.')[0] for m in sys.modules} & "
+                          "{'torch', 'prometheus_client', 'numpy'}))"],
+                         env=job_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def test_a_sidecar_that_cannot_start_means_in_process(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from zerodoc.exporter import server
+    from zerodoc.shim.hookpoints import HookRegistry
+
+    monkeypatch.setenv(webconfig.ENV, str(web_config(tmp_path).path))
+    monkeypatch.setattr(sidecar.sys, "executable", str(tmp_path / "no-such-python"))
+    monitor = SimpleNamespace(registry=HookRegistry(), rank=0, local_rank=0, local_world_size=1)
+    with pytest.warns(UserWarning, match="cannot start the /metrics sidecar"):
+        srv, endpoint = server.serve(monitor, 0, "127.0.0.1")
+    try:
+        assert isinstance(srv, server.MetricsServer) and endpoint.startswith("127.0.0.1:")
+    finally:
+        srv.shutdown()
+        srv.server_close()

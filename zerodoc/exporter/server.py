@@ -22,7 +22,8 @@ answers, no thread switch), the rest on a pool of worker threads under a whole-r
 deadline, the page rendered at most once per `PAGE_MAX_AGE_S` unless the
 collector's stamp changed (`page.py`), password verdicts remembered and failed logins
 rate-limited (`webconfig.Authenticator`); how it answered and what it cost are served on
-`OWN_PATH`.
+`OWN_PATH`. With basic auth (and no TLS) the connections are served by a sidecar process
+per rank instead (`sidecar.py`; `$ZERODOC_EXPORTER_SIDECAR` forces it on or off).
 """
 
 from __future__ import annotations
