@@ -102,38 +102,6 @@ class _Handler(PageHandler):
         super().end_headers()
 
 
-class _TLS:
-    """The server's SSL context, rebuilt when a certificate, key or CA file changes."""
-
-    def __init__(self, cfg: WebConfig, on_error):
-        self.cfg, self.on_error = cfg, on_error
-        self._lock = threading.Lock()
-        self._stamp = self._stat()
-        self._ctx = cfg.ssl_context()
-
-    def _stat(self):
-        out = []
-        for p in self.cfg.tls_files():
-            try:
-                st = os.stat(p)
-                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                out.append(None)
-        return tuple(out)
-
-    def context(self) -> ssl.SSLContext:
-        stamp = self._stat()
-        if stamp != self._stamp:
-            with self._lock:
-                if stamp != self._stamp:
-                    try:
-                        self._ctx = self.cfg.ssl_context()
-                        self._stamp = stamp
-                    except WebConfigError as e:  # half-written rotation: keep the old one
-                        self.on_error(e)
-        return self._ctx
-
-
 class MetricsServer(HTTPServer):
     """An HTTP(S) server for one registry, with the web configuration's protections and the
     limits of `limits.py` (connection cap answered 503, whole-request deadline, a pool of
@@ -149,7 +117,7 @@ class MetricsServer(HTTPServer):
         self.limits = limits or Limits()
         self.extra_headers = dict(cfg.headers) if cfg else {}
         self._auth = Authenticator(cfg.users) if cfg and cfg.auth else None
-        self._tls = _TLS(cfg, self.on_error) if cfg and cfg.tls else None
+        self._tls = webconfig.TLSContext(cfg, self.on_error) if cfg and cfg.tls else None
         self.rejected = 0  # connections refused in the TLS handshake or by client_allowed_sans
         self.stats = Stats()
         self.own_page: Page | None = None  # serve() sets it: OWN_PATH
@@ -356,7 +324,7 @@ class MetricsServer(HTTPServer):
             self.rejected += 1
             return
         try:
-            if self.cfg.client_allowed_sans and not _san_allowed(conn, self.cfg):
+            if self.cfg.client_allowed_sans and not webconfig.san_allowed(conn, self.cfg):
                 self.rejected += 1
                 return
             self.finish_request(conn, client_address)
@@ -381,12 +349,6 @@ class MetricsServer(HTTPServer):
             self.stats.count("client_gone")
         elif e is not None:
             self.on_error(e)
-
-
-def _san_allowed(conn: ssl.SSLSocket, cfg: WebConfig) -> bool:
-    cert = conn.getpeercert() or {}
-    names = {v for _k, v in cert.get("subjectAltName", ())}
-    return bool(names & set(cfg.client_allowed_sans))
 
 
 def _family(host: str, port: int) -> int:

@@ -20,10 +20,11 @@ sidecar mode the rank serves no connection at all:
 - it exits when the rank is gone: PR_SET_PDEATHSIG (SIGKILL at the parent thread's death)
   and a parent-pid check once a second; the listening socket then closes with it.
 
-Default: the sidecar when basic auth is configured without TLS (a password-protected port
-is one meant to be reached beyond loopback); `ZERODOC_EXPORTER_SIDECAR=1` or `0` forces it on
-or off. TLS stays in the rank in this build (its handshake runs on the rank's workers). If the
-sidecar cannot start, the rank serves in-process and says so.
+Default: the sidecar when basic auth or TLS is configured (a protected port is one meant to
+be reached beyond loopback); `ZERODOC_EXPORTER_SIDECAR=1` or `0` forces it on or off. With TLS
+the sidecar does the handshakes (non-blocking, a step per wake-up, under the deadline; the
+certificate files re-read when they change, client certificates and `client_allowed_sans`
+checked as in the rank). If the sidecar cannot start, the rank serves in-process and says so.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import os
 import select
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -60,15 +62,13 @@ NOT_READY = canned("503 Service Unavailable", [("Retry-After", "1")], "503 page 
 
 
 def wanted(env: dict | None = None, cfg=None) -> bool:
-    """Serve from a sidecar? `$ZERODOC_EXPORTER_SIDECAR` 1/0, else basic auth without TLS."""
+    """Serve from a sidecar? `$ZERODOC_EXPORTER_SIDECAR` 1/0, else with basic auth or TLS."""
     v = (env if env is not None else os.environ).get(ENV, "").strip().lower()
-    if cfg is not None and cfg.tls:
-        return False
     if v in ("1", "true", "yes", "on"):
         return True
     if v in ("0", "false", "no", "off"):
         return False
-    return bool(cfg is not None and cfg.auth)
+    return bool(cfg is not None and (cfg.auth or cfg.tls))
 
 
 def variant(path: str, accept: str | None, encoding: str | None) -> str:
@@ -84,11 +84,11 @@ def variant(path: str, accept: str | None, encoding: str | None) -> str:
 
 # ------------------------------------------------------------------------ the sidecar process
 class _Conn:
-    __slots__ = ("sock", "client", "deadline", "buf", "out")
+    __slots__ = ("sock", "client", "deadline", "buf", "out", "shaking")
 
     def __init__(self, sock, client, deadline):
         self.sock, self.client, self.deadline = sock, client, deadline
-        self.buf, self.out = b"", None
+        self.buf, self.out, self.shaking = b"", None, False
 
 
 class Sidecar:
@@ -98,6 +98,8 @@ class Sidecar:
                  cfg=None):
         self.listener, self.folder, self.parent, self.limits = listener, folder, parent, limits
         self.auth = webconfig.Authenticator(cfg.users) if cfg is not None and cfg.auth else None
+        self.cfg = cfg
+        self.tls = webconfig.TLSContext(cfg, _complain) if cfg is not None and cfg.tls else None
         extra = list(cfg.headers.items()) if cfg is not None else []
         self.unauthorized = canned("401 Unauthorized", extra + [
             ("WWW-Authenticate", 'Basic realm="zerodoc"')], "401 Unauthorized\n")
@@ -126,7 +128,12 @@ class Sidecar:
                     self._accept()
                 elif fd in self.conns:
                     c = self.conns[fd]
-                    self._write(c) if c.out is not None else self._read(c)
+                    if c.shaking:
+                        self._handshake(c)
+                    elif c.out is not None:
+                        self._write(c)
+                    else:
+                        self._read(c)
             now = time.monotonic()
             for c in [c for c in self.conns.values() if c.deadline <= now]:
                 self._count("timed_out")
@@ -161,12 +168,42 @@ class Sidecar:
                 c = _Conn(sock, addr[0], time.monotonic() + self.limits.request_deadline_s)
                 self.conns[sock.fileno()] = c
                 self.ep.register(sock.fileno(), select.EPOLLIN)
-                self._read(c)
+                if self.tls is None:
+                    self._read(c)
+                    continue
+                try:
+                    c.sock = self.tls.context().wrap_socket(sock, server_side=True,
+                                                            do_handshake_on_connect=False)
+                except (ssl.SSLError, OSError):
+                    self._close(c)
+                    continue
+                c.shaking = True
+                self._handshake(c)
+
+    def _handshake(self, c: _Conn) -> None:
+        """A TLS handshake, a step per wake-up (non-blocking), then the client's names."""
+        try:
+            c.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self.ep.modify(c.sock.fileno(), select.EPOLLIN)
+            return
+        except ssl.SSLWantWriteError:
+            self.ep.modify(c.sock.fileno(), select.EPOLLOUT)
+            return
+        except (ssl.SSLError, OSError):  # refused (no or a bad client certificate)
+            self._close(c)
+            return
+        if self.cfg.client_allowed_sans and not webconfig.san_allowed(c.sock, self.cfg):
+            self._close(c)
+            return
+        c.shaking = False
+        self.ep.modify(c.sock.fileno(), select.EPOLLIN)
+        self._read(c)
 
     def _read(self, c: _Conn) -> None:
         try:
             data = c.sock.recv(MAX_HEAD + 1)
-        except BlockingIOError:
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
         except OSError:
             data = b""
@@ -243,8 +280,8 @@ class Sidecar:
 
     def _write(self, c: _Conn) -> None:
         try:
-            sent = c.sock.send(c.out, socket.MSG_DONTWAIT)
-        except BlockingIOError:
+            sent = c.sock.send(c.out)  # non-blocking socket (no flags: a TLS one takes none)
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
         except OSError:
             self._count("client_gone")
@@ -269,6 +306,10 @@ class Sidecar:
         data = {"requests": self.requests, "cpu_s": time.process_time(), "pid": os.getpid(),
                 "scraped": [[a, ua, n, m] for (a, ua), (n, m) in self.scraped.items()]}
         _write_atomic(self.folder / "stats.json", json.dumps(data).encode())
+
+
+def _complain(e: Exception) -> None:
+    print(f"zerodoc sidecar: {e}", file=sys.stderr)
 
 
 def _refuse(sock: socket.socket, answer: bytes) -> None:
@@ -332,12 +373,12 @@ class SidecarServer:
     process, and the publisher thread (named `zd-metrics-pub`: its CPU is what serving
     /metrics costs the rank now, counted in `stats` as the in-process server's threads)."""
 
-    scheme = "http"
 
     def __init__(self, host: str, port: int, page, family: int, cfg=None,
                  limits: Limits | None = None, on_error=None, own_page=None,
                  max_age_s: float = 1.0):
         self.page, self.cfg, self.limits = page, cfg, limits or Limits()
+        self.scheme = "https" if cfg is not None and cfg.tls else "http"
         self.max_age_s = max_age_s  # the page is published this often (and at the close)
         self.own_page = own_page
         self.on_error = on_error or (lambda e: None)
