@@ -12,7 +12,8 @@ and/or basic-auth users with bcrypt or PBKDF2 hashes. Settings come from that fi
 from code. A broken file means no /metrics server (never an unprotected one) and a warning;
 a rank bound off loopback with neither TLS nor auth gets a warning. The TLS files are reloaded
 when they change on disk (certificate rotation), and the TLS handshake runs on the request's
-own thread, so a slow or hostile client cannot stall the others.
+own thread (in the sidecar: a step per wake-up), so a slow or hostile client cannot stall
+the others.
 
 Whatever the configuration, what clients can take from the training process is bounded
 (`limits.py`, docs/reliability.md): at most `Limits.max_connections` connections at once (one
@@ -22,8 +23,8 @@ answers, no thread switch), the rest on a pool of worker threads under a whole-r
 deadline, the page rendered at most once per `PAGE_MAX_AGE_S` unless the
 collector's stamp changed (`page.py`), password verdicts remembered and failed logins
 rate-limited (`webconfig.Authenticator`); how it answered and what it cost are served on
-`OWN_PATH`. With basic auth (and no TLS) the connections are served by a sidecar process
-per rank instead (`sidecar.py`; `$ZERODOC_EXPORTER_SIDECAR` forces it on or off).
+`OWN_PATH`. With basic auth or TLS the connections are served by a sidecar process per
+rank instead (`sidecar.py`; `$ZERODOC_EXPORTER_SIDECAR` forces it on or off).
 """
 
 from __future__ import annotations
