@@ -1,8 +1,9 @@
 """The /metrics sidecar (zerodoc/exporter/sidecar.py), with real sockets and processes: the
 sidecar answers (right and wrong passwords, the page's bytes) while the rank's only exporter
 thread is its publisher and the page is rendered per interval, not per request; it holds the
-connection cap and the whole-request deadline; it exits with its rank (kill -9) and frees the
-port."""
+connection cap and the whole-request deadline; it does TLS; the rank's close waits for the
+scrapers it reports; it exits with its rank (kill -9) and frees the port; if it cannot start,
+the rank serves in-process."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import gzip
 import json
 import os
 import signal
+import threading
 import socket
 import subprocess
 
@@ -289,3 +291,32 @@ def test_the_sidecar_does_tls_with_client_certificates(tmp_path):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_the_close_waits_for_a_regular_scraper_through_the_sidecar(side):
+    """closing.CloseSignal with a sidecar: the close returns once the regular scraper fetched a
+    page published after it (reported by the sidecar), well before its linger."""
+    import time
+
+    from zerodoc.exporter.closing import CloseSignal
+
+    now = [100.0]
+    signal_ = CloseSignal(clock=lambda: now[0])
+    srv = side()
+    srv.on_scraped, srv.close_signal = signal_.scraped, signal_
+    port = srv.server_address[1]
+    for n, t in enumerate((100.0, 103.0), 1):  # a scraper every 3 s, as the signal sees it
+        now[0] = t
+        wait_until(lambda: served(port), 10, "a page")
+        wait_until(lambda: [len(v) for v in signal_._seen.values()] == [n], 10, "reported")
+    now[0] = 104.0
+    done = {}
+    closer = threading.Thread(target=lambda: done.update(waited=signal_.close(linger_s=30)))
+    closer.start()
+    wait_until(lambda: srv._closed_mtime is not None, 10, "the closed page published")
+    now[0] = 105.0
+    t0 = time.monotonic()
+    assert served(port) is not None  # the regular scraper comes back after the close
+    closer.join(timeout=20)
+    assert not closer.is_alive() and done["waited"] < 9  # its linger: 3 x 3 s
+    assert time.monotonic() - t0 < 5
