@@ -49,9 +49,10 @@ from .fastpath import DEFER_ACCEPT_S, MAX_HEAD, canned, defer_accept, parse_head
 from .limits import BUSY_RESPONSE, LIMITED_RESPONSE, OUTCOMES, Limits, Stats, name_thread
 
 ENV = "ZERODOC_EXPORTER_SIDECAR"
-PUBLISH_POLL_S = 0.25  # the rank's publisher: stats read, stamp checked this often
-STATS_EVERY_S = 0.25
-QUIET_START_S = 5.0  # a page that cannot be rendered this soon after the start is not an error  # the sidecar rewrites its stats file at most this often
+STATS_EVERY_S = 0.25  # the sidecar rewrites its stats file (and tells the rank) at most this often
+FRESH_WAIT_S = 0.5  # a parked request waits this long for the rank's fresh page
+QUIET_START_S = 5.0  # a page that cannot be rendered this soon after the start is not an error
+STALE_HEADER = b"X-Zerodoc-Page: stale\r\n"  # the rank did not render in time: the last page
 OWN_PATH = "/metrics/exporter"
 VARIANTS = ("text", "text.gz", "om", "om.gz", "own.text", "own.om")
 OM_ACCEPT = "application/openmetrics-text; version=1.0.0"
@@ -84,19 +85,28 @@ def variant(path: str, accept: str | None, encoding: str | None) -> str:
 
 # ------------------------------------------------------------------------ the sidecar process
 class _Conn:
-    __slots__ = ("sock", "client", "deadline", "buf", "out", "shaking")
+    __slots__ = ("sock", "client", "deadline", "buf", "out", "shaking", "parked", "agent")
 
     def __init__(self, sock, client, deadline):
         self.sock, self.client, self.deadline = sock, client, deadline
         self.buf, self.out, self.shaking = b"", None, False
+        self.parked: tuple | None = None  # (variant, answered stale after) while it waits
+        self.agent = ""
 
 
 class Sidecar:
     """The sidecar's loop (in its own process): accept, read, check, answer from the files."""
 
     def __init__(self, listener: socket.socket, folder: Path, parent: int, limits: Limits,
-                 cfg=None):
+                 cfg=None, ask_fd: int | None = None, done_fd: int | None = None,
+                 max_age_s: float = 1.0):
         self.listener, self.folder, self.parent, self.limits = listener, folder, parent, limits
+        # the pipes to the rank: requests ("text\n", "stats\n") out, acks ("text\n") in
+        self.ask_fd, self.done_fd, self.max_age_ns = ask_fd, done_fd, int(max_age_s * 1e9)
+        self.asked: dict[str, float] = {}  # variant -> when it was asked for, until its ack
+        self.parked: dict[str, list] = {}  # variant -> connections waiting for its fresh page
+        self.stale = 0  # answers with the last page because no fresh one came in time
+        self.gone = False  # the rank's end of a pipe is closed
         self.auth = webconfig.Authenticator(cfg.users) if cfg is not None and cfg.auth else None
         self.cfg = cfg
         self.tls = webconfig.TLSContext(cfg, _complain) if cfg is not None and cfg.tls else None
@@ -117,18 +127,29 @@ class Sidecar:
         ls = self.listener
         ls.setblocking(False)
         self.ep.register(ls.fileno(), select.EPOLLIN)
+        if self.done_fd is not None:
+            os.set_blocking(self.done_fd, False)
+            self.ep.register(self.done_fd, select.EPOLLIN)
+        if self.ask_fd is not None:
+            os.set_blocking(self.ask_fd, False)
         last_check = time.monotonic()
-        while True:
+        while not self.gone:
             now = time.monotonic()
-            nearest = min((c.deadline for c in self.conns.values()), default=now + 1.0)
+            nearest = min((min(c.deadline, c.parked[1]) if c.parked else c.deadline
+                           for c in self.conns.values()), default=now + 1.0)
             if self.dirty:  # counts not yet written: not later than STATS_EVERY_S from now
                 nearest = min(nearest, self.written + STATS_EVERY_S)
             for fd, ev in self.ep.poll(max(0.0, min(1.0, nearest - now))):
                 if fd == ls.fileno():
                     self._accept()
+                elif fd == self.done_fd:
+                    self._rendered()
                 elif fd in self.conns:
                     c = self.conns[fd]
-                    if c.shaking:
+                    if c.parked is not None:  # hung up while it waited (EPOLLHUP/ERR)
+                        self._count("client_gone")
+                        self._close(c)
+                    elif c.shaking:
                         self._handshake(c)
                     elif c.out is not None:
                         self._write(c)
@@ -138,6 +159,8 @@ class Sidecar:
             for c in [c for c in self.conns.values() if c.deadline <= now]:
                 self._count("timed_out")
                 self._close(c, shut=True)
+            for c in [c for c in self.conns.values() if c.parked and c.parked[1] <= now]:
+                self._answer(c, c.parked[0], stale=True)  # the rank is busy: the last page
             if now - last_check >= 1.0:
                 last_check = now
                 if os.getppid() != self.parent:  # the rank is gone (PDEATHSIG missed)
@@ -233,14 +256,65 @@ class Sidecar:
                        verdict)
             return
         name = variant(path, headers.get("accept"), headers.get("accept-encoding"))
+        c.agent = headers.get("user-agent", "")
+        got = self._file(name)
+        if self.ask_fd is None or (got is not None and
+                                   time.time_ns() - got[0] < self.max_age_ns):
+            self._answer(c, name)  # fresh enough (or no rank to ask)
+            return
+        now = time.monotonic()
+        c.parked = (name, now + FRESH_WAIT_S)  # answered at the ack, or stale after that
+        self.parked.setdefault(name, []).append(c)
+        self.ep.modify(c.sock.fileno(), 0)  # only a hang-up wakes us for it now
+        if now - self.asked.get(name, -1e9) >= FRESH_WAIT_S:  # not asked, or long ago
+            self.asked[name] = now
+            self._tell(name)
+
+    def _tell(self, line: str) -> None:
+        """A request to the rank (non-blocking: a full pipe holds requests already)."""
+        try:
+            os.write(self.ask_fd, line.encode() + b"\n")
+        except BlockingIOError:
+            pass
+        except OSError:  # EPIPE: the rank's end is closed, it is gone
+            self.gone = True
+
+    def _rendered(self) -> None:
+        """The rank's acks: serve the connections parked for those variants."""
+        try:
+            data = os.read(self.done_fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # EOF: the rank is gone
+            self.gone = True
+            return
+        for name in set(data.decode("ascii", "replace").split()):
+            self.asked.pop(name, None)
+            for c in self.parked.pop(name, []):
+                if c.parked is not None:
+                    self._answer(c, name)
+
+    def _answer(self, c: _Conn, name: str, stale: bool = False) -> None:
+        """The published file of `name` (marked stale when it is), or 503 while none."""
+        if c.parked is not None:
+            waiting = self.parked.get(name, [])
+            if c in waiting:
+                waiting.remove(c)
+            c.parked = None
         got = self._file(name)
         if got is None:
             self._send(c, NOT_READY, None)
             return
         mtime, answer = got
+        if stale or (self.ask_fd is not None and time.time_ns() - mtime >= self.max_age_ns):
+            self.stale += 1
+            i = answer.find(b"\r\n") + 2
+            answer = answer[:i] + STALE_HEADER + answer[i:]
         self._send(c, answer, "ok")
         if not name.startswith("own."):
-            key = (c.client, headers.get("user-agent", ""))
+            key = (c.client, c.agent)
             seen = self.scraped.get(key)
             if seen is None:
                 if len(self.scraped) > 64:
@@ -292,6 +366,11 @@ class Sidecar:
             self._close(c, shut=True)
 
     def _close(self, c: _Conn, shut: bool = False) -> None:
+        if c.parked is not None:
+            waiting = self.parked.get(c.parked[0], [])
+            if c in waiting:
+                waiting.remove(c)
+            c.parked = None
         self.conns.pop(c.sock.fileno(), None)
         try:
             self.ep.unregister(c.sock.fileno())
@@ -304,8 +383,11 @@ class Sidecar:
     def _write_stats(self, now: float) -> None:
         self.dirty, self.written = False, now
         data = {"requests": self.requests, "cpu_s": time.process_time(), "pid": os.getpid(),
+                "stale": self.stale,
                 "scraped": [[a, ua, n, m] for (a, ua), (n, m) in self.scraped.items()]}
         _write_atomic(self.folder / "stats.json", json.dumps(data).encode())
+        if self.ask_fd is not None:
+            self._tell("stats")  # the rank reads it on this wake-up
 
 
 def _complain(e: Exception) -> None:
@@ -351,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-connections", type=int, default=Limits.max_connections)
     p.add_argument("--deadline", type=float, default=Limits.request_deadline_s)
     p.add_argument("--web-config", default=None)
+    p.add_argument("--ask-fd", type=int, default=None, help="pipe to the rank: requests")
+    p.add_argument("--done-fd", type=int, default=None, help="pipe from the rank: acks")
+    p.add_argument("--max-age", type=float, default=1.0)
     a = p.parse_args(argv)
     if not _die_with_parent(a.parent):
         return 0
@@ -363,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     listener = socket.socket(fileno=a.fd)
     Sidecar(listener, Path(a.dir), a.parent, Limits(a.max_connections, a.deadline),
-            cfg).serve()
+            cfg, a.ask_fd, a.done_fd, a.max_age).serve()
     return 0
 
 
@@ -371,21 +456,27 @@ def main(argv: list[str] | None = None) -> int:
 class SidecarServer:
     """What `server.serve` holds in sidecar mode: the rank's listening socket, the sidecar
     process, and the publisher thread (named `zd-metrics-pub`: its CPU is what serving
-    /metrics costs the rank now, counted in `stats` as the in-process server's threads)."""
+    /metrics costs the rank now, counted in `stats` as the in-process server's threads).
 
+    The publisher blocks on the pipe from the sidecar (no timeout): it wakes for a request
+    for a variant (renders that one, writes its file, acks on the second pipe), for "stats"
+    (the sidecar's counts changed), for the close signal (publishes the closed page) and for
+    `shutdown`; an idle sidecar costs the rank nothing."""
 
     def __init__(self, host: str, port: int, page, family: int, cfg=None,
                  limits: Limits | None = None, on_error=None, own_page=None,
                  max_age_s: float = 1.0):
         self.page, self.cfg, self.limits = page, cfg, limits or Limits()
         self.scheme = "https" if cfg is not None and cfg.tls else "http"
-        self.max_age_s = max_age_s  # the page is published this often (and at the close)
+        self.max_age_s = max_age_s  # a variant is rendered at most this often (on request)
         self.own_page = own_page
         self.on_error = on_error or (lambda e: None)
         self.on_scraped = None
-        self.close_signal = None  # closing.CloseSignal: scrapes after the close are counted
+        self._signal = None
         self.stats = Stats()
         self.sidecar_cpu_s = 0.0
+        self.stale_served = 0  # the sidecar's answers with a page older than max_age_s
+        self.renders: dict[str, int] = dict.fromkeys(VARIANTS, 0)  # variant -> renders
         self.extra = list(cfg.headers.items()) if cfg is not None else []
         ls = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -400,65 +491,98 @@ class SidecarServer:
         self.server_address = ls.getsockname()
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.folder = Path(tempfile.mkdtemp(prefix="zerodoc-metrics-", dir=shm))
-        self._stop = threading.Event()
+        self._stop = False
         self._seen: dict[tuple, int] = {}
         self._last: dict[str, tuple] = {}  # variant -> what was written last
+        self._tried: dict[str, float] = {}  # variant -> when it was last rendered (or tried)
         self._closed_mtime: int | None = None  # first page written after the close signal
         self._stats_mtime = 0
+        self._started = time.monotonic()
         self.proc = None
+        self.thread: threading.Thread | None = None
         self._ok = False  # a page was published
+        # the sidecar's requests (it writes), the rank's acks (it reads), the rank's own wake
+        self._ask_r, self._ask_w = os.pipe()
+        self._done_r, self._done_w = os.pipe()
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._done_w, self._wake_w):
+            os.set_blocking(fd, False)
+
+    @property
+    def close_signal(self):
+        """closing.CloseSignal: scrapes after the close are counted; its close wakes the
+        publisher, which publishes the closed page at once."""
+        return self._signal
+
+    @close_signal.setter
+    def close_signal(self, signal_) -> None:
+        self._signal = signal_
+        if signal_ is not None and hasattr(signal_, "on_close"):
+            signal_.on_close.append(self.wake)
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"w")
+        except OSError:  # full (a wake is pending) or closed (shut down)
+            pass
 
     def start(self) -> None:
-        """Publish the first page, start the sidecar (raises OSError/RuntimeError if it
-        cannot), then the publisher thread. A page that cannot be rendered yet (the rank
-        starts the server before its collector has all it needs) is answered 503 until it
-        can; failures are reported once a page was published, or after `QUIET_START_S`."""
-        try:
-            self.publish()
-            self._ok = True
-        except Exception:  # noqa: BLE001 - tried again on the publisher thread
-            pass
+        """Start the sidecar (raises OSError/RuntimeError if it cannot), then the publisher
+        thread. Nothing is rendered until a client asks for a page (503 until the first one
+        is ready); failures are reported once a page was published, or after
+        `QUIET_START_S`."""
         cmd = [sys.executable, "-m", "zerodoc.exporter.sidecar", "--fd",
                str(self.socket.fileno()), "--dir", str(self.folder), "--parent",
                str(os.getpid()), "--max-connections", str(self.limits.max_connections),
-               "--deadline", str(self.limits.request_deadline_s)]
+               "--deadline", str(self.limits.request_deadline_s),
+               "--ask-fd", str(self._ask_w), "--done-fd", str(self._done_r),
+               "--max-age", str(self.max_age_s)]
         if self.cfg is not None and self.cfg.path is not None:
             cmd += ["--web-config", str(self.cfg.path)]
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"]
                                     if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen(cmd, pass_fds=(self.socket.fileno(),), env=env,
+        self.proc = subprocess.Popen(cmd, pass_fds=(self.socket.fileno(), self._ask_w,
+                                                    self._done_r), env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, close_fds=True)
-        threading.Thread(target=self._run, name="zerodoc-metrics-pub", daemon=True).start()
+        for fd in (self._ask_w, self._done_r):  # the sidecar's ends: its exit is our EOF
+            os.close(fd)
+        self._ask_w = self._done_r = -1
+        self.thread = threading.Thread(target=self._run, name="zerodoc-metrics-pub",
+                                       daemon=True)
+        self.thread.start()
 
     @property
     def active(self) -> int:
         return 0  # connections are the sidecar's
 
-    def publish(self) -> None:
-        """Write every variant of the page as a whole HTTP answer (rendered from the page's
-        cache: at most once a second, or when the stamp changed)."""
+    def publish(self, names=VARIANTS) -> None:
+        """Write these variants of the page, each as a whole HTTP answer (a file rewritten
+        only when its bytes changed, else its time set: the sidecar tells fresh by it)."""
         for name, accept, enc, page in (("text", None, None, self.page),
                                         ("text.gz", None, "gzip", self.page),
                                         ("om", OM_ACCEPT, None, self.page),
                                         ("om.gz", OM_ACCEPT, "gzip", self.page),
                                         ("own.text", None, None, self.own_page),
                                         ("own.om", OM_ACCEPT, None, self.own_page)):
-            if page is None:
+            if page is None or name not in names:
                 continue
+            self._tried[name] = time.monotonic()
+            self.renders[name] += 1
             body, headers = page.bake(accept, enc)
             head = response_head("200 OK", list(headers) + self.extra, len(body))
             path = self.folder / name
             old = self._mtime(path)
             key = (len(body), hash(body), head)
-            if self._last.get(name) != key:
+            if self._last.get(name) != key or not old:
                 self._last[name] = key
                 _write_atomic(path, head + body)
+            else:
+                os.utime(path)
             if name == "text" and self._closed_mtime is None and self._closing():
-                new = self._mtime(path)
-                self._closed_mtime = new if new != old else old
+                self._closed_mtime = self._mtime(path)
 
     @staticmethod
     def _mtime(path: Path) -> int:
@@ -468,34 +592,73 @@ class SidecarServer:
             return 0
 
     def _closing(self) -> bool:
-        return getattr(self.close_signal, "closed_unix", None) is not None
+        return getattr(self._signal, "closed_unix", None) is not None
 
     def _run(self) -> None:
         name_thread("zd-metrics-pub")
         watched = self.stats.watch_thread()
+        rest = b""
         try:
-            started = published = time.monotonic()
-            while not self._stop.wait(PUBLISH_POLL_S):
-                now = time.monotonic()
-                try:
-                    if not self._ok or now - published >= self.max_age_s or (
-                            self._closed_mtime is None and self._closing()):
-                        published = now
-                        self.publish()
-                        self._ok = True
-                    self.read_stats()
-                except Exception as e:  # noqa: BLE001 - never into the training job
-                    if self._ok or now - started >= QUIET_START_S:
-                        self.on_error(e)
+            while True:
+                ready, _w, _x = select.select([self._ask_r, self._wake_r], [], [])
+                if self._wake_r in ready:
+                    os.read(self._wake_r, 4096)
+                if self._stop:
+                    return
+                asked: set = set()
+                if self._ask_r in ready:
+                    data = os.read(self._ask_r, 4096)
+                    if not data:  # EOF: the sidecar is gone
+                        self._sidecar_gone()
+                        return
+                    lines = (rest + data).split(b"\n")
+                    rest = lines.pop()
+                    asked = {ln.decode("ascii", "replace") for ln in lines}
+                self._serve_requests(asked)
                 if not watched:
                     self.stats.report_thread()
-                if self.proc.poll() is not None:
-                    err = (self.proc.stderr.read() or b"").decode(errors="replace").strip()
-                    self.on_error(RuntimeError(f"/metrics sidecar exited ({self.proc.returncode})"
-                                               f"{': ' + err[-200:] if err else ''}"))
-                    return
         finally:
             self.stats.thread_done()
+
+    def _serve_requests(self, asked: set) -> None:
+        """Render what the sidecar asked for (each variant once; not again within half of
+        max_age: a request that waited in the pipe while it was rendered), ack; the closed
+        page when the close came; the stats."""
+        now = time.monotonic()
+        try:
+            if self._closed_mtime is None and self._closing():
+                self.publish()
+                self._ok = True
+            names = [n for n in VARIANTS if n in asked and
+                     now - self._tried.get(n, -1e9) >= self.max_age_s / 2]
+            try:
+                if names:
+                    self.publish(names)
+                    self._ok = True
+            finally:
+                done = [n for n in VARIANTS if n in asked]
+                if done:
+                    try:
+                        os.write(self._done_w, "\n".join(done).encode() + b"\n")
+                    except OSError:  # full or closed: the sidecar answers them stale
+                        pass
+            if "stats" in asked:
+                self.read_stats()
+        except Exception as e:  # noqa: BLE001 - never into the training job
+            if self._ok or now - self._started >= QUIET_START_S:
+                self.on_error(e)
+
+    def _sidecar_gone(self) -> None:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        if self._stop:
+            return
+        err = (self.proc.stderr.read() or b"").decode(errors="replace").strip() \
+            if code is not None else ""
+        self.on_error(RuntimeError(f"/metrics sidecar exited ({code})"
+                                   f"{': ' + err[-200:] if err else ''}"))
 
     def read_stats(self) -> None:
         """The sidecar's counts (requests by outcome, its CPU) and scrapes (closing.py)."""
@@ -510,6 +673,7 @@ class SidecarServer:
             return
         self.stats.set_counts({k: int(data.get("requests", {}).get(k, 0)) for k in OUTCOMES})
         self.sidecar_cpu_s = float(data.get("cpu_s", 0.0))
+        self.stale_served = int(data.get("stale", 0))
         seen = self.on_scraped
         for addr, ua, n, page_mtime in data.get("scraped", []):
             key = (addr, ua)
@@ -520,7 +684,8 @@ class SidecarServer:
                     seen(key)
 
     def shutdown(self) -> None:
-        self._stop.set()
+        self._stop = True
+        self.wake()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -542,6 +707,16 @@ class SidecarServer:
             pass
         if self.proc is not None and self.proc.stderr is not None:
             self.proc.stderr.close()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        for name in ("_ask_r", "_ask_w", "_done_r", "_done_w", "_wake_r", "_wake_w"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                setattr(self, name, -1)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 if __name__ == "__main__":
