@@ -320,3 +320,93 @@ def test_the_close_waits_for_a_regular_scraper_through_the_sidecar(side):
     closer.join(timeout=20)
     assert not closer.is_alive() and done["waited"] < 9  # its linger: 3 x 3 s
     assert time.monotonic() - t0 < 5
+
+
+def thread_cpu_s(thread: threading.Thread) -> float:
+    """A thread's CPU clock (ns resolution), read from another thread."""
+    import time
+
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def test_an_idle_sidecar_costs_the_rank_nothing(side):
+    """After a scrape nobody asks: the publisher renders nothing and sleeps on its pipe (the
+    build before rendered six variants a second and woke four times a second)."""
+    import time
+
+    srv = side()
+    port = srv.server_address[1]
+    wait_until(lambda: served(port), 10, "a page")
+    wait_until(lambda: srv.stats.requests["ok"] == 1, 10, "the sidecar's counts in the rank")
+    renders, page_renders = dict(srv.renders), srv.page.renders
+    cpu0, t0 = thread_cpu_s(srv.thread), time.monotonic()
+    wait_until(lambda: time.monotonic() - t0 >= 3.0, 10, "3 s without a request")
+    cpu = thread_cpu_s(srv.thread) - cpu0
+    assert srv.renders == renders and srv.page.renders == page_renders
+    assert cpu < 0.002, f"the idle publisher took {cpu * 1e3:.2f} ms of CPU in 3 s"
+    assert srv.thread.is_alive()
+
+
+def test_a_scrape_gets_a_page_rendered_after_its_request(tmp_path, side):
+    """The page's values are those of the moment of the scrape (a step counter changed just
+    before it), not of a page published up to a second earlier."""
+    import time
+
+    from prometheus_client import CollectorRegistry, Gauge
+
+    reg = CollectorRegistry()
+    step = Gauge("zerodoc_test_step", "A step counter.", registry=reg)
+    srv = side(reg)
+    port = srv.server_address[1]
+    for n in range(1, 4):
+        text = srv.folder / "text"
+        # the last page is older than max_age: the scrape must ask the rank for a new one
+        wait_until(lambda: not text.exists() or
+                   time.time_ns() - text.stat().st_mtime_ns > srv.max_age_s * 1e9, 10,
+                   "the page older than max_age")
+        step.set(n)
+        status, headers, body = wait_until(lambda: served(port), 10, "a page")
+        assert f"zerodoc_test_step {float(n)}".encode() in body, body
+        assert "x-zerodoc-page" not in headers  # fresh, not the stale fallback
+    assert srv.renders["text"] == 3 and srv.renders["om"] == 0  # only the variant asked for
+
+
+def test_a_flood_costs_one_render_per_variant_per_max_age(side):
+    import time
+
+    srv = side()
+    port = srv.server_address[1]
+    t0 = time.monotonic()
+    for _ in range(50):
+        assert ask(port, "s3cret", b"Accept-Encoding: gzip\r\n")[0] == "HTTP/1.0 200 OK"
+    for _ in range(50):
+        assert ask(port, "s3cret")[0] == "HTTP/1.0 200 OK"
+    intervals = (time.monotonic() - t0) / srv.max_age_s
+    assert 1 <= srv.renders["text.gz"] <= intervals + 1, (srv.renders, intervals)
+    assert 1 <= srv.renders["text"] <= intervals + 1, (srv.renders, intervals)
+    assert srv.renders["om"] == srv.renders["own.text"] == 0
+
+
+def test_a_busy_rank_gets_the_last_page_marked_stale(side):
+    """The rank cannot render in time (here: its publisher is stuck in a render, as behind a
+    training thread holding the GIL): the sidecar answers with the page it has, marked."""
+    import time
+
+    srv = side()
+    port = srv.server_address[1]
+    assert wait_until(lambda: served(port), 10, "a page")[0] == "HTTP/1.0 200 OK"
+    text = srv.folder / "text"
+    wait_until(lambda: time.time_ns() - text.stat().st_mtime_ns > srv.max_age_s * 1e9, 10,
+               "the page older than max_age")
+    release = threading.Event()
+    real = srv.page.bake
+    srv.page.bake = lambda *a: (release.wait(20), real(*a))[1]
+    try:
+        t0 = time.monotonic()
+        status, headers, body = ask(port, "s3cret")
+        waited = time.monotonic() - t0
+        assert status == "HTTP/1.0 200 OK" and headers["x-zerodoc-page"] == "stale"
+        assert b"zerodoc_test_value" in body and 0.4 < waited < 5
+    finally:
+        release.set()
+    wait_until(lambda: srv.stale_served >= 1, 10, "the stale answer counted")
