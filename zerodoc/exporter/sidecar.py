@@ -8,17 +8,29 @@ sidecar mode the rank serves no connection at all:
 - the rank binds and listens (so a port in use is reported by the rank, as before), then
   starts `python -m zerodoc.exporter.sidecar` (this module: standard library only, no torch,
   no prometheus_client) with the listening socket passed by descriptor (`pass_fds`);
-- the rank renders its page once a second (at once when the rank closes: the closed
-  page; `page.Page` reuses what did not change), and writes each variant (text 0.0.4 / OpenMetrics 1.0.0, plain / gzip, the
-  `/metrics/exporter` page) as a whole HTTP answer to a file under /dev/shm (written beside,
-  renamed: a reader sees the old file or the new one); `Publisher` below, one rank thread;
+- the rank renders nothing until a client asks. The sidecar, asked for a variant (text
+  0.0.4 / OpenMetrics 1.0.0, plain / gzip, the `/metrics/exporter` page) whose file is
+  older than `max_age` (1 s) or missing, writes "variant\n" to a pipe (non-blocking: a full
+  pipe holds requests already) and parks the connection; the rank's publisher thread
+  (`SidecarServer` below, thread `zd-metrics-pub`), blocked on that pipe with no timeout,
+  renders that variant only (`page.Page` reuses what did not change), writes it as a whole
+  HTTP answer to a file under /dev/shm (written beside, renamed: a reader sees the old file
+  or the new one; an unchanged page gets a new mtime only), and acks "variant\n" on a second pipe the
+  sidecar watches in its epoll, which then serves the parked connections. No fresh page
+  within `FRESH_WAIT_S` (0.5 s: the training thread holds the GIL) means the last file,
+  marked `X-Zerodoc-Page: stale` (and counted), or 503 when there is none yet. A flood costs
+  the rank at most one render per variant per `max_age`; an idle sidecar costs it nothing;
 - the sidecar accepts, reads the request, checks the credential (`webconfig.Authenticator`:
   remembered verdicts, failed logins rate-limited), and sends the file's bytes; it holds the
-  connection cap (503) and the whole-request deadline itself;
+  connection cap (503) and the whole-request deadline itself (a parked connection too);
 - what it served, by outcome, its own CPU and who scraped reach the rank through a small
-  JSON file it rewrites at most 4 times a second, read by the rank's publisher thread;
-- it exits when the rank is gone: PR_SET_PDEATHSIG (SIGKILL at the parent thread's death)
-  and a parent-pid check once a second; the listening socket then closes with it.
+  JSON file it rewrites at most 4 times a second and only when something changed, each
+  time with a "stats\n" on the same pipe: the rank reads the file on that wake-up;
+- at the close (`closing.CloseSignal.on_close`) the publisher is woken and publishes every
+  variant of the closed page at once; `shutdown` wakes it through a pipe of its own;
+- it exits when the rank is gone: PR_SET_PDEATHSIG (SIGKILL at the parent thread's death),
+  a parent-pid check once a second and the end of the rank's pipe (EOF / EPIPE); the
+  listening socket then closes with it. The rank sees the sidecar's exit as its pipe's EOF.
 
 Default: the sidecar when basic auth or TLS is configured (a protected port is one meant to
 be reached beyond loopback); `ZERODOC_EXPORTER_SIDECAR=1` or `0` forces it on or off. With TLS
