@@ -16,10 +16,11 @@ sidecar mode the rank serves no connection at all:
   renders that variant only (`page.Page` reuses what did not change), writes it as a whole
   HTTP answer to a file under /dev/shm (written beside, renamed: a reader sees the old file
   or the new one; an unchanged page gets a new mtime only), and acks "variant\n" on a
-  second pipe the sidecar watches in its epoll, which then serves the parked connections. No fresh page
-  within `FRESH_WAIT_S` (0.5 s: the training thread holds the GIL) means the last file,
-  marked `X-Zerodoc-Page: stale` (and counted), or 503 when there is none yet. A flood costs
-  the rank at most one render per variant per `max_age`; an idle sidecar costs it nothing;
+  second pipe the sidecar watches in its epoll, which then serves the parked connections.
+  No fresh page within `FRESH_WAIT_S` (0.5 s: the training thread holds the GIL) means the
+  last file, marked `X-Zerodoc-Page: stale` (and counted), or 503 when there is none yet. A
+  flood costs the rank at most one render per variant per `max_age`; an idle sidecar costs
+  it nothing;
 - the sidecar accepts, reads the request, checks the credential (`webconfig.Authenticator`:
   remembered verdicts, failed logins rate-limited), and sends the file's bytes; it holds the
   connection cap (503) and the whole-request deadline itself (a parked connection too);
