@@ -334,9 +334,10 @@ class Stretch:
         self.c0 = [scrape_counters(ep, auth) for ep in demo.endpoints]
 
     def settle(self) -> None:
-        """A sidecar's counts reach the rank's /metrics/exporter page up to ~1.5 s late (its
-        stats file every 0.25 s, read every 0.25 s, the page published once a second): with
-        sidecars, wait that long (2 s) before the counts are read, at both ends."""
+        """A sidecar's counts reach the rank's /metrics/exporter page up to ~1.3 s late (its
+        stats file at most every 0.25 s, read by the rank at once; the page rendered anew
+        when the one served is over a second old): with sidecars, wait 2 s before the
+        counts are read, at both ends."""
         if any(sidecar_cpu(p.pid) > 0 for p in self.demo.job.procs):
             time.sleep(SIDECAR_LAG_S)
 
