@@ -410,3 +410,39 @@ def test_a_busy_rank_gets_the_last_page_marked_stale(side):
     finally:
         release.set()
     wait_until(lambda: srv.stale_served >= 1, 10, "the stale answer counted")
+
+
+def test_the_sidecar_exits_at_the_end_of_the_ranks_pipe(tmp_path):
+    """Its rank alive (no PDEATHSIG, the parent check passes) but the rank's end of the ack
+    pipe closed: the sidecar exits (and a live pipe keeps it up)."""
+    import select
+    import sys
+
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(8)
+    ask_r, ask_w = os.pipe()
+    done_r, done_w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "zerodoc.exporter.sidecar", "--fd",
+                             str(ls.fileno()), "--dir", str(tmp_path), "--parent",
+                             str(os.getpid()), "--ask-fd", str(ask_w), "--done-fd",
+                             str(done_r)], pass_fds=(ls.fileno(), ask_w, done_r), env=job_env())
+    os.close(ask_w)
+    os.close(done_r)
+    try:
+        with socket.create_connection(ls.getsockname(), timeout=10) as s:  # it serves
+            s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            asked = b""  # it asks the rank for the page (after its first "stats" maybe)
+            while b"text\n" not in asked:
+                assert select.select([ask_r], [], [], 10)[0], "no request for the page"
+                asked += os.read(ask_r, 64)
+            assert set(asked.split()) <= {b"text", b"stats"}, asked
+        assert proc.poll() is None
+        os.close(done_w)
+        proc.wait(timeout=10)
+        assert proc.returncode == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(ask_r)
+        ls.close()
