@@ -446,3 +446,20 @@ def test_the_sidecar_exits_at_the_end_of_the_ranks_pipe(tmp_path):
         proc.wait()
         os.close(ask_r)
         ls.close()
+
+
+def test_the_rank_learns_of_its_sidecars_exit_from_the_pipe(tmp_path):
+    """A sidecar killed under the rank: the publisher, asleep on the pipe, wakes at its EOF,
+    reports the exit once (no polling) and ends."""
+    errors = []
+    srv = sidecar.SidecarServer("127.0.0.1", 0, Page(registry(), stamp=lambda: 1, max_age_s=1),
+                                socket.AF_INET, web_config(tmp_path), on_error=errors.append)
+    srv.start()
+    try:
+        wait_until(lambda: served(srv.server_address[1]), 10, "a page")
+        srv.proc.send_signal(signal.SIGKILL)
+        wait_until(lambda: not srv.thread.is_alive(), 10, "the publisher ended")
+        assert [str(e) for e in errors] == ["/metrics sidecar exited (-9)"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
