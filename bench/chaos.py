@@ -21,6 +21,11 @@ pinned to one core (os.sched_setaffinity) that reports its own CPU. Columns:
   per-thread CPU clocks) over the requests it answered, both ranks; in brackets the witness
   read from outside the rank: the kernel's CPU time (/proc/PID/task/TID/stat, 10 ms ticks)
   of the rank's threads named `zd-metrics*`, per request;
+  With a /metrics sidecar (`--sidecar`, default `auto`: the basic-auth job has one,
+  zerodoc/exporter/sidecar.py) the rank's exporter thread is the page publisher, and its
+  CPU over the requests is what serving costs the rank; the sidecar process's own CPU
+  (kernel's count, /proc/PID/stat of the rank's child named `zd-sidecar`) per request is
+  printed beside it. The floods' request counts are the generator's answers;
 - reader peak memory (hostile files: the `zerodoc report` process's peak RSS);
 - load generator CPU (its own getrusage).
 
@@ -64,6 +69,7 @@ MANY_CONNECTIONS = 1300  # against rank 0
 CLIENTS = [f"127.0.0.{10 + i}" for i in range(20)]
 RANKS = 2
 OBSERVER = "127.0.0.2"
+SIDECAR_LAG_S = 2.0  # a sidecar's counts are on the rank's page within this long
 DEMO_MODEL = {"blocks": 2, "hidden": 128, "heads": 2, "vocab": 512, "seq": 64, "batch": 4}
 _SAMPLE = re.compile(r'^(zerodoc_[a-z_]+)(?:\{([^}]*)\})? (\S+)$')
 
@@ -264,6 +270,23 @@ def server_threads_cpu(pid: int) -> float:
     return total
 
 
+def sidecar_cpu(pid: int) -> float:
+    """The CPU time of the rank's /metrics sidecar process (its child named zd-sidecar), 0
+    where it has none (the server runs in the rank)."""
+    total = 0.0
+    try:
+        kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:
+        return 0.0
+    for kid in kids:
+        try:
+            if open(f"/proc/{kid}/comm").read().startswith("zd-sidecar"):
+                total += proc_cpu(int(kid))
+        except OSError:
+            pass
+    return total
+
+
 def _get(endpoint: str, auth: str | None, path: str) -> str:
     host, port = endpoint.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10,
@@ -304,15 +327,26 @@ class Stretch:
 
     def __init__(self, demo, auth):
         self.demo, self.auth = demo, auth
+        self.settle()  # the reads that ended the stretch before are counted by now
         self.t0 = time.time()
         self.cpu0 = [server_threads_cpu(p.pid) for p in demo.job.procs]
+        self.side0 = [sidecar_cpu(p.pid) for p in demo.job.procs]
         self.c0 = [scrape_counters(ep, auth) for ep in demo.endpoints]
+
+    def settle(self) -> None:
+        """A sidecar's counts reach the rank's /metrics/exporter page up to ~1.3 s late (its
+        stats file at most every 0.25 s, read by the rank at once; the page rendered anew
+        when the one served is over a second old): with sidecars, wait 2 s before the
+        counts are read, at both ends."""
+        if any(sidecar_cpu(p.pid) > 0 for p in self.demo.job.procs):
+            time.sleep(SIDECAR_LAG_S)
 
     def end(self) -> dict:
         from zerodoc.runlog import read_rank_tail
 
         c1 = [scrape_counters(ep, self.auth) for ep in self.demo.endpoints]
         cpu1 = [server_threads_cpu(p.pid) for p in self.demo.job.procs]
+        side1 = [sidecar_cpu(p.pid) for p in self.demo.job.procs]
         t1 = time.time()
         delta: dict = {}
         for a, b in zip(self.c0, c1):
@@ -323,7 +357,8 @@ class Stretch:
         steps = [s.step_seconds for s in log.steps if self.t0 <= s.end_unix <= t1]
         return {"seconds": t1 - self.t0, "steps": len(steps),
                 "step_s": statistics.mean(steps) if steps else float("nan"),
-                "server_threads_cpu_s": sum(cpu1) - sum(self.cpu0), "counters": delta}
+                "server_threads_cpu_s": sum(cpu1) - sum(self.cpu0),
+                "sidecar_cpu_s": sum(side1) - sum(self.side0), "counters": delta}
 
 
 def run_load(kind: str, demo, auth, seconds: float, rate: float = SCRAPE_RATE) -> dict:
@@ -334,6 +369,7 @@ def run_load(kind: str, demo, auth, seconds: float, rate: float = SCRAPE_RATE) -
     if auth:
         cmd += ["--auth", auth]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
+    st.settle()
     res = st.end()
     try:
         res["load"] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -373,8 +409,11 @@ def load_rows(a, tmp: Path) -> tuple[list, dict]:
         if not todo:
             continue
         env, auth = {}, None
+        if a.sidecar != "auto":
+            env["ZERODOC_EXPORTER_SIDECAR"] = "1" if a.sidecar == "on" else "0"
         if job == "auth":
-            env, auth = {"ZERODOC_WEB_CONFIG_FILE": str(web_config(tmp))}, f"{USER}:{RIGHT}"
+            env["ZERODOC_WEB_CONFIG_FILE"] = str(web_config(tmp))
+            auth = f"{USER}:{RIGHT}"
         with LiveDemo(tmp, name=f"chaos-{job}", env=env, model=DEMO_MODEL) as demo:
             demo.wait_steps(5)
             # control, fault, control, fault, ..., control: each fault against the mean of
@@ -395,6 +434,10 @@ def load_rows(a, tmp: Path) -> tuple[list, dict]:
                 c = r["counters"]
                 answered = sum(v for k, v in c.items() if k.startswith("req:"))
                 load = r["load"]
+                if kind_is_flood(_kind) and load.get("codes"):
+                    # the floods' answers as the generator got them: exact, where a sidecar's
+                    # counts reach the rank's page up to ~1.5 s late (and our reads with them)
+                    answered = sum(v for k, v in load["codes"].items() if k.isdigit())
                 rows.append({
                     "fault": name, "job": job, "said": said(c, load),
                     "slowdown": r["step_s"] / near - 1, "control_spread": spread,
@@ -408,6 +451,9 @@ def load_rows(a, tmp: Path) -> tuple[list, dict]:
                     "witness_cpu_per_request_us":
                         r["server_threads_cpu_s"] / answered * 1e6 if answered else None,
                     "exporter_cpu_s": c.get("zerodoc_exporter_cpu_seconds_total", 0),
+                    "sidecar_cpu_s": r["sidecar_cpu_s"],
+                    "sidecar_cpu_per_request_us":
+                        r["sidecar_cpu_s"] / answered * 1e6 if answered else None,
                     "witness_cpu_s": r["server_threads_cpu_s"],
                     "reader_peak_mb": None, "loadgen_cpu_s": load.get("cpu_s"),
                     "rate_per_s": sum(v for k, v in load.get("codes", {}).items()
@@ -553,6 +599,8 @@ def table(rows: list, spreads: dict, floor: dict | None, cred: dict | None = Non
             witness = (f"{r['witness_cpu_per_request_us']:.0f} µs"
                        if r.get("witness_cpu_s", 0) >= 0.05 else "below its 10 ms ticks")
             cpu = f"{r['exporter_cpu_per_request_us']:.0f} µs × {r['requests']} ({witness})"
+            if r.get("sidecar_cpu_s"):
+                cpu += f"; sidecar {r['sidecar_cpu_per_request_us']:.0f} µs"
             share = (f"{r['exporter_cpu_s']:.2f} s in {r['seconds']:.0f} s, "
                      f"{r['exporter_cpu_s'] / r['seconds'] / RANKS * 100:.1f} %")
         gen = (f"{r['loadgen_cpu_s']:.1f} s CPU in {r['seconds']:.0f} s"
@@ -593,6 +641,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=SCRAPE_RATE,
                    help="requests per second of the floods (and the floor's), from 20 "
                         "addresses, one at a time (default %(default)g)")
+    p.add_argument("--sidecar", choices=("auto", "on", "off"), default="auto",
+                   help="serve /metrics from a sidecar process: auto (the default: with "
+                        "basic auth), on, off ($ZERODOC_EXPORTER_SIDECAR in the jobs)")
     p.add_argument("--only", nargs="*", default=None,
                    help="load kinds to run: scrape slow conns wrong right files floor")
     # the load generator's own arguments (bench/chaos.py runs itself)

@@ -402,3 +402,41 @@ def test_a_port_in_use_is_an_oserror(start):
     srv = start()
     with pytest.raises(OSError):
         server.start("127.0.0.1", srv.server_address[1], registry())
+
+
+def test_a_request_sent_late_costs_one_wake_up(start):
+    """TCP_DEFER_ACCEPT: a connection is accepted only once its request has arrived, so the
+    loop never has to wait for it (no epoll registration, no second wake-up)."""
+    srv = start(registry(5))
+    if not srv.deferred:
+        pytest.skip("no TCP_DEFER_ACCEPT on this platform")  # Linux has it
+    s = socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=10)
+    time.sleep(0.3)  # the subject: a client that pauses before its request (under 1 s)
+    assert srv.active == 0  # held by the kernel: not accepted, no descriptor of the rank
+    s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+    assert s.recv(64).startswith(b"HTTP/1.0 200 ")
+    s.close()
+    assert srv._loop.waits == 0 and srv._workers.threads == 0
+
+
+def test_a_silent_client_is_still_cut_off(start):
+    """A client that connects and sends nothing: the kernel holds it for DEFER_ACCEPT_S, then
+    it is accepted (it counts towards the cap) and cut off at its whole-request deadline."""
+    from zerodoc.exporter.fastpath import DEFER_ACCEPT_S
+
+    srv = start(request_deadline_s=1.0, max_connections=1)
+    port = srv.server_address[1]
+    t0 = time.monotonic()
+    s = socket.create_connection(("127.0.0.1", port), timeout=15)
+    wait_for(lambda: srv.active == 1, timeout=DEFER_ACCEPT_S + 5, what="the silent one accepted")
+    extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+    extra.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+    assert extra.recv(64).startswith(b"HTTP/1.0 503 ")  # the cap holds
+    extra.close()
+    assert s.recv(64) == b""  # cut off, nothing answered
+    took = time.monotonic() - t0
+    assert took < DEFER_ACCEPT_S + 1.0 + 4, took
+    wait_for(lambda: srv.stats.requests["timed_out"] == 1, what="the cut-off counted")
+    wait_for(lambda: srv.active == 0, what="released")
+    s.close()
+    assert get(srv) == 200

@@ -23,7 +23,7 @@ import pytest
 from tests.support import tlsutil
 from tests.support.helpers import LiveDemo
 from tests.support.promserver import PromServer, require_binary
-from zerodoc.exporter import server, webconfig
+from zerodoc.exporter import server, sidecar, webconfig
 from zerodoc.exporter.webconfig import WebConfigError
 from zerodoc.shim.hookpoints import HookRegistry
 
@@ -285,6 +285,7 @@ def test_broken_config_means_no_server_and_a_warning(tmp_path, monkeypatch):
     ("tls", None),
 ])
 def test_warning_when_bound_off_loopback(tmp_path, pki, monkeypatch, config, expect):
+    monkeypatch.setenv(sidecar.ENV, "0")  # the warnings are the rank's, with a sidecar or not
     if config:
         path = write_config(tmp_path / "web.yml", pki if config == "tls" else None,
                             client_auth="NoClientCert",

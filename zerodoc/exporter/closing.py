@@ -23,6 +23,7 @@ class CloseSignal:
         self.closed_unix: float | None = None
         self._seen: dict[tuple, list[float]] = {}  # client -> its last scrape times
         self._cond = threading.Condition()
+        self.on_close: list = []  # called at the close (the sidecar's publisher: closed page)
 
     def scraped(self, client: tuple = ("", "")) -> None:
         """Called by the HTTP handler once a page went out to `client`."""
@@ -41,6 +42,8 @@ class CloseSignal:
         have seen it. Returns the seconds waited."""
         with self._cond:
             now = self.closed_unix = self.clock()
+            for wake in self.on_close:
+                wake()
             waits = {}
             for client, times in self._seen.items():
                 if len(times) >= 2 and now - times[-1] < RECENT_S:

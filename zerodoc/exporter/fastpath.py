@@ -31,12 +31,28 @@ import io
 import select
 import socket
 
-from .page import MAX_HEADERS
 
+MAX_HEADERS = 100  # as http.client's
 MAX_HEAD = 16384  # a longer request head is left to the full parser (it allows 64 KiB lines)
 READ_MAX = MAX_HEAD + 1
 BACKOFF_S = 0.05  # out of file descriptors: accept again after this long
 SEND_FLAGS = socket.MSG_DONTWAIT | getattr(socket, "MSG_MORE", 0)
+# TCP_DEFER_ACCEPT (Linux): the kernel completes the handshake but wakes `accept` only once
+# the request's first bytes have arrived, or after this long without any (then the
+# connection is accepted as before, and its whole-request deadline starts)
+DEFER_ACCEPT_S = 1
+
+
+def defer_accept(listener: socket.socket) -> bool:
+    """Set TCP_DEFER_ACCEPT on `listener` where the platform has it; False where not."""
+    opt = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if opt is None:
+        return False
+    try:
+        listener.setsockopt(socket.IPPROTO_TCP, opt, DEFER_ACCEPT_S)
+    except OSError:
+        return False
+    return True
 
 
 def parse_head(data: bytes) -> tuple[str, str, dict[str, str]] | None:
@@ -100,16 +116,19 @@ class Loop:
         self._stopping = self._closed = False
         self._ep = select.epoll()
         self._watched: dict[int, tuple] = {}  # fd -> (socket, callback): waiting to be read
+        self.waits = 0  # connections accepted before their request arrived (watched)
 
     def watch(self, sock: socket.socket, callback) -> None:
         """Call `callback()` (on the loop) once `sock` is readable, or closed, or shut down.
         Only from the loop's own thread."""
         fd = sock.fileno()
+        self.waits += 1
         self._watched[fd] = (sock, callback)
         self._ep.register(fd, select.EPOLLIN)
 
-    def serve(self, take, tick) -> None:
-        """Run until `stop()`: accept and `take` every connection, `tick()` after each."""
+    def serve(self, take, tick=None) -> None:
+        """Run until `stop()`: accept and `take` every connection, `tick()` (if any) after
+        each wake-up."""
         try:
             self._serve(take, tick)
         except (OSError, ValueError):
@@ -151,7 +170,8 @@ class Loop:
                         backoff = True
                         continue
                     take(conn, addr)
-            tick()
+            if tick is not None:
+                tick()
 
     def _drain(self) -> None:
         try:

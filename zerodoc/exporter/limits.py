@@ -61,10 +61,16 @@ class Stats:
         self.requests = dict.fromkeys(OUTCOMES, 0)
         self._cpu_done = 0.0  # seconds of threads' CPU already added
         self._live: dict[int, float] = {}  # long-lived thread -> its CPU clock at last report
+        self._clocks: dict[int, int] = {}  # long-lived thread -> its CPU clock's id (read here)
 
     def count(self, outcome: str, n: int = 1) -> None:
         with self._lock:
             self.requests[outcome] += n
+
+    def set_counts(self, counts: dict) -> None:
+        """Requests by outcome as counted elsewhere (the sidecar process's)."""
+        with self._lock:
+            self.requests.update(counts)
 
     def add_cpu(self, seconds: float) -> None:
         with self._lock:
@@ -76,8 +82,35 @@ class Stats:
         with self._lock:
             self._live[threading.get_ident()] = t
 
+    def watch_thread(self) -> bool:
+        """Called once by a long-lived server thread: its CPU clock is read by `cpu_seconds`
+        from then on (nothing for the thread to do per request). False where the clock of
+        another thread cannot be read: the thread calls `report_thread` itself then."""
+        try:
+            clock = time.pthread_getcpuclockid(threading.get_ident())
+            time.clock_gettime(clock)
+        except (AttributeError, OSError):
+            return False
+        with self._lock:
+            self._clocks[threading.get_ident()] = clock
+        return True
+
+    def thread_done(self) -> None:
+        """Called by a watched or reporting thread as it ends: its CPU is added for good."""
+        t = time.thread_time()
+        me = threading.get_ident()
+        with self._lock:
+            self._clocks.pop(me, None)
+            self._live.pop(me, None)
+            self._cpu_done += t
+
     def cpu_seconds(self) -> float:
         with self._lock:
+            for ident, clock in self._clocks.items():
+                try:
+                    self._live[ident] = time.clock_gettime(clock)
+                except OSError:  # ended without thread_done(): its last reading stays
+                    pass
             return self._cpu_done + sum(self._live.values())
 
 
@@ -189,6 +222,7 @@ class Deadlines:
 
     def _run(self) -> None:
         name_thread(self.name)
+        watched = self.stats.watch_thread()
         while not self._stopped:
             with self._cond:
                 now = time.monotonic()
@@ -203,7 +237,9 @@ class Deadlines:
                 self._wake_at = min((d for d, _s in self._open.values()), default=None)
                 self._cond.wait(None if self._wake_at is None
                                 else max(0.01, self._wake_at - now))
-            self.stats.report_thread()
+            if not watched:
+                self.stats.report_thread()
+        self.stats.thread_done()
 
 
 def refuse(sock, response: bytes = BUSY_RESPONSE) -> None:

@@ -12,7 +12,8 @@ and/or basic-auth users with bcrypt or PBKDF2 hashes. Settings come from that fi
 from code. A broken file means no /metrics server (never an unprotected one) and a warning;
 a rank bound off loopback with neither TLS nor auth gets a warning. The TLS files are reloaded
 when they change on disk (certificate rotation), and the TLS handshake runs on the request's
-own thread, so a slow or hostile client cannot stall the others.
+own thread (in the sidecar: a step per wake-up), so a slow or hostile client cannot stall
+the others.
 
 Whatever the configuration, what clients can take from the training process is bounded
 (`limits.py`, docs/reliability.md): at most `Limits.max_connections` connections at once (one
@@ -22,13 +23,12 @@ answers, no thread switch), the rest on a pool of worker threads under a whole-r
 deadline, the page rendered at most once per `PAGE_MAX_AGE_S` unless the
 collector's stamp changed (`page.py`), password verdicts remembered and failed logins
 rate-limited (`webconfig.Authenticator`); how it answered and what it cost are served on
-`OWN_PATH`.
+`OWN_PATH`. With basic auth or TLS the connections are served by a sidecar process per
+rank instead (`sidecar.py`; `$ZERODOC_EXPORTER_SIDECAR` forces it on or off).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import errno
 import io
 import ipaddress
@@ -45,8 +45,10 @@ from .prometheus import (  # first: it configures prometheus_client  # isort: sk
 )
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from . import webconfig  # noqa: E402
-from .fastpath import READ_MAX, SEND_FLAGS, Handoff, Loop, canned, parse_head, response_head  # noqa: E402,E501
+from . import sidecar, webconfig  # noqa: E402
+from .fastpath import (  # noqa: E402
+    READ_MAX, SEND_FLAGS, Handoff, Loop, canned, defer_accept, parse_head, response_head,
+)
 from .limits import (  # noqa: E402
     LIMITED_RESPONSE, Deadlines, Limits, Stats, Workers, name_thread, refuse,
 )
@@ -101,38 +103,6 @@ class _Handler(PageHandler):
         super().end_headers()
 
 
-class _TLS:
-    """The server's SSL context, rebuilt when a certificate, key or CA file changes."""
-
-    def __init__(self, cfg: WebConfig, on_error):
-        self.cfg, self.on_error = cfg, on_error
-        self._lock = threading.Lock()
-        self._stamp = self._stat()
-        self._ctx = cfg.ssl_context()
-
-    def _stat(self):
-        out = []
-        for p in self.cfg.tls_files():
-            try:
-                st = os.stat(p)
-                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                out.append(None)
-        return tuple(out)
-
-    def context(self) -> ssl.SSLContext:
-        stamp = self._stat()
-        if stamp != self._stamp:
-            with self._lock:
-                if stamp != self._stamp:
-                    try:
-                        self._ctx = self.cfg.ssl_context()
-                        self._stamp = stamp
-                    except WebConfigError as e:  # half-written rotation: keep the old one
-                        self.on_error(e)
-        return self._ctx
-
-
 class MetricsServer(HTTPServer):
     """An HTTP(S) server for one registry, with the web configuration's protections and the
     limits of `limits.py` (connection cap answered 503, whole-request deadline, a pool of
@@ -148,7 +118,7 @@ class MetricsServer(HTTPServer):
         self.limits = limits or Limits()
         self.extra_headers = dict(cfg.headers) if cfg else {}
         self._auth = Authenticator(cfg.users) if cfg and cfg.auth else None
-        self._tls = _TLS(cfg, self.on_error) if cfg and cfg.tls else None
+        self._tls = webconfig.TLSContext(cfg, self.on_error) if cfg and cfg.tls else None
         self.rejected = 0  # connections refused in the TLS handshake or by client_allowed_sans
         self.stats = Stats()
         self.own_page: Page | None = None  # serve() sets it: OWN_PATH
@@ -172,6 +142,7 @@ class MetricsServer(HTTPServer):
                 ("Retry-After", str(int(webconfig.FAIL_WINDOW_S)))],
                 "429 Too Many Requests: too many failed logins\n")}
         self._heads: dict[tuple, bytes] = {}
+        self.deferred = defer_accept(self.socket)  # one wake-up per request (fastpath.py)
         self._loop = Loop(self.socket)
         self._served = threading.Event()
         self._served.set()  # not serving: shutdown() returns at once
@@ -188,20 +159,19 @@ class MetricsServer(HTTPServer):
         """"ok", "unauthorized" or "rate_limited" (webconfig.Authenticator.verdict)."""
         if self._auth is None:
             return "ok"
-        if not header or not header.startswith("Basic "):
-            return "unauthorized"
-        try:
-            user, _, password = base64.b64decode(header[6:].strip()).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        user, password = webconfig.basic_credentials(header)
+        if user is None:
             return "unauthorized"
         return self._auth.verdict(user, password, client)
 
     # --- the accepting loop (fastpath.py) ------------------------------------------------
     def serve_forever(self, poll_interval: float = 0.5) -> None:  # noqa: ARG002
         self._served.clear()
+        watched = self.stats.watch_thread()  # its CPU read from outside: nothing per request
         try:
-            self._loop.serve(self.process_request, self.stats.report_thread)
+            self._loop.serve(self.process_request, None if watched else self.stats.report_thread)
         finally:
+            self.stats.thread_done()
             self._served.set()
 
     def shutdown(self) -> None:
@@ -355,7 +325,7 @@ class MetricsServer(HTTPServer):
             self.rejected += 1
             return
         try:
-            if self.cfg.client_allowed_sans and not _san_allowed(conn, self.cfg):
+            if self.cfg.client_allowed_sans and not webconfig.san_allowed(conn, self.cfg):
                 self.rejected += 1
                 return
             self.finish_request(conn, client_address)
@@ -380,12 +350,6 @@ class MetricsServer(HTTPServer):
             self.stats.count("client_gone")
         elif e is not None:
             self.on_error(e)
-
-
-def _san_allowed(conn: ssl.SSLSocket, cfg: WebConfig) -> bool:
-    cert = conn.getpeercert() or {}
-    names = {v for _k, v in cert.get("subjectAltName", ())}
-    return bool(names & set(cfg.client_allowed_sans))
 
 
 def _family(host: str, port: int) -> int:
@@ -433,6 +397,23 @@ def start(host: str, port: int, registry, cfg: WebConfig | None = None,
     return server
 
 
+def _start_sidecar(host: str, port: int, registry, cfg, on_error, monitor, stamp):
+    """The sidecar server (sidecar.py) bound on `port` (raises OSError when it cannot be
+    bound), or None with a warning when the sidecar process cannot start."""
+    page = Page(registry, stamp=stamp, max_age_s=PAGE_MAX_AGE_S)
+    srv = sidecar.SidecarServer(host, port, page, _family(host, port), cfg, on_error=on_error)
+    srv.own_page = Page(ServerCollector(monitor, srv.stats))
+    try:
+        srv.start()
+        return srv
+    except Exception as e:  # noqa: BLE001 - serve in-process instead, and say why
+        srv.shutdown()
+        srv.server_close()
+        warnings.warn(f"zerodoc: cannot start the /metrics sidecar ({e}); serving /metrics "
+                      "from the training process instead", stacklevel=5)
+        return None
+
+
 def serve(monitor, base_port: int | bool | None, host: str):
     """Start the /metrics server for `monitor`. Returns (server or None, "host:port" or None)."""
     def on_error(e: Exception) -> None:
@@ -463,18 +444,25 @@ def serve(monitor, base_port: int | bool | None, host: str):
     base = int(base_port or 0)
     wanted = base + monitor.local_rank if base else 0
     last_err = None
+    use_sidecar = sidecar.wanted(cfg=cfg)
     for port in _candidate_ports(base, monitor.local_rank, monitor.local_world_size):
         try:
-            server = start(host, port, registry, cfg, on_error, stamp=collector.stamp)
+            server = None
+            if use_sidecar:
+                server = _start_sidecar(host, port, registry, cfg, on_error, monitor,
+                                        collector.stamp)
+            if server is None:
+                server = start(host, port, registry, cfg, on_error, stamp=collector.stamp)
+                server.own_page = Page(ServerCollector(monitor, server.stats))
         except OSError as e:
             last_err = e
             if e.errno not in (errno.EADDRINUSE, errno.EACCES):
                 break
             continue
-        server.own_page = Page(ServerCollector(monitor, server.stats))
         signal = getattr(monitor, "close_signal", None)  # set by the collector
         if signal is not None:
             server.on_scraped = signal.scraped
+            server.close_signal = signal
         actual = server.server_address[1]
         if base and actual != wanted:
             warnings.warn(f"zerodoc: port {wanted} is in use; rank {monitor.rank} serves "

@@ -29,6 +29,7 @@ it accepts). `http2` is accepted and ignored (the server speaks HTTP/1.1).
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import json
@@ -291,6 +292,56 @@ CHECKS_BURST = 4.0
 CACHE_RIGHT = 64  # verified credentials remembered
 CACHE_WRONG = 1024  # refused credentials remembered
 CLIENTS = 4096  # client addresses whose failures are tracked
+
+
+class TLSContext:
+    """The server's SSL context, rebuilt when a certificate, key or CA file changes."""
+
+    def __init__(self, cfg: "WebConfig", on_error):
+        self.cfg, self.on_error = cfg, on_error
+        self._lock = threading.Lock()
+        self._stamp = self._stat()
+        self._ctx = cfg.ssl_context()
+
+    def _stat(self):
+        out = []
+        for p in self.cfg.tls_files():
+            try:
+                st = os.stat(p)
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def context(self) -> ssl.SSLContext:
+        stamp = self._stat()
+        if stamp != self._stamp:
+            with self._lock:
+                if stamp != self._stamp:
+                    try:
+                        self._ctx = self.cfg.ssl_context()
+                        self._stamp = stamp
+                    except WebConfigError as e:  # half-written rotation: keep the old one
+                        self.on_error(e)
+        return self._ctx
+
+
+def san_allowed(conn: ssl.SSLSocket, cfg: "WebConfig") -> bool:
+    """The client certificate names one of `client_allowed_sans`."""
+    cert = conn.getpeercert() or {}
+    names = {v for _k, v in cert.get("subjectAltName", ())}
+    return bool(names & set(cfg.client_allowed_sans))
+
+
+def basic_credentials(header: str | None) -> tuple[str | None, str]:
+    """(user, password) of an `Authorization: Basic ...` header; (None, "") for anything else."""
+    if not header or not header.startswith("Basic "):
+        return None, ""
+    try:
+        user, _, password = base64.b64decode(header[6:].strip()).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None, ""
+    return user, password
 
 
 class Authenticator:
