@@ -201,6 +201,13 @@ def report(args, res: dict, tmp: Path) -> tuple[float, float, float]:
         print(f"  per-unit detail (rank 0): {sum(1 for st in steps if st.detail)} of "
               f"{len(steps)} steps (warm-up and pairs), K at the end "
               f"{ks[-1] if ks else '-'}")
+        sp = res.get("sampling")
+        if sp and sp.get("own_hi_s") is not None:
+            print(f"  sampler at the end (rank 0): K {sp['k']}, a detail step's own cost "
+                  f"{sp['own_s'] * 1e3:.2f} ms, its upper bound {sp['own_hi_s'] * 1e3:.2f} ms, "
+                  f"from {sp['samples']} detail steps (excess over the plain ones, ms: CPU "
+                  f"{', '.join(f'{x * 1e3:.1f}' for x in sp['excess_cpu_s'][-8:])}; wall "
+                  f"{', '.join(f'{x * 1e3:.1f}' for x in sp['excess_wall_s'][-8:])})")
         print(f"  shim step-end bookkeeping (run log + totals + memory): "
               f"median {med(selfs) * 1e6:.0f} us/step, "
               f"mean {res['self_s_per_step'] * 1e6:.0f} us/step "

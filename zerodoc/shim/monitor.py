@@ -679,8 +679,8 @@ class Monitor:
             }
             if detail:
                 rec.update(framework_s=acc[B_FRAMEWORK], other_s=acc[B_OTHER],
-                           wait_s=acc[B_WAIT], compute_s=sum(r[2] for r in compute_rows),
-                           exposed_s=sum(a[3] for a in comm.values()),
+                           wait_s=acc[B_WAIT], compute_s=sum([r[2] for r in compute_rows]),
+                           exposed_s=sum([a[3] for a in comm.values()]),
                            detail_k=self.sampler.k)
             else:  # per-unit-derived: not measured on this step (null, never 0)
                 rec.update(framework_s=None, other_s=None, wait_s=None, compute_s=None,
