@@ -206,8 +206,8 @@ def report(args, res: dict, tmp: Path) -> tuple[float, float, float]:
             print(f"  sampler at the end (rank 0): K {sp['k']}, a detail step's own cost "
                   f"{sp['own_s'] * 1e3:.2f} ms, its upper bound {sp['own_hi_s'] * 1e3:.2f} ms, "
                   f"from {sp['samples']} detail steps (excess over the plain ones, ms: CPU "
-                  f"{', '.join(f'{x * 1e3:.1f}' for x in sp['excess_cpu_s'][-8:])}; wall "
-                  f"{', '.join(f'{x * 1e3:.1f}' for x in sp['excess_wall_s'][-8:])})")
+                  f"{', '.join(f'{x * 1e3:.1f}' for x in sp['excess_cpu_s'][-8:])}; process "
+                  f"{', '.join(f'{x * 1e3:.1f}' for x in sp['excess_proc_s'][-8:])})")
         print(f"  shim step-end bookkeeping (run log + totals + memory): "
               f"median {med(selfs) * 1e6:.0f} us/step, "
               f"mean {res['self_s_per_step'] * 1e6:.0f} us/step "

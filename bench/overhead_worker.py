@@ -83,7 +83,7 @@ def main() -> None:
         "k": sampler.k, "own_s": sampler.own_s, "own_hi_s": sampler.own_hi_s,
         "samples": len(getattr(sampler, "_xs_cpu", ())),
         "excess_cpu_s": list(getattr(sampler, "_xs_cpu", ())),
-        "excess_wall_s": list(getattr(sampler, "_xs_wall", ()))}
+        "excess_proc_s": list(getattr(sampler, "_xs_out", ()))}
     if spec.get("hold_s"):
         time.sleep(spec["hold_s"])  # keep /metrics up for the scrape benchmark
     mon.close()

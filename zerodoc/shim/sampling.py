@@ -11,15 +11,19 @@ different K still sample nested sets, and every step the rank with the largest K
 sampled on all ranks (the steps cross-rank per-unit comparisons use). Steps 1 and 2 (warm-up)
 are always sampled, so per-unit detail is there from the start.
 
-Adaptive K. After each step the monitor reports the step's wall time and the training
-thread's CPU time (`time.thread_time()`, one read per step end). The shim's own cost of a
-sampled step is the larger of two excesses over the unsampled steps (past warm-up): of the
-training thread's CPU time (what the sampled steps cost the host beyond an unsampled one:
-hooks, wrappers, event records, install and removal) and of the step's wall time (what the
-training thread's CPU clock does not see: the step waiting for the interpreter lock while
-other threads run zerodoc's work, e.g. on CPU / gloo the async collectives' completion
-callbacks on gloo's threads; docs/overhead.md). The wall-time excess is the noisier one: its
-noise can only raise K (less detail), never lower it.
+Adaptive K. After each step the monitor reports the step's wall time, the training
+thread's CPU time (`time.thread_time()`) and the process's (`time.process_time()`, all its
+threads; one read of each per step end). The shim's own cost of a sampled step is the larger
+of two excesses over the unsampled steps (past warm-up): of the training thread's CPU time
+(what the sampled steps cost the host beyond an unsampled one: hooks, wrappers, event
+records, install and removal) and of the process's CPU time (what the training thread's
+clock does not see: zerodoc's work on other threads, which the training thread waits for at
+the interpreter lock, e.g. on CPU / gloo the async collectives' completion callbacks on
+gloo's threads; docs/overhead.md). Until 2026-11-25 that second clock was the step's wall
+time; on a shared machine other processes move it by hundreds of ms step to step (the
+65-unit bench: excesses of +477, -175, -17 ms with a median step of 1.4 s), so its bound
+pinned K at K_MAX; the process's CPU clock sees zerodoc's other threads without the
+preemptions. Without a process clock (`observe()` without `proc_s`) the wall time is used.
 
 Each sampled step's excess is taken when it ends, over the median of the last BASE
 unsampled steps then (its contemporaneous baseline: a drift of the step time between samples
@@ -134,9 +138,9 @@ class Sampler:
         self.budget = budget
         self.seed = seed_of(run_id)
         self._base_cpu: deque = deque(maxlen=BASE)  # unsampled steps: the baseline
-        self._base_wall: deque = deque(maxlen=BASE)
+        self._base_out: deque = deque(maxlen=BASE)  # the second clock (process CPU)
         self._xs_cpu: deque = deque(maxlen=SAMPLES)  # sampled steps' excesses over it
-        self._xs_wall: deque = deque(maxlen=SAMPLES)
+        self._xs_out: deque = deque(maxlen=SAMPLES)
         self._steps: deque = deque(maxlen=2 * WINDOW)
         self.own_s: float | None = None  # the latest estimate of a sampled step's own cost
         self.own_hi_s: float | None = None  # its upper bound, which K is set from
@@ -160,30 +164,34 @@ class Sampler:
             return mix(self.seed, step) & (self.k - 1) == 0
         return mix(self.seed, step) % self.k == 0
 
-    def observe(self, step: int, step_s: float, cpu_s: float, sampled: bool) -> None:
-        """A step ended: its wall time and the training thread's CPU time over it."""
+    def observe(self, step: int, step_s: float, cpu_s: float, sampled: bool,
+                proc_s: float | None = None) -> None:
+        """A step ended: its wall time, the training thread's CPU time over it and the
+        process's (all threads; the monitor gives it): the cost's second clock, what the
+        training thread's misses. Without `proc_s` the wall time is that clock."""
         if self.mode != "adaptive" or step <= WARMUP:
             return
         self._steps.append(step_s)
-        bc, bw = self._base_cpu, self._base_wall
+        out = step_s if proc_s is None else proc_s
+        bc, bo = self._base_cpu, self._base_out
         if not sampled:
             bc.append(cpu_s)
-            bw.append(step_s)
+            bo.append(out)
             return
         if len(bc) < 2:  # no baseline yet
             return
         med = statistics.median
         self._xs_cpu.append(cpu_s - med(bc))
-        self._xs_wall.append(step_s - med(bw))
+        self._xs_out.append(out - med(bo))
         self.adapt()
 
     def adapt(self) -> int:
-        xc, xw = self._xs_cpu, self._xs_wall
+        xc, xo = self._xs_cpu, self._xs_out
         if len(xc) < 2 or not self._steps:
             return self.k
         med = statistics.median
-        self.own_s = max(0.0, med(xc), med(xw))
-        own_hi = max(0.0, excess_hi(xc, self._base_cpu), excess_hi(xw, self._base_wall))
+        self.own_s = max(0.0, med(xc), med(xo))
+        own_hi = max(0.0, excess_hi(xc, self._base_cpu), excess_hi(xo, self._base_out))
         self.own_hi_s = own_hi
         step = med(self._steps)
         if step <= 0:
