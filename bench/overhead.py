@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zerodoc.demo.launch import Job  # noqa: E402
 from zerodoc.runlog import read_rank_log  # noqa: E402
+from zerodoc.runlog.records import RunLogError  # noqa: E402
 
 
 # What Prometheus sends (it prefers OpenMetrics, accepts gzip).
@@ -157,8 +158,11 @@ def scrape_cost(args, tmp: Path) -> dict:
         while time.monotonic() < deadline:
             p = run / "rank-00000.jsonl"
             if p.exists():
-                log = read_rank_log(p)
-                if len(log.steps) >= 6:
+                try:
+                    log = read_rank_log(p)
+                except RunLogError:  # created, its header not written yet
+                    log = None
+                if log is not None and len(log.steps) >= 6:
                     break
             time.sleep(0.5)
         ep = log.facts.metrics_endpoint
