@@ -17,7 +17,9 @@ it then slows A and B alike and the ratio cannot see it).
 Per-unit detail comes on 1 step in K (docs/gpus.md, "Tiers"), K adaptive by default: the
 monitor's step spans an A and a B step here, so the worker halves the sampler's budget (a
 share of the median step) to give A the K a job of its own would get. The report says how
-many of rank 0's steps had detail and the K at the end.
+many of rank 0's steps had detail and the K at the end, and the sampler's state then: its
+estimate of a detail step's own cost, the upper bound K is set from, and the last excesses
+of the detail steps over the plain ones (training-thread and process CPU time).
 """
 
 from __future__ import annotations
