@@ -173,6 +173,53 @@ def test_k_from_the_wall_time_the_cpu_clock_misses():
     assert s.own_s == pytest.approx(1.5e-3) and s.k == 8
 
 
+def test_k_from_the_process_cpu_time_not_the_wall_noise():
+    """The monitor gives the process's CPU time (all threads) as the second clock: zerodoc's
+    work on other threads (20 ms of gloo callbacks a detail step) sets K, 0.02 / (0.002 x
+    0.1) = 100 -> 128, while the wall time, moved +-300 ms by other processes on a shared
+    machine, does not (with the wall clock as the second clock K sits 4 x higher or more)."""
+    import random
+
+    rng = random.Random(3)
+    s, w = Sampler("adaptive", "p"), Sampler("adaptive", "p")
+    for i in range(3, 3000):
+        d = s.due(i)
+        wall = 0.1 + rng.uniform(-0.3, 0.3)
+        cpu = 0.05 + rng.gauss(0.0, 1e-4)
+        proc = 0.07 + rng.gauss(0.0, 1e-4) + (2e-2 if d else 0.0)
+        s.observe(i, wall, cpu, d, proc)
+        w.observe(i, wall, cpu, d)  # the same steps, the wall time as the second clock
+    assert s.own_s == pytest.approx(2e-2, abs=1e-3) and s.k == 128, (s.own_s, s.k)
+    assert w.k >= 4 * s.k, w.k
+
+
+def test_the_monitor_feeds_the_process_cpu_time(monkeypatch):
+    """Monitor._tiers passes the process CPU time over the step (the process clock's
+    difference between step ends) to the sampler."""
+    from zerodoc.shim import monitor as monmod
+
+    got = []
+
+    class Spy:
+        mode, k = "adaptive", 2
+
+        def due(self, step):
+            return False
+
+        def observe(self, *a):
+            got.append(a)
+
+    clock = iter([1.0, 1.5, 4.0])
+    monkeypatch.setattr(monmod, "process_time", lambda: next(clock))
+    mon = monmod.Monitor.__new__(monmod.Monitor)
+    mon.sampler, mon.step_index = Spy(), 5
+    mon._cpu_mark, mon._cpu_carry = 0.0, 0.0
+    mon._proc_mark, mon._proc_carry = next(clock), 0.0  # 1.0: the previous step end
+    mon._tiers(False, 0.2)
+    mon._tiers(False, 0.2)
+    assert [a[4] for a in got] == [pytest.approx(0.5), pytest.approx(2.5)]
+
+
 def test_attach_option_and_environment(monkeypatch, tmp_path):
     from zerodoc.shim.config import AttachConfig
 
