@@ -17,7 +17,9 @@ it then slows A and B alike and the ratio cannot see it).
 Per-unit detail comes on 1 step in K (docs/gpus.md, "Tiers"), K adaptive by default: the
 monitor's step spans an A and a B step here, so the worker halves the sampler's budget (a
 share of the median step) to give A the K a job of its own would get. The report says how
-many of rank 0's steps had detail and the K at the end.
+many of rank 0's steps had detail and the K at the end, and the sampler's state then: its
+estimate of a detail step's own cost, the upper bound K is set from, and the last excesses
+of the detail steps over the plain ones (training-thread and process CPU time).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zerodoc.demo.launch import Job  # noqa: E402
 from zerodoc.runlog import read_rank_log  # noqa: E402
+from zerodoc.runlog.records import RunLogError  # noqa: E402
 
 
 # What Prometheus sends (it prefers OpenMetrics, accepts gzip).
@@ -157,8 +160,11 @@ def scrape_cost(args, tmp: Path) -> dict:
         while time.monotonic() < deadline:
             p = run / "rank-00000.jsonl"
             if p.exists():
-                log = read_rank_log(p)
-                if len(log.steps) >= 6:
+                try:
+                    log = read_rank_log(p)
+                except RunLogError:  # created, its header not written yet
+                    log = None
+                if log is not None and len(log.steps) >= 6:
                     break
             time.sleep(0.5)
         ep = log.facts.metrics_endpoint
@@ -201,6 +207,13 @@ def report(args, res: dict, tmp: Path) -> tuple[float, float, float]:
         print(f"  per-unit detail (rank 0): {sum(1 for st in steps if st.detail)} of "
               f"{len(steps)} steps (warm-up and pairs), K at the end "
               f"{ks[-1] if ks else '-'}")
+        sp = res.get("sampling")
+        if sp and sp.get("own_hi_s") is not None:
+            print(f"  sampler at the end (rank 0): K {sp['k']}, a detail step's own cost "
+                  f"{sp['own_s'] * 1e3:.2f} ms, its upper bound {sp['own_hi_s'] * 1e3:.2f} ms, "
+                  f"from {sp['samples']} detail steps (excess over the plain ones, ms: CPU "
+                  f"{', '.join(f'{x * 1e3:.1f}' for x in sp['excess_cpu_s'][-8:])}; process "
+                  f"{', '.join(f'{x * 1e3:.1f}' for x in sp['excess_proc_s'][-8:])})")
         print(f"  shim step-end bookkeeping (run log + totals + memory): "
               f"median {med(selfs) * 1e6:.0f} us/step, "
               f"mean {res['self_s_per_step'] * 1e6:.0f} us/step "

@@ -78,12 +78,19 @@ def main() -> None:
                 cpu[k].append(dc)
     tot = getattr(mon, "totals", None)
     self_s = tot.self_seconds / max(1, tot.steps) if tot is not None else 0.0
+    sampler = getattr(mon, "sampler", None)
+    sampling = None if sampler is None else {
+        "k": sampler.k, "own_s": sampler.own_s, "own_hi_s": sampler.own_hi_s,
+        "samples": len(getattr(sampler, "_xs_cpu", ())),
+        "excess_cpu_s": list(getattr(sampler, "_xs_cpu", ())),
+        "excess_proc_s": list(getattr(sampler, "_xs_out", ()))}
     if spec.get("hold_s"):
         time.sleep(spec["hold_s"])  # keep /metrics up for the scrape benchmark
     mon.close()
     if rank == 0:
         with open(spec["out"], "w") as f:
-            json.dump({"times": times, "cpu": cpu, "self_s_per_step": self_s}, f)
+            json.dump({"times": times, "cpu": cpu, "self_s_per_step": self_s,
+                       "sampling": sampling}, f)
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

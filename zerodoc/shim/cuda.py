@@ -176,6 +176,7 @@ class CudaTimer:
         self.registry = registry
         self.pool: EventPool = rec.pool if isinstance(rec, DeviceRecorder) \
             else EventPool(event_factory)
+        self._marked = isinstance(rec, DeviceRecorder)  # `rec.last_mark` exists
         self.max_pending = max_pending
         self._pending: list[_Coll] = []  # in issue order
         self._unclaimed: dict[tuple[int, int, int], list[_Coll]] = {}
@@ -188,14 +189,26 @@ class CudaTimer:
     def call(self, fn, args: tuple, kwargs: dict, unit: int, coll: int, nbytes: int,
              async_op: bool, group=None):
         """Run one collective `fn(*args, **kwargs)` and time it on the device."""
-        if len(self._pending) >= self.max_pending:  # the device stopped reading back
+        pending = self._pending
+        if len(pending) >= self.max_pending:  # the device stopped reading back
             self.dropped += 1
             return fn(*args, **kwargs)
-        e0 = self.pool.get()
-        self.pool.record(e0)
+        pool = self.pool
+        free = pool._free  # EventPool.get, inlined (here and below: every collective)
+        e0 = free.pop() if free else pool.get()
+        pool.record(e0)
         out = fn(*args, **kwargs)
-        c = _Coll(unit, self.rec.phase, coll, nbytes, e0, _gkey(group), self._ref())
-        self._chain(c)
+        rec = self.rec
+        ref = rec.last_mark if self._marked else None  # _ref(), inlined
+        if ref is not None:
+            ref.holds += 1
+        g = id(group) if group is not None else None
+        c = _Coll(unit, rec.phase, coll, nbytes, e0, g, ref)
+        last = self._last  # _chain(), inlined
+        p = last.get(g)
+        if p is not None and p.e1 is not None:
+            c.prev = p  # takes over p.e1's successor hold
+        last[g] = c
         if async_op and out is not None:
             try:
                 out.get_future().then(lambda _f, _c=c: self.done(_c))
@@ -204,8 +217,15 @@ class CudaTimer:
                 if self.registry is not None:
                     self.registry.missing("Work.get_future().then (async collective end)",
                                           repr(e))
-        self.done(c)  # sync (or the callback did not run inline): on the current stream
-        self._add(c)
+        if c.e1 is None:
+            self.done(c)  # sync (or the callback did not run inline): on the current stream
+        pending.append(c)  # _add(), inlined
+        key = (unit, c.phase, coll)
+        lst = self._unclaimed.get(key)
+        if lst is None:
+            self._unclaimed[key] = [c]
+        else:
+            lst.append(c)
         return out
 
     def sync_call(self, fn, args: tuple, kwargs: dict, unit: int, coll: int, nbytes: int):
@@ -251,9 +271,19 @@ class CudaTimer:
                     self._cal, self._n_side = c, 0
             else:
                 c.cal = cal
-        m = self.pool.mark(-1)
-        if self._last.get(c.group) is c:
-            m.holds += 1  # for the next collective of the group
+        pool = self.pool
+        slots = pool._marks
+        if slots:  # EventPool.mark(-1), inlined
+            m = slots.pop()
+            m.bucket = -1
+            m.holds = 2 if self._last.get(c.group) is c else 1  # +1: the group's next one
+            m.done = False
+            m.t = None
+        else:
+            m = Mark(pool.get(), -1)
+            if self._last.get(c.group) is c:
+                m.holds = 2  # for the next collective of the group
+        pool.record(m.ev)
         c.e1 = m
 
     def _side_stream(self):
@@ -286,7 +316,7 @@ class CudaTimer:
         open its window. `claim`: kinds of collectives of *any* unit issued so far that the
         window is about (gradient reductions a post-backward or the end of backward waits
         for); otherwise `ready()` claims the unit's own."""
-        m = getattr(self.rec, "last_mark", None)
+        m = self.rec.last_mark if self._marked else None
         if m is None:
             return
         key = (unit, self.rec.phase)
@@ -312,7 +342,14 @@ class CudaTimer:
             lst = self._unclaimed.pop((unit, rec.phase, kind), None)
             if lst:
                 colls.extend(lst)
-        self._close(arrive, getattr(rec, "last_mark", None), colls)
+        ready = rec.last_mark if self._marked else None
+        if ready is None or not colls:
+            self._close(arrive, ready, colls)
+            return
+        ready.holds += 1  # _close(), inlined (a window to measure: most units, each phase)
+        w = _Window(arrive, ready, colls, arrive.bucket)
+        for c in colls:
+            c.win = w
 
     def _close(self, arrive: Mark, ready: Mark | None, colls: list) -> None:
         if ready is None or not colls:
@@ -371,7 +408,8 @@ class CudaTimer:
                 n += 1
             elif w is None:
                 keep.append(c)  # not claimed yet
-            elif _all_read(w.colls) and w.arrive.complete() and w.ready.complete():
+            elif _all_read(w.colls) and (w.arrive.done or w.arrive.complete()) and \
+                    (w.ready.done or w.ready.complete()):
                 n += self._settle(w)
             else:
                 keep.append(c)
@@ -416,7 +454,7 @@ class CudaTimer:
         p = c.prev
         if p is not None and p.seconds is None:  # its group's previous one first (no query)
             return False
-        if e1 is None or not e1.complete():
+        if e1 is None or not (e1.done or e1.complete()):
             return False
         try:
             return self._read_done(c, e1, p)
@@ -462,7 +500,10 @@ class CudaTimer:
             if c.side is not None:
                 ms = min(ms, c.side.elapsed_time(e1.ev))
         if p is not None:
-            p.e1.release(self.pool)  # its successor hold
+            m = p.e1  # its successor hold: Mark.release, inlined
+            m.holds -= 1
+            if m.holds == 0:
+                self.pool._marks.append(m)
             c.prev = None
         c.seconds = max(0.0, ms) / 1e3
         c.gap = max(0.0, old - ms) / 1e3
@@ -486,9 +527,15 @@ class CudaTimer:
             if end <= span:
                 exposed = min(end / 1e3, c.seconds)
             self._emit(c, exposed)
-            self._charge_wait(w, exposed)
-            a.release(self.pool)
-            r.release(self.pool)
+            if exposed:
+                self._charge_wait(w, exposed)
+            slots = self.pool._marks  # Mark.release (a, r), inlined
+            a.holds -= 1
+            if a.holds == 0:
+                slots.append(a)
+            r.holds -= 1
+            if r.holds == 0:
+                slots.append(r)
             return 1
         if a.t is not None and r.t is not None and all(c.e1.t is not None for c in w.colls):
             t0 = a.t  # all on the clock's timeline: no read of their own
@@ -521,21 +568,38 @@ class CudaTimer:
 
     def _emit(self, c: _Coll, exposed: float) -> None:
         s = c.seconds or 0.0
-        self.rec.add_comm(c.unit, c.phase, c.coll, c.nbytes, s, exposed, s - exposed)
+        key = (c.unit, c.phase, c.coll)
+        comm = self.rec.comm  # Recorder.add_comm, inlined (every collective)
+        a = comm.get(key)
+        if a is None:
+            comm[key] = [1, c.nbytes, s, exposed, s - exposed]
+        else:
+            a[0] += 1
+            a[1] += c.nbytes
+            a[2] += s
+            a[3] += exposed
+            a[4] += s - exposed
         if c.gap:
-            key = (c.unit, c.phase, c.coll)
             self.launch_gap[key] = self.launch_gap.get(key, 0.0) + c.gap
         pool = self.pool
-        pool.put(c.e0)
+        free = pool._free
+        free.append(c.e0)  # EventPool.put, inlined
         c.e0 = None
         if c.side is not None:
-            pool.put(c.side)
+            free.append(c.side)
             c.side = None
-        if c.ref is not None:
-            c.ref.release(pool)
+        slots = pool._marks
+        m = c.ref
+        if m is not None:  # Mark.release, inlined
+            m.holds -= 1
+            if m.holds == 0:
+                slots.append(m)
             c.ref = None
         c.win = None
-        c.e1.release(self.pool)
+        m = c.e1
+        m.holds -= 1
+        if m.holds == 0:
+            slots.append(m)
 
 
 _HIDDEN = _Window(None, None, [], -1)  # type: ignore[arg-type]

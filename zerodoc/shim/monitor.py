@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 import warnings
-from time import perf_counter, thread_time
+from time import perf_counter, process_time, thread_time
 
 import torch.distributed as dist
 
@@ -111,6 +111,8 @@ class Monitor:
         self._detail_on = False  # the per-unit hooks and wrappers are installed
         self._cpu_mark = thread_time()  # the training thread's CPU clock at the last step end
         self._cpu_carry = 0.0  # install cost paid at a step end, for the step it serves
+        self._proc_mark = process_time()  # the process's (all its threads), likewise
+        self._proc_carry = 0.0
         self._step_ev: list = []  # GPU: (step, event) at step boundaries, not yet read back
         self._device_step: tuple[int, float] | None = None
         self._mem: dict[str, int] | None = None  # the latest memory read (never mutated)
@@ -679,8 +681,8 @@ class Monitor:
             }
             if detail:
                 rec.update(framework_s=acc[B_FRAMEWORK], other_s=acc[B_OTHER],
-                           wait_s=acc[B_WAIT], compute_s=sum(r[2] for r in compute_rows),
-                           exposed_s=sum(a[3] for a in comm.values()),
+                           wait_s=acc[B_WAIT], compute_s=sum([r[2] for r in compute_rows]),
+                           exposed_s=sum([a[3] for a in comm.values()]),
                            detail_k=self.sampler.k)
             else:  # per-unit-derived: not measured on this step (null, never 0)
                 rec.update(framework_s=None, other_s=None, wait_s=None, compute_s=None,
@@ -789,9 +791,9 @@ class Monitor:
 
     def _tiers(self, detail: bool, step_s: float) -> None:
         """Step end: install or remove the per-unit instrumentation for the next step, and
-        feed the sampler the training thread's CPU time over the step that ended (from the
-        end of the previous step end to the end of this one, a removal included; an install
-        paid here is counted in the detail step it serves)."""
+        feed the sampler the training thread's and the process's CPU time over the step that
+        ended (from the end of the previous step end to the end of this one, a removal
+        included; an install paid here is counted in the detail step it serves)."""
         sampler = self.sampler
         due = sampler.due(self.step_index + 1)
         if sampler.mode != "adaptive":  # K fixed: no CPU clock to read
@@ -803,14 +805,18 @@ class Monitor:
         if detail and not due:
             self._remove_detail()
         t0 = thread_time()
+        p0 = process_time()
         sampler.observe(self.step_index, step_s, t0 - self._cpu_mark + self._cpu_carry,
-                        detail)
-        self._cpu_carry = 0.0
+                        detail, p0 - self._proc_mark + self._proc_carry)
+        self._cpu_carry = self._proc_carry = 0.0
         if due and not detail:
             self._install_detail()
             self._cpu_carry = thread_time() - t0
+            self._proc_carry = process_time() - p0
             t0 = thread_time()
+            p0 = process_time()
         self._cpu_mark = t0
+        self._proc_mark = p0
 
     def _step_event(self, step: int) -> None:
         """GPU, every step: one event on the compute stream at each step boundary; two

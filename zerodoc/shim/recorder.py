@@ -78,6 +78,11 @@ class Recorder:
         if top == old and len(stack) > 1:
             stack[-1] = new
             return
+        Recorder._switch_search(stack, old, new)
+
+    @staticmethod
+    def _switch_search(stack: list, old: int, new: int) -> None:
+        """`switch` when `old` is not on top: leave it where it is, then push `new`."""
         for i in range(len(stack) - 1, 0, -1):
             if stack[i] == old:
                 del stack[i]

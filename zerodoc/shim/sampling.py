@@ -11,23 +11,39 @@ different K still sample nested sets, and every step the rank with the largest K
 sampled on all ranks (the steps cross-rank per-unit comparisons use). Steps 1 and 2 (warm-up)
 are always sampled, so per-unit detail is there from the start.
 
-Adaptive K. After each step the monitor reports the step's wall time and the training
-thread's CPU time (`time.thread_time()`, one read per step end). The shim's own cost of a
-sampled step is the larger of two differences of medians over recent sampled and unsampled
-steps (past warm-up): of the training thread's CPU time (what the sampled steps cost the
-host beyond an unsampled one: hooks, wrappers, event records, install and removal) and of
-the step's wall time (what the training thread's CPU clock does not see: the step waiting
-for the interpreter lock while other threads run zerodoc's work, e.g. on CPU / gloo the async
-collectives' completion callbacks on gloo's threads; docs/overhead.md). The wall-time
-difference is the noisier one: its noise can only raise K (less detail), never lower it.
-Each difference is taken at its upper bound: plus two standard errors of the difference of
-the two medians (from each window's median absolute deviation), so that a cost the windows
-cannot resolve from the steps' own jitter does not read as "free" (on a noisy CPU step the
-point estimate is often <= 0, and K fell to 1: detail on every step, the budget exceeded).
+Adaptive K. After each step the monitor reports the step's wall time, the training
+thread's CPU time (`time.thread_time()`) and the process's (`time.process_time()`, all its
+threads; one read of each per step end). The shim's own cost of a sampled step is the larger
+of two excesses over the unsampled steps (past warm-up): of the training thread's CPU time
+(what the sampled steps cost the host beyond an unsampled one: hooks, wrappers, event
+records, install and removal) and of the process's CPU time (what the training thread's
+clock does not see: zerodoc's work on other threads, which the training thread waits for at
+the interpreter lock, e.g. on CPU / gloo the async collectives' completion callbacks on
+gloo's threads; docs/overhead.md). Until 2026-11-25 that second clock was the step's wall
+time; on a shared machine other processes move it by hundreds of ms step to step (the
+65-unit bench: excesses of +477, -175, -17 ms with a median step of 1.4 s), so its bound
+pinned K at K_MAX; the process's CPU clock sees zerodoc's other threads without the
+preemptions. Without a process clock (`observe()` without `proc_s`) the wall time is used.
+
+Each sampled step's excess is taken when it ends, over the median of the last BASE
+unsampled steps then (its contemporaneous baseline: a drift of the step time between samples
+far apart does not read as cost), and the last SAMPLES excesses are kept: sampled steps are
+rare (1 in K), so their memory is longer than the baseline's, and the estimate tightens as
+they accumulate instead of staying as loose as the last 15 allowed. The cost is the median
+excess at its upper bound, plus two standard errors of a median of n excesses over a
+baseline of m steps: 1.2533 x sigma x sqrt(1/n + 1/m), sigma the steps' jitter. sigma is a
+pooled spread: the unsampled window's (1.4826 x its median absolute deviation; many steps,
+well measured), and once OWN_SPREAD excesses are kept, the larger of it and the excesses' own
+(a sampled step that varies more than a plain one widens the bound, never narrows it). So a
+cost that the steps' jitter hides does not read as "free" (on a noisy CPU step the point
+estimate is often <= 0, and K fell to 1: detail on every step, the budget exceeded), and with
+few samples K is high but comes down as they accumulate. A rise in the cost is seen sooner:
+the bound is at least the median excess of the last WINDOW samples (the long memory lowers K
+slowly, never holds it below what recent samples cost).
 Then ``K = ceil(own_hi / (budget x median step))``, rounded up to a power of two, clamped
 to [K_MIN, K_MAX]: at least 2, so that steps without detail keep coming and keep the
-baseline of the estimate current (`detail="every"` is K = 1). Until two of each kind were
-seen, K stays at K_START.
+baseline of the estimate current (`detail="every"` is K = 1). Until two sampled steps with a
+baseline (two unsampled steps before them) were seen, K stays at K_START.
 """
 
 from __future__ import annotations
@@ -42,7 +58,10 @@ K_START = 8
 K_MIN = 2  # adaptive: plain steps keep coming (the baseline of the cost estimate)
 K_MAX = 1024
 WARMUP = 2  # steps always sampled (and left out of the cost medians)
-WINDOW = 15  # recent steps of each kind the medians are taken over
+WINDOW = 15  # recent steps the median step is taken over (x 2); recent samples (a rise)
+BASE = 64  # recent unsampled steps: a sampled step's baseline, and the steps' jitter
+SAMPLES = 128  # sampled steps' excesses kept (the cost's median and its bound)
+OWN_SPREAD = 8  # from this many excesses kept, their own spread may widen the bound
 MASK = (1 << 64) - 1
 
 
@@ -81,21 +100,29 @@ def parse(detail) -> tuple[str, int | None]:
     return ("every", 1) if detail == 1 else ("fixed", detail)
 
 
-def median_se(xs) -> float:
-    """Standard error of the median of `xs` from their median absolute deviation (robust to
-    the odd slow step): 1.2533 x 1.4826 x MAD / sqrt(n); 0 with fewer than 2 values."""
-    n = len(xs)
-    if n < 2:
+def spread(xs) -> float:
+    """sigma of `xs` from their median absolute deviation (robust to the odd slow step):
+    1.4826 x MAD; 0 with fewer than 2 values."""
+    if len(xs) < 2:
         return 0.0
     m = statistics.median(xs)
-    mad = statistics.median(abs(x - m) for x in xs)
-    return 1.2533 * 1.4826 * mad / math.sqrt(n)
+    return 1.4826 * statistics.median([abs(x - m) for x in xs])
 
 
-def diff_hi(a, b) -> float:
-    """Upper bound of median(a) - median(b): plus two standard errors of the difference."""
-    se = math.hypot(median_se(a), median_se(b))
-    return statistics.median(a) - statistics.median(b) + 2.0 * se
+def excess_hi(xs, base) -> float:
+    """Upper bound of the median of the excesses `xs` (each over its own baseline, a median of
+    len(base) steps): plus two standard errors of that median, from the pooled spread (the
+    baseline's, widened by the excesses' own once OWN_SPREAD of them are kept); at least the
+    median of the last WINDOW excesses (a cost that rose is seen before the memory turns over)."""
+    n, m = len(xs), len(base)
+    sigma = spread(base)
+    if n >= OWN_SPREAD:
+        sigma = max(sigma, spread(xs))
+    med = statistics.median(xs)
+    hi = med + 2.0 * 1.2533 * sigma * math.sqrt(1.0 / n + 1.0 / m)
+    if n > WINDOW:
+        hi = max(hi, statistics.median(list(xs)[-WINDOW:]))
+    return hi
 
 
 def pow2_ceil(x: float) -> int:
@@ -110,8 +137,10 @@ class Sampler:
         self.k = fixed if fixed is not None else K_START
         self.budget = budget
         self.seed = seed_of(run_id)
-        self._cpu = {True: deque(maxlen=WINDOW), False: deque(maxlen=WINDOW)}
-        self._wall = {True: deque(maxlen=WINDOW), False: deque(maxlen=WINDOW)}
+        self._base_cpu: deque = deque(maxlen=BASE)  # unsampled steps: the baseline
+        self._base_out: deque = deque(maxlen=BASE)  # the second clock (process CPU)
+        self._xs_cpu: deque = deque(maxlen=SAMPLES)  # sampled steps' excesses over it
+        self._xs_out: deque = deque(maxlen=SAMPLES)
         self._steps: deque = deque(maxlen=2 * WINDOW)
         self.own_s: float | None = None  # the latest estimate of a sampled step's own cost
         self.own_hi_s: float | None = None  # its upper bound, which K is set from
@@ -135,26 +164,36 @@ class Sampler:
             return mix(self.seed, step) & (self.k - 1) == 0
         return mix(self.seed, step) % self.k == 0
 
-    def observe(self, step: int, step_s: float, cpu_s: float, sampled: bool) -> None:
-        """A step ended: its wall time and the training thread's CPU time over it."""
+    def observe(self, step: int, step_s: float, cpu_s: float, sampled: bool,
+                proc_s: float | None = None) -> None:
+        """A step ended: its wall time, the training thread's CPU time over it and the
+        process's (all threads; the monitor gives it): the cost's second clock, what the
+        training thread's misses. Without `proc_s` the wall time is that clock."""
         if self.mode != "adaptive" or step <= WARMUP:
             return
         self._steps.append(step_s)
-        self._cpu[sampled].append(cpu_s)
-        self._wall[sampled].append(step_s)
-        if sampled:
-            self.adapt()
+        out = step_s if proc_s is None else proc_s
+        bc, bo = self._base_cpu, self._base_out
+        if not sampled:
+            bc.append(cpu_s)
+            bo.append(out)
+            return
+        if len(bc) < 2:  # no baseline yet
+            return
+        med = statistics.median
+        self._xs_cpu.append(cpu_s - med(bc))
+        self._xs_out.append(out - med(bo))
+        self.adapt()
 
     def adapt(self) -> int:
-        s, u = self._cpu[True], self._cpu[False]
-        if len(s) < 2 or len(u) < 2 or not self._steps:
+        xc, xo = self._xs_cpu, self._xs_out
+        if len(xc) < 2 or not self._steps:
             return self.k
         med = statistics.median
-        ws, wu = self._wall[True], self._wall[False]
-        self.own_s = max(0.0, med(s) - med(u), med(ws) - med(wu))
-        own_hi = max(0.0, diff_hi(s, u), diff_hi(ws, wu))
+        self.own_s = max(0.0, med(xc), med(xo))
+        own_hi = max(0.0, excess_hi(xc, self._base_cpu), excess_hi(xo, self._base_out))
         self.own_hi_s = own_hi
-        step = statistics.median(self._steps)
+        step = med(self._steps)
         if step <= 0:
             return self.k
         self.k = max(K_MIN, min(K_MAX, pow2_ceil(own_hi / (self.budget * step))))
