@@ -459,6 +459,27 @@ def test_zd005_prices_the_fixed_link_at_the_class_figure_where_the_fit_shows_a_s
     assert "what-if (latency set to 0 ms (all_gather)):" in f.predicted
 
 
+def test_bench_states_the_load_per_case():
+    """bench/whatif.py flags a pair whose 1-minute load average passed 1 per core (the runs
+    queued for the CPU: the comparison measures the host) and gives the compute's drift."""
+    from bench.whatif import table, with_load
+
+    r = {"case": "slowlink", "what": "w", "a": {"step_s": 0.52, "exposed_comm_s": 0.35},
+         "baseline": {"step_s": 0.52, "exposed_comm_s": 0.35},
+         "predicted": {"step_s": 0.22, "exposed_comm_s": 0.05, "step_s_range": [0.2, 0.24]},
+         "b": {"step_s": 0.21, "exposed_comm_s": 0.05}, "step_error": 0.04, "step_bound": 0.15,
+         "step_ok": True, "exposed_error_s": -0.004, "exposed_bound_s": 0.0125,
+         "exposed_ok": True, "in_range": True, "compute_a_s": 0.1365, "compute_b_s": 0.1301,
+         "same_compute": True}
+    idle = with_load(r, [0.3, 1.6, 2.0], cores=2)
+    assert not idle["loaded"] and idle["load_per_core_max"] == pytest.approx(1.0)
+    assert idle["compute_drift"] == pytest.approx(0.1301 / 0.1365 - 1)
+    assert "LOADED" not in table(idle) and "(drift A -> B -4.7 %)" in table(idle)
+    busy = with_load(r, [1.0, 2.1, 1.5], cores=2)
+    assert busy["loaded"] and "LOADED HOST: load average up to 1.05 per core" in table(busy)
+    assert json.loads(json.dumps(busy))["loaded"] is True
+
+
 # --- against real runs: 2 gloo ranks of the demo, A measured, B predicted, B measured -----
 # bench/whatif.py runs the same cases and prints them as a table (docs/whatif.md). The model
 # predicts B at A's load; on this shared machine the load moves between runs, and a pair
