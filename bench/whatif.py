@@ -6,9 +6,12 @@ alone (`zerodoc.whatif`), and print A measured, the prediction for B, B measured
                            [--keep DIR] [--json]
 
 Per case it states the load: the 1-minute load average before A, between A and B and after B,
-a LOADED HOST flag where it passed 1 per core during the pair (the runs then queue for the
-CPU, and the comparison measures the host, not the model), and the drift of the unit compute
-from A to B (none of the changes alters the compute: a drift is the host's).
+a LOADED HOST flag where it passed 1 per core during the pair (the pair's own two ranks make
+about 1 per core: above it other work shared the cores, the runs queued for the CPU, and the
+comparison measures the host, not the model), the other processes' share of the cores over
+the pair (from /proc/stat less the runs' own CPU time: it does not lag as the load average
+does), and the drift of the unit compute from A to B (none of the changes alters the compute:
+a drift is the host's).
 
 Each run leaves its first `--warmup` steps out (the first steps after step 1 still carry
 start-up work: a 1.4 s step 2 against 0.45 s later was seen), so the model and the
@@ -29,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,26 +158,59 @@ def run_cases(names: list[str], steps: int, tmp: Path, window: int = WINDOW) -> 
     for i, name in enumerate(names):
         c = BY_NAME[name]
         load = [os.getloadavg()[0]]
+        before = cpu_sample()
         a = demo_run(tmp / f"{i}-{name}-a", c.a, steps)
         load.append(os.getloadavg()[0])
         b = a if c.b == c.a else demo_run(tmp / f"{i}-{name}-b", c.b, steps)
         load.append(os.getloadavg()[0])
-        # the host's 1-minute load average before A, between A and B, after B
-        out.append(with_load(evaluate(c, a, b, window), load))
+        # the host's 1-minute load average before A, between A and B, after B; the other
+        # processes' share of the cores over the pair
+        out.append(with_load(evaluate(c, a, b, window), load,
+                             others=others_share(before, cpu_sample())))
     return out
 
 
-def with_load(r: dict, load: list[float], cores: int | None = None) -> dict:
+def cpu_sample() -> tuple[float, float, float] | None:
+    """(wall s, the host's busy CPU s over all cores from /proc/stat, this process's waited
+    children's CPU s: the demo runs and their ranks); None where /proc/stat is missing."""
+    import resource
+
+    try:
+        with open("/proc/stat") as f:
+            v = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = (sum(v[:8]) - v[3] - v[4]) / hz  # all but idle and iowait; guest is in user
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.monotonic(), busy, ch.ru_utime + ch.ru_stime
+
+
+def others_share(before, after, cores: int | None = None) -> float | None:
+    """The share of the host's cores that processes other than the pair's runs used between
+    two `cpu_sample`s (0: only the pair ran; 0.5: other work took a core of two). Unlike
+    the 1-minute load average it does not lag a job that starts during the pair."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    cores = cores or os.cpu_count() or 1
+    other = (after[1] - before[1]) - (after[2] - before[2])
+    return max(0.0, other) / ((after[0] - before[0]) * cores)
+
+
+def with_load(r: dict, load: list[float], cores: int | None = None,
+              others: float | None = None) -> dict:
     """A case's result with the host's load stated: `load` (1-minute load averages before A,
-    between, after B), `load_per_core_max`, `loaded` (above 1 per core during the pair: the
-    runs queued for the CPU, and the comparison measures the host, not the model) and
-    `compute_drift` (B's unit compute / A's - 1: the model keeps A's compute, none of the
-    changes alters it, so a drift is the host's)."""
+    between, after B; the pair's own two ranks make about 1 per core), `load_per_core_max`,
+    `loaded` (above 1 per core during the pair: other work shared the cores, the runs queued
+    for the CPU, and the comparison measures the host, not the model), `others_cpu_share`
+    (`others_share`: the other processes' share of the cores over the pair, which the
+    lagging load average can miss) and `compute_drift` (B's unit compute / A's - 1: the model
+    keeps A's compute, none of the changes alters it, so a drift is the host's)."""
     cores = cores or os.cpu_count() or 1
     per_core = max(load) / cores if load else None
     a, b = r.get("compute_a_s"), r.get("compute_b_s")
     return {**r, "load": load, "cores": cores, "load_per_core_max": per_core,
-            "loaded": per_core is not None and per_core > 1.0,
+            "loaded": per_core is not None and per_core > 1.0, "others_cpu_share": others,
             "compute_drift": b / a - 1 if a and b is not None else None}
 
 
@@ -204,7 +241,9 @@ def table(r: dict) -> str:
                 if r.get("compute_drift") is not None else "")
              + f"{'' if r['same_compute'] else ' (differ by more than 15 %: load changed?)'}"
              + (f"; load average {' -> '.join(f'{x:.1f}' for x in r['load'])} (before A, "
-                f"between, after B)" if r.get("load") else ""),
+                f"between, after B)" if r.get("load") else "")
+             + (f"; other processes used {r['others_cpu_share'] * 100:.0f} % of the cores "
+                f"during the pair" if r.get("others_cpu_share") is not None else ""),
              *([f"LOADED HOST: load average up to {r['load_per_core_max']:.2f} per core (> 1) "
                 f"during the pair: the runs queued for the CPU, so this comparison measures "
                 f"the host, not the model"] if r.get("loaded") else [])]

@@ -478,6 +478,15 @@ def test_bench_states_the_load_per_case():
     busy = with_load(r, [1.0, 2.1, 1.5], cores=2)
     assert busy["loaded"] and "LOADED HOST: load average up to 1.05 per core" in table(busy)
     assert json.loads(json.dumps(busy))["loaded"] is True
+    # the other processes' share of the cores, from /proc/stat less the runs' own CPU time:
+    # (wall, busy CPU s, children's CPU s) samples 10 s apart on 2 cores
+    from bench.whatif import others_share
+
+    assert others_share((0.0, 100.0, 5.0), (10.0, 112.0, 15.0), cores=2) == pytest.approx(0.1)
+    assert others_share((0.0, 100.0, 5.0), (10.0, 110.0, 15.0), cores=2) == 0.0
+    assert others_share(None, (10.0, 110.0, 15.0)) is None
+    shown = table(with_load(r, [0.3, 1.6, 2.0], cores=2, others=0.42))
+    assert "other processes used 42 % of the cores during the pair" in shown
 
 
 # --- against real runs: 2 gloo ranks of the demo, A measured, B predicted, B measured -----
