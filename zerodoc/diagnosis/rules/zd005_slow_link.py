@@ -146,7 +146,7 @@ def _modelled(kinds, bw_set, fits, model_text: str) -> str:
         per_byte = ("the bus bandwidth the run fitted ("
                     + ", ".join(rate(f.bandwidth) for f in fits if f.bandwidth) + ")")
     return (f"with the link fixed, modelled as the {names} collectives' fixed delay per call "
-            f"removed (latency 0) and {per_byte}: {model_text}")
+            f"removed (latency 0) and {per_byte}; {model_text}")
 
 
 LINK_FACTS = ("link", "mesh_shape", "local_world_size", "backend", "simulated_link_latency_s")
