@@ -120,6 +120,7 @@ def evaluate(ctx) -> list:
                  effect(ctx, "large_collective_busbw_bytes_per_second", "up",
                         ctx.link_busbw)))]
 
+
 def _class_priced(fit, link_busbw: float) -> bool:
     """Whether the fixed link's per-byte cost is the link class's figure rather than the
     run's own fit: the fit shows a bus bandwidth below the class's (a path slow per byte:
