@@ -3,6 +3,15 @@ for real (2 gloo ranks on this machine's CPU, per-unit detail on every step), pr
 alone (`zerodoc.whatif`), and print A measured, the prediction for B, B measured.
 
     python bench/whatif.py [--steps 12] [--warmup 3] [--cases replay,reshard,merge,slowlink,prefetch]
+                           [--keep DIR] [--json]
+
+Per case it states the load: the 1-minute load average before A, between A and B and after B,
+a LOADED HOST flag where it passed 1 per core during the pair (the pair's own two ranks make
+about 1 per core: above it other work shared the cores, the runs queued for the CPU, and the
+comparison measures the host, not the model), the other processes' share of the cores over
+the pair (from /proc/stat less the runs' own CPU time: it does not lag as the load average
+does), and the drift of the unit compute from A to B (none of the changes alters the compute:
+a drift is the host's).
 
 Each run leaves its first `--warmup` steps out (the first steps after step 1 still carry
 start-up work: a 1.4 s step 2 against 0.45 s later was seen), so the model and the
@@ -18,10 +27,12 @@ tests/test_whatif.py runs the same cases.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,13 +158,60 @@ def run_cases(names: list[str], steps: int, tmp: Path, window: int = WINDOW) -> 
     for i, name in enumerate(names):
         c = BY_NAME[name]
         load = [os.getloadavg()[0]]
+        before = cpu_sample()
         a = demo_run(tmp / f"{i}-{name}-a", c.a, steps)
         load.append(os.getloadavg()[0])
         b = a if c.b == c.a else demo_run(tmp / f"{i}-{name}-b", c.b, steps)
         load.append(os.getloadavg()[0])
-        # the host's 1-minute load average before A, between A and B, after B
-        out.append({**evaluate(c, a, b, window), "load": load})
+        # the host's 1-minute load average before A, between A and B, after B; the other
+        # processes' share of the cores over the pair
+        out.append(with_load(evaluate(c, a, b, window), load,
+                             others=others_share(before, cpu_sample())))
     return out
+
+
+def cpu_sample() -> tuple[float, float, float] | None:
+    """(wall s, the host's busy CPU s over all cores from /proc/stat, this process's waited
+    children's CPU s: the demo runs and their ranks); None where /proc/stat is missing."""
+    import resource
+
+    try:
+        with open("/proc/stat") as f:
+            v = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = (sum(v[:8]) - v[3] - v[4]) / hz  # all but idle and iowait; guest is in user
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.monotonic(), busy, ch.ru_utime + ch.ru_stime
+
+
+def others_share(before, after, cores: int | None = None) -> float | None:
+    """The share of the host's cores that processes other than the pair's runs used between
+    two `cpu_sample`s (0: only the pair ran; 0.5: other work took a core of two). Unlike
+    the 1-minute load average it does not lag a job that starts during the pair."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    cores = cores or os.cpu_count() or 1
+    other = (after[1] - before[1]) - (after[2] - before[2])
+    return max(0.0, other) / ((after[0] - before[0]) * cores)
+
+
+def with_load(r: dict, load: list[float], cores: int | None = None,
+              others: float | None = None) -> dict:
+    """A case's result with the host's load stated: `load` (1-minute load averages before A,
+    between, after B; the pair's own two ranks make about 1 per core), `load_per_core_max`,
+    `loaded` (above 1 per core during the pair: other work shared the cores, the runs queued
+    for the CPU, and the comparison measures the host, not the model), `others_cpu_share`
+    (`others_share`: the other processes' share of the cores over the pair, which the
+    lagging load average can miss) and `compute_drift` (B's unit compute / A's - 1: the model
+    keeps A's compute, none of the changes alters it, so a drift is the host's)."""
+    cores = cores or os.cpu_count() or 1
+    per_core = max(load) / cores if load else None
+    a, b = r.get("compute_a_s"), r.get("compute_b_s")
+    return {**r, "load": load, "cores": cores, "load_per_core_max": per_core,
+            "loaded": per_core is not None and per_core > 1.0, "others_cpu_share": others,
+            "compute_drift": b / a - 1 if a and b is not None else None}
 
 
 def table(r: dict) -> str:
@@ -179,9 +237,16 @@ def table(r: dict) -> str:
              f"{'yes' if r['in_range'] else 'no'}",
              f"compute per step: A {ms(r['compute_a_s']).strip()} ms, B "
              f"{ms(r['compute_b_s']).strip()} ms"
-             f"{'' if r['same_compute'] else ' (differ by more than 15 %: load changed?)'}"
+             + (f" (drift A -> B {r['compute_drift'] * 100:+.1f} %)"
+                if r.get("compute_drift") is not None else "")
+             + f"{'' if r['same_compute'] else ' (differ by more than 15 %: load changed?)'}"
              + (f"; load average {' -> '.join(f'{x:.1f}' for x in r['load'])} (before A, "
-                f"between, after B)" if r.get("load") else "")]
+                f"between, after B)" if r.get("load") else "")
+             + (f"; other processes used {r['others_cpu_share'] * 100:.0f} % of the cores "
+                f"during the pair" if r.get("others_cpu_share") is not None else ""),
+             *([f"LOADED HOST: load average up to {r['load_per_core_max']:.2f} per core (> 1) "
+                f"during the pair: the runs queued for the CPU, so this comparison measures "
+                f"the host, not the model"] if r.get("loaded") else [])]
     rule = r.get("rule")
     if rule and not rule["fired"]:
         lines.append(f"{rule['code']} did not fire on A: no rule prediction to judge")
@@ -201,6 +266,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="first steps left out of each run")
     ap.add_argument("--cases", default=",".join(BY_NAME))
     ap.add_argument("--keep", default=None, help="keep the run directories here")
+    ap.add_argument("--json", action="store_true",
+                    help="print the results as JSON (per case: the errors, bounds, compute "
+                         "drift, load per core and the `loaded` flag) instead of the tables")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.cases.split(",") if n.strip()]
     bad = [n for n in names if n not in BY_NAME]
@@ -216,11 +284,20 @@ def main(argv=None) -> int:
             print("--steps must exceed --warmup by 2 or more", file=sys.stderr)
             return 2
         results = run_cases(names, args.steps, tmp, window)
+        if args.json:
+            print(json.dumps({"steps": args.steps, "warmup": args.warmup,
+                              "cores": os.cpu_count(),
+                              "load": [load, os.getloadavg()[0]], "cases": results},
+                             indent=1, default=str))
+            return 0
         print(f"{args.steps} steps per run (the first {args.warmup} left out), 2 gloo ranks; "
               f"load average "
               f"{load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         for r in results:
             print(table(r))
+        loaded = [r["case"] for r in results if r.get("loaded")]
+        if loaded:
+            print(f"loaded host (> 1 per core) during: {', '.join(loaded)}")
     return 0
 
 

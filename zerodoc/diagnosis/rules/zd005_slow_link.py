@@ -16,9 +16,11 @@ wrapping is too fine (ZD002's condition: at least wrap_fine_min_units units, med
 all-gather below wrap_fine_median_bytes): then per-call latency explains the wait.
 Severity: ERROR when the exposure beyond the link is >= exposed_fraction_crit of the step,
 else WARNING (the engine raises it further to what it explains: ZD003 / ZD004 / ZD006).
-Predicted: the step model (`zerodoc.whatif`) with the slow collectives at the link's
-expected bus bandwidth (their fitted one where that is higher) and no fixed delay per call:
-the step time and exposed communication with their ranges.
+Predicted: the step model's (`zerodoc.whatif`) answer for the fix as a change, named in the
+text: the slow collectives' fixed delay per call removed (latency 0) at the per-byte cost the
+run fitted (a slope the noise hid: 0, its error in the range), the link class's bus bandwidth
+where the fit shows a slower one or resolves none (calls all of one size): the step time and
+exposed communication with their ranges, the same `zerodoc whatif` gives for that change.
 Fix: check the topology and transport; keep the shard group inside a node (HSDP).
 """
 
@@ -76,19 +78,19 @@ def evaluate(ctx) -> list:
     hsdp = ("; the shard group spans nodes: shard within a node and replicate across (HSDP, "
             "`fully_shard(..., mesh=init_device_mesh(dev, (nodes, gpus_per_node)))`)"
             if w is not None and w.facts.world_size > max(1, w.facts.local_world_size) else "")
-    # The step model with the slow collectives at the link's expected bus bandwidth (or the
-    # bandwidth fitted to them, where that is higher: a fixed path is not slower per byte)
-    # and no fixed delay per call
-    kinds = {s[0] for s in slow}
-    kind = next(iter(kinds)) if len(kinds) == 1 else None
-    bw_set: float | None = ctx.link_busbw
+    # The fix, as the step model's change: the slow collectives' fixed delay per call removed
+    # (latency 0) and their per-byte cost as the run fitted it, raised to the link class's
+    # bus bandwidth where the fit shows a slower one or cannot resolve one (`_class_priced`)
+    kinds = sorted({s[0] for s in slow})
+    kind = kinds[0] if len(kinds) == 1 else None
     model = whatif_model(ctx)
     fits = [f for (c, _n), f in (model.links.items() if model is not None else ())
             if c in kinds]
-    if fits and all((f.bandwidth or 0.0) >= ctx.link_busbw for f in fits):
-        bw_set = None
-    timed, model_text = model_effects(ctx, Changes(
-        latency_set_s=0.0, latency_kind=kind, bandwidth_set=bw_set, bandwidth_kind=kind))
+    bw_set = ctx.link_busbw if not fits or any(_class_priced(f, ctx.link_busbw)
+                                               for f in fits) else None
+    change = Changes(latency_set_s=0.0, latency_kind=kind, bandwidth_set=bw_set,
+                     bandwidth_kind=kind)
+    timed, model_text = model_effects(ctx, change)
     if not timed:
         timed = [effect(ctx, "exposed_comm_seconds_per_step", "down",
                         sum(v.exposed_seconds for v in ctx.views() if v.count) - cost)]
@@ -109,14 +111,44 @@ def evaluate(ctx) -> list:
              "SYS), `NCCL_DEBUG=INFO` for the transport (IB vs socket), NCCL_SOCKET_IFNAME / "
              "NCCL_IB_HCA (GLOO_SOCKET_IFNAME for gloo), PCIe link width and other traffic on "
              f"the bus{hsdp}. If the link class is wrong, pass --link."),
-        predicted=(f"at the expected {rate(ctx.link_busbw)} the large collectives would expose "
-                   f"about {pct(cost_frac)} less of the step"
-                   + (f"; {model_text}" if model_text else "")),
+        predicted=(_modelled(kinds, bw_set, fits, model_text) if model_text else
+                   f"at the expected {rate(ctx.link_busbw)} the large collectives would "
+                   f"expose about {pct(cost_frac)} less of the step"),
         cost_seconds_per_step=cost, link=ctx.link,
         **({"whatif": model_text} if model_text else {}),
         effects=(*timed,
                  effect(ctx, "large_collective_busbw_bytes_per_second", "up",
                         ctx.link_busbw)))]
+
+
+def _class_priced(fit, link_busbw: float) -> bool:
+    """Whether the fixed link's per-byte cost is the link class's figure rather than the
+    run's own fit: the fit shows a bus bandwidth below the class's (a path slow per byte:
+    PCIe for NVLink), or resolves none (all calls of one size: no slope and no error to
+    give it). A slope the noise hid (fitted negative, kept at 0 with its standard error,
+    `whatif.linkfit`) is a fit, not a slow path: pricing it at a conservative class figure
+    made the prediction hinge on the noise (gloo-cpu: 120 MB/s against the 236-468 MB/s the
+    same all-gathers fit when the slope shows, ~100 ms per step apart on the demo)."""
+    if fit.bandwidth is not None:
+        return fit.bandwidth < link_busbw
+    return fit.se_seconds_per_wire_byte <= 0
+
+
+def _modelled(kinds, bw_set, fits, model_text: str) -> str:
+    """The rule's predicted text: which change the model was asked (the fix as a what-if,
+    the same `zerodoc whatif` answers) and its answer."""
+    names = " and ".join(k.replace("_", "-") for k in kinds)
+    if bw_set is not None:
+        per_byte = f"bus bandwidth at the link class's {rate(bw_set)}"
+    elif all(f.bandwidth is None for f in fits):
+        per_byte = ("the per-byte cost the run fitted (a slope hidden by the noise: its "
+                    "error is in the range)")
+    else:
+        per_byte = ("the bus bandwidth the run fitted ("
+                    + ", ".join(rate(f.bandwidth) for f in fits if f.bandwidth) + ")")
+    return (f"with the link fixed, modelled as the {names} collectives' fixed delay per call "
+            f"removed (latency 0) and {per_byte}; {model_text}")
+
 
 LINK_FACTS = ("link", "mesh_shape", "local_world_size", "backend", "simulated_link_latency_s")
 
