@@ -307,6 +307,8 @@ def test_prefetch_hides_all_gathers_behind_the_previous_unit():
 @pytest.mark.parametrize("args,msg", [
     ("--latency foo", "not a time"),
     ("--latency nope=2ms", "unknown collective"),
+    ("--latency all_gather=3ms..2ms", "low end is above"),
+    ("--latency all_gather=0..2ms", "not a time"),
     ("--merge 1", "--merge"),
     ("--prefetch 3", "--prefetch"),
     ("--bandwidth x0", "number > 0"),
@@ -486,6 +488,28 @@ def test_zd005_keeps_a_healthy_links_per_call_latency():
     told = predicted(Changes(latency_set_s=0.002, latency_set_low_s=0.0,
                              latency_kind="all_gather"))
     assert told == [pytest.approx(x, rel=1e-5) for x in (e.value, e.lo, e.hi)]
+
+
+def test_whatif_latency_set_with_a_low_end_is_zd005s_change(capsys):
+    """`zerodoc whatif --latency all_gather=0ms..2ms`: the change ZD005 prices its fix with
+    (the latency set to 2 ms, the range's low end at 0): the same answer as the model's."""
+    from pathlib import Path
+
+    run = str(Path(__file__).parent / "data" / "scenarios" / "slow-link-50ms")
+
+    def cli_answer(latency):
+        assert cli.main(["whatif", run, "--latency", latency, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    got, zero, two = (cli_answer(f"all_gather={v}") for v in ("0ms..2ms", "0ms", "2ms"))
+    assert got["changes"] == ["latency set to 2 ms, range from 0 ms (all_gather)"]
+    for key in ("step_s", "exposed_comm_s"):
+        assert got["predicted"][key] == pytest.approx(two["predicted"][key], rel=1e-9)
+        assert got["predicted"][key] > zero["predicted"][key]
+        # the low end is latency 0's, the high end the set latency's
+        assert got["predicted"][f"{key}_range"] == [
+            pytest.approx(zero["predicted"][f"{key}_range"][0], rel=1e-9),
+            pytest.approx(two["predicted"][f"{key}_range"][1], rel=1e-9)]
 
 
 def test_zd005_prices_the_fixed_link_at_the_class_figure_where_the_fit_shows_a_slower_path():
