@@ -374,8 +374,8 @@ def test_rules_time_predictions_are_the_models_answer_with_a_range(monkeypatch):
 def _slow_link_run(delay: float, noise=(0.0,) * 10, lat: float = 0.0005, bw: float = 330e6):
     """The demo's shape (a 2.1 MB root, four 3.16 MB blocks; ZeRO-3 on gloo: every
     collective synchronous, exposed) on a healthy link of `lat` per call + `bw` bus
-    bandwidth (330 MB/s: what the demo's all-gathers fit on an idle host), each all-gather `delay` later
-    (the demo's --slow-link-ms) plus `noise[i]` (the i-th all-gather, forward then backward
+    bandwidth (330 MB/s: what the demo's all-gathers fit on an idle host), each all-gather
+    `delay` later (the demo's --slow-link-ms) plus `noise[i]` (the i-th all-gather, forward then backward
     per unit). Returns the snapshot: ground truth beneath what the rule and the model read."""
     units = [("(root)", 524_800)] + [(f"blocks.{i}", 789_760) for i in range(4)]
 
@@ -446,8 +446,8 @@ def test_zd005_keeps_a_healthy_links_per_call_latency():
     FSDP's per-call work); the run's fit puts it into the latency with the injected delay, and
     the fix priced as "latency 0" removed both: the prediction fell below the healthy run
     (ground truth here: 2 ms + 1 GB/s per call, the quiet host's fits 0.84-1.35 GB/s, +30 ms
-    per all-gather with the noise of an idle host) by more than the bench's exposed bound (max(25 %, 5 ms)) and outside its own
-    range. With the latency set to gloo-cpu's healthy 2 ms per call (`LINK_LATENCY_S`), the
+    per all-gather with the noise of an idle host) by more than the bench's exposed bound
+    (max(25 %, 5 ms)) and outside its own range. With the latency set to gloo-cpu's healthy 2 ms per call (`LINK_LATENCY_S`), the
     range down to latency 0, the point is within the bound and the truth inside the range;
     `zerodoc whatif --latency all_gather=0ms..2ms` gives the same numbers."""
     from zerodoc.diagnosis import diagnose
@@ -534,6 +534,10 @@ def test_zd005_prices_the_fixed_link_at_the_class_figure_where_the_fit_shows_a_s
     f = next(f for f in diagnose(snap) if f.code == "ZD005")  # gloo-cpu: 120 MB/s < 330
     assert "the bus bandwidth the run fitted (330 MB/s)" in f.predicted, f.predicted
     assert "what-if (latency set to 2 ms, range from 0 ms (all_gather)):" in f.predicted
+    # a fitted latency below the class's healthy one is kept (a fix does not slow a call)
+    from zerodoc.diagnosis.rules.zd005_slow_link import _modelled
+    assert "latency kept at the fitted 1 ms per call (below the link class's healthy 2 ms)" \
+        in _modelled(["all_gather"], None, [ag], 0.001, 0.002, "what-if")
 
 
 def test_bench_states_the_load_per_case():
