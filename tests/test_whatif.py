@@ -376,7 +376,8 @@ def _slow_link_run(delay: float, noise=(0.0,) * 10, lat: float = 0.0005, bw: flo
     collective synchronous, exposed) on a healthy link of `lat` per call + `bw` bus
     bandwidth (330 MB/s: what the demo's all-gathers fit on an idle host), each all-gather
     `delay` later (the demo's --slow-link-ms) plus `noise[i]` (the i-th all-gather, forward
-    then backward per unit). Returns the snapshot: ground truth beneath what the rule and the model read."""
+    then backward per unit). Returns the snapshot: ground truth beneath what the rule and
+    the model read."""
     units = [("(root)", 524_800)] + [(f"blocks.{i}", 789_760) for i in range(4)]
 
     def extra(d):
@@ -448,7 +449,8 @@ def test_zd005_keeps_a_healthy_links_per_call_latency():
     (ground truth here: 2 ms + 1 GB/s per call, the quiet host's fits 0.84-1.35 GB/s, +30 ms
     per all-gather with the noise of an idle host) by more than the bench's exposed bound
     (max(25 %, 5 ms)) and outside its own range. With the latency set to gloo-cpu's healthy
-    2 ms per call (`LINK_LATENCY_S`), the range down to latency 0, the point is within the bound and the truth inside the range;
+    2 ms per call (`LINK_LATENCY_S`), the range down to latency 0, the point is within the
+    bound and the truth inside the range;
     `zerodoc whatif --latency all_gather=0ms..2ms` gives the same numbers."""
     from zerodoc.diagnosis import diagnose
     from zerodoc.diagnosis.observables import observe
