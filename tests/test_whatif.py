@@ -663,7 +663,8 @@ def test_real_run_slow_link_removed(real_runs):
     """A: the demo with +30 ms per all-gather (the slow link); B: without. From A alone,
     told the delay is gone, the model predicts B's step within 15 % and its exposed
     communication within max(25 %, 5 ms). (ZD005's own prediction prices the fixed link at
-    its class figure, not at the delay removed: bench/whatif.py prints how compare judged
+    the link class's healthy latency per call (at its class bandwidth where the fit shows a
+    slower one), not at the delay removed: bench/whatif.py prints how compare judged
     it, docs/whatif.md the outcomes; whether ZD005 fires at all depends on the host's load.)"""
     r, _, _ = _case(real_runs, "slowlink")
     assert r["step_ok"] and r["exposed_ok"], _brief(r)
