@@ -360,7 +360,8 @@ async def test_findings_view_shows_evidence_threshold_fix(recorded):
 
 async def test_findings_view_shows_the_whatif_of_the_selected_fix(tmp_path):
     """A recorded slow-link run, diagnosed for real: the selected finding (ZD005, its fix the
-    all-gathers' fixed delay removed at the per-byte cost the run fitted) shows a "what-if"
+    all-gathers' fixed delay removed, their latency set to gloo-cpu's healthy 2 ms per call,
+    the range down to 0, at the per-byte cost the run fitted) shows a "what-if"
     line with the step model's answer, the same numbers `zerodoc.whatif` gives for that
     change on the same run."""
     from zerodoc.humanize import secs
@@ -376,9 +377,11 @@ async def test_findings_view_shows_the_whatif_of_the_selected_fix(tmp_path):
         await pilot.pause()
         text = " ".join(app_text(app).split())
     ans = answer(fit(open_source(str(run)).snapshot()),
-                 Changes(latency_set_s=0.0, latency_kind="all_gather"))
+                 Changes(latency_set_s=0.002, latency_set_low_s=0.0,
+                         latency_kind="all_gather"))
     p, b = ans["predicted"], ans["baseline"]
-    assert "what-if" in text and "latency set to 0 ms (all_gather)" in text, text
+    assert "what-if" in text and "latency set to 2 ms, range from 0 ms (all_gather)" in text, \
+        text
     want = f"step {secs(b['step_s'])} -> {secs(p['step_s'])} ({secs(p['step_s_range'][0])}-"
     assert want in text, (want, text)
     assert f"exposed comm {secs(b['exposed_comm_s'])} -> {secs(p['exposed_comm_s'])}" in text

@@ -111,3 +111,20 @@ LINK_BUSBW = {
     "ethernet": 5e9,
     "gloo-cpu": 1.2e8,
 }
+
+# A healthy link's own latency per collective call (seconds), beside its bandwidth: what a
+# fixed link still costs per call (ZD005 prices its fix at min(the run's fitted latency, this),
+# not 0). NCCL classes: order of magnitude, from NCCL's documented / nccl-tests small-message
+# latencies (NVLink ~10-20 us, PCIe ~20-30 us, InfiniBand ~20-50 us, TCP Ethernet ~50-100 us).
+# "gloo-cpu" measured on this 2-core box: gloo alone 0.6 ms per all-gather at 0.26 MB
+# (docs/whatif.md); with FSDP's per-call work the healthy block-wrap demo's 2.1 MB all-gathers
+# took 2.2-4.3 ms per call on a quiet host, their per-run fitted latencies 1.5 and 1.8 ms
+# (two quiet runs), 0-12 ms at load 1-8, 0.8 +- 0.5 ms pooled over 13 runs (2026-11-25), and
+# the slow-link run at 12:04 UTC fitted 32.1 ms with its 30 ms delay (2.1 ms healthy): ~2 ms.
+LINK_LATENCY_S = {
+    "nvlink": 15e-6,
+    "pcie": 25e-6,
+    "infiniband": 35e-6,
+    "ethernet": 75e-6,
+    "gloo-cpu": 2e-3,
+}

@@ -46,8 +46,8 @@ def add_parser(sub) -> None:
     g.add_argument("--world-size", type=int, default=None, metavar="N",
                    help="sharding group size (per-rank micro-batch kept)")
     g.add_argument("--latency", default=None, metavar="[KIND=]VALUE",
-                   help="latency per call: 2ms (set), x0.5 (scale), +5ms / -50ms (add: write "
-                        "--latency=-50ms); "
+                   help="latency per call: 2ms (set), 0ms..2ms (set to 2 ms, the range reaching "
+                        "down to 0), x0.5 (scale), +5ms / -50ms (add: write --latency=-50ms); "
                         f"KIND one of {', '.join(KINDS)} (default: every kind)")
     g.add_argument("--bandwidth", default=None, metavar="[KIND=]VALUE",
                    help="bus bandwidth: 10GB (bytes per second, set) or x2 (scale)")
@@ -125,6 +125,12 @@ def changes_from_args(args):
             kw["latency_scale"] = _scale(v, "--latency")
         elif v[:1] in "+-" and v:
             kw["latency_add_s"] = (-1 if v[0] == "-" else 1) * _seconds(v[1:], "--latency")
+        elif ".." in v:  # LOW..SET: set, the range reaching down to LOW
+            low, _, hi = v.partition("..")
+            kw["latency_set_s"] = _seconds(hi, "--latency")
+            kw["latency_set_low_s"] = _seconds(low, "--latency")
+            if kw["latency_set_low_s"] > kw["latency_set_s"]:
+                raise UserError(f"--latency: {v!r}: the low end is above the set latency")
         else:
             kw["latency_set_s"] = _seconds(v, "--latency")
     if args.bandwidth is not None:

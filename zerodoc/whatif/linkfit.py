@@ -49,11 +49,12 @@ class LinkFit:
         return 1.0 / self.seconds_per_wire_byte if self.seconds_per_wire_byte > 0 else None
 
     def seconds(self, nbytes: float, group_size: int | None = None, *, latency_scale=1.0,
-                latency_add=0.0, latency_set=None, bandwidth_scale=1.0, bandwidth_set=None,
-                bound: float = 0) -> float:
+                latency_add=0.0, latency_set=None, latency_set_low=None, bandwidth_scale=1.0,
+                bandwidth_set=None, bound: float = 0) -> float:
         """Time of one call of `nbytes` (algorithm bytes) on `group_size` ranks; `bound`
         -Z / +Z: the low / high end (Z standard errors of the line at this size, of the
-        parts a change leaves as fitted)."""
+        parts a change leaves as fitted); `latency_set_low`: the latency a set one's low end
+        (bound < 0) takes instead (a set latency that is itself an estimate)."""
         n = group_size or self.group_size
         if n <= 1:
             return 0.0
@@ -69,6 +70,8 @@ class LinkFit:
                 math.hypot(self.se_latency_s, self.mean_wire_bytes * se_b) * latency_scale
             se_bw = 0.0 if bandwidth_set is not None else x * se_b / bandwidth_scale
             se = math.hypot(se_lat, se_bw)
+        if latency_set is not None and latency_set_low is not None and bound < 0:
+            latency_set = min(latency_set, latency_set_low)
         lat = latency_set if latency_set is not None else lat * latency_scale + latency_add
         if bandwidth_set is not None:
             spb = 1.0 / bandwidth_set

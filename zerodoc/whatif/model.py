@@ -90,6 +90,7 @@ class Changes:
     latency_scale: float = 1.0
     latency_add_s: float = 0.0
     latency_set_s: float | None = None
+    latency_set_low_s: float | None = None  # a set latency's range reaches down to this
     bandwidth_scale: float = 1.0
     bandwidth_set: float | None = None  # bytes/s (bus bandwidth)
     latency_kind: str | None = None  # the collective the latency change is for (None: all)
@@ -110,7 +111,10 @@ class Changes:
             out.append(f"world size {self.world_size}")
         kind = lambda k: f" ({k})" if k else ""  # noqa: E731
         if self.latency_set_s is not None:
-            out.append(f"latency set to {self.latency_set_s * 1e3:g} ms{kind(self.latency_kind)}")
+            low = ("" if self.latency_set_low_s is None else
+                   f", range from {self.latency_set_low_s * 1e3:g} ms")
+            out.append(f"latency set to {self.latency_set_s * 1e3:g} ms{low}"
+                       f"{kind(self.latency_kind)}")
         if self.latency_scale != 1.0:
             out.append(f"latency x{self.latency_scale:g}{kind(self.latency_kind)}")
         if self.latency_add_s:
@@ -175,7 +179,7 @@ class StepModel:
         kw = {}
         if ch.latency_kind in (None, coll):
             kw.update(latency_scale=ch.latency_scale, latency_add=ch.latency_add_s,
-                      latency_set=ch.latency_set_s)
+                      latency_set=ch.latency_set_s, latency_set_low=ch.latency_set_low_s)
         if ch.bandwidth_kind in (None, coll):
             kw.update(bandwidth_scale=ch.bandwidth_scale, bandwidth_set=ch.bandwidth_set)
         return f.seconds(nbytes, ch.world_size or n, bound=bound, **kw)

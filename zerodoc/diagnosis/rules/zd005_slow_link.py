@@ -17,7 +17,9 @@ all-gather below wrap_fine_median_bytes): then per-call latency explains the wai
 Severity: ERROR when the exposure beyond the link is >= exposed_fraction_crit of the step,
 else WARNING (the engine raises it further to what it explains: ZD003 / ZD004 / ZD006).
 Predicted: the step model's (`zerodoc.whatif`) answer for the fix as a change, named in the
-text: the slow collectives' fixed delay per call removed (latency 0) at the per-byte cost the
+text: the slow collectives' latency per call set to the link class's healthy latency
+(`thresholds.LINK_LATENCY_S`; the fitted one where that is lower; the range reaching down to
+latency 0: the run cannot tell the healthy per-call cost from the delay) at the per-byte cost the
 run fitted (a slope the noise hid: 0, its error in the range), the link class's bus bandwidth
 where the fit shows a slower one or resolves none (calls all of one size): the step time and
 exposed communication with their ranges, the same `zerodoc whatif` gives for that change.
@@ -29,7 +31,8 @@ from __future__ import annotations
 import statistics
 
 from ..findings import Severity
-from ...humanize import pct, rate
+from ...humanize import pct, rate, secs
+from ...thresholds import LINK_LATENCY_S
 from ...whatif import Changes
 from .base import effect, finding, whatif_model, model_effects, r6
 
@@ -78,9 +81,11 @@ def evaluate(ctx) -> list:
     hsdp = ("; the shard group spans nodes: shard within a node and replicate across (HSDP, "
             "`fully_shard(..., mesh=init_device_mesh(dev, (nodes, gpus_per_node)))`)"
             if w is not None and w.facts.world_size > max(1, w.facts.local_world_size) else "")
-    # The fix, as the step model's change: the slow collectives' fixed delay per call removed
-    # (latency 0) and their per-byte cost as the run fitted it, raised to the link class's
-    # bus bandwidth where the fit shows a slower one or cannot resolve one (`_class_priced`)
+    # The fix, as the step model's change: the slow collectives' latency per call set to the
+    # link class's healthy one (a fixed link still costs that per call; the fitted latency
+    # where lower), the range down to 0, and their per-byte cost as the run fitted it, raised
+    # to the link class's bus bandwidth where the fit shows a slower one or cannot resolve
+    # one (`_class_priced`)
     kinds = sorted({s[0] for s in slow})
     kind = kinds[0] if len(kinds) == 1 else None
     model = whatif_model(ctx)
@@ -88,8 +93,10 @@ def evaluate(ctx) -> list:
             if c in kinds]
     bw_set = ctx.link_busbw if not fits or any(_class_priced(f, ctx.link_busbw)
                                                for f in fits) else None
-    change = Changes(latency_set_s=0.0, latency_kind=kind, bandwidth_set=bw_set,
-                     bandwidth_kind=kind)
+    healthy = LINK_LATENCY_S.get(ctx.link, 0.0)
+    lat = min([healthy, *(f.latency_s for f in fits)])
+    change = Changes(latency_set_s=lat, latency_set_low_s=0.0 if lat > 0 else None,
+                     latency_kind=kind, bandwidth_set=bw_set, bandwidth_kind=kind)
     timed, model_text = model_effects(ctx, change)
     if not timed:
         timed = [effect(ctx, "exposed_comm_seconds_per_step", "down",
@@ -111,7 +118,7 @@ def evaluate(ctx) -> list:
              "SYS), `NCCL_DEBUG=INFO` for the transport (IB vs socket), NCCL_SOCKET_IFNAME / "
              "NCCL_IB_HCA (GLOO_SOCKET_IFNAME for gloo), PCIe link width and other traffic on "
              f"the bus{hsdp}. If the link class is wrong, pass --link."),
-        predicted=(_modelled(kinds, bw_set, fits, model_text) if model_text else
+        predicted=(_modelled(kinds, bw_set, fits, lat, healthy, model_text) if model_text else
                    f"at the expected {rate(ctx.link_busbw)} the large collectives would "
                    f"expose about {pct(cost_frac)} less of the step"),
         cost_seconds_per_step=cost, link=ctx.link,
@@ -134,7 +141,7 @@ def _class_priced(fit, link_busbw: float) -> bool:
     return fit.se_seconds_per_wire_byte <= 0
 
 
-def _modelled(kinds, bw_set, fits, model_text: str) -> str:
+def _modelled(kinds, bw_set, fits, lat: float, healthy: float, model_text: str) -> str:
     """The rule's predicted text: which change the model was asked (the fix as a what-if,
     the same `zerodoc whatif` answers) and its answer."""
     names = " and ".join(k.replace("_", "-") for k in kinds)
@@ -146,8 +153,12 @@ def _modelled(kinds, bw_set, fits, model_text: str) -> str:
     else:
         per_byte = ("the bus bandwidth the run fitted ("
                     + ", ".join(rate(f.bandwidth) for f in fits if f.bandwidth) + ")")
+    latency = (f"latency set to the link class's healthy {secs(healthy)} per call"
+               if lat >= healthy else
+               f"latency kept at the fitted {secs(lat)} per call (below the link class's "
+               f"healthy {secs(healthy)})")
     return (f"with the link fixed, modelled as the {names} collectives' fixed delay per call "
-            f"removed (latency 0) and {per_byte}; {model_text}")
+            f"removed ({latency}; the range down to latency 0) and {per_byte}; {model_text}")
 
 
 LINK_FACTS = ("link", "mesh_shape", "local_world_size", "backend", "simulated_link_latency_s")
