@@ -20,19 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import job_command, job_env, wait_until
+from tests.support.helpers import gauge_registry, job_command, job_env, wait_until
 from zerodoc.exporter import limits, server, webconfig
 from zerodoc.exporter.page import Page
 
 
 def registry(series: int = 10):
-    from prometheus_client import CollectorRegistry, Gauge
-
-    reg = CollectorRegistry()
-    g = Gauge("zerodoc_test_value", "A test gauge.", ["i"], registry=reg)
-    for i in range(series):
-        g.labels(str(i)).set(i)
-    return reg
+    return gauge_registry(series)
 
 
 @pytest.fixture

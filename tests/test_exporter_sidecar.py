@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from tests.support.helpers import job_command, job_env, pids_gone, wait_until
+from tests.support.helpers import gauge_registry, job_command, job_env, pids_gone, wait_until
 from zerodoc.exporter import limits, sidecar, webconfig
 from zerodoc.exporter.page import Page
 
@@ -36,13 +36,7 @@ def web_config(tmp_path):
 
 
 def registry(series: int = 20):
-    from prometheus_client import CollectorRegistry, Gauge
-
-    reg = CollectorRegistry()
-    g = Gauge("zerodoc_test_value", "A test gauge.", ["i"], registry=reg)
-    for i in range(series):
-        g.labels(str(i)).set(i)
-    return reg
+    return gauge_registry(series)
 
 
 @pytest.fixture

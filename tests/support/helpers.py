@@ -232,3 +232,15 @@ def profiled(tmp_factory, kind: str) -> tuple:
         return profiled_demo(tmp_factory, "delay", model={**PROFILED_MODEL, "prefetch": True},
                              attach={"inject_latency_s": PROFILED_DELAY_S})
     raise ValueError(kind)
+
+
+def gauge_registry(series: int = 10):
+    """A prometheus_client registry holding one gauge with `series` labelled series (the
+    exporter tests' page content)."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    reg = CollectorRegistry()
+    g = Gauge("zerodoc_test_value", "A test gauge.", ["i"], registry=reg)
+    for i in range(series):
+        g.labels(str(i)).set(i)
+    return reg
