@@ -175,6 +175,15 @@ def test_the_sidecar_is_the_default_for_basic_auth(tmp_path, monkeypatch):
     assert sidecar.wanted(cfg=None)
 
 
+def test_an_unknown_sidecar_setting_is_named_and_the_default_kept(tmp_path):
+    cfg = web_config(tmp_path)
+    named = r"ZERODOC_EXPORTER_SIDECAR='maybe' is not 1/0.*by a sidecar"
+    with pytest.warns(UserWarning, match=named):
+        assert sidecar.wanted(env={sidecar.ENV: "maybe"}, cfg=cfg)
+    with pytest.warns(UserWarning, match=r"'2'.*in-process"):
+        assert not sidecar.wanted(env={sidecar.ENV: "2"}, cfg=None)
+
+
 def test_a_live_run_with_basic_auth_serves_from_sidecars(tmp_path):
     """serve() in a real 2-rank job: each rank has a zd-sidecar child serving its page; the
     sidecars end with the job."""

@@ -77,12 +77,20 @@ NOT_READY = canned("503 Service Unavailable", [("Retry-After", "1")], "503 page 
 
 def wanted(env: dict | None = None, cfg=None) -> bool:
     """Serve from a sidecar? `$ZERODOC_EXPORTER_SIDECAR` 1/0, else with basic auth or TLS."""
-    v = (env if env is not None else os.environ).get(ENV, "").strip().lower()
+    raw = (env if env is not None else os.environ).get(ENV, "")
+    v = raw.strip().lower()
     if v in ("1", "true", "yes", "on"):
         return True
     if v in ("0", "false", "no", "off"):
         return False
-    return bool(cfg is not None and (cfg.auth or cfg.tls))
+    default = bool(cfg is not None and (cfg.auth or cfg.tls))
+    if v:
+        import warnings
+
+        warnings.warn(f"zerodoc: ${ENV}={raw!r} is not 1/0 (true/false, yes/no, on/off); "
+                      f"ignored: /metrics is served {'by a sidecar' if default else 'in-process'}"
+                      " as without it", stacklevel=3)
+    return default
 
 
 def variant(path: str, accept: str | None, encoding: str | None) -> str:
