@@ -157,12 +157,7 @@ class MetricsServer(HTTPServer):
 
     def authorize(self, header: str | None, client: str) -> str:
         """"ok", "unauthorized" or "rate_limited" (webconfig.Authenticator.verdict)."""
-        if self._auth is None:
-            return "ok"
-        user, password = webconfig.basic_credentials(header)
-        if user is None:
-            return "unauthorized"
-        return self._auth.verdict(user, password, client)
+        return "ok" if self._auth is None else self._auth.header_verdict(header, client)
 
     # --- the accepting loop (fastpath.py) ------------------------------------------------
     def serve_forever(self, poll_interval: float = 0.5) -> None:  # noqa: ARG002

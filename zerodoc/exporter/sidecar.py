@@ -59,7 +59,9 @@ from pathlib import Path
 
 from . import webconfig
 from .fastpath import DEFER_ACCEPT_S, MAX_HEAD, canned, defer_accept, parse_head, response_head
-from .limits import BUSY_RESPONSE, LIMITED_RESPONSE, OUTCOMES, Limits, Stats, name_thread
+from .limits import (
+    BUSY_RESPONSE, LIMITED_RESPONSE, OUTCOMES, Limits, Stats, name_thread, refuse,
+)
 
 ENV = "ZERODOC_EXPORTER_SIDECAR"
 STATS_EVERY_S = 0.25  # the sidecar rewrites its stats file (and tells the rank) at most this often
@@ -203,10 +205,10 @@ class Sidecar:
                 return
             if len(self.conns) >= self.limits.max_connections:
                 self._count("over_capacity")
-                _refuse(sock, BUSY_RESPONSE)
+                refuse(sock, BUSY_RESPONSE)
             elif self.auth is not None and self.auth.refuse_early(addr[0]):
                 self._count("rate_limited")
-                _refuse(sock, LIMITED_RESPONSE)
+                refuse(sock, LIMITED_RESPONSE)
             else:
                 sock.setblocking(False)
                 c = _Conn(sock, addr[0], time.monotonic() + self.limits.request_deadline_s)
@@ -345,12 +347,7 @@ class Sidecar:
             seen[1] = mtime
 
     def _verdict(self, header: str | None, client: str) -> str:
-        if self.auth is None:
-            return "ok"
-        user, password = webconfig.basic_credentials(header)
-        if user is None:
-            return "unauthorized"
-        return self.auth.verdict(user, password, client)
+        return "ok" if self.auth is None else self.auth.header_verdict(header, client)
 
     def _file(self, name: str) -> tuple | None:
         path = self.folder / name
@@ -413,20 +410,6 @@ class Sidecar:
 
 def _complain(e: Exception) -> None:
     print(f"zerodoc sidecar: {e}", file=sys.stderr)
-
-
-def _refuse(sock: socket.socket, answer: bytes) -> None:
-    try:
-        try:
-            sock.recv(65536, socket.MSG_DONTWAIT)
-        except OSError:
-            pass
-        sock.send(answer, socket.MSG_DONTWAIT | getattr(socket, "MSG_MORE", 0))
-        sock.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-    finally:
-        sock.close()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

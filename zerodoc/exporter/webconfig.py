@@ -382,6 +382,14 @@ class Authenticator:
     def check(self, user: str, password: str, client: str = "") -> bool:
         return self.verdict(user, password, client) == "ok"
 
+    def header_verdict(self, header: str | None, client: str = "") -> str:
+        """`verdict` of an `Authorization` header's basic credentials ("unauthorized" for a
+        missing or malformed one): what the in-process server and the sidecar ask."""
+        user, password = basic_credentials(header)
+        if user is None:
+            return "unauthorized"
+        return self.verdict(user, password, client)
+
     def verdict(self, user: str, password: str, client: str = "") -> str:
         """"ok", "unauthorized" or "rate_limited" (refused without checking the password)."""
         key = hashlib.sha256(self._salt + f"{user}\0{password}".encode()).digest()
