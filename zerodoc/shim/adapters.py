@@ -58,6 +58,13 @@ class Adapter:
         """Install instrumentation; return undo callables."""
         return []
 
+    def plan(self, rec, timer, on_root_forward, slow_link_s: float):
+        """The per-unit instrumentation built once (a `detailplan.DetailPlan`) that the
+        monitor installs at each detail step's start and removes at its end, instead of
+        `instrument()` (which builds it anew each time). None: this adapter has none; the
+        monitor calls `instrument()`."""
+        return None
+
     def install_always(self, rec, timer) -> list:
         """Instrumentation that stays for the whole run (installed once at attach, before
         the first backward), idle outside detail steps; return undo callables. Most

@@ -14,7 +14,9 @@ On CUDA the same switches open and close the exposure windows of `cuda.py`: pre-
 pre-backward (where FSDP makes the compute stream wait for the unit's all-gather),
 post-backward (where it waits for the previous unit's reduce-scatter) and, from an autograd
 callback queued behind FSDP's own final callback, the end of backward.
-Everything is undone by `uninstall()`. Hook points: see `hookpoints.py`.
+All of it is built once (`build_plan`, at attach: closures, comm objects, which hook dict
+entries and attributes) and put in place / taken out at each detail step
+(`detailplan.DetailPlan`). Hook points: see `hookpoints.py`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from . import hookpoints as hp
 from .comm import HostTimer
+from .detailplan import DetailPlan
 from .slowlink import SlowLink
 from .recorder import (
     ALL_GATHER, ALL_REDUCE, BACKWARD, B_FRAMEWORK, REDUCE_SCATTER, Recorder, unit_bucket,
@@ -138,6 +141,18 @@ def _root_keeps_params(u: Unit) -> bool:
         return False
 
 
+_COMM_CLASSES: tuple | None = None
+
+
+def _comm_classes():
+    """The two wrapper classes, made once per process (a class statement per install cost
+    ~50 us)."""
+    global _COMM_CLASSES
+    if _COMM_CLASSES is None:
+        _COMM_CLASSES = _make_comm_classes()
+    return _COMM_CLASSES
+
+
 def _make_comm_classes():
     AllGatherBase, ReduceScatterBase = hp.fsdp2_comm_bases()
     ag_bases = (AllGatherBase,) if AllGatherBase is not None else ()
@@ -182,8 +197,11 @@ def _make_comm_classes():
 
 
 def _install_comm(u: Unit, comm, public_setter: str, private_attr: str, hook: str,
-                  registry: hp.HookRegistry, undo: list) -> None:
-    """Install `comm` on every param group of `u`; prefer the public setter."""
+                  registry: hp.HookRegistry, plan: DetailPlan) -> None:
+    """Put `comm` on every param group of `u` at each install; prefer the public setter.
+    Tried once here: where it only sets the param groups' `private_attr` (torch 2.8-2.13),
+    each install sets that attribute itself (what the setter does, without its checks); a
+    setter that keeps the comm elsewhere is called at each install."""
     if not u.groups:
         return
     olds = [(g, getattr(g, private_attr)) for g in u.groups]
@@ -192,12 +210,19 @@ def _install_comm(u: Unit, comm, public_setter: str, private_attr: str, hook: st
         if setter is None or len(u.groups) > 1:
             raise ValueError("public setter unavailable")
         setter(comm)
-        registry.ok(f"FSDPModule.{public_setter}")
     except Exception:
-        for g in u.groups:
-            setattr(g, private_attr, comm)
         registry.ok(f"FSDPParamGroup.{private_attr}")
-    undo.append(lambda olds=olds: [setattr(g, private_attr, old) for g, old in olds])
+    else:
+        registry.ok(f"FSDPModule.{public_setter}")
+        placed = all(getattr(g, private_attr) is comm for g in u.groups)
+        for g, old in olds:
+            setattr(g, private_attr, old)  # installed at the detail steps only
+        if not placed:
+            plan.call(lambda: setter(comm),
+                      lambda: [setattr(g, private_attr, old) for g, old in olds])
+            return
+    for g in u.groups:
+        plan.attr(g, private_attr, comm)
 
 
 class _DistProxy(DistProxy):
@@ -219,16 +244,28 @@ class _DistProxy(DistProxy):
 
 def instrument(units: list[Unit], rec: Recorder, timer: HostTimer,
                registry: hp.HookRegistry, on_root_forward, slow_link_s: float = 0.0) -> list:
-    """Install all per-unit instrumentation; returns undo callables."""
-    undo: list = []
+    """Install all per-unit instrumentation now; returns undo callables."""
+    plan = build_plan(units, rec, timer, registry, on_root_forward, slow_link_s)
+    plan.install()
+    return [plan.remove]
+
+
+def build_plan(units: list[Unit], rec: Recorder, timer: HostTimer,
+               registry: hp.HookRegistry, on_root_forward,
+               slow_link_s: float = 0.0) -> DetailPlan:
+    """All per-unit instrumentation, built and not installed (`DetailPlan.install`)."""
+    plan = DetailPlan(rec, timer)
     reducing = [None]  # index of the unit whose post_backward runs (HSDP all-reduce)
     if any(getattr(g, "_is_hsdp", False) for u in units for g in u.groups):
         mod = hp.fsdp2_collectives_module()
         install_dist_proxy(mod, _DistProxy(getattr(mod, "dist", None), timer, reducing),
-                           "_fsdp_collectives.dist (HSDP all-reduce)", registry, undo)
-    AG, RS = _make_comm_classes()
+                           "_fsdp_collectives.dist (HSDP all-reduce)", registry, None,
+                           plan=plan)
+    AG, RS = _comm_classes()
     tail = _TailWindow(timer, registry) if timer.device else None
-    _wrap_prefetch(rec, registry, undo)
+    if tail is not None:  # a backward that raised left it queued: each sample starts afresh
+        plan.call(tail.reset, _nothing)
+    _wrap_prefetch(rec, registry, plan)
     for u in units:
         # --- collectives ---------------------------------------------------------
         try:
@@ -238,30 +275,34 @@ def instrument(units: list[Unit], rec: Recorder, timer: HostTimer,
                     inner_ag = SlowLink(inner_ag, slow_link_s)
                 inner_rs = u.groups[0]._reduce_scatter_comm
                 _install_comm(u, AG(inner_ag, timer, u.index), "set_custom_all_gather",
-                              "_all_gather_comm", "all_gather", registry, undo)
+                              "_all_gather_comm", "all_gather", registry, plan)
                 _install_comm(u, RS(inner_rs, timer, u.index), "set_custom_reduce_scatter",
-                              "_reduce_scatter_comm", "reduce_scatter", registry, undo)
+                              "_reduce_scatter_comm", "reduce_scatter", registry, plan)
         except Exception as e:
             registry.missing("FSDPParamGroup._all_gather_comm", repr(e))
 
         # --- forward compute (and the CUDA pre-forward window) ----------------------
         install_forward_hooks(
-            u.module, u.module, rec, timer, u.index, registry, undo,
+            u.module, u.module, rec, timer, u.index, registry, None,
             on_root_forward=on_root_forward if u.is_root else None,
             # After the root's forward, collectives belong to backward (public hooks only:
             # holds even if the private backward wrappers are unavailable).
-            post_extra=_to_backward(rec) if u.is_root else None)
+            post_extra=_to_backward(rec) if u.is_root else None, plan=plan)
 
         # --- backward compute ----------------------------------------------------
         for g in u.groups:
             try:
-                _wrap_backward(g, u.index, rec, timer, registry, undo, reducing, tail)
+                _wrap_backward(g, u.index, rec, timer, registry, plan, reducing, tail)
             except Exception as e:
                 registry.missing("FSDPParamGroup.pre_backward/post_backward", repr(e))
-    return undo
+    return plan
 
 
-def _wrap_prefetch(rec: Recorder, registry: hp.HookRegistry, undo: list) -> None:
+def _nothing() -> None:
+    pass
+
+
+def _wrap_prefetch(rec: Recorder, registry: hp.HookRegistry, plan: DetailPlan) -> None:
     """Explicit prefetch (`set_modules_to_forward_prefetch` / `..._backward_prefetch`) is
     framework work. Forward prefetch runs inside FSDP's pre-forward hook (framework already);
     backward prefetch runs in `FSDPState._pre_backward` *after* the param group's
@@ -285,8 +326,7 @@ def _wrap_prefetch(rec: Recorder, registry: hp.HookRegistry, undo: list) -> None
         finally:
             rec.remove(B_FRAMEWORK)
 
-    cls._prefetch_unshard = staticmethod(_prefetch_unshard)
-    undo.append(lambda: setattr(cls, "_prefetch_unshard", orig))
+    plan.attr(cls, "_prefetch_unshard", staticmethod(_prefetch_unshard))
     # Reported only when missing (a refinement of the backward hook point's numbers): each
     # hook point reported is a series on every rank, inside the series budget.
 
@@ -316,6 +356,9 @@ class _TailWindow:
         except Exception as e:
             self.registry.missing("Variable._execution_engine.queue_callback", repr(e))
 
+    def reset(self) -> None:
+        self.queued = False
+
     def _run(self) -> None:
         self.queued = False
         try:
@@ -325,7 +368,7 @@ class _TailWindow:
 
 
 def _wrap_backward(g, idx: int, rec: Recorder, timer, registry: hp.HookRegistry,
-                   undo: list, reducing: list, tail: _TailWindow | None) -> None:
+                   plan: DetailPlan, reducing: list, tail: _TailWindow | None) -> None:
     orig_pre = g.pre_backward
     orig_post = g.post_backward
     bwd_bucket = unit_bucket(idx, BACKWARD)
@@ -364,14 +407,10 @@ def _wrap_backward(g, idx: int, rec: Recorder, timer, registry: hp.HookRegistry,
             if window:
                 timer.ready(idx, ())
 
-    g.pre_backward = pre_backward
-    g.post_backward = post_backward
+    # instance attributes over the class's methods (removal deletes them again)
+    plan.attr(g, "pre_backward", pre_backward)
+    plan.attr(g, "post_backward", post_backward)
     registry.ok("FSDPParamGroup.pre_backward/post_backward")
-
-    def restore():
-        for name in ("pre_backward", "post_backward"):
-            g.__dict__.pop(name, None)
-    undo.append(restore)
 
 
 def describe(units: list[Unit], registry: hp.HookRegistry) -> FSDP2Info:
@@ -424,3 +463,6 @@ class FSDP2Adapter(Adapter):
 
     def instrument(self, rec, timer, on_root_forward, slow_link_s: float) -> list:
         return instrument(self.units, rec, timer, self.registry, on_root_forward, slow_link_s)
+
+    def plan(self, rec, timer, on_root_forward, slow_link_s: float) -> DetailPlan:
+        return build_plan(self.units, rec, timer, self.registry, on_root_forward, slow_link_s)

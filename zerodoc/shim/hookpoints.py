@@ -31,6 +31,7 @@ and zerodoc exports what still works.
 | `dist.Work` subclassing + `Work.get_future()` | yes | exposed time of async all-gathers     | 2.13    |
 | `Optimizer.register_step_pre_hook/post_hook` | yes | step boundaries, optimizer time     | 2.13    |
 | `nn.Module.register_forward_pre_hook(prepend=)` / `register_forward_hook(prepend=)` | yes | forward compute per unit | 2.13 |
+| `nn.Module._forward_pre_hooks` / `_forward_hooks` (OrderedDicts keyed by `RemovableHandle.id`; a prepended hook moved to the front; the side dicts `_forward_pre_hooks_with_kwargs`, `_forward_hooks_with_kwargs`, `_forward_hooks_always_called` hold only hooks registered with those flags) | no | a detail step's install: zerodoc's forward hooks put back under the key torch gave them once (`module_hook_slot`, `detailplan.py`), the order a fresh `register_*` gives; missing: the public `register_*` at every install | 2.13 (run); 2.0-2.12 (read, from copies of their `module.py`, not every release: the same storage since `prepend` came in 2.0); verified at attach on every run |
 | `distributed_c10d._world.pg_map` (the process groups) and `ProcessGroup._get_sequence_number_for_group()` | no | step-level collective counts on steps without per-unit detail (`sampling.SeqCounter`: one C call per group and step, ~0.3 us); missing: no `coll` counts on those steps | 2.13 (gloo); NCCL and gloo implement it since 1.9 (read) |
 | `DTensor._local_tensor` (else the public `to_local()`) | no | memory walks: a shard's bytes without `to_local()`'s autograd op (~6x faster) | 2.13 |
 
@@ -333,3 +334,32 @@ def swap_attr(obj: Any, name: str, new: Any):
         if getattr(obj, name, None) is new:
             setattr(obj, name, old)
     return undo
+
+
+def module_hook_slot(module: Any, fn: Any, *, post: bool, prepend: bool):
+    """Where torch keeps `fn` as a forward (pre-)hook of `module`: (the hook dict, its key).
+
+    Registers `fn` once through the public API, finds it in the module's private hook dict
+    (`_forward_hooks` / `_forward_pre_hooks`: an OrderedDict keyed by `RemovableHandle.id`,
+    a prepended hook first; torch 2.0-2.13), then removes it again. A detail step's install
+    puts `fn` back under that key (`detailplan.DetailPlan`). None when the hook is not there,
+    the dict cannot move a key to the front, or the hook needs one of the side dicts
+    (`_forward_hooks_with_kwargs`, `_forward_hooks_always_called`,
+    `_forward_pre_hooks_with_kwargs`: never used by zerodoc's hooks)."""
+    register = module.register_forward_hook if post else module.register_forward_pre_hook
+    handle = register(fn, prepend=prepend)
+    try:
+        d = module.__dict__.get("_forward_hooks" if post else "_forward_pre_hooks")
+        key = getattr(handle, "id", None)
+        if d is None or key is None or d.get(key) is not fn or \
+                not callable(getattr(d, "move_to_end", None)):
+            return None
+        if prepend and next(iter(d)) != key:
+            return None
+        sides = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called") if post else \
+            ("_forward_pre_hooks_with_kwargs",)
+        if any(key in module.__dict__.get(side, ()) for side in sides):
+            return None
+        return d, key
+    finally:
+        handle.remove()

@@ -108,6 +108,7 @@ class Monitor:
         self._folds = 0  # folds into the totals so far (the exporter's cache key)
         self._undo: list = []
         self._unit_undo: list = []  # removes the per-unit instrumentation (detail steps)
+        self._plan = None  # that instrumentation built once (detailplan.py), or None
         self._detail_on = False  # the per-unit hooks and wrappers are installed
         self._cpu_mark = thread_time()  # the training thread's CPU clock at the last step end
         self._cpu_carry = 0.0  # install cost paid at a step end, for the step it serves
@@ -160,6 +161,7 @@ class Monitor:
         self.seq = SeqCounter(self.registry)
         self._install_root_hook()
         self._undo += self.adapter.install_always(self.rec, self.timer)
+        self._detail_plan()  # built now: a sample's install only puts it in place
         if self.sampler.due(1):
             self._install_detail()
         elif self.timer.device:
@@ -341,11 +343,32 @@ class Monitor:
         if self._step_start is None:
             self._on_root_forward()
 
+    def _detail_plan(self):
+        """The adapter's per-unit instrumentation, built once (`detailplan.py`; at attach),
+        again only if the recorder or timer was replaced or someone else changed what it
+        wraps since (`DetailPlan.stale`). None: the adapter has no plan (`instrument()`)."""
+        plan = self._plan
+        if plan is not None and plan.rec is self.rec and plan.timer is self.timer and \
+                not plan.stale():
+            return plan
+        try:
+            plan = self.adapter.plan(self.rec, self.timer, self._on_root_forward,
+                                     self._inject)
+        except Exception as e:
+            self.registry.error("detail.plan", e)
+            plan = None
+        self._plan = plan
+        return plan
+
     def _install_detail(self) -> None:
         """Install the adapter's per-unit hooks and comm wrappers (a detail step begins)."""
         try:
-            self._unit_undo = self.adapter.instrument(self.rec, self.timer,
-                                                      self._on_root_forward, self._inject)
+            plan = self._detail_plan()
+            if plan is not None:
+                plan.install()
+            else:
+                self._unit_undo = self.adapter.instrument(self.rec, self.timer,
+                                                          self._on_root_forward, self._inject)
             self._detail_on = True
         except Exception as e:
             self.registry.error("detail.install", e)
@@ -359,6 +382,9 @@ class Monitor:
         undo, self._unit_undo = self._unit_undo, []
         self._detail_on = False
         self._tail = True  # its events may still be read back (`_end_lean`)
+        plan = self._plan
+        if plan is not None and plan.installed:
+            plan.remove(self._remove_error)
         for fn in reversed(undo):
             try:
                 fn()
@@ -366,6 +392,9 @@ class Monitor:
                 self.registry.error("detail.remove", e)
         if self.timer.device:
             self.rec.pause()
+
+    def _remove_error(self, e: BaseException) -> None:
+        self.registry.error("detail.remove", e)
 
     # --- hooks ------------------------------------------------------------------------
     def _on_root_forward(self) -> None:

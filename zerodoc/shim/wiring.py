@@ -44,16 +44,20 @@ class DistProxy:
 
 
 def install_dist_proxy(module, proxy: DistProxy, hook: str, registry: hp.HookRegistry,
-                       undo: list) -> bool:
+                       undo: list | None, *, plan=None) -> bool:
     """Replace `module.dist` by `proxy` (undone on close; another tool's proxy installed
-    later stays). Returns False (and reports the hook missing) when there is no `dist`."""
+    later stays). Returns False (and reports the hook missing) when there is no `dist`.
+    With `plan` (a `detailplan.DetailPlan`) the swap is made at each of its installs."""
     real = getattr(module, "dist", None) if module is not None else None
     if real is None:
         registry.missing(hook, "module or its `dist` reference not found")
         return False
     if isinstance(real, DistProxy):  # another monitor's proxy: leave it
         return False
-    undo.append(hp.swap_attr(module, "dist", proxy))
+    if plan is not None:
+        plan.attr(module, "dist", proxy, only_if_ours=True)
+    else:
+        undo.append(hp.swap_attr(module, "dist", proxy))
     registry.ok(hook)
     return True
 
@@ -61,13 +65,15 @@ def install_dist_proxy(module, proxy: DistProxy, hook: str, registry: hp.HookReg
 def install_forward_hooks(outer, inner, rec, timer, idx: int, registry: hp.HookRegistry,
                           undo: list, *, on_root_forward: Callable | None = None,
                           window: bool = True, pre_extra: Callable | None = None,
-                          post_extra: Callable | None = None) -> None:
+                          post_extra: Callable | None = None, plan=None) -> None:
     """The forward placement every adapter uses: hooks on `outer` run outside the
     framework's pre/post-forward (prepend pre-hook, plain post-hook), hooks on `inner` inside
     it. Between them the recorder's clock is on "framework"; inside, on the unit's compute.
     With `window`, the switch into "framework" is where the unit needs its parameters and
     the switch into compute is where the wait for them is over (the CUDA exposure window).
     `outer` and `inner` may be the same module (FSDP2: the framework's hooks are hooks too).
+    With `plan` (a `detailplan.DetailPlan`) the hooks are added to it, put in place by its
+    install (the same order), not registered now (`undo` unused).
     """
     # Precomputed per unit: the compute bucket of phase p is `base + p`; the host timer's
     # window marks are no-ops, so they are not called at all.
@@ -98,6 +104,13 @@ def install_forward_hooks(outer, inner, rec, timer, idx: int, registry: hp.HookR
             post_extra(out)
 
     try:
+        if plan is not None:
+            plan.forward_pre_hook(outer, outer_pre, registry, prepend=True)
+            plan.forward_pre_hook(inner, inner_pre, registry)
+            plan.forward_hook(inner, inner_post, registry, prepend=True)
+            plan.forward_hook(outer, outer_post, registry)
+            registry.ok("nn.Module forward hooks (prepend)")
+            return
         hs = [outer.register_forward_pre_hook(outer_pre, prepend=True),
               inner.register_forward_pre_hook(inner_pre),
               inner.register_forward_hook(inner_post, prepend=True),

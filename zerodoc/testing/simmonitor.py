@@ -46,6 +46,9 @@ def _adapter_class(fsdp, names):
         def instrument(self, rec, timer, on_root_forward, slow_link_s):
             return fsdp2.instrument(self.units, rec, timer, self.registry, on_root_forward)
 
+        def plan(self, rec, timer, on_root_forward, slow_link_s):
+            return fsdp2.build_plan(self.units, rec, timer, self.registry, on_root_forward)
+
         def memory_module(self):
             return fsdp.root
     return FakeFSDP2Adapter
@@ -76,6 +79,7 @@ def attach(sim, fsdp, opt, detail, run_dir: str, queue: list):
     mon.rec, mon.timer = rec, cuda.CudaTimer(rec, mon.registry, event_factory=sim.Event)
     mon.sampler = Sampler(detail, "sim")
     mon.facts.config["sampling"] = mon.sampler.header()
+    mon._detail_plan()  # built for the new recorder and timer, as attach() does
     if mon.sampler.due(1):
         mon._install_detail()
     else:
