@@ -60,8 +60,9 @@ class DetailPlan:
         if slot is not None:
             self.hooks.append((slot[0], slot[1], fn, prepend))
             return
-        registry.missing(HOOK_DICT, "not where torch 2.0-2.13 keep them; the public "
-                                    "register_* path is used at every install")
+        registry.missing(HOOK_DICT, "not where torch 2.0-2.13 keep them; each install "
+                                    "registers through the public register_*: the same "
+                                    "numbers, a slower install")
         handle: list = []
 
         def install() -> None:

@@ -1,0 +1,204 @@
+"""A sample's install and removal (zerodoc/shim/detailplan.py): the per-unit instrumentation is
+built once and put in place / taken out at each detail step by writing the modules' hook dicts
+and the param groups' attributes. The witness of the hooks' order is torch's own
+`register_forward_pre_hook(prepend=True)` / `register_forward_hook` (the plan's public
+fallback, forced on a twin); the witness of the numbers is a freshly built plan's first
+install on an identical twin, both on the CUDA stand-in (deterministic)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from zerodoc.shim import fsdp2
+from zerodoc.shim import hookpoints as hp
+from zerodoc.shim.cuda import CudaTimer
+from zerodoc.shim.devclock import DeviceRecorder, EventPool
+from zerodoc.shim.detailplan import DetailPlan
+from zerodoc.shim.recorder import B_OPTIMIZER, FORWARD, unit_bucket
+from zerodoc.testing.cudasim import Sim
+from zerodoc.testing.fakefsdp2 import FakeFSDP2
+from zerodoc.testing.simmonitor import units_spec
+
+N = 4
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield None
+
+
+def _user_pre(mod, args):
+    return None
+
+
+def _user_post(mod, args, out):
+    return None
+
+
+def _late_pre(mod, args):  # registered by the user between two samples, in front
+    return None
+
+
+def _late_post(mod, args, out):
+    return None
+
+
+class Twin:
+    """A fake FSDP2 model (FSDP's own forward hooks registered by the fake at build, a user's
+    after them) with the real FSDP2 plan on the device recorder."""
+
+    def __init__(self, monkeypatch, public: bool = False):
+        self.sim = Sim(launch_ms=0.005)
+        spec = units_spec(N)
+        self.fsdp = FakeFSDP2(self.sim, spec)
+        for m in self.fsdp.modules:
+            m.register_forward_pre_hook(_user_pre)
+            m.register_forward_hook(_user_post)
+        self.queue: list = []
+        self.mp = monkeypatch
+        self.registry = hp.HookRegistry()
+        self.rec = DeviceRecorder(N, EventPool(self.sim.Event))
+        self.timer = CudaTimer(self.rec, self.registry, event_factory=self.sim.Event)
+        units = [fsdp2.Unit(i, s[0], m, [g], i == 0)
+                 for i, (s, m, g) in enumerate(zip(spec, self.fsdp.modules, self.fsdp.groups))]
+        with monkeypatch.context() if public else _nothing() as mp:
+            if public:  # the hook dicts "not found": the public register_* at every install
+                mp.setattr(hp, "module_hook_slot", lambda *a, **k: None)
+            self.plan = fsdp2.build_plan(units, self.rec, self.timer, self.registry,
+                                         self.on_root_forward)
+        self.rec.pause()
+
+    def on_root_forward(self):
+        self.rec.phase = FORWARD
+
+    def install(self):
+        self.plan.install()
+        self.rec.resume()
+
+    def remove(self):
+        self.plan.remove()
+        self.rec.pause()
+
+    def step(self):
+        # autograd's final callbacks: the fake's step runs them
+        self.mp.setattr(hp, "queue_autograd_callback", self.queue.append)
+        self.fsdp.step(self.queue)
+        self.rec.push(B_OPTIMIZER)
+        self.sim.kernel(0.5, "optimizer")
+        self.rec.remove(B_OPTIMIZER)
+        self.sim.drain()
+
+    def hooks(self) -> list:
+        """Every module's forward pre-hooks and hooks, in the order torch runs them."""
+        def name(fn):
+            return fn.__qualname__.replace(".<locals>", "")
+        return [([name(f) for f in m._forward_pre_hooks.values()],
+                 [name(f) for f in m._forward_hooks.values()]) for m in self.fsdp.modules]
+
+    def numbers(self) -> dict:
+        self.timer.collect()
+        acc, comm = self.rec.drain(0.0)
+        dev, _checks, _caught = self.rec.take_device()
+        return {"device": [dev[unit_bucket(u, p)] for u in range(N) for p in (0, 1)],
+                "comm": {k: list(v) for k, v in comm.items()}}
+
+
+@pytest.fixture
+def prefetch_restored(monkeypatch):
+    # the plans set FSDPParamGroup._prefetch_unshard on the class while installed
+    pg = hp.fsdp2_param_group_class()
+    monkeypatch.setattr(pg, "_prefetch_unshard", pg.__dict__["_prefetch_unshard"])
+
+
+def test_hooks_in_torchs_order_after_every_install_and_gone_after_every_removal(
+        monkeypatch, prefetch_restored):
+    fast, public = Twin(monkeypatch), Twin(monkeypatch, public=True)
+    # the hook dicts were found (2.13); the twin's go through torch's register_* each time
+    assert len(fast.plan.hooks) == 4 * N and len(fast.plan.calls) == 1  # (the tail's reset)
+    assert not public.plan.hooks and len(public.plan.calls) == 1 + 4 * N
+    bare = fast.hooks()
+    assert bare == public.hooks()
+    assert all(pre[-1] == "_user_pre" and "_user_pre" in pre and len(pre) == 2
+               for pre, _post in bare)
+    for cycle in range(4):
+        if cycle == 2:  # the user adds hooks between two samples: ours still go in front
+            for twin in (fast, public):
+                for m in twin.fsdp.modules:
+                    m.register_forward_pre_hook(_late_pre, prepend=True)
+                    m.register_forward_hook(_late_post, prepend=True)
+            bare = fast.hooks()
+        for twin in (fast, public):
+            twin.install()
+        got = fast.hooks()
+        assert got == public.hooks(), cycle
+        for (pre, post), (pre0, post0) in zip(got, bare):
+            # ours around FSDP's own: the outer pre-hook first, the inner one last; the inner
+            # post-hook first, the outer one last; each once
+            assert pre[0].endswith("outer_pre") and pre[-1].endswith("inner_pre"), pre
+            assert post[0].endswith("inner_post") and post[-1].endswith("outer_post"), post
+            assert pre[1:-1] == pre0 and post[1:-1] == post0
+        groups = fast.fsdp.groups
+        assert all("pre_backward" in g.__dict__ and "post_backward" in g.__dict__
+                   for g in groups)
+        assert all(type(g._all_gather_comm).__name__ == "InstrumentedAllGather"
+                   for g in groups)
+        for twin in (fast, public):
+            twin.remove()
+        assert fast.hooks() == public.hooks() == bare, cycle  # nothing of ours left
+        assert not any("pre_backward" in g.__dict__ for g in groups)
+        assert all(type(g._all_gather_comm).__name__ == "SimComm" for g in groups)
+        assert not fast.plan.stale()
+
+
+def test_a_sample_after_three_installs_measures_what_a_fresh_install_does(
+        monkeypatch, prefetch_restored):
+    cycled, fresh = Twin(monkeypatch), Twin(monkeypatch)
+    for _ in range(3):  # three samples' install and removal, an unsampled step between
+        cycled.install()
+        cycled.remove()
+        cycled.step()
+        fresh.step()
+    cycled.install()
+    fresh.install()
+    for twin in (cycled, fresh):
+        twin.numbers()  # what the unsampled steps left (none per unit)
+        twin.step()
+    a, b = cycled.numbers(), fresh.numbers()
+    assert sum(b["device"]) > 0 and b["comm"]
+    assert a["device"] == pytest.approx(b["device"], abs=1e-9)
+    assert a["comm"].keys() == b["comm"].keys()
+    for k in a["comm"]:
+        assert a["comm"][k] == pytest.approx(b["comm"][k], abs=1e-9), k
+
+
+def test_a_comm_changed_between_samples_makes_the_plan_stale(monkeypatch, prefetch_restored):
+    twin = Twin(monkeypatch)
+    g = twin.fsdp.groups[1]
+    twin.install()
+    twin.remove()
+    assert not twin.plan.stale()
+    mine = g._all_gather_comm
+    g._all_gather_comm = object()  # a user's own all-gather set between two samples
+    assert twin.plan.stale()  # the monitor rebuilds the plan over it (monitor._detail_plan)
+    g._all_gather_comm = mine
+    assert not twin.plan.stale()
+
+
+def test_module_hook_slot_finds_the_key_torch_gives():
+    m = torch.nn.Linear(2, 2)
+    h0 = m.register_forward_pre_hook(_user_pre)
+
+    def ours(mod, args):
+        return None
+    d, key = hp.module_hook_slot(m, ours, post=False, prepend=True)
+    assert d is m._forward_pre_hooks and key not in d  # registered, found, removed again
+    plan = DetailPlan()
+    plan.hooks.append((d, key, ours, True))
+    plan.install()
+    assert list(m._forward_pre_hooks.values()) == [ours, _user_pre]
+    plan.remove()
+    assert list(m._forward_pre_hooks.values()) == [_user_pre]
+    h0.remove()
