@@ -5,12 +5,15 @@
 FSDP2's CUDA stream behaviour on the CUDA stand-in (`zerodoc/testing/fakefsdp2.py` over
 `zerodoc/testing/cudasim.py`: the same stand-in the GPU-semantics tests use) drives the real
 monitor: `zerodoc.attach()` on the fake model (its adapter is the real FSDP2 wiring,
-`zerodoc.shim.fsdp2.instrument`, over the fake's units), with the GPU path's device recorder
+`zerodoc.shim.fsdp2.build_plan`, over the fake's units), with the GPU path's device recorder
 and collective timer on stand-in events. Two twins: A with zerodoc, B without. Each round
-runs a block of unsampled steps of A (per-unit detail off: only the always-on tier) and a
-block of sampled ones (per-unit hooks and wrappers installed), each step of A paired with a
-step of B run right before or after it (the order alternates), so that the machine's drift
-cancels in the pair's difference.
+runs a block of unsampled steps of A (per-unit detail off: only the always-on tier), a
+block of sampled ones (per-unit hooks and wrappers installed for the whole block) and a block
+of single samples as a run has them (every second step of A a detail step: the step before it
+installs the per-unit instrumentation at its end, the detail step removes it at its own), each
+step of A paired with a step of B run right before or after it (a single sample: A's two
+steps with two of B's; the order alternates), so that the machine's drift cancels in the
+pair's difference.
 
 Printed, one JSON object (times: the training thread's CPU time, `time.thread_time`):
 - `unsampled_python_us`: zerodoc's own Python time on an unsampled step, measured around the
@@ -41,8 +44,21 @@ Printed, one JSON object (times: the training thread's CPU time, `time.thread_ti
   no model) in a tight loop and after touching 0.25 to 16 MB of other memory: the cost of
   that code when the caches no longer hold it (the model's own work between two step ends
   does that, more of it the larger the model), with the stand-in's calls included.
-- `install_us` / `remove_us`: installing / removing the per-unit instrumentation once (paid on
-  the first and after the last step of a run of sampled steps).
+- `install_us` / `remove_us`: installing / removing the per-unit instrumentation once
+  (`Monitor._install_detail` / `_remove_detail` alone, right after a block of steps: the
+  caches hold little of it, as in a run; medians, less the stand-in's time in their CUDA
+  calls; `install_cuda_calls`: the device clock's opening mark), paid by every sample.
+- `per_sample_python_us`: what one sample costs as the sampler sees it (`Monitor._tiers`:
+  the install, the detail step, its removal, and the read-back of its tail on the steps after
+  it), measured on the single samples: the median of A's two steps less B's two, less the
+  stand-in's time and the counting's cost, less `unsampled_python_us` (the step before the
+  sample would pay that anyway); `per_sample_cuda_calls` likewise; `per_sample_cost_us` =
+  Python + 3 us a CUDA call, judged against the sampled target (`per_sample_ok`);
+  `per_sample_ab_*` its A/B spread. `per_sample_sum_us`: the sum of the parts measured apart
+  (install + `sampled_cost_us` + removal, each with its CUDA calls): the same quantity
+  through another route. `sampled_cost_us` is the detail step alone, with the
+  instrumentation installed for a whole block of steps (install and removal amortised
+  away).
 Figures from this machine's CPU: they show the host cost a GPU step would pay.
 """
 
@@ -292,25 +308,62 @@ def main(argv=None) -> int:
             out.append((a, b))
         return out
 
-    def set_kind(kind: str) -> float:
-        t = time.thread_time()
+    class Alternate(Sampler):
+        """Adaptive, as a job runs by default (its step end feeds the sampler), but every
+        second step from `base` on a detail step: single samples between unsampled steps."""
+
+        base = 0
+
+        def due(self, step: int) -> bool:
+            return (step - self.base) % 2 == 1
+
+    def set_kind(kind: str) -> tuple[float, int]:
+        """Switch A to `kind`: (the thread time and the CUDA calls of the install or removal
+        it took, if any)."""
         if kind == "sampled":
             mon.sampler = Sampler("every", "bench")
-            if not mon._detail_on:
-                mon._install_detail()
+        elif kind == "single":
+            mon.sampler = Alternate("adaptive", "bench")
+            # the next step installs at its end, the one after it is the detail step
+            mon.sampler.base = mon.step_index + 1
         else:
             # adaptive, as a job runs by default (its step end feeds the sampler: one CPU
             # clock read, the position hash), with a K no step of the bench reaches
             mon.sampler = Sampler("adaptive", "bench")
             mon.sampler.k = 1 << 40
-            if mon._detail_on:
-                mon._remove_detail()
-        return time.thread_time() - t
+        n, s = counter.n, counter.t
+        t = time.thread_time()
+        if kind == "sampled" and not mon._detail_on:
+            mon._install_detail()
+        elif kind != "sampled" and mon._detail_on:
+            mon._remove_detail()
+        t = time.thread_time() - t
+        n = counter.n - n  # its CUDA calls: charged at 3 us each, not as Python
+        return t - (counter.t - s) - counter.outside_s * n, n
 
-    for kind in ("sampled", "unsampled"):  # warm-up
+    def single_block(n: int) -> list[tuple[tuple, tuple]]:
+        """n single samples: A's step that installs at its end and its detail step, paired
+        with two steps of B (which twin first alternates), each as one summed step."""
+        gc.collect()
+        out = []
+
+        def two(twin: str) -> tuple:
+            x, y = step(twin), step(twin)
+            return tuple(p + q for p, q in zip(x, y))
+        for i in range(n):
+            if i % 2:
+                b = two("B")
+                a = two("A")
+            else:
+                a = two("A")
+                b = two("B")
+            out.append((a, b))
+        return out
+
+    for kind in ("sampled", "single", "unsampled"):  # warm-up
         set_kind(kind)
-        block(max(4, args.steps // 4))
-    res: dict[str, list] = {"unsampled": [], "sampled": []}
+        (single_block if kind == "single" else block)(max(4, args.steps // 4))
+    res: dict[str, list] = {"unsampled": [], "sampled": [], "single": []}
     install, remove = [], []
     gcw = GcWatch(counter)
     gc_unsampled = [0, 0]  # passes inside zerodoc, all passes (unsampled blocks)
@@ -322,7 +375,8 @@ def main(argv=None) -> int:
         gc_unsampled[1] += gcw.total - g0
         install.append(set_kind("sampled"))
         res["sampled"].append(block(args.steps))
-        remove.append(set_kind("unsampled"))
+        remove.append(set_kind("single"))
+        res["single"].append(single_block(max(4, args.steps // 2)))
     gcw.close()
     # the witness: zerodoc's Python calls inside an unsampled step's forward and backward
     set_kind("unsampled")
@@ -392,17 +446,43 @@ def main(argv=None) -> int:
     out["unsampled_zerodoc_calls_in_forward_backward"] = max(inside)
     out["unsampled_gc_passes_in_zerodoc_per_step"] = round(gc_unsampled[0] / n_unsampled, 3)
     out["gc_passes_per_step"] = gc_per_step
-    out["install_us"] = round(med(install) * us, 1)
-    out["remove_us"] = round(med(remove) * us, 1)
+    out["install_us"] = round(med(t for t, _n in install) * us, 1)
+    out["remove_us"] = round(med(t for t, _n in remove) * us, 1)
+    out["install_cuda_calls"] = med(n for _t, n in install)
+    out["remove_cuda_calls"] = med(n for _t, n in remove)
+    # one sample as the sampler sees it: A's two steps (the install at the first one's end,
+    # the detail step, its removal) less B's two, less the unsampled step's own cost
+    pairs = [p for r in res["single"] for p in r]
+    diffs = [a[0] - b[0] for a, b in pairs]
+    own = [(a[0] - a[3]) - (b[0] - b[3]) - counter.outside_s * (a[2] - b[2])
+           for a, b in pairs]
+    base_us = out["unsampled_python_us"]
+    lo, hi = ci95(diffs)
+    rounds = [med(a[0] - b[0] for a, b in r) for r in res["single"]]
+    out["per_sample_ab_us"] = round(med(diffs) * us, 1)
+    out["per_sample_ab_ci95_us"] = [round(lo * us, 1), round(hi * us, 1)]
+    out["per_sample_ab_rounds_us"] = [round(min(rounds) * us, 1), round(max(rounds) * us, 1)]
+    lo, hi = ci95(own)
+    out["per_sample_python_ci95_us"] = [round(lo * us - base_us, 1), round(hi * us - base_us, 1)]
+    out["per_sample_python_us"] = round(med(own) * us - base_us, 1)
+    out["per_sample_cuda_calls"] = med(a[2] - b[2] for a, b in pairs) - \
+        out["unsampled_cuda_calls"]
+    out["per_sample_cost_us"] = round(out["per_sample_python_us"] + US_PER_CUDA_CALL *
+                                      out["per_sample_cuda_calls"], 1)
+    out["per_sample_sum_us"] = round(
+        out["install_us"] + out["sampled_cost_us"] + out["remove_us"] + US_PER_CUDA_CALL *
+        (out["install_cuda_calls"] + out["remove_cuda_calls"]), 1)
     target = TARGETS.get(args.units)
     if target:
         out["unsampled_target_us"], out["sampled_target_us"] = target
         out["unsampled_ok"] = out["unsampled_cost_us"] <= target[0]
         out["sampled_ok"] = out["sampled_cost_us"] <= target[1]
+        out["per_sample_ok"] = out["per_sample_cost_us"] <= target[1]
     out["note"] = ("thread CPU time on this machine; per step cost = Python us + 3 us per "
                    "CUDA call; unsampled_python_us: inside zerodoc's code, sampled: A - B; "
                    "both less the stand-in's time in zerodoc's CUDA calls; *_ab_us: median "
-                   "of A - B over interleaved pairs, ci95 its interval")
+                   "of A - B over interleaved pairs, ci95 its interval; per_sample: install "
+                   "+ detail step + removal on single samples between unsampled steps")
     print(json.dumps(out))
     return 0
 

@@ -130,10 +130,15 @@ def test_hooks_in_torchs_order_after_every_install_and_gone_after_every_removal(
                     m.register_forward_pre_hook(_late_pre, prepend=True)
                     m.register_forward_hook(_late_post, prepend=True)
             bare = fast.hooks()
-        for twin in (fast, public):
-            twin.install()
+        # one installed at a time, as in a job (the plans share FSDPParamGroup's
+        # `_prefetch_unshard`: an install over another's refuses, `stale`)
+        assert fast.plan.install() and fast.rec.resume() is None
         got = fast.hooks()
+        fast.remove()
+        assert public.plan.install()
         assert got == public.hooks(), cycle
+        public.remove()
+        fast.install()
         for (pre, post), (pre0, post0) in zip(got, bare):
             # ours around FSDP's own: the outer pre-hook first, the inner one last; the inner
             # post-hook first, the outer one last; each once
@@ -145,8 +150,7 @@ def test_hooks_in_torchs_order_after_every_install_and_gone_after_every_removal(
                    for g in groups)
         assert all(type(g._all_gather_comm).__name__ == "InstrumentedAllGather"
                    for g in groups)
-        for twin in (fast, public):
-            twin.remove()
+        fast.remove()
         assert fast.hooks() == public.hooks() == bare, cycle  # nothing of ours left
         assert not any("pre_backward" in g.__dict__ for g in groups)
         assert all(type(g._all_gather_comm).__name__ == "SimComm" for g in groups)
@@ -161,12 +165,14 @@ def test_a_sample_after_three_installs_measures_what_a_fresh_install_does(
         cycled.remove()
         cycled.step()
         fresh.step()
-    cycled.install()
-    fresh.install()
-    for twin in (cycled, fresh):
+    got = []
+    for twin in (cycled, fresh):  # one installed at a time, as in a job
+        twin.install()
         twin.numbers()  # what the unsampled steps left (none per unit)
         twin.step()
-    a, b = cycled.numbers(), fresh.numbers()
+        got.append(twin.numbers())
+        twin.remove()
+    a, b = got
     assert sum(b["device"]) > 0 and b["comm"]
     assert a["device"] == pytest.approx(b["device"], abs=1e-9)
     assert a["comm"].keys() == b["comm"].keys()
@@ -181,10 +187,16 @@ def test_a_comm_changed_between_samples_makes_the_plan_stale(monkeypatch, prefet
     twin.remove()
     assert not twin.plan.stale()
     mine = g._all_gather_comm
-    g._all_gather_comm = object()  # a user's own all-gather set between two samples
+    theirs = g._all_gather_comm = object()  # a user's own all-gather set between samples
     assert twin.plan.stale()  # the monitor rebuilds the plan over it (monitor._detail_plan)
+    before = twin.hooks()
+    assert twin.plan.install() is False  # and an install refuses: nothing put in place
+    assert g._all_gather_comm is theirs and twin.hooks() == before
+    assert not any("pre_backward" in x.__dict__ for x in twin.fsdp.groups)
+    assert type(twin.fsdp.groups[0]._all_gather_comm).__name__ == "SimComm"
     g._all_gather_comm = mine
     assert not twin.plan.stale()
+    assert twin.plan.install() is True
 
 
 def test_module_hook_slot_finds_the_key_torch_gives():

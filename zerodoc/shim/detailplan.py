@@ -44,6 +44,8 @@ class DetailPlan:
         self.attrs: list[tuple[Any, str, Any, Any, bool]] = []
         self.calls: list[tuple[Callable, Callable]] = []
         self.installed = False
+        self._compiled: bool | None = None  # True once `_compile` grouped the attributes
+        self._objs: list = []
 
     # --- building (once) -------------------------------------------------------------
     def forward_pre_hook(self, module, fn: Callable, registry: hp.HookRegistry, *,
@@ -78,23 +80,64 @@ class DetailPlan:
         for a class, as it is now, is what removal restores)."""
         old = obj.__dict__.get(name, _MISSING)  # an instance's dict, or a class's mapping
         self.attrs.append((obj, name, new, old, only_if_ours))
+        self._compiled = None
 
     def call(self, install: Callable, remove: Callable) -> None:
         self.calls.append((install, remove))
 
     # --- the sample's install and removal ------------------------------------------
-    def install(self) -> None:
+    def _compile(self) -> None:
+        """The attributes grouped per object for the install's loop: an object whose
+        attributes are plain instance-dict entries (no `__setattr__` of its own, no data
+        descriptor of that name) is written through its `__dict__` in one `update`, and
+        restored the same way (the old values present in one `update`, the absent ones
+        popped)."""
+        objs: dict[int, list] = {}
+        for obj, name, new, old, ours in self.attrs:
+            e = objs.setdefault(id(obj), [obj, [], [], [], False])
+            e[1].append(name)
+            e[2].append(new)
+            e[3].append(old)
+            e[4] = e[4] or ours
+        self._objs = []
+        for obj, names, news, olds, ours in objs.values():
+            own = obj.__dict__
+            cls = type(obj)
+            fast = not ours and type(own) is dict and cls.__setattr__ is object.__setattr__ \
+                and not any(hasattr(getattr(cls, n, None), "__set__") for n in names)
+            back = {n: o for n, o in zip(names, olds) if o is not _MISSING}
+            gone = tuple(n for n, o in zip(names, olds) if o is _MISSING)
+            self._objs.append((obj, own, fast, tuple(zip(names, olds)), dict(zip(names, news)),
+                               back, gone, ours))
+        self._compiled = True
+
+    def install(self) -> bool:
+        """Put everything in place. False (nothing put in place) when an attribute the plan
+        sets was changed by someone else since it was built (`stale`)."""
         if self.installed:
-            return
+            return True
+        if self._compiled is None:
+            self._compile()
+        done = 0
+        for obj, own, fast, pairs, news, _back, _gone, _ours in self._objs:
+            for name, old in pairs:
+                if own.get(name, _MISSING) is not old:
+                    self._restore(self._objs[:done])  # (none when the first one differs)
+                    return False
+            if fast:
+                own.update(news)
+            else:
+                for name, new in news.items():
+                    setattr(obj, name, new)
+            done += 1
         self.installed = True
-        for obj, name, new, _old, _ours in self.attrs:
-            setattr(obj, name, new)
         for d, key, fn, prepend in self.hooks:
             d[key] = fn
             if prepend:
                 d.move_to_end(key, last=False)
         for install, _remove in self.calls:
             install()
+        return True
 
     def remove(self, on_error: Callable[[BaseException], None] | None = None) -> None:
         """Take everything out (a failing part is reported to `on_error` and the rest still
@@ -110,23 +153,34 @@ class DetailPlan:
                     on_error(e)
         for d, key, _fn, _prepend in self.hooks:
             d.pop(key, None)
-        for obj, name, new, old, ours in reversed(self.attrs):
-            try:
-                if ours and obj.__dict__.get(name, _MISSING) is not new:
-                    continue  # wrapped again since: ours stays, passing through
-                if old is _MISSING:
-                    if name in obj.__dict__:  # (an install that failed half-way)
-                        delattr(obj, name)
-                else:
-                    setattr(obj, name, old)
-            except Exception as e:  # noqa: BLE001
-                if on_error is not None:
-                    on_error(e)
+        self._restore(self._objs, on_error)
+
+    @staticmethod
+    def _restore(objs, on_error=None) -> None:
+        for obj, own, fast, pairs, news, back, gone, ours in reversed(objs):
+            if fast:
+                own.update(back)
+                for name in gone:
+                    own.pop(name, None)
+                continue
+            for name, old in pairs:
+                try:
+                    if ours and own.get(name, _MISSING) is not news[name]:
+                        continue  # wrapped again since: ours stays, passing through
+                    if old is _MISSING:
+                        if name in own:  # (an install that failed half-way)
+                            delattr(obj, name)
+                    else:
+                        setattr(obj, name, old)
+                except Exception as e:  # noqa: BLE001
+                    if on_error is not None:
+                        on_error(e)
 
     def stale(self) -> bool:
         """Whether an attribute the plan sets was changed by someone else since it was built
         (a user's own comm set between samples, another tool's wrapper): then its saved
-        `old` and the wrappers' inner objects are out of date and the plan is rebuilt."""
+        `old` and the wrappers' inner objects are out of date and the plan is rebuilt (the
+        install checks this itself and refuses)."""
         for obj, name, _new, old, _ours in self.attrs:
             if obj.__dict__.get(name, _MISSING) is not old:
                 return True

@@ -40,7 +40,8 @@ from .wiring import (
 
 ROOT_NAME = "(root)"
 REDUCTIONS = (REDUCE_SCATTER, ALL_REDUCE)
-_SYNC = {"async_op": False}  # the blocking all-gather's keyword arguments (never mutated)
+_SYNC = {"async_op": False}  # the collectives' keyword arguments (never mutated)
+_ASYNC = {"async_op": True}
 
 
 @dataclass
@@ -178,8 +179,8 @@ def _make_comm_classes():
                 return self.timer.sync_call(self.inner, (output_tensor, input_tensor, group),
                                             _SYNC, self.unit, ALL_GATHER, output_tensor.nbytes)
             return self.timer.call(self.inner, (output_tensor, input_tensor, group),
-                                   {"async_op": async_op}, self.unit, ALL_GATHER,
-                                   _nbytes(output_tensor), async_op, group)
+                                   _ASYNC if async_op else _SYNC, self.unit, ALL_GATHER,
+                                   output_tensor.nbytes, async_op, group)
 
     class InstrumentedReduceScatter(*rs_bases):
         def __init__(self, inner, timer: HostTimer, unit: int):
@@ -190,8 +191,8 @@ def _make_comm_classes():
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             return self.timer.call(self.inner, (output_tensor, input_tensor, group, op),
-                                   {"async_op": async_op}, self.unit, REDUCE_SCATTER,
-                                   _nbytes(input_tensor), async_op, group)
+                                   _ASYNC if async_op else _SYNC, self.unit, REDUCE_SCATTER,
+                                   input_tensor.nbytes, async_op, group)
 
     return InstrumentedAllGather, InstrumentedReduceScatter
 

@@ -346,10 +346,10 @@ class Monitor:
     def _detail_plan(self):
         """The adapter's per-unit instrumentation, built once (`detailplan.py`; at attach),
         again only if the recorder or timer was replaced or someone else changed what it
-        wraps since (`DetailPlan.stale`). None: the adapter has no plan (`instrument()`)."""
+        wraps since (its install refuses: `DetailPlan.stale`). None: the adapter has no plan
+        (`instrument()`)."""
         plan = self._plan
-        if plan is not None and plan.rec is self.rec and plan.timer is self.timer and \
-                not plan.stale():
+        if plan is not None and plan.rec is self.rec and plan.timer is self.timer:
             return plan
         try:
             plan = self.adapter.plan(self.rec, self.timer, self._on_root_forward,
@@ -365,7 +365,11 @@ class Monitor:
         try:
             plan = self._detail_plan()
             if plan is not None:
-                plan.install()
+                if not plan.install():  # built over what someone else changed since
+                    self._plan = None
+                    plan = self._detail_plan()
+                    if plan is None or not plan.install():
+                        raise RuntimeError("the per-unit instrumentation cannot be installed")
             else:
                 self._unit_undo = self.adapter.instrument(self.rec, self.timer,
                                                           self._on_root_forward, self._inject)
