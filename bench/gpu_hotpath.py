@@ -294,19 +294,24 @@ def main(argv=None) -> int:
         return (t, direct[0] - d0 - probe_s * (hook_calls[0] - h0) - counter.outside_s * nd,
                 counter.n - n0, counter.t - s0, counter.t_direct - sd0)
 
-    def block(n: int) -> list[tuple[tuple, tuple]]:
-        """n pairs (A's step, B's step), the order alternating."""
+    def block(n: int, run=step) -> list[tuple[tuple, tuple]]:
+        """n pairs (A's `run`, B's `run`: a step), the order alternating."""
         gc.collect()
         out = []
         for i in range(n):
             if i % 2:
-                b = step("B")
-                a = step("A")
+                b = run("B")
+                a = run("A")
             else:
-                a = step("A")
-                b = step("B")
+                a = run("A")
+                b = run("B")
             out.append((a, b))
         return out
+
+    def two(twin: str) -> tuple:
+        """Two steps as one (their figures summed): a single sample's pair of steps."""
+        x, y = step(twin), step(twin)
+        return tuple(p + q for p, q in zip(x, y))
 
     class Alternate(Sampler):
         """Adaptive, as a job runs by default (its step end feeds the sampler), but every
@@ -341,28 +346,10 @@ def main(argv=None) -> int:
         n = counter.n - n  # its CUDA calls: charged at 3 us each, not as Python
         return t - (counter.t - s) - counter.outside_s * n, n
 
-    def single_block(n: int) -> list[tuple[tuple, tuple]]:
-        """n single samples: A's step that installs at its end and its detail step, paired
-        with two steps of B (which twin first alternates), each as one summed step."""
-        gc.collect()
-        out = []
-
-        def two(twin: str) -> tuple:
-            x, y = step(twin), step(twin)
-            return tuple(p + q for p, q in zip(x, y))
-        for i in range(n):
-            if i % 2:
-                b = two("B")
-                a = two("A")
-            else:
-                a = two("A")
-                b = two("B")
-            out.append((a, b))
-        return out
-
     for kind in ("sampled", "single", "unsampled"):  # warm-up
         set_kind(kind)
-        (single_block if kind == "single" else block)(max(4, args.steps // 4))
+        # single: A's step that installs at its end and its detail step, against two of B's
+        block(max(4, args.steps // 4), two if kind == "single" else step)
     res: dict[str, list] = {"unsampled": [], "sampled": [], "single": []}
     install, remove = [], []
     gcw = GcWatch(counter)
@@ -376,7 +363,7 @@ def main(argv=None) -> int:
         install.append(set_kind("sampled"))
         res["sampled"].append(block(args.steps))
         remove.append(set_kind("single"))
-        res["single"].append(single_block(max(4, args.steps // 2)))
+        res["single"].append(block(max(4, args.steps // 2), two))
     gcw.close()
     # the witness: zerodoc's Python calls inside an unsampled step's forward and backward
     set_kind("unsampled")
