@@ -214,3 +214,107 @@ def test_module_hook_slot_finds_the_key_torch_gives():
     plan.remove()
     assert list(m._forward_pre_hooks.values()) == [_user_pre]
     h0.remove()
+
+
+def test_an_install_that_fails_half_way_leaves_nothing_behind():
+    class Plain:
+        pass
+
+    class ReadOnly:
+        @property
+        def comm(self):
+            return "framework's"
+
+    a, r = Plain(), ReadOnly()
+    a.comm = "framework's"
+    plan = DetailPlan()
+    plan.attr(a, "comm", "ours")
+    plan.attr(a, "pre_backward", "ours")  # an instance attribute over the class's method
+    plan.attr(r, "comm", "ours")  # cannot be set: the install raises (the monitor counts it)
+    with pytest.raises(AttributeError):
+        plan.install()
+    assert not plan.installed and vars(a) == {"comm": "framework's"}
+    plan.remove()  # a no-op (the monitor's _remove_detail after a failed install)
+    assert vars(a) == {"comm": "framework's"}
+
+
+# --- FSDP1 in this process: the same plan, installed and removed on real torch -------------
+def test_fsdp1_sample_by_sample(tmp_path):
+    """A real FSDP1 model (gloo, world size 1) with K = 2: the instrumentation is in place
+    exactly on the detail steps (FSDP1's module globals, the forward hooks) and nothing of
+    zerodoc's shim is entered inside an unsampled step's forward and backward
+    (sys.setprofile); every detail step has every unit's forward and backward compute; the
+    losses are the plain model's, bit for bit."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    import zerodoc
+    from zerodoc.demo.model import Block, DemoConfig, TinyTransformer, batch, loss_fn
+    from zerodoc.testing.syncwatch import python_calls
+    from tests.test_tiers import _steps
+
+    if dist.is_initialized():
+        pytest.fail("a process group is already initialised in this test process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    cfg = DemoConfig(blocks=3, hidden=32, seq=8, batch=2)
+
+    def make():
+        torch.manual_seed(0)
+        model = FSDP(TinyTransformer(cfg), auto_wrap_policy=ModuleWrapPolicy({Block}),
+                     device_id=torch.device("cpu"))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def fwd_bwd(model, i):
+        x, y = batch(cfg, i, 0)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        return loss.item()
+
+    try:
+        model, opt = make()
+        plain = []
+        for i in range(1, 13):
+            plain.append(fwd_bwd(model, i))
+            opt.step()
+            opt.zero_grad()
+        model, opt = make()
+        ru = hp.fsdp1_runtime()
+        orig_pre = ru._pre_backward_hook
+        mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=False, detail=2,
+                             stall_after_s=0)
+        losses, seen = [], {}
+        try:
+            for i in range(1, 13):
+                due = mon.sampler.due(i)
+                assert mon._detail_on == due
+                assert (ru._pre_backward_hook is not orig_pre) == due
+                n_hooks = sum(len(m._forward_pre_hooks) for m in model.modules())
+                out = []
+                calls = python_calls(lambda: out.append(fwd_bwd(model, i)),
+                                     prefix="zerodoc.shim", exclude="")
+                losses.append(out[0])
+                seen[i] = (due, calls, n_hooks)
+                opt.step()
+                opt.zero_grad()
+        finally:
+            mon.close()
+        assert ru._pre_backward_hook is orig_pre  # gone at close
+    finally:
+        dist.destroy_process_group()
+    assert losses == plain  # bitwise
+    on = [s for s in seen.values() if s[0]]
+    off = [s for i, s in seen.items() if not s[0] and i > 1]
+    assert len(on) >= 3 and len(off) >= 3, seen  # install and removal, several times
+    assert max(c for _d, c, _h in off) == 0, seen
+    assert min(c for _d, c, _h in on) > 10 * len(mon.unit_names), seen
+    assert min(h for _d, _c, h in on) > max(h for _d, _c, h in off)
+    assert len({h for _d, _c, h in on}) == 1  # the same hooks each time, none left twice
+    steps = _steps(tmp_path / "run", 0)
+    for r in steps:
+        if r["detail"]:
+            assert {(u, p) for u, p, _s in r["compute"]} == \
+                {(u, p) for u in range(len(mon.unit_names)) for p in ("forward", "backward")}
+        else:
+            assert r["compute"] == []

@@ -119,17 +119,21 @@ class DetailPlan:
         if self._compiled is None:
             self._compile()
         done = 0
-        for obj, own, fast, pairs, news, _back, _gone, _ours in self._objs:
-            for name, old in pairs:
-                if own.get(name, _MISSING) is not old:
-                    self._restore(self._objs[:done])  # (none when the first one differs)
-                    return False
-            if fast:
-                own.update(news)
-            else:
-                for name, new in news.items():
-                    setattr(obj, name, new)
-            done += 1
+        try:
+            for obj, own, fast, pairs, news, _back, _gone, _ours in self._objs:
+                for name, old in pairs:
+                    if own.get(name, _MISSING) is not old:
+                        self._restore(self._objs[:done])  # (none when the first differs)
+                        return False
+                if fast:
+                    own.update(news)
+                else:
+                    for name, new in news.items():
+                        setattr(obj, name, new)
+                done += 1
+        except BaseException:
+            self._restore(self._objs[:done + 1])  # what was set, the failing one's part too
+            raise
         self.installed = True
         for d, key, fn, prepend in self.hooks:
             d[key] = fn

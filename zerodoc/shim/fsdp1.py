@@ -33,6 +33,7 @@ from typing import Any
 
 from . import hookpoints as hp
 from .adapters import Adapter, AdapterFacts
+from .detailplan import DetailPlan
 from .recorder import (
     ALL_GATHER, ALL_REDUCE, BACKWARD, B_FRAMEWORK, REDUCE_SCATTER, unit_bucket,
 )
@@ -235,27 +236,37 @@ class FSDP1Adapter(Adapter):
 
     # --- instrumentation ------------------------------------------------------------
     def instrument(self, rec, timer, on_root_forward, slow_link_s: float) -> list:
+        plan = self.plan(rec, timer, on_root_forward, slow_link_s)
+        plan.install()
+        return [plan.remove]
+
+    def plan(self, rec, timer, on_root_forward, slow_link_s: float) -> DetailPlan:
+        """All per-unit instrumentation, built once (`detailplan.py`): installed at each
+        detail step's start, removed at its end."""
         self.rec, self.timer = rec, timer
-        self.active = True
         # The simulated slow link delays the all-gathers; NO_SHARD gathers nothing, so
         # there it delays the gradient all-reduce instead (as for DDP).
         self.delay_all_reduce_s = slow_link_s if self._facts_stage() == 0 else 0.0
-        undo: list = [self._deactivate]
+        plan = DetailPlan(rec, timer)
+        plan.call(self._activate, self._deactivate)
         for u in self.units:
-            self._instrument_unit(u, on_root_forward, slow_link_s, undo)
-        self._install_globals(undo)
-        return undo
+            self._instrument_unit(u, on_root_forward, slow_link_s, plan)
+        self._install_globals(plan)
+        return plan
 
     def _facts_stage(self) -> int | None:
         stages = [ZERO_STAGE.get(strategy_name(u) or "") for u in self.units]
         stages = [x for x in stages if x is not None]
         return max(stages) if stages else None
 
+    def _activate(self) -> None:
+        self.active = True
+
     def _deactivate(self) -> None:
         self.active = False
 
     def _instrument_unit(self, u: Unit, on_root_forward, slow_link_s: float,
-                         undo: list) -> None:
+                         plan: DetailPlan) -> None:
         rec, timer, reg = self.rec, self.timer, self.registry
         idx = u.index
         # --- all-gather --------------------------------------------------------------
@@ -276,9 +287,8 @@ class FSDP1Adapter(Adapter):
                     return timer.call(_inner, (padded_unsharded,), {}, _idx, ALL_GATHER,
                                       _nbytes(padded_unsharded), False, _pg)
 
-                h._all_gather_flat_param = all_gather_flat_param
+                plan.attr(h, "_all_gather_flat_param", all_gather_flat_param)  # instance
                 reg.ok("FlatParamHandle._all_gather_flat_param")
-                undo.append(lambda h=h: h.__dict__.pop("_all_gather_flat_param", None))
             except AttributeError as e:
                 reg.missing("FlatParamHandle._all_gather_flat_param", repr(e))
 
@@ -289,14 +299,14 @@ class FSDP1Adapter(Adapter):
             reg.missing("FSDP.module", repr(e))
             return
         install_forward_hooks(
-            u.module, inner_mod, rec, timer, idx, reg, undo,
+            u.module, inner_mod, rec, timer, idx, reg, None,
             on_root_forward=on_root_forward if u.is_root else None,
-            post_extra=self._to_backward if u.is_root else None)
+            post_extra=self._to_backward if u.is_root else None, plan=plan)
 
     def _to_backward(self, out) -> None:
         self.rec.phase = BACKWARD  # collectives after the root's forward belong to backward
 
-    def _install_globals(self, undo: list) -> None:
+    def _install_globals(self, plan: DetailPlan) -> None:
         """Wrap FSDP1's backward hooks and gradient reduction (module globals)."""
         reg = self.registry
         try:
@@ -311,7 +321,8 @@ class FSDP1Adapter(Adapter):
             if orig is None or not callable(orig):
                 reg.missing(f"_runtime_utils.{name}", "not found")
                 return
-            undo.append(hp.swap_attr(ru, name, make(orig)))
+            # (another tool's wrapper installed over ours since stays: swap_attr's rule)
+            plan.attr(ru, name, make(orig), only_if_ours=True)
             reg.ok(f"_runtime_utils.{name}")
 
         def make_pre(orig):
@@ -379,7 +390,7 @@ class FSDP1Adapter(Adapter):
 
         install_dist_proxy(ru, _DistProxy(getattr(ru, "dist", None), self),
                            "_runtime_utils.dist (reduce-scatter / all-reduce proxy)", reg,
-                           undo)
+                           None, plan=plan)
 
     def _queue_tail(self) -> None:
         def tail() -> None:
