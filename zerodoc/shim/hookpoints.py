@@ -12,9 +12,9 @@ and zerodoc exports what still works.
 | `FSDPModule._get_fsdp_state()`      | no      | reach a unit's FSDPState                  | 2.13    |
 | `FSDPState._fsdp_param_groups`      | no      | the unit's param groups (2.13: a list;    | 2.13    |
 |   (`_fsdp_param_group` before)      |         |   older releases: one group or None)      |         |
-| `FSDPModule.set_custom_all_gather`  | yes     | per-unit all-gather wrapper (>= 2.8)      | 2.13    |
-| `FSDPModule.set_custom_reduce_scatter` | yes  | per-unit reduce-scatter wrapper (>= 2.8)  | 2.13    |
-| `FSDPParamGroup._all_gather_comm`   | no      | the comm to delegate to; fallback install | 2.13    |
+| `FSDPModule.set_custom_all_gather`  | yes     | per-unit all-gather wrapper (>= 2.8); tried once at attach: where it only sets the param group's `_all_gather_comm` (2.13) a sample's install sets that attribute itself, else it calls the setter | 2.13    |
+| `FSDPModule.set_custom_reduce_scatter` | yes  | per-unit reduce-scatter wrapper (>= 2.8), likewise | 2.13    |
+| `FSDPParamGroup._all_gather_comm`   | no      | the comm to delegate to; the install (above); fallback install | 2.13    |
 | `FSDPParamGroup._reduce_scatter_comm` | no    | same for reduce-scatter                   | 2.13    |
 | `FSDPParamGroup.pre_backward`       | no      | backward start of a unit (instance-wrapped); CUDA: its all-gather wait window | 2.13, 2.11 (read) |
 | `FSDPParamGroup.post_backward`      | no      | backward end of a unit (instance-wrapped); CUDA: its wait for the previous reduce-scatter | 2.13, 2.11 (read) |
