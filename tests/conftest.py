@@ -82,3 +82,19 @@ def _no_process_unless_slow(item):
 
 # fixtures are set up in pytest_runtest_setup: a module fixture starting a job counts too
 pytest_runtest_setup = pytest_runtest_call = _no_process_unless_slow
+
+
+@pytest.fixture
+def gloo_world_1(tmp_path):
+    """A gloo process group of one rank in this test process (an in-process FSDP model),
+    destroyed afterwards."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.fail("a process group is already initialised in this test process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -239,13 +239,12 @@ def test_an_install_that_fails_half_way_leaves_nothing_behind():
 
 
 # --- FSDP1 in this process: the same plan, installed and removed on real torch -------------
-def test_fsdp1_sample_by_sample(tmp_path):
+def test_fsdp1_sample_by_sample(tmp_path, gloo_world_1):
     """A real FSDP1 model (gloo, world size 1) with K = 2: the instrumentation is in place
     exactly on the detail steps (FSDP1's module globals, the forward hooks) and nothing of
     zerodoc's shim is entered inside an unsampled step's forward and backward
     (sys.setprofile); every detail step has every unit's forward and backward compute; the
     losses are the plain model's, bit for bit."""
-    import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -254,10 +253,6 @@ def test_fsdp1_sample_by_sample(tmp_path):
     from zerodoc.testing.syncwatch import python_calls
     from tests.test_tiers import _steps
 
-    if dist.is_initialized():
-        pytest.fail("a process group is already initialised in this test process")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
     cfg = DemoConfig(blocks=3, hidden=32, seq=8, batch=2)
 
     def make():
@@ -272,37 +267,34 @@ def test_fsdp1_sample_by_sample(tmp_path):
         loss.backward()
         return loss.item()
 
+    model, opt = make()
+    plain = []
+    for i in range(1, 13):
+        plain.append(fwd_bwd(model, i))
+        opt.step()
+        opt.zero_grad()
+    model, opt = make()
+    ru = hp.fsdp1_runtime()
+    orig_pre = ru._pre_backward_hook
+    mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=False, detail=2,
+                         stall_after_s=0)
+    losses, seen = [], {}
     try:
-        model, opt = make()
-        plain = []
         for i in range(1, 13):
-            plain.append(fwd_bwd(model, i))
+            due = mon.sampler.due(i)
+            assert mon._detail_on == due
+            assert (ru._pre_backward_hook is not orig_pre) == due
+            n_hooks = sum(len(m._forward_pre_hooks) for m in model.modules())
+            out = []
+            calls = python_calls(lambda: out.append(fwd_bwd(model, i)),
+                                 prefix="zerodoc.shim", exclude="")
+            losses.append(out[0])
+            seen[i] = (due, calls, n_hooks)
             opt.step()
             opt.zero_grad()
-        model, opt = make()
-        ru = hp.fsdp1_runtime()
-        orig_pre = ru._pre_backward_hook
-        mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=False, detail=2,
-                             stall_after_s=0)
-        losses, seen = [], {}
-        try:
-            for i in range(1, 13):
-                due = mon.sampler.due(i)
-                assert mon._detail_on == due
-                assert (ru._pre_backward_hook is not orig_pre) == due
-                n_hooks = sum(len(m._forward_pre_hooks) for m in model.modules())
-                out = []
-                calls = python_calls(lambda: out.append(fwd_bwd(model, i)),
-                                     prefix="zerodoc.shim", exclude="")
-                losses.append(out[0])
-                seen[i] = (due, calls, n_hooks)
-                opt.step()
-                opt.zero_grad()
-        finally:
-            mon.close()
-        assert ru._pre_backward_hook is orig_pre  # gone at close
     finally:
-        dist.destroy_process_group()
+        mon.close()
+    assert ru._pre_backward_hook is orig_pre  # gone at close
     assert losses == plain  # bitwise
     on = [s for s in seen.values() if s[0]]
     off = [s for i, s in seen.items() if not s[0] and i > 1]

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import zerodoc
 from zerodoc.runlog.writer import DETAIL_DIR, detail_names
@@ -237,15 +236,11 @@ def test_attach_option_and_environment(monkeypatch, tmp_path):
 
 # --- a real FSDP2 model in this process -------------------------------------------------
 @pytest.fixture
-def fsdp2(tmp_path):
+def fsdp2(gloo_world_1):
     from torch.distributed.device_mesh import init_device_mesh
 
     from zerodoc.demo.model import DemoConfig, batch, build, loss_fn
 
-    if dist.is_initialized():
-        pytest.fail("a process group is already initialised in this test process")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
     cfg = DemoConfig(blocks=4, hidden=32, seq=8, batch=2)
 
     def make():
@@ -260,10 +255,7 @@ def fsdp2(tmp_path):
         opt.step()
         opt.zero_grad()
         return loss.item()
-    try:
-        yield make, step
-    finally:
-        dist.destroy_process_group()
+    yield make, step
 
 
 def _zerodoc_calls(fn) -> int:
