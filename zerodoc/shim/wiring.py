@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import hookpoints as hp
-from .recorder import B_FRAMEWORK, unit_bucket
+from .recorder import unit_bucket
 
 
 def nbytes(x) -> int:
@@ -64,36 +64,40 @@ def install_forward_hooks(outer, inner, rec, timer, idx: int, registry: hp.HookR
                           post_extra: Callable | None = None) -> None:
     """The forward placement every adapter uses: hooks on `outer` run outside the
     framework's pre/post-forward (prepend pre-hook, plain post-hook), hooks on `inner` inside
-    it. Between them the recorder's clock is on "framework"; inside, on the unit's compute.
+    it. Between them the recorder's clock is on the unit's framework bucket; inside, on the
+    unit's compute (both of the phase in force: forward, or backward's recomputation).
     With `window`, the switch into "framework" is where the unit needs its parameters and
     the switch into compute is where the wait for them is over (the CUDA exposure window).
     `outer` and `inner` may be the same module (FSDP2: the framework's hooks are hooks too).
     """
-    # Precomputed per unit: the compute bucket of phase p is `base + p`; the host timer's
-    # window marks are no-ops, so they are not called at all.
+    # Precomputed per unit: the compute bucket of phase p is `base + p`, its framework
+    # bucket `fw + p`; the host timer's window marks are no-ops, so they are not called.
     base = unit_bucket(idx, 0)
+    fw = rec.framework_bucket(idx, 0)
     window = window and timer.device
     push, switch, remove = rec.push, rec.switch, rec.remove
 
     def outer_pre(mod, args):
         if on_root_forward is not None:
             on_root_forward()
-        push(B_FRAMEWORK)
+        push(fw + rec.phase)
         if window:
             timer.arrive(idx)
         if pre_extra is not None:
             pre_extra()
 
     def inner_pre(mod, args):
-        switch(B_FRAMEWORK, base + rec.phase)
+        p = rec.phase
+        switch(fw + p, base + p)
         if window:
             timer.ready(idx)
 
     def inner_post(mod, args, out):
-        switch(base + rec.phase, B_FRAMEWORK)
+        p = rec.phase
+        switch(base + p, fw + p)
 
     def outer_post(mod, args, out):
-        remove(B_FRAMEWORK)
+        remove(fw + rec.phase)
         if post_extra is not None:
             post_extra(out)
 

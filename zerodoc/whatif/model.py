@@ -15,8 +15,11 @@ the compute waits (docs/whatif.md, docs/gpus.md):
   synchronously (gloo: the compute waits) or asynchronously (waited for at the next unit's
   post-backward and at the end of backward).
 - the step: forward + backward + optimizer + framework + other + zerodoc's own time. The
-  framework's time (FSDP's copy-in / copy-out and bookkeeping) is modelled per byte the
-  collectives move, its range reaching a cost per call.
+  framework's time (FSDP's copy-in / copy-out and bookkeeping) is priced per unit: a part
+  per collective call and a part per byte the unit's collectives move, fitted over the run's
+  units (`FrameworkFit`: the run log records the framework's time per unit); a run log
+  without it (older zerodoc) gives one total per step, priced per byte, its range reaching
+  a cost per call.
 
 `replay()` of the unchanged configuration must reproduce the measured step (its own check,
 shown with every answer).
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import UserError
 from ..model import RunSnapshot
-from .linkfit import LinkFit, fit_links
+from .linkfit import LinkFit, _wls, fit_links
 
 GATHER = ("all_gather",)
 # The ranges are about 95 % intervals: two standard errors (of the link fit at each call's
@@ -56,6 +59,54 @@ class UnitModel:
         return sum(v[0] for p in self.comm.values() for v in p.values())
 
 
+@dataclass(frozen=True)
+class FrameworkFit:
+    """The framework's time of a unit per step = calls x (per_call_s + bytes per call x
+    per_byte_s), fitted by weighted least squares (`linkfit._wls`) over a rank's units:
+    one point per unit with collectives, (bytes per call, framework seconds per call),
+    weighted by its calls. `se_call_s` is the standard error of the line at the mean size
+    (`mean_bytes` per call), `se_per_byte_s` the slope's; `rest_s` the framework time per step
+    that belongs to no unit with collectives (carried as it is)."""
+
+    per_call_s: float
+    per_byte_s: float
+    se_call_s: float
+    se_per_byte_s: float
+    mean_bytes: float
+    units: int
+    rest_s: float
+
+    def unit_seconds(self, calls: float, nbytes: float, bound: float = 0) -> float:
+        """A unit's framework time per step (`calls` per step moving `nbytes` in all);
+        `bound` -Z / +Z: the low / high end (Z standard errors of the line at its size)."""
+        if calls <= 0:
+            return 0.0
+        x = nbytes / calls
+        se = math.hypot(self.se_call_s, (x - self.mean_bytes) * self.se_per_byte_s)
+        return calls * max(0.0, self.per_call_s + x * self.per_byte_s + bound * se)
+
+
+def fit_framework(units: list[UnitModel], per_unit: dict[str, float],
+                  total_s: float) -> FrameworkFit | None:
+    """The per-call + per-byte fit of a rank's framework time per unit (`per_unit`: seconds
+    per step by unit name); None when the run did not record it per unit or fewer than 3
+    units with collectives recorded any (too few points to part the two)."""
+    pts = []
+    in_units = 0.0
+    for u in units:
+        s = per_unit.get(u.name)
+        calls, nbytes = u.calls(), _bytes_moved(u)
+        if s is None or calls <= 0 or nbytes <= 0:
+            continue
+        pts.append((nbytes / calls, s / calls, calls))
+        in_units += s
+    if len(pts) < 3 or in_units <= 0:
+        return None
+    a, b, _resid, se_a, se_b, mx = _wls([p[0] for p in pts], [p[1] for p in pts],
+                                        [p[2] for p in pts])
+    return FrameworkFit(a, b, se_a, se_b, mx, len(pts), max(0.0, total_s - in_units))
+
+
 @dataclass
 class RankModel:
     rank: int
@@ -67,6 +118,9 @@ class RankModel:
     measured_step_s: float
     measured_exposed_s: float
     step_times: list[float]
+    # the framework's time per unit, fitted per call + per byte (None: the run log has it
+    # per step only, an older zerodoc: priced per byte of the step's total)
+    framework_fit: FrameworkFit | None = None
 
     @property
     def framework_per_call_s(self) -> float:
@@ -232,12 +286,29 @@ class StepModel:
                                  backward_s=max(p.backward_s for p in parts)))
         wait = max((sum(c.forward_s + c.backward_s - o.forward_s - o.backward_s
                         for c, o in zip(units, us)) * scale for us in per_rank), default=0.0)
-        rm = max(self.ranks, key=lambda r: r.optimizer_s + r.framework_s + r.other_s +
-                 r.self_s)
-        r = self._replay_rank(rm, ch, bound, units)
+        r = self._replay_rank(self.overhead_rank(), ch, bound, units)
         r.exposed_s += wait
         r.peer_wait_s = wait
         return r
+
+    def overhead_rank(self) -> RankModel:
+        """The rank whose time outside the units is largest (the replay's)."""
+        return max(self.ranks, key=lambda r: r.optimizer_s + r.framework_s + r.other_s +
+                   r.self_s)
+
+    def framework_pricing(self) -> dict:
+        """How the framework's time is priced (the replay's rank), for the answer."""
+        rm = self.overhead_rank()
+        f = rm.framework_fit
+        if f is None:
+            return {"pricing": "per step", "measured_s": rm.framework_s,
+                    "note": "per byte, range to per call: the run log has the framework's "
+                            "time per step only"}
+        return {"pricing": "per unit", "measured_s": rm.framework_s,
+                "per_call_s": f.per_call_s, "per_byte_s": f.per_byte_s,
+                "se_call_s": f.se_call_s, "se_per_byte_s": f.se_per_byte_s,
+                "units": f.units, "rest_s": f.rest_s,
+                "note": f"per call + per byte, fitted over {f.units} units"}
 
     def _replay_rank(self, rm: RankModel, ch: Changes, bound: float,
                      units: list[UnitModel]) -> Replay:
@@ -350,13 +421,20 @@ class StepModel:
     def _framework_s(rm: RankModel, units: list[UnitModel], reshard: bool,
                      bound: float) -> float:
         """FSDP's own time (copy-in / copy-out of the gathered parameters, the gradients'
-        copies into the reduce-scatter buffer, the hooks) after the change. The run gives one
-        total per step, and every unit moves its bytes in one call, so it cannot tell a cost
-        per byte from a cost per call: they part only when the calls change and the bytes do
-        not (merged units). The point prices it per byte (the copies: in paired real runs,
-        per linear -> per block, the framework time stayed at 26-41 ms while the calls fell
-        54 -> 15, docs/whatif.md); the range (`bound` < 0 / > 0) reaches the cheaper / dearer
-        of per byte and per call."""
+        copies into the reduce-scatter buffer, the hooks) after the change.
+
+        With the framework's time recorded per unit (`rm.framework_fit`): every unit after
+        the change priced by the fit, a part per call and a part per byte, `bound` Z standard
+        errors of the fitted line at each unit's size, plus the time of no unit as
+        measured. Without it (an older run log: one total per step, and every unit moves its
+        bytes in one call, so a cost per byte cannot be told from a cost per call): the point
+        prices it per byte (in paired real runs, per linear -> per block, the framework time
+        stayed at 26-41 ms while the calls fell 54 -> 15, docs/whatif.md); the range (`bound`
+        < 0 / > 0) reaches the cheaper / dearer of per byte and per call."""
+        f = rm.framework_fit
+        if f is not None:
+            return f.rest_s + sum(f.unit_seconds(_calls(u, reshard), _bytes_moved(u, reshard),
+                                                 bound) for u in units)
         by_byte = rm.framework_per_byte_s * sum(_bytes_moved(u, reshard) for u in units)
         by_call = rm.framework_per_call_s * sum(_calls(u, reshard) for u in units)
         if bound < 0:
@@ -516,11 +594,16 @@ def fit(snapshot: RunSnapshot) -> StepModel:
                             if p not in ("forward", "backward")) / n
         steps = w.steps
         times = list(w.step_times) or [w.mean_step_seconds]
+        framework_s = w.per_sampled_step(w.framework_seconds) or 0.0
+        per_unit_fw: dict[str, float] = {}
+        for (unit, _phase), s in w.unit_framework.items():
+            per_unit_fw[unit] = per_unit_fw.get(unit, 0.0) + s / n
+        unit_list = [units[name] for name in order]
         rank_models.append(RankModel(
-            r, [units[name] for name in order], w.optimizer_seconds / steps,
-            (w.per_sampled_step(w.framework_seconds) or 0.0),
+            r, unit_list, w.optimizer_seconds / steps, framework_s,
             (w.per_sampled_step(w.other_seconds) or 0.0) + other_compute,
-            w.self_seconds / steps, w.mean_step_seconds, w.exposed_seconds / steps, times))
+            w.self_seconds / steps, w.mean_step_seconds, w.exposed_seconds / steps, times,
+            fit_framework(unit_list, per_unit_fw, framework_s)))
     links = fit_links(snapshot, ranks=set(ranks))
     return StepModel(snapshot, rank_models, links, sem, max(1, ctx.group_size),
                      ctx.block_container, min(w.per_unit_steps for w in ranks.values()))
@@ -591,6 +674,7 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
                       "comm_bytes": nominal,
                       "comm_wire_bytes": wire},
         "peak_note": peak_note,
+        "framework": model.framework_pricing(),
         "units": [{"unit": n or "(root)", "exposed_change_s": d} for n, d in top if d],
         "links": [{"collective": f.collective, "group_size": f.group_size,
                    "latency_s": f.latency_s, "bandwidth_bytes_per_s": f.bandwidth,
