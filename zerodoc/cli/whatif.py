@@ -170,8 +170,8 @@ def _framework_line(fw: dict) -> str:
         return head + ("per byte of the step's total (range to per call): the run log "
                        "records it per step only")
     return (head + f"per unit: {fw['per_call_s'] * 1e6:.0f} us per call "
-            f"(± {fw['se_call_s'] * 1e6:.0f}) + {fw['per_byte_s'] * 1e12:.1f} us per MB "
-            f"(± {fw['se_per_byte_s'] * 1e12:.1f}), fitted over {fw['units']} units; "
+            f"(± {fw['se_call_s'] * 1e6:.0f}) + {fw['per_byte_s'] * 1e9:.2f} ms per MB "
+            f"(± {fw['se_per_byte_s'] * 1e9:.2f}), fitted over {fw['units']} units; "
             f"{fw['rest_s'] * 1e3:.1f} ms of no unit")
 
 

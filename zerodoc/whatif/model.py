@@ -194,6 +194,7 @@ class Replay:
     overhead_s: float
     exposed_by_unit: dict[str, float]
     peer_wait_s: float = 0.0  # of the worst rank, in its exposed time
+    framework_s: float = 0.0  # the framework's time, in `overhead_s`
 
 
 @dataclass
@@ -412,10 +413,11 @@ class StepModel:
         opt = rm.optimizer_s
         if ch.world_size:
             opt *= self.world_size / ch.world_size  # sharded optimizer states
-        overhead = opt + self._framework_s(rm, units, reshard, bound) + rm.other_s + rm.self_s
+        framework = self._framework_s(rm, units, reshard, bound)
+        overhead = opt + framework + rm.other_s + rm.self_s
         compute = sum(u.forward_s + u.backward_s for u in units) * scale
         return Replay(t + overhead, sum(exposed.values()), compute, comm_total, overhead,
-                      exposed)
+                      exposed, framework_s=framework)
 
     @staticmethod
     def _framework_s(rm: RankModel, units: list[UnitModel], reshard: bool,
@@ -663,14 +665,15 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
         "changes": ch.describe(),
         "measured": {"step_s": measured_step, "exposed_comm_s": measured_exposed},
         "baseline": {"step_s": b.step_s, "exposed_comm_s": b_exp, "peak_bytes": base_peak,
-                     "compute_s": b.compute_s,
+                     "compute_s": b.compute_s, "framework_s": b.framework_s,
                      "step_error": (b.step_s - measured_step) / measured_step
                      if measured_step else None},
         "predicted": {"step_s": p.step_s, "exposed_comm_s": p_exp, "peak_bytes": peak,
                       "step_s_range": [step_lo, step_hi],
                       "exposed_comm_s_range": [exp_lo, exp_hi],
                       "compute_s": p.compute_s, "comm_s": p.comm_s,
-                      "overhead_s": p.overhead_s, "peer_wait_s": p.peer_wait_s,
+                      "overhead_s": p.overhead_s, "framework_s": p.framework_s,
+                      "peer_wait_s": p.peer_wait_s,
                       "comm_bytes": nominal,
                       "comm_wire_bytes": wire},
         "peak_note": peak_note,
