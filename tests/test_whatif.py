@@ -793,3 +793,16 @@ def test_real_run_zd003_prediction_confirmed_by_compare(real_runs):
     assert by["backward_all_gather_bytes_per_step"]["observed_after"] == 0
     for m in ("exposed_comm_seconds_per_step", "step_seconds"):
         assert by[m]["verdict"] == "confirmed", (attempt, by[m])
+
+
+def test_unit_stats_carry_the_framework_time_per_unit():
+    """Per unit and step across ranks; unknown (not 0) where the run did not record it."""
+    from zerodoc.unitstats import unit_stats
+
+    snap, _ = synthetic(extra=_fw_per_unit)
+    st = unit_stats(snap, sorted(snap.ranks))
+    want = 3 * (FW_CALL + FW_BYTE * 1_000_000 * 4)  # l2: 3 calls of 4 MB
+    got = st.units["l2"]["framework_seconds"]
+    assert got.n == 2 and got.mean == pytest.approx(want, rel=1e-9)
+    old, _ = synthetic()
+    assert unit_stats(old, sorted(old.ranks)).units["l2"]["framework_seconds"].n == 0
