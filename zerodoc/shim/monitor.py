@@ -573,9 +573,11 @@ class Monitor:
             return 0
 
     def _fold(self, acc: list, comm: dict, host: list | None, checks: int = 0,
-              caught: int = 0) -> tuple[list, list, float]:
+              caught: int = 0) -> tuple[list, list, float, list, float]:
         """Fold bucket seconds (`acc`: the device clock on GPU) and collectives into the
-        totals; returns the run log's compute and comm rows and the host compute time."""
+        totals; returns the run log's compute and comm rows, the host compute time, the
+        framework rows (per unit and phase) and the step's framework time (theirs and that of
+        no unit)."""
         tot = self.totals
         slots = self._unit_slots
         if slots is None or len(slots[0]) != 2 * len(self.unit_names):
