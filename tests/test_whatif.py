@@ -806,3 +806,34 @@ def test_unit_stats_carry_the_framework_time_per_unit():
     assert got.n == 2 and got.mean == pytest.approx(want, rel=1e-9)
     old, _ = synthetic()
     assert unit_stats(old, sorted(old.ranks)).units["l2"]["framework_seconds"].n == 0
+
+
+def test_framework_fit_pools_the_ranks_each_keeps_its_own_level():
+    """Rank 1's framework is 1.2x rank 0's, with noise on its units: the per-call / per-byte
+    ratio is fitted over both ranks' units, each rank's level is its own (its units' sum as
+    measured: the replay stays exact), and the noise-free rank's parts stay near the truth."""
+    import copy
+
+    def two(d):
+        _fw_per_unit(d)
+        r0 = d["ranks"][0]
+        r1 = copy.deepcopy(r0)
+        noise = (0.0002, -0.0002, 0.0002, -0.0002, 0.0)
+        for i, row in enumerate(r1["unit_framework"]):
+            row[2] = row[2] * 1.2 + noise[i]
+        fw1 = sum(row[2] for row in r1["unit_framework"])
+        r1["step"] += fw1 - r1["framework"]
+        r1["framework"] = fw1
+        d["ranks"], d["copies"] = [r0, r1], 1
+    snap, _ = synthetic(extra=two)
+    m = fit(snap)
+    f0, f1 = (rm.framework_fit for rm in m.ranks)
+    assert f1.per_call_s / f0.per_call_s == pytest.approx(f1.per_byte_s / f0.per_byte_s)
+    for rm in m.ranks:  # each rank's units sum to what they measured
+        got = sum(rm.framework_fit.unit_seconds(u.calls(), sum(
+            v[0] * v[1] for p in u.comm.values() for v in p.values())) for u in rm.units)
+        assert got == pytest.approx(rm.framework_s, rel=1e-9)
+    assert f0.per_call_s == pytest.approx(FW_CALL, rel=0.15)
+    assert f0.per_byte_s == pytest.approx(FW_BYTE, rel=0.15)
+    a = answer(m, Changes())
+    assert a["baseline"]["step_s"] == pytest.approx(a["measured"]["step_s"], rel=1e-9)

@@ -62,9 +62,9 @@ class UnitModel:
 @dataclass(frozen=True)
 class FrameworkFit:
     """The framework's time of a unit per step = calls x (per_call_s + bytes per call x
-    per_byte_s), fitted by weighted least squares (`linkfit._wls`) over a rank's units:
-    one point per unit with collectives, (bytes per call, framework seconds per call),
-    weighted by its calls. `se_call_s` is the standard error of the line at the mean size
+    per_byte_s), fitted by weighted least squares (`linkfit._wls`) over the units
+    (`fit_framework`): one point per unit with collectives, (bytes per call, framework
+    seconds per call), weighted by its calls. `se_call_s` is the standard error of the line at the mean size
     (`mean_bytes` per call), `se_per_byte_s` the slope's; `rest_s` the framework time per step
     that belongs to no unit with collectives (carried as it is)."""
 
@@ -86,25 +86,45 @@ class FrameworkFit:
         return calls * max(0.0, self.per_call_s + x * self.per_byte_s + bound * se)
 
 
-def fit_framework(units: list[UnitModel], per_unit: dict[str, float],
-                  total_s: float) -> FrameworkFit | None:
-    """The per-call + per-byte fit of a rank's framework time per unit (`per_unit`: seconds
-    per step by unit name); None when the run did not record it per unit or fewer than 3
-    units with collectives recorded any (too few points to part the two)."""
+def _framework_points(units: list[UnitModel], per_unit: dict[str, float]) -> list:
+    """(bytes per call, framework seconds per call, calls) of each unit with collectives
+    whose framework time was recorded."""
     pts = []
-    in_units = 0.0
     for u in units:
         s = per_unit.get(u.name)
         calls, nbytes = u.calls(), _bytes_moved(u)
-        if s is None or calls <= 0 or nbytes <= 0:
+        if s is not None and calls > 0 and nbytes > 0:
+            pts.append((nbytes / calls, s / calls, calls))
+    return pts
+
+
+def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
+                  ) -> list[FrameworkFit | None]:
+    """The per-call + per-byte fit of the framework time per unit, one per rank (`ranks`:
+    each rank's units, framework seconds per step by unit name, and its framework total per
+    step). The two parts' ratio is fitted over every rank's units together (the same
+    framework code on every rank: more points part them better, a rank's noisy units
+    weigh less); each rank's level is its own (the fitted line scaled so that its units sum
+    to what they measured: the replay of the run stays exact). None for a rank without
+    framework time per unit, or when fewer than 3 units per rank had any (too few sizes to
+    part the two)."""
+    per_rank = [_framework_points(units, per_unit) for units, per_unit, _t in ranks]
+    pooled = [p for pts in per_rank for p in pts]
+    if not pooled or min(len(p) for p in per_rank if p) < 3:
+        return [None] * len(ranks)
+    a, b, _resid, se_a, se_b, mx = _wls([p[0] for p in pooled], [p[1] for p in pooled],
+                                        [p[2] for p in pooled])
+    out: list[FrameworkFit | None] = []
+    for pts, (_units, _per_unit, total) in zip(per_rank, ranks):
+        measured = sum(y * c for _x, y, c in pts)
+        line = sum(c * (a + b * x) for x, _y, c in pts)
+        if len(pts) < 3 or measured <= 0 or line <= 0:
+            out.append(None)
             continue
-        pts.append((nbytes / calls, s / calls, calls))
-        in_units += s
-    if len(pts) < 3 or in_units <= 0:
-        return None
-    a, b, _resid, se_a, se_b, mx = _wls([p[0] for p in pts], [p[1] for p in pts],
-                                        [p[2] for p in pts])
-    return FrameworkFit(a, b, se_a, se_b, mx, len(pts), max(0.0, total_s - in_units))
+        k = measured / line
+        out.append(FrameworkFit(k * a, k * b, k * se_a, k * se_b, mx, len(pts),
+                                max(0.0, total - measured)))
+    return out
 
 
 @dataclass
@@ -568,6 +588,7 @@ def fit(snapshot: RunSnapshot) -> StepModel:
     reshard = any(u.reshard_after_forward for u in facts.units) or facts.zero_stage == 3
     sem = Semantics(facts.framework, sync_unshard, rs_hidden == 0, depth, reshard)
     rank_models = []
+    fw_inputs = []  # per rank: units, framework time per unit, framework time per step
     for r, w in sorted(ranks.items()):
         n = w.per_unit_steps
         units = {u.name: UnitModel(u.name, u.params) for u in w.facts.units}
@@ -604,8 +625,10 @@ def fit(snapshot: RunSnapshot) -> StepModel:
         rank_models.append(RankModel(
             r, unit_list, w.optimizer_seconds / steps, framework_s,
             (w.per_sampled_step(w.other_seconds) or 0.0) + other_compute,
-            w.self_seconds / steps, w.mean_step_seconds, w.exposed_seconds / steps, times,
-            fit_framework(unit_list, per_unit_fw, framework_s)))
+            w.self_seconds / steps, w.mean_step_seconds, w.exposed_seconds / steps, times))
+        fw_inputs.append((unit_list, per_unit_fw, framework_s))
+    for rm, f in zip(rank_models, fit_framework(fw_inputs)):
+        rm.framework_fit = f
     links = fit_links(snapshot, ranks=set(ranks))
     return StepModel(snapshot, rank_models, links, sem, max(1, ctx.group_size),
                      ctx.block_container, min(w.per_unit_steps for w in ranks.values()))
