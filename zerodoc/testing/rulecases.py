@@ -31,7 +31,8 @@ per step too. A rank's `detail_steps` (fewer than its `steps`) makes a run that 
 per-unit rows, `host_compute`, `launch`, `framework` and `unit_framework` (the framework's
 time per unit: `[unit, phase, seconds]` rows, part of `framework`) are then per sampled
 step and multiplied by `detail_steps` (zerodoc.sampling). Unit defaults: stored and gathered
-dtype bf16 (2 bytes), group size = world size, reshard after forward. Run defaults: NCCL on CUDA, FSDP2, ZeRO-3, one node, 80 GB devices.
+dtype bf16 (2 bytes), group size = world size, reshard after forward. Run defaults: NCCL on
+CUDA, FSDP2, ZeRO-3, one node, 80 GB devices.
 
 `python -m zerodoc.testing.rulecases RUN_DIR` prints a case skeleton from a real run.
 """

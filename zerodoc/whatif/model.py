@@ -64,9 +64,9 @@ class FrameworkFit:
     """The framework's time of a unit per step = calls x (per_call_s + bytes per call x
     per_byte_s), fitted by weighted least squares (`linkfit._wls`) over the units
     (`fit_framework`): one point per unit with collectives, (bytes per call, framework
-    seconds per call), weighted by its calls. `se_call_s` is the standard error of the line at the mean size
-    (`mean_bytes` per call), `se_per_byte_s` the slope's; `rest_s` the framework time per step
-    that belongs to no unit with collectives (carried as it is)."""
+    seconds per call), weighted by its calls. `se_call_s` is the standard error of the line
+    at the mean size (`mean_bytes` per call), `se_per_byte_s` the slope's; `rest_s` the
+    framework time per step that belongs to no unit with collectives (carried as it is)."""
 
     per_call_s: float
     per_byte_s: float
