@@ -281,7 +281,8 @@ def _wrap_prefetch(rec: Recorder, registry: hp.HookRegistry, undo: list,
         registry.missing("FSDPParamGroup._prefetch_unshard", repr(e))
         return
 
-    # the framework bucket (phase 0) of each param group's unit; another's: no unit's
+    # the framework bucket (forward's: + the phase) of each param group's unit; a group of
+    # no unit's: "framework" (one dict lookup per prefetch: the unit's bytes are its own)
     fw_of = {id(g): rec.framework_bucket(u.index, 0) for u in units for g in u.groups}
 
     def _prefetch_unshard(*args, **kwargs):

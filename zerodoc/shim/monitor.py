@@ -627,15 +627,16 @@ class Monitor:
 
     def _slots(self) -> tuple[list, list]:
         """(bucket, unit, phase name, totals key) of every unit's forward and backward
-        compute, in (unit, phase) order, and of every unit's framework time (all three
-        phases: ZeroRedundancyOptimizer's is the optimizer's): the step end's loops,
+        compute, in (unit, phase) order, and of every unit's framework time (forward and
+        backward; ZeroRedundancyOptimizer's is the optimizer's): the step end's loops,
         computed once."""
         names = list(enumerate(self.unit_names))
         fw = self.rec.framework_bucket
+        phases = (0, 1, 2) if self.adapter.framework == "zero1" else (0, 1)
         return ([(unit_bucket(u, p), u, PHASES[p], (name, PHASES[p]))
                  for u, name in names for p in (0, 1)],
                 [(fw(u, p), u, PHASES[p], (name, PHASES[p])) for u, name in names
-                 for p in (0, 1, 2)])
+                 for p in phases])
 
     def _end_step(self) -> None:
         now = perf_counter()
