@@ -88,12 +88,20 @@ def measure(run_dir: Path, window: int = WINDOW) -> dict:
     return predict(run_dir, {}, window)
 
 
-def predict(run_dir: Path, changes: dict, window: int = WINDOW) -> dict:
+def predict(run_dir: Path, changes: dict, window: int = WINDOW,
+            per_step_framework: bool = False) -> dict:
+    """The what-if answer; `per_step_framework`: the framework's time priced from the
+    step's total as for a run log without it per unit (a diagnostic: the two pricings on the
+    same runs)."""
     from zerodoc.sources import open_source
     from zerodoc.whatif import Changes, answer, fit
 
     snap = open_source(str(run_dir), window=window).snapshot()
-    return answer(fit(snap), Changes(**changes))
+    m = fit(snap)
+    if per_step_framework:
+        for rm in m.ranks:
+            rm.framework_fit = None
+    return answer(m, Changes(**changes), memory=not per_step_framework)
 
 
 def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict:
@@ -117,6 +125,15 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict
     # compute moved between the runs) from the model's (ordering, link, overheads)
     scaled = predict(a_dir, {**case.changes, "micro_batch_scale": compute_b / compute_a},
                      window)["predicted"] if compute_a and case.name != "replay" else None
+    # the framework's time: A's, B's predicted (as priced, and per step as for an older run
+    # log), B's measured (its replay's rank)
+    per_step = predict(a_dir, case.changes, window, per_step_framework=True)["predicted"]
+    framework = {"pricing": pred["framework"]["pricing"], "note": pred["framework"]["note"],
+                 "a_s": pred["framework"]["measured_s"], "b_predicted_s": p["framework_s"],
+                 "b_predicted_per_step_s": per_step["framework_s"],
+                 "b_s": b["framework"]["measured_s"],
+                 "step_error_per_step_pricing": (per_step["step_s"] - bm["step_s"]) /
+                 bm["step_s"]}
     return {"case": case.name, "what": case.what, "a": pred["measured"],
             "compute_a_s": compute_a, "compute_b_s": compute_b,
             # the model keeps A's compute: B measured within 15 % of it, or the machine's
@@ -128,7 +145,7 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict
             abs(exp_err) <= max(0.25 * bm["exposed_comm_s"], 0.005),
             "step_bound": case.step_bound, "exposed_bound_s": exp_bound,
             "in_range": p["step_s_range"][0] <= bm["step_s"] <= p["step_s_range"][1],
-            "rule": rule, "with_b_compute": scaled,
+            "rule": rule, "with_b_compute": scaled, "framework": framework,
             "step_error_with_b_compute": (scaled["step_s"] - bm["step_s"]) / bm["step_s"]
             if scaled else None}
 
@@ -217,6 +234,7 @@ def with_load(r: dict, load: list[float], cores: int | None = None,
 def table(r: dict) -> str:
     ms = lambda x: f"{x * 1e3:8.1f}"  # noqa: E731
     p = r["predicted"]
+    fw = r.get("framework")
     lines = [f"== {r['case']}: {r['what']}",
              f"{'':24}{'step ms':>9}{'exposed ms':>12}",
              f"{'A measured':24}{ms(r['a']['step_s'])} {ms(r['a']['exposed_comm_s']):>11}",
@@ -244,6 +262,11 @@ def table(r: dict) -> str:
                 f"between, after B)" if r.get("load") else "")
              + (f"; other processes used {r['others_cpu_share'] * 100:.0f} % of the cores "
                 f"during the pair" if r.get("others_cpu_share") is not None else ""),
+             *([f"framework ms per step: A {ms(fw['a_s']).strip()}, B predicted "
+                f"{ms(fw['b_predicted_s']).strip()} (priced {fw['pricing']}: {fw['note']}; "
+                f"priced per step {ms(fw['b_predicted_per_step_s']).strip()}, step error then "
+                f"{fw['step_error_per_step_pricing'] * 100:+.1f} %), B measured "
+                f"{ms(fw['b_s']).strip()}"] if fw else []),
              *([f"LOADED HOST: load average up to {r['load_per_core_max']:.2f} per core (> 1) "
                 f"during the pair: the runs queued for the CPU, so this comparison measures "
                 f"the host, not the model"] if r.get("loaded") else [])]

@@ -75,7 +75,8 @@ def run_fsdp2(monkeypatch, steps: int = 3, units_spec=None, launch_ms: float = 0
     pg = hp.fsdp2_param_group_class()
     monkeypatch.setattr(pg, "_prefetch_unshard", pg.__dict__["_prefetch_unshard"])
     fsdp2.instrument(units, rec, timer, registry, on_root_forward)
-    got = {"comm": {}, "compute": {}, "host": {}, "gap": {}, "launch": [0, 0]}
+    got = {"comm": {}, "compute": {}, "host": {}, "gap": {}, "launch": [0, 0],
+           "framework": {}}
 
     def fold():
         _acc, comm = rec.drain(0.0)
@@ -92,6 +93,8 @@ def run_fsdp2(monkeypatch, steps: int = 3, units_spec=None, launch_ms: float = 0
                     key = (UNITS[u][0], PHASES[p])
                     got["compute"][key] = got["compute"].get(key, 0.0) + dev[unit_bucket(u, p)]
                     got["host"][key] = got["host"].get(key, 0.0) + _acc[unit_bucket(u, p)]
+                    got["framework"][key] = got["framework"].get(key, 0.0) + \
+                        dev[rec.framework_bucket(u, p)]
 
     for _ in range(steps):
         fsdp.step(queue)
@@ -163,6 +166,28 @@ def check_compute(sim, got):
             assert got["compute"][(name, phase)] == pytest.approx(want, abs=EPS), (name, phase)
             # ... and the host's own (launch) time is kept apart, measured by its clock
             assert got["host"][(name, phase)] > 0.0
+
+
+def test_framework_device_time_per_unit_is_that_units_framework_work(monkeypatch):
+    """The device clock's framework time of each unit and phase (issue 22) is that unit's own
+    framework work on the compute stream in the stand-in's trace: its copy-out kernels, its
+    gradients' copy-in for the reduce-scatter, and the compute stream's wait for its copy-in
+    before the all-gather began (not the all-gather itself: exposed communication). The root's
+    forward also holds the compute stream's idle start of the run, before its first kernel
+    (the host launching: 10 launches of 1 us in this stand-in, on the first step only)."""
+    sim, got = run_fsdp2(monkeypatch)
+    for name, *_ in UNITS:
+        for phase in ("forward", "backward"):
+            lab = f"ag:{name}:{phase}"
+            want = (sim.busy("compute", f"copyout:{name}:{phase}")
+                    + (sim.busy("compute", f"rs-copyin:{name}") if phase == "backward" else 0)
+                    + sim.stalled("compute", lab) - sim.stalled_during("compute", lab)) / 1e3
+            t = got["framework"][(name, phase)]
+            if (name, phase) == ("(root)", "forward"):
+                assert want - EPS <= t <= want + 20 * 0.001e-3, (name, phase, t, want)
+            else:
+                assert t == pytest.approx(want, abs=EPS), (name, phase, t, want)
+            assert want > 0  # every unit has some: the check can fail
 
 
 def test_sync_all_gather_implicit_prefetch(monkeypatch):

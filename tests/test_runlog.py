@@ -132,6 +132,10 @@ def test_interval_lines_equal_the_sum_of_the_steps(tmp_path):
             assert b.compute.keys() <= ref.compute.keys()
             for k, v in ref.compute.items():
                 assert math.isclose(b.compute.get(k, 0.0), v, rel_tol=1e-9, abs_tol=1e-12), k
+            # the framework's time per unit (issue 22): every unit has some, as the steps say
+            assert ref.unit_framework and b.unit_framework.keys() == ref.unit_framework.keys()
+            for k, v in ref.unit_framework.items():
+                assert math.isclose(b.unit_framework[k], v, rel_tol=1e-9, abs_tol=1e-12), k
             assert set(b.comm) == set(ref.comm)
             for k, t in ref.comm.items():
                 got = b.comm[k]
@@ -139,6 +143,11 @@ def test_interval_lines_equal_the_sum_of_the_steps(tmp_path):
                 for f in ("seconds", "exposed_seconds", "hidden_seconds"):
                     assert math.isclose(getattr(got, f), getattr(t, f), rel_tol=1e-9,
                                         abs_tol=1e-12), (k, f)
+        names = {u.name for u in log.facts.units}
+        for full in log.steps:  # every unit's framework time, summing to the step's
+            assert {u for u, _p in full.unit_framework} == names
+            assert math.isclose(sum(full.unit_framework.values()), full.framework_seconds,
+                                rel_tol=1e-9)
         for light, full in zip(log.totals, log.steps):  # step lines: the steps' totals
             assert light.step_seconds == full.step_seconds
             assert math.isclose(light.exposed_seconds, full.exposed_seconds, rel_tol=1e-12,
@@ -156,6 +165,9 @@ def test_interval_lines_equal_the_sum_of_the_steps(tmp_path):
         assert math.isclose(w.compute_seconds, ref.compute_seconds, rel_tol=1e-9)
         assert math.isclose(w.step_seconds, ref.step_seconds, rel_tol=1e-9)
         assert w.max_step_seconds == max(s.step_seconds for s in log.steps[1:])
+        assert w.unit_framework.keys() == ref.unit_framework.keys()
+        for k, v in ref.unit_framework.items():
+            assert math.isclose(w.unit_framework[k], v, rel_tol=1e-9, abs_tol=1e-12), k
 
 
 def test_seek_from_end_on_a_long_log(tmp_path, monkeypatch):
@@ -254,6 +266,7 @@ def test_schema_1_is_read_and_converts_to_the_same_windows(tmp_path):
     same windows and findings; a newer schema is a clear error."""
     from zerodoc.diagnosis import diagnose
     from zerodoc.cli.convert import main as convert
+    from zerodoc.whatif import Changes, answer, fit
 
     old = DATA / "schema1" / "wrap-root"
     assert convert([str(old), str(tmp_path / "new")]) == 0
@@ -265,7 +278,10 @@ def test_schema_1_is_read_and_converts_to_the_same_windows(tmp_path):
             assert (x.steps, x.first_step, x.last_step) == (y.steps, y.first_step, y.last_step)
             assert x.comm.keys() == y.comm.keys() and x.memory == y.memory
             assert math.isclose(x.step_seconds, y.step_seconds, rel_tol=1e-12)
+            # no framework time per unit in them: the what-if prices it per step
+            assert x.unit_framework == y.unit_framework == {}
         assert [(f.code, f.title) for f in diagnose(a)] == [(f.code, f.title) for f in diagnose(b)]
+        assert answer(fit(b), Changes())["framework"]["pricing"] == "per step"
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "rank-00000.jsonl").write_text('{"type": "header", "schema": 3}\n')

@@ -190,6 +190,108 @@ def test_merge_prices_the_framework_time_per_byte():
     assert lo <= step_b <= hi
 
 
+FW_CALL, FW_BYTE = 0.0004, 1.5e-9  # injected framework time: 0.4 ms per call, 1.5 ms per MB
+
+
+def _fw_per_unit(d, per_call=FW_CALL, per_byte=FW_BYTE, noise=None):
+    """The framework's time recorded per unit (ground truth: a part per call and a part per
+    byte, `noise[i]` seconds added to unit i's), the step's total their sum."""
+    r = d["ranks"][0]
+    per_unit: dict[str, float] = {}
+    for row in r["comm"]:
+        per_unit[row[0]] = per_unit.get(row[0], 0.0) + row[3] * (per_call + per_byte * row[4])
+    if noise:
+        for i, name in enumerate(per_unit):
+            per_unit[name] += noise[i % len(noise)]
+    r["unit_framework"] = [[name, "backward", s] for name, s in per_unit.items()]
+    total = sum(per_unit.values())
+    r["step"] += total - r["framework"]
+    r["framework"] = total
+
+
+def test_framework_fit_recovers_the_injected_per_call_and_per_byte_parts():
+    """Ground truth beneath: FSDP's time per unit is 0.4 ms per call + 1.5 ms per MB moved.
+    With the run's framework time recorded per unit (units of several sizes), the fit
+    recovers both parts, and a merge (fewer calls, the same bytes) is predicted on B, which
+    the step's total priced per byte (older logs) misses by the calls' part."""
+    snap, _ = synthetic(extra=_fw_per_unit)
+    m = fit(snap)
+    f = m.ranks[0].framework_fit
+    assert f is not None and f.units == 5
+    assert f.per_call_s == pytest.approx(FW_CALL, rel=1e-6)
+    assert f.per_byte_s == pytest.approx(FW_BYTE, rel=1e-6)
+    assert f.rest_s == pytest.approx(0, abs=1e-12)
+    a = answer(m, Changes(merge=2))
+    assert a["framework"]["pricing"] == "per unit"
+    assert a["baseline"]["step_s"] == pytest.approx(a["measured"]["step_s"], rel=1e-9)
+
+    def truth(d):
+        _merged_truth_compute(d, {"l0..l1": 2, "l2..l3": 2})
+        _fw_per_unit(d)
+    b_run, _ = synthetic((("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000)),
+                         extra=truth)
+    step_b = b_run.ranks[0].mean_step_seconds
+    assert a["predicted"]["step_s"] == pytest.approx(step_b, rel=1e-9)
+    lo, hi = a["predicted"]["step_s_range"]
+    assert lo <= step_b <= hi
+    # the same run with the framework time per step only: priced per byte, 6 calls x 0.4 ms
+    # too dear (15 calls -> 9)
+    old, _ = synthetic(extra=lambda d: (_fw_per_unit(d), d["ranks"][0].pop("unit_framework")))
+    b = answer(fit(old), Changes(merge=2))
+    assert b["framework"]["pricing"] == "per step"
+    assert b["predicted"]["step_s"] - step_b == pytest.approx(6 * FW_CALL, rel=1e-6)
+
+
+def _merged_truth_compute(d, parts):
+    r = d["ranks"][0]
+    for row in r["compute"]:
+        k = parts.get(row[0], 1)
+        r["step"] += row[2] * (k - 1)
+        row[2] *= k
+
+
+def test_framework_fit_with_noise_keeps_the_truth_inside_its_range():
+    """Noise of +-0.3 ms on the units' framework time: the fit lands near the injected
+    parts with standard errors > 0, and B's framework time is inside the prediction's
+    range; the range is wider than the exact fit's."""
+    noise = (0.0003, -0.0003, 0.0003, -0.0003, 0.0003)
+    snap, _ = synthetic(extra=lambda d: _fw_per_unit(d, noise=noise))
+    m = fit(snap)
+    f = m.ranks[0].framework_fit
+    assert f.se_call_s > 0 and f.se_per_byte_s > 0
+    assert f.per_call_s == pytest.approx(FW_CALL, abs=0.0003)
+    assert f.per_byte_s == pytest.approx(FW_BYTE, rel=0.25)
+    merged = m._units(m.ranks[0], Changes(merge=2))
+    truth = sum(3 * FW_CALL + FW_BYTE * sum(v[0] * v[1] for p in u.comm.values()
+                                            for v in p.values()) for u in merged)
+    lo = m._framework_s(m.ranks[0], merged, True, -2.0)
+    hi = m._framework_s(m.ranks[0], merged, True, +2.0)
+    assert lo < truth < hi
+    exact, _ = synthetic(extra=_fw_per_unit)
+    me = fit(exact)
+    assert hi - lo > me._framework_s(me.ranks[0], merged, True, 2.0) - \
+        me._framework_s(me.ranks[0], merged, True, -2.0)
+
+
+def test_framework_fit_needs_three_units_with_collectives():
+    """Two units cannot part a cost per call from a cost per byte: per-step pricing."""
+    snap, _ = synthetic((("(root)", 100_000), ("l0", 250_000)), extra=_fw_per_unit)
+    m = fit(snap)
+    assert m.ranks[0].framework_fit is None
+    assert answer(m, Changes(merge=2))["framework"]["pricing"] == "per step"
+
+
+def test_whatif_text_says_how_the_framework_time_is_priced():
+    from zerodoc.cli.whatif import render_text
+
+    snap, _ = synthetic(extra=_fw_per_unit)
+    text = render_text(answer(fit(snap), Changes(merge=2), memory=False))
+    assert "priced per unit: 400 us per call" in text and "+ 1.50 ms per MB" in text
+    old, _ = synthetic()
+    text = render_text(answer(fit(old), Changes(merge=2), memory=False))
+    assert "per byte of the step's total" in text and "records it per step only" in text
+
+
 def test_merge_beyond_the_fitted_sizes_a_noise_hidden_slope_widens_the_range():
     """The run's calls span 1-2 MB and noise (+3 ms on the small calls, -3 ms on the large)
     makes the fitted slope negative: latency only. A merge prices 5.8 MB calls: the
@@ -691,3 +793,47 @@ def test_real_run_zd003_prediction_confirmed_by_compare(real_runs):
     assert by["backward_all_gather_bytes_per_step"]["observed_after"] == 0
     for m in ("exposed_comm_seconds_per_step", "step_seconds"):
         assert by[m]["verdict"] == "confirmed", (attempt, by[m])
+
+
+def test_unit_stats_carry_the_framework_time_per_unit():
+    """Per unit and step across ranks; unknown (not 0) where the run did not record it."""
+    from zerodoc.unitstats import unit_stats
+
+    snap, _ = synthetic(extra=_fw_per_unit)
+    st = unit_stats(snap, sorted(snap.ranks))
+    want = 3 * (FW_CALL + FW_BYTE * 1_000_000 * 4)  # l2: 3 calls of 4 MB
+    got = st.units["l2"]["framework_seconds"]
+    assert got.n == 2 and got.mean == pytest.approx(want, rel=1e-9)
+    old, _ = synthetic()
+    assert unit_stats(old, sorted(old.ranks)).units["l2"]["framework_seconds"].n == 0
+
+
+def test_framework_fit_pools_the_ranks_each_keeps_its_own_level():
+    """Rank 1's framework is 1.2x rank 0's, with noise on its units: the per-call / per-byte
+    ratio is fitted over both ranks' units, each rank's level is its own (its units' sum as
+    measured: the replay stays exact), and the noise-free rank's parts stay near the truth."""
+    import copy
+
+    def two(d):
+        _fw_per_unit(d)
+        r0 = d["ranks"][0]
+        r1 = copy.deepcopy(r0)
+        noise = (0.0002, -0.0002, 0.0002, -0.0002, 0.0)
+        for i, row in enumerate(r1["unit_framework"]):
+            row[2] = row[2] * 1.2 + noise[i]
+        fw1 = sum(row[2] for row in r1["unit_framework"])
+        r1["step"] += fw1 - r1["framework"]
+        r1["framework"] = fw1
+        d["ranks"], d["copies"] = [r0, r1], 1
+    snap, _ = synthetic(extra=two)
+    m = fit(snap)
+    f0, f1 = (rm.framework_fit for rm in m.ranks)
+    assert f1.per_call_s / f0.per_call_s == pytest.approx(f1.per_byte_s / f0.per_byte_s)
+    for rm in m.ranks:  # each rank's units sum to what they measured
+        got = sum(rm.framework_fit.unit_seconds(u.calls(), sum(
+            v[0] * v[1] for p in u.comm.values() for v in p.values())) for u in rm.units)
+        assert got == pytest.approx(rm.framework_s, rel=1e-9)
+    assert f0.per_call_s == pytest.approx(FW_CALL, rel=0.15)
+    assert f0.per_byte_s == pytest.approx(FW_BYTE, rel=0.15)
+    a = answer(m, Changes())
+    assert a["baseline"]["step_s"] == pytest.approx(a["measured"]["step_s"], rel=1e-9)

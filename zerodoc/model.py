@@ -160,6 +160,10 @@ class RankWindow:
     updated_unix: float = 0.0
     compute: dict[UnitPhase, float] = field(default_factory=dict)
     comm: dict[UnitPhaseColl, CommTotals] = field(default_factory=dict)
+    # The framework's own time per unit and phase (its hooks: copy-in / copy-out, gradient
+    # copies), over the per-unit steps like `compute`; part of `framework_seconds` (the rest
+    # belongs to no unit). Empty: not recorded (older run logs, sources without it).
+    unit_framework: dict[UnitPhase, float] = field(default_factory=dict)
     memory: dict[str, int] = field(default_factory=dict)  # population -> bytes (latest)
     errors: dict[str, int] = field(default_factory=dict)  # hook -> count (cumulative)
     step_times: list[float] = field(default_factory=list)  # per step, when the source has them

@@ -27,7 +27,10 @@ UNIT_FIELDS = ("ag_count", "ag_bytes", "ag_seconds", "ag_exposed_seconds",
                "ag_exposed_fraction", "ag_busbw", "rs_seconds", "rs_exposed_seconds",
                "compute_forward", "compute_backward", "compute_seconds",
                # all-reduce (DDP's gradient buckets, ZeRO-1/2, FSDP1 NO_SHARD, grad norms)
-               "ar_count", "ar_bytes", "ar_seconds", "ar_exposed_seconds")
+               "ar_count", "ar_bytes", "ar_seconds", "ar_exposed_seconds",
+               # the framework's own time (its hooks: copy-in / copy-out, gradient copies);
+               # unknown (Stat n = 0) where no rank recorded it per unit (older run logs)
+               "framework_seconds")
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,14 @@ def _compute(windows: list[RankWindow], ranks: tuple[int, ...]) -> UnitStats:
             dst = np.array([ui[ckeys[j][0]] for j in cols])
             np.add.at(m.T, dst, cmat[:, cols].T)
         t[f] = m
+    fw = np.full((R, U), np.nan)  # a rank without it: left out, not 0
+    for i, w in enumerate(windows):
+        if w.unit_framework:
+            fw[i] = 0.0
+            for (u, _p), v in w.unit_framework.items():
+                if u in ui:
+                    fw[i, ui[u]] += v / steps[i]
+    t["framework_seconds"] = fw
     with np.errstate(divide="ignore", invalid="ignore"):
         sec = t["ag_seconds"]
         t["ag_exposed_fraction"] = np.where(sec > 0, t["ag_exposed_seconds"] / sec, np.nan)

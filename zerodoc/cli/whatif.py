@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
         description="Fit a step model to a measured run (a run directory, rank endpoints "
         "host:port[,...], a Prometheus URL or PyTorch profiler traces: per unit and phase the "
         "measured compute, per collective a latency + bandwidth fitted to the run's own "
-        "calls, the framework's ordering) and predict the step time, the exposed "
+        "calls, the framework's ordering, its own time per unit priced per call and per "
+        "byte) and predict the step time, the exposed "
         "communication and the peak memory per rank of a changed configuration, each with a "
         "range. The model's replay of the measured configuration is printed beside the "
         "measurement as its own check. Numbers are per step and per rank (the worst rank's). "
@@ -163,6 +164,18 @@ def _mb(x) -> str:
     return "not known" if x is None else f"{x / 1e6:.1f} MB"
 
 
+def _framework_line(fw: dict) -> str:
+    """How the framework's time is priced: fitted per unit, or per step (older logs)."""
+    head = f"framework time {fw['measured_s'] * 1e3:.1f} ms per step, priced "
+    if fw["pricing"] != "per unit":
+        return head + ("per byte of the step's total (range to per call): the run log "
+                       "records it per step only")
+    return (head + f"per unit: {fw['per_call_s'] * 1e6:.0f} us per call "
+            f"(± {fw['se_call_s'] * 1e6:.0f}) + {fw['per_byte_s'] * 1e9:.2f} ms per MB "
+            f"(± {fw['se_per_byte_s'] * 1e9:.2f}), fitted over {fw['units']} units; "
+            f"{fw['rest_s'] * 1e3:.1f} ms of no unit")
+
+
 def render_text(doc: dict) -> str:
     m, b, p = doc["measured"], doc["baseline"], doc["predicted"]
     sem = doc["semantics"]
@@ -180,6 +193,9 @@ def render_text(doc: dict) -> str:
                      f"{link['latency_s'] * 1e3:.2f} ms, bus bandwidth "
                      f"{'not seen' if bw is None else f'{bw / 1e9:.2f} GB/s'}, residual "
                      f"{link['resid_s'] * 1e3:.2f} ms per call ({link['points']} points)")
+    fw = doc.get("framework")
+    if fw:
+        lines.append(_framework_line(fw))
     err = b["step_error"]
     lines += [
         "",

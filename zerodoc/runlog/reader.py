@@ -360,6 +360,14 @@ def _add_detail(w: RankWindow, s: StepRecord) -> None:
         w.compute[k] = w.compute.get(k, 0.0) + v
     for k, t in s.comm.items():
         w.comm.setdefault(k, CommTotals()).add(t)
+    _add_framework(w, s.unit_framework)
+
+
+def _add_framework(w: RankWindow, fw: dict) -> None:
+    """Add per-unit framework seconds (a step's or a block's) to `w`."""
+    wf = w.unit_framework
+    for k, v in fw.items():
+        wf[k] = wf.get(k, 0.0) + v
 
 
 def per_unit_from_samples(w: RankWindow, steps: list[StepRecord],
@@ -375,7 +383,7 @@ def per_unit_from_samples(w: RankWindow, steps: list[StepRecord],
     if not before:
         return w
     k = w.detail_every
-    w.compute, w.comm = {}, {}
+    w.compute, w.comm, w.unit_framework = {}, {}, {}
     w.detail_steps, w.detail_last_step = 0, 0
     for s in samples:
         _add_detail(w, s)
@@ -424,6 +432,7 @@ def _add_block(w: RankWindow, b: UnitsBlock, first: bool) -> None:
             + b.detail_steps
     w.last_step = b.last_step
     _add_scalars(w, b)
+    _add_framework(w, b.unit_framework)
     w.max_step_seconds = max(w.max_step_seconds, b.max_step_seconds)
     w.updated_unix = max(w.updated_unix, b.end_unix)
 
@@ -487,6 +496,8 @@ def _past_warmup(total: UnitsBlock, warm: UnitsBlock) -> UnitsBlock:
     b.launch_checks = total.launch_checks - warm.launch_checks
     b.launch_caught_up = total.launch_caught_up - warm.launch_caught_up
     b.detail_steps = total.detail_steps - warm.detail_steps
+    b.unit_framework = {k: v - warm.unit_framework.get(k, 0.0)
+                        for k, v in total.unit_framework.items()}
     return b
 
 
@@ -573,6 +584,7 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
             w.max_step_seconds = max(w.max_step_seconds, part.max_step_seconds)
             w.updated_unix = part.updated_unix
             w.compute, w.comm = comp, comm
+            _add_framework(w, part.unit_framework)
     else:  # blocks only: per-unit totals stay arrays until someone reads the dicts
         w = LazyRankWindow(facts=facts, unit_arrays=merge_arrays(
             [b.unit_arrays for b in pieces]) if pieces else None)

@@ -59,6 +59,9 @@ class StepRecord:
     # and `comm` are empty, not zero). Records without the field (older logs): True.
     detail: bool = True
     detail_k: int | None = None  # K in force: about 1 step in K is sampled
+    # The framework's time per unit and phase (part of `framework_seconds`); empty: none
+    # recorded (older logs)
+    unit_framework: dict[tuple[str, str], float] = field(default_factory=dict)
 
     @property
     def compute_seconds(self) -> float | None:
@@ -101,7 +104,8 @@ class UnitsBlock:
     __slots__ = ("kind", "first_step", "last_step", "steps", "end_unix", "step_seconds",
                  "optimizer_seconds", "framework_seconds", "other_seconds", "self_seconds",
                  "max_step_seconds", "unit_arrays", "_dicts", "host_compute_seconds",
-                 "launch_checks", "launch_caught_up", "detail_steps", "max_past_warmup")
+                 "launch_checks", "launch_caught_up", "detail_steps", "max_past_warmup",
+                 "unit_framework")
 
     def __init__(self, kind, first_step, last_step, steps, end_unix, step_seconds,
                  optimizer_seconds, framework_seconds, other_seconds, self_seconds,
@@ -117,6 +121,8 @@ class UnitsBlock:
         self.launch_checks = self.launch_caught_up = 0
         self.detail_steps = steps  # steps the per-unit totals cover (sampled steps)
         self.max_past_warmup: float | None = None  # `total` lines: the longest step after 1
+        # the framework's time per (unit, phase) over the steps (empty: not recorded)
+        self.unit_framework: dict[tuple[str, str], float] = {}
 
     def _make(self):
         if self._dicts is None:
@@ -327,6 +333,10 @@ def step_from_dict(d: dict, unit_names: list[str]) -> StepRecord:
             comm[key] = CommTotals(int(n), int(b), float(s), float(ex), float(hid))
         else:
             t.add(CommTotals(int(n), int(b), float(s), float(ex), float(hid)))
+    framework: dict[tuple[str, str], float] = {}
+    for u, phase, s in d.get("framework", ()):
+        key = (unit_names[u], phase)
+        framework[key] = framework.get(key, 0.0) + float(s)
     k = d.get("detail_k")
     return StepRecord(
         step=int(d["step"]), end_unix=float(d["end_unix"]), step_seconds=float(d["step_s"]),
@@ -339,7 +349,8 @@ def step_from_dict(d: dict, unit_names: list[str]) -> StepRecord:
         else sum(compute.values()),
         launch_checks=int(d.get("launch", (0, 0))[0]),
         launch_caught_up=int(d.get("launch", (0, 0))[1]),
-        detail=d.get("detail") is not False, detail_k=int(k) if k else None)
+        detail=d.get("detail") is not False, detail_k=int(k) if k else None,
+        unit_framework=framework)
 
 
 def _num(d: dict, key: str) -> float:
@@ -383,9 +394,10 @@ def check_record(d: dict, units: int | None = None) -> None:
             _vint(v, f"{k} {name!s:.40}")
     if units is None:
         return
-    for row in d.get("compute", ()):
-        _vint(row[0], "unit index", 0, units - 1)
-        _vnum(row[2], "compute seconds")
+    for key in ("compute", "framework"):
+        for row in d.get(key, ()):
+            _vint(row[0], "unit index", 0, units - 1)
+            _vnum(row[2], f"{key} seconds")
     for row in d.get("comm", ()):
         _vint(row[0], "unit index", 0, units - 1)
         _vint(row[3], "count")
@@ -517,4 +529,18 @@ def block_from_dict(d: dict, unit_names: list[str]) -> UnitsBlock:
         b.detail_steps = int(d["detail_steps"])
     if d.get("max_step_s_past_warmup") is not None:
         b.max_past_warmup = float(d["max_step_s_past_warmup"])
+    b.unit_framework = framework_from_columns(d.get("units", {}), unit_names)
     return b
+
+
+def framework_from_columns(units: dict, unit_names: list[str]) -> dict:
+    """The framework's time per (unit, phase) from the columnar `units` object ({}: none
+    recorded, as in logs written before it was)."""
+    names = _intern(tuple(unit_names))
+    out: dict[tuple[str, str], float] = {}
+    for g in units.get("framework", ()):
+        for key, v in zip(_keys(names, g["unit"], (g["phase"],)),
+                          _same_length(g["seconds"], g["unit"])):
+            _vnum(v, "framework seconds")
+            out[key] = out.get(key, 0.0) + float(v)
+    return out

@@ -35,6 +35,9 @@ class Replay:
         for u, phase, s in rec.get("compute", ()):
             key = (names[u], phase)
             tot.compute[key] = tot.compute.get(key, 0.0) + s
+        for u, phase, s in rec.get("framework", ()):
+            key = (names[u], phase)
+            tot.unit_framework[key] = tot.unit_framework.get(key, 0.0) + s
         for u, phase, coll, *a in rec.get("comm", ()):
             key = (names[u], phase, coll)
             t = tot.comm.get(key)

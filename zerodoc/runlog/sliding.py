@@ -43,8 +43,26 @@ class _Keys:
         return idx
 
 
+def _framework_key(k: tuple) -> tuple:
+    """The key of a unit's framework time among the compute keys: (unit, phase, "framework")
+    beside the compute's (unit, phase)."""
+    return (*k, "framework")
+
+
+def _split(keys, vals) -> tuple[dict, dict]:
+    """(compute, framework per unit) from the compute arrays' keys and values."""
+    compute, framework = {}, {}
+    for k, v in zip(keys, vals):
+        if len(k) == 2:
+            compute[k] = compute.get(k, 0.0) + v
+        else:
+            framework[k[:2]] = framework.get(k[:2], 0.0) + v
+    return compute, framework
+
+
 class _Step:
-    """One step record, compact: its key tuples (shared between steps) and float arrays."""
+    """One step record, compact: its key tuples (shared between steps) and float arrays
+    (the framework's time per unit rides with the compute, keyed `_framework_key`)."""
 
     __slots__ = ("step", "end_unix", "scalars", "ckeys", "cvals", "mkeys", "mvals", "memory",
                  "errors", "detail", "detail_k")
@@ -56,7 +74,8 @@ class _Step:
                                  s.other_seconds, s.self_seconds, s.host_compute_seconds,
                                  s.launch_checks, s.launch_caught_up))
         self.ckeys = ckeys
-        self.cvals = np.fromiter(s.compute.values(), np.float64, len(ckeys))
+        self.cvals = np.fromiter((*s.compute.values(), *s.unit_framework.values()),
+                                 np.float64, len(ckeys))
         self.mkeys = mkeys
         m = []
         for t in s.comm.values():
@@ -126,7 +145,10 @@ class _RankTotals:
 
     def add(self, new: list[StepRecord]) -> None:
         def compact(rec: StepRecord) -> _Step:
-            return _Step(rec, self._intern(tuple(rec.compute)), self._intern(tuple(rec.comm)))
+            ckeys = tuple(rec.compute)
+            if rec.unit_framework:
+                ckeys += tuple(_framework_key(k) for k in rec.unit_framework)
+            return _Step(rec, self._intern(ckeys), self._intern(tuple(rec.comm)))
 
         self.samples.extend(compact(s) for s in new[-64 * MIN_WINDOW_SAMPLES:] if s.detail)
         if self.window and len(new) >= self.window:  # a long gap (first load): fold the tail
@@ -170,7 +192,8 @@ class _RankTotals:
                 (self.window is None or len(self.steps) < self.window):
             w.warmup_left_out = 1
         cn = self.cn.tolist()
-        w.compute = {k: v for k, v, n in zip(self.ck.keys, self.csum.tolist(), cn) if n > 0}
+        keep = [(k, v) for k, v, n in zip(self.ck.keys, self.csum.tolist(), cn) if n > 0]
+        w.compute, w.unit_framework = _split([k for k, _ in keep], [v for _, v in keep])
         mn = self.mn.tolist()
         w.comm = {k: CommTotals(int(r[0]), int(r[1]), r[2], r[3], r[4])
                   for k, r, n in zip(self.mk.keys, self.msum.tolist(), mn) if n > 0}
@@ -194,10 +217,11 @@ class _RankTotals:
     def _from_samples(self, w: RankWindow) -> None:
         """Per-unit totals of the newest MIN_WINDOW_SAMPLES sampled steps, those before the
         window too (a window with fewer samples of its own; `detail_before` says so)."""
-        w.compute, w.comm = {}, {}
+        w.comm = {}
+        w.compute, w.unit_framework = _split(
+            [k for s in self.samples for k in s.ckeys],
+            [v for s in self.samples for v in s.cvals.tolist()])
         for s in self.samples:
-            for k, v in zip(s.ckeys, s.cvals.tolist()):
-                w.compute[k] = w.compute.get(k, 0.0) + v
             for k, r in zip(s.mkeys, s.mvals.tolist()):
                 w.comm.setdefault(k, CommTotals()).add(
                     CommTotals(int(r[0]), int(r[1]), r[2], r[3], r[4]))

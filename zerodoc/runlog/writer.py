@@ -314,7 +314,8 @@ class RunLogWriter:
                 {k: (t.count, t.bytes, t.seconds, t.exposed_seconds, t.hidden_seconds)
                  for k, t in totals.comm.items()},
                 # sampled steps: the per-unit totals cover these (None: every step)
-                getattr(totals, "detail_steps", None))
+                getattr(totals, "detail_steps", None),
+                dict(getattr(totals, "unit_framework", None) or {}))
         self._put(("units", snap, final))
 
     def close(self, steps: int, totals=None, timeout: float = 5.0,
@@ -478,7 +479,7 @@ class RunLogWriter:
             if self.detail:
                 self._switch_detail(rec["segment"], first_step=1)
         elif kind == "step":
-            light = {k: v for k, v in rec.items() if k not in ("compute", "comm")}
+            light = {k: v for k, v in rec.items() if k not in ("compute", "comm", "framework")}
             self._main(light)
             self._interval_max = max(self._interval_max, float(rec.get("step_s", 0.0)))
             if rec.get("step", 1) > 1:  # the longest step past warm-up, for `total` lines
@@ -546,7 +547,7 @@ class RunLogWriter:
         return out
 
     def _units(self, snap: tuple, final: bool) -> None:
-        step, steps, end_unix, scalars, max_step, compute, comm, detail_steps = snap
+        step, steps, end_unix, scalars, max_step, compute, comm, detail_steps, fw = snap
         prev = self._prev_cum
         if prev is not None and step <= prev[0]:  # no step since the last interval
             if final:
@@ -558,6 +559,8 @@ class RunLogWriter:
         pcomm = prev[6] if prev else {}
         zero = (0, 0, 0.0, 0.0, 0.0)
         d_comp = {k: v - pcomp.get(k, 0.0) for k, v in compute.items()}
+        pfw = prev[8] if prev else {}
+        d_fw = {k: v - pfw.get(k, 0.0) for k, v in fw.items()}
         d_comm = {}
         for k, v in comm.items():
             p = pcomm.get(k, zero)
@@ -571,7 +574,7 @@ class RunLogWriter:
         self._main({"type": "interval", "first": first, "last": step,
                     "steps": steps - (prev[1] if prev else 0), **sampled, "end_unix": end_unix,
                     "header_at": self._header_at, **base, "max_step_s": self._interval_max,
-                    "units": self._columns(d_comp, d_comm, skip_zero=True)})
+                    "units": self._columns(d_comp, d_comm, skip_zero=True, framework=d_fw)})
         self._interval_max = 0.0
         warmup = first == 1 and step == 1  # step 1 alone: not an interval of the cadence
         self._wrote_warmup = self._wrote_warmup or warmup
@@ -583,7 +586,7 @@ class RunLogWriter:
             self._switch_detail(self.segment, first_step=step + 1)
 
     def _total(self, snap: tuple) -> None:
-        step, steps, end_unix, scalars, max_step, compute, comm, detail_steps = snap
+        step, steps, end_unix, scalars, max_step, compute, comm, detail_steps, fw = snap
         sampled = {} if detail_steps is None else {"detail_steps": detail_steps}
         self._main({"type": "total", "step": step, "steps": steps, **sampled,
                     "end_unix": end_unix,
@@ -594,17 +597,21 @@ class RunLogWriter:
                     # a reader that takes the warm-up line off these totals needs this max
                     **({"max_step_s_past_warmup": self._max_past_warmup}
                        if self._wrote_warmup else {}),
-                    "units": self._columns(compute, comm, skip_zero=False)})
+                    "units": self._columns(compute, comm, skip_zero=False, framework=fw)})
 
-    def _columns(self, compute: dict, comm: dict, skip_zero: bool) -> dict:
+    def _columns(self, compute: dict, comm: dict, skip_zero: bool,
+                 framework: dict | None = None) -> dict:
         idx = self._unit_index
-        cgroups: dict[str, dict] = {}
-        for (unit, phase), s in compute.items():
-            if skip_zero and s == 0.0 or unit not in idx:
-                continue
-            g = cgroups.setdefault(phase, {"phase": phase, "unit": [], "seconds": []})
-            g["unit"].append(idx[unit])
-            g["seconds"].append(s)
+
+        def by_phase(secs: dict) -> list:
+            groups: dict[str, dict] = {}
+            for (unit, phase), s in secs.items():
+                if skip_zero and s == 0.0 or unit not in idx:
+                    continue
+                g = groups.setdefault(phase, {"phase": phase, "unit": [], "seconds": []})
+                g["unit"].append(idx[unit])
+                g["seconds"].append(s)
+            return list(groups.values())
         mgroups: dict[tuple, dict] = {}
         for (unit, phase, coll), v in comm.items():
             if skip_zero and v[0] == 0 or unit not in idx:
@@ -615,4 +622,8 @@ class RunLogWriter:
             g["unit"].append(idx[unit])
             for name, x in zip(("count", "bytes", "seconds", "exposed", "hidden"), v):
                 g[name].append(x)
-        return {"compute": list(cgroups.values()), "comm": list(mgroups.values())}
+        out = {"compute": by_phase(compute), "comm": list(mgroups.values())}
+        fw = by_phase(framework) if framework else []
+        if fw:  # the framework's time per unit (absent: not recorded, as in older logs)
+            out["framework"] = fw
+        return out

@@ -235,7 +235,9 @@ def install_stage3(st: _State, zero_opt, fetch_unit: dict, group_unit: dict, par
             prev = st.unit
             fu = fetch_unit.get(id(sub))
             st.unit = prev if fu is None else fu
-            rec.push(B_FRAMEWORK)
+            ph = FORWARD if forward else BACKWARD
+            fw = B_FRAMEWORK if fu is None else rec.framework_bucket(fu, ph)
+            rec.push(fw)
             if fu is not None:
                 # CUDA: the compute stream is where the module needs its parameters, before
                 # DeepSpeed's fetch makes it wait (`wait_stream(allgather stream)`).
@@ -245,23 +247,26 @@ def install_stage3(st: _State, zero_opt, fetch_unit: dict, group_unit: dict, par
             finally:
                 st.unit = prev
                 u = group_unit.get(id(sub))
-                b = unit_bucket(u, FORWARD if forward else BACKWARD) if u is not None else None
+                b = unit_bucket(u, ph) if u is not None else None
                 if b is not None and (forward or not rec.has(b)):
-                    rec.switch(B_FRAMEWORK, b)
+                    rec.switch(fw, b)
                 else:
-                    rec.remove(B_FRAMEWORK)
+                    rec.remove(fw)
                 if fu is not None:
                     timer.ready(fu)  # the wait is over: claims the unit's fetches so far
 
         def release_sub_module(sub, forward=False, *args, **kwargs):
             u = group_unit.get(id(sub))
+            fw = B_FRAMEWORK
             if u is not None:
-                rec.remove(unit_bucket(u, FORWARD if forward else BACKWARD))
-            rec.push(B_FRAMEWORK)
+                ph = FORWARD if forward else BACKWARD
+                rec.remove(unit_bucket(u, ph))
+                fw = rec.framework_bucket(u, ph)
+            rec.push(fw)
             try:
                 return orig_release(sub, forward, *args, **kwargs)
             finally:
-                rec.remove(B_FRAMEWORK)
+                rec.remove(fw)
 
         _set_instance_attr(coord, "fetch_sub_module", fetch_sub_module, undo)
         _set_instance_attr(coord, "release_sub_module", release_sub_module, undo)

@@ -213,7 +213,7 @@ class DeviceRecorder(Recorder):
         pool.record(m.ev)
         marks.append(m)
         self.last_mark = m
-        if top >= _FIRST_UNIT_BUCKET:
+        if _FIRST_UNIT_BUCKET <= top < self.fw_first:  # a unit's compute (not its framework)
             self._seg_n += 1
             if self._seg_n >= LAUNCH_EVERY:  # one segment in LAUNCH_EVERY is checked
                 self._seg_n = 0

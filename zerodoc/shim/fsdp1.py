@@ -334,12 +334,13 @@ class FSDP1Adapter(Adapter):
                 rec.phase = BACKWARD
                 if rec.has(bucket):  # FSDP runs it once per output tensor; once is work
                     return orig(state, module, handle, *args, **kwargs)
-                rec.push(B_FRAMEWORK)
+                fw = rec.framework_bucket(idx, BACKWARD)
+                rec.push(fw)
                 timer.arrive(idx)
                 try:
                     return orig(state, module, handle, *args, **kwargs)
                 finally:
-                    rec.switch(B_FRAMEWORK, bucket)
+                    rec.switch(fw, bucket)
                     timer.ready(idx)
                     if timer.device and not self._tail_queued:
                         # Behind FSDP's final callback (queued by the root's first
@@ -352,11 +353,12 @@ class FSDP1Adapter(Adapter):
                 idx = by_handle.get(id(handle)) if self.active else None
                 if idx is None:
                     return orig(state, handle, *args, **kwargs)
-                rec.switch(unit_bucket(idx, BACKWARD), B_FRAMEWORK)
+                fw = rec.framework_bucket(idx, BACKWARD)
+                rec.switch(unit_bucket(idx, BACKWARD), fw)
                 try:
                     return orig(state, handle, *args, **kwargs)
                 finally:
-                    rec.remove(B_FRAMEWORK)
+                    rec.remove(fw)
             return _post_backward_hook
 
         def make_reduce(coll: int):

@@ -266,7 +266,7 @@ def build_plan(units: list[Unit], rec: Recorder, timer: HostTimer,
     tail = _TailWindow(timer, registry) if timer.device else None
     if tail is not None:  # a backward that raised left it queued: each sample starts afresh
         plan.call(tail.reset, _nothing)
-    _wrap_prefetch(rec, registry, plan)
+    _wrap_prefetch(rec, registry, plan, units)
     for u in units:
         # --- collectives ---------------------------------------------------------
         try:
@@ -303,13 +303,16 @@ def _nothing() -> None:
     pass
 
 
-def _wrap_prefetch(rec: Recorder, registry: hp.HookRegistry, plan: DetailPlan) -> None:
-    """Explicit prefetch (`set_modules_to_forward_prefetch` / `..._backward_prefetch`) is
-    framework work. Forward prefetch runs inside FSDP's pre-forward hook (framework already);
-    backward prefetch runs in `FSDPState._pre_backward` *after* the param group's
-    `pre_backward` returned, when the unit's backward bucket is already current: without this
-    its host time, and on CUDA the copy-in kernels it puts on the compute stream, were booked
-    as the unit's compute (the first H100 run: ~0.75 ms per unit and step)."""
+def _wrap_prefetch(rec: Recorder, registry: hp.HookRegistry, plan: DetailPlan,
+                   units: list[Unit] = ()) -> None:
+    """Prefetch (FSDP's own in backward, `set_modules_to_forward_prefetch` /
+    `..._backward_prefetch`) is framework work, of the unit prefetched (its copy-in, charged
+    to that unit's framework bucket; a param group of no unit's: to "framework"). Forward
+    prefetch runs inside FSDP's pre-forward hook (framework already); backward prefetch runs
+    in `FSDPState._pre_backward` *after* the param group's `pre_backward` returned, when the
+    unit's backward bucket is already current: without this its host time, and on CUDA the
+    copy-in kernels it puts on the compute stream, were booked as the unit's compute (the
+    first H100 run: ~0.75 ms per unit and step)."""
     try:
         cls = hp.fsdp2_param_group_class()
         orig = cls.__dict__["_prefetch_unshard"]
@@ -320,12 +323,18 @@ def _wrap_prefetch(rec: Recorder, registry: hp.HookRegistry, plan: DetailPlan) -
         registry.missing("FSDPParamGroup._prefetch_unshard", repr(e))
         return
 
+    # the framework bucket (forward's: + the phase) of each param group's unit; a group of
+    # no unit's: "framework" (one dict lookup per prefetch: the unit's bytes are its own)
+    fw_of = {id(g): rec.framework_bucket(u.index, 0) for u in units for g in u.groups}
+
     def _prefetch_unshard(*args, **kwargs):
-        rec.push(B_FRAMEWORK)
+        b = fw_of.get(id(args[0])) if args else None
+        b = B_FRAMEWORK if b is None else b + rec.phase
+        rec.push(b)
         try:
             return fn(*args, **kwargs)
         finally:
-            rec.remove(B_FRAMEWORK)
+            rec.remove(b)
 
     plan.attr(cls, "_prefetch_unshard", staticmethod(_prefetch_unshard))
     # Reported only when missing (a refinement of the backward hook point's numbers): each
@@ -373,13 +382,14 @@ def _wrap_backward(g, idx: int, rec: Recorder, timer, registry: hp.HookRegistry,
     orig_pre = g.pre_backward
     orig_post = g.post_backward
     bwd_bucket = unit_bucket(idx, BACKWARD)
+    fw_bucket = rec.framework_bucket(idx, BACKWARD)  # the unit's own framework time
     push, switch, remove = rec.push, rec.switch, rec.remove
     window = timer.device  # the host timer's window marks are no-ops: not called
 
     def pre_backward(*args, **kwargs):
         rec.phase = BACKWARD
         first = bwd_bucket not in rec.stack  # FSDP runs it once per output; once is work
-        push(B_FRAMEWORK)
+        push(fw_bucket)
         if first and window:
             timer.arrive(idx)
             if tail is not None:
@@ -388,14 +398,14 @@ def _wrap_backward(g, idx: int, rec: Recorder, timer, registry: hp.HookRegistry,
             return orig_pre(*args, **kwargs)
         finally:
             if first:
-                switch(B_FRAMEWORK, bwd_bucket)
+                switch(fw_bucket, bwd_bucket)
                 if window:
                     timer.ready(idx)
             else:
-                remove(B_FRAMEWORK)
+                remove(fw_bucket)
 
     def post_backward(*args, **kwargs):
-        switch(bwd_bucket, B_FRAMEWORK)
+        switch(bwd_bucket, fw_bucket)
         if window:
             # CUDA: FSDP makes the compute stream wait for the previous reduce-scatter here.
             timer.arrive(idx, claim=REDUCTIONS)
@@ -404,7 +414,7 @@ def _wrap_backward(g, idx: int, rec: Recorder, timer, registry: hp.HookRegistry,
             return orig_post(*args, **kwargs)
         finally:
             reducing[0] = None
-            remove(B_FRAMEWORK)
+            remove(fw_bucket)
             if window:
                 timer.ready(idx, ())
 

@@ -103,7 +103,7 @@ class Monitor:
         self._step_start: float | None = None
         self._pending_self_s = 0.0
         self._mem_static: dict[str, int] = {}
-        self._unit_slots: list | None = None  # step-end loop over unit buckets (_slots)
+        self._unit_slots: tuple | None = None  # step-end loops over unit buckets (_slots)
         self._comm_keys: dict = {}  # (unit, phase, coll) -> run-log row head, totals key
         self._folds = 0  # folds into the totals so far (the exporter's cache key)
         self._undo: list = []
@@ -606,13 +606,16 @@ class Monitor:
             return 0
 
     def _fold(self, acc: list, comm: dict, host: list | None, checks: int = 0,
-              caught: int = 0) -> tuple[list, list, float]:
+              caught: int = 0) -> tuple[list, list, float, list, float]:
         """Fold bucket seconds (`acc`: the device clock on GPU) and collectives into the
-        totals; returns the run log's compute and comm rows and the host compute time."""
+        totals; returns the run log's compute and comm rows, the host compute time, the
+        framework rows (per unit and phase) and the step's framework time (theirs and that of
+        no unit)."""
         tot = self.totals
         slots = self._unit_slots
-        if slots is None or len(slots) != 2 * len(self.unit_names):
+        if slots is None or len(slots[0]) != 2 * len(self.unit_names):
             slots = self._unit_slots = self._slots()
+        slots, fw_slots = slots
         compute_rows = []
         totc = tot.compute
         for b, u, phase, key in slots:
@@ -620,6 +623,15 @@ class Monitor:
             if s > 0.0:
                 compute_rows.append([u, phase, s])
                 totc[key] = totc.get(key, 0.0) + s
+        framework_rows = []
+        totf = tot.unit_framework
+        framework_s = acc[B_FRAMEWORK]
+        for b, u, phase, key in fw_slots:
+            s = acc[b]
+            if s > 0.0:
+                framework_rows.append([u, phase, s])
+                totf[key] = totf.get(key, 0.0) + s
+                framework_s += s
         comm_rows = []
         keys = self._comm_keys
         totm = tot.comm
@@ -636,7 +648,7 @@ class Monitor:
             else:
                 t.add_row(a)
         tot.optimizer_seconds += acc[B_OPTIMIZER]
-        tot.framework_seconds += acc[B_FRAMEWORK]
+        tot.framework_seconds += framework_s
         tot.other_seconds += acc[B_OTHER]
         src = host if host is not None else acc
         host_s = sum([src[b] for b, _u, _p, _k in slots])
@@ -644,13 +656,20 @@ class Monitor:
         tot.launch_checks += checks
         tot.launch_caught_up += caught
         self._folds += 1  # last: the exporter rebuilds per-unit families when it changes
-        return compute_rows, comm_rows, host_s
+        return compute_rows, comm_rows, host_s, framework_rows, framework_s
 
-    def _slots(self) -> list[tuple[int, int, str, tuple[str, str]]]:
+    def _slots(self) -> tuple[list, list]:
         """(bucket, unit, phase name, totals key) of every unit's forward and backward
-        compute, in (unit, phase) order: the step end's loop, computed once."""
-        return [(unit_bucket(u, p), u, PHASES[p], (name, PHASES[p]))
-                for u, name in enumerate(self.unit_names) for p in (0, 1)]
+        compute, in (unit, phase) order, and of every unit's framework time (forward and
+        backward; ZeroRedundancyOptimizer's is the optimizer's): the step end's loops,
+        computed once."""
+        names = list(enumerate(self.unit_names))
+        fw = self.rec.framework_bucket
+        phases = (0, 1, 2) if self.adapter.framework == "zero1" else (0, 1)
+        return ([(unit_bucket(u, p), u, PHASES[p], (name, PHASES[p]))
+                 for u, name in names for p in (0, 1)],
+                [(fw(u, p), u, PHASES[p], (name, PHASES[p])) for u, name in names
+                 for p in phases])
 
     def _end_step(self) -> None:
         now = perf_counter()
@@ -676,7 +695,8 @@ class Monitor:
         self.step_index += 1
         tot = self.totals
         if detail:
-            compute_rows, comm_rows, host_s = self._fold(acc, comm, host, checks, caught)
+            compute_rows, comm_rows, host_s, framework_rows, framework_s = self._fold(
+                acc, comm, host, checks, caught)
             tot.detail_steps += 1
             # This step's collectives by kind (on a GPU the rows read back are not all this
             # step's: its count alone, from sequence numbers).
@@ -688,6 +708,7 @@ class Monitor:
         else:
             tot.optimizer_seconds += acc[B_OPTIMIZER]
             compute_rows, comm_rows, host_s, kinds = [], [], 0.0, None
+            framework_rows, framework_s = [], None
         coll = self.seq.step(kinds)
 
         mem = self._memory(now)
@@ -713,7 +734,8 @@ class Monitor:
                 "self_s": self_s, "compute": compute_rows, "comm": comm_rows, "mem": mem,
             }
             if detail:
-                rec.update(framework_s=acc[B_FRAMEWORK], other_s=acc[B_OTHER],
+                rec.update(framework_s=framework_s, framework=framework_rows,
+                           other_s=acc[B_OTHER],
                            wait_s=acc[B_WAIT], compute_s=sum([r[2] for r in compute_rows]),
                            exposed_s=sum([a[3] for a in comm.values()]),
                            detail_k=self.sampler.k)

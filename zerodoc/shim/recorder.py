@@ -5,6 +5,11 @@ small stack; every switch charges the time since the last switch to the bucket o
 each sharded unit gets its *own* compute time (children units excluded), collective waits
 are kept apart (exposed time), and whatever is left (data, loss) lands in "other".
 
+The framework's own time (its pre/post hooks: copy-in / copy-out, gradient copies) is charged
+per unit and phase too, to the unit's framework bucket (`framework_bucket`); "framework" (one
+bucket, `B_FRAMEWORK`) keeps what belongs to no unit (a framework's gradient-bucket work,
+explicit prefetch). The step's framework time is the sum of both (`framework_total`).
+
 Collectives are recorded by `add_comm()` into a dict keyed (unit, phase, collective).
 Nothing here blocks, synchronises a device, or allocates per call beyond a dict entry
 created on first use.
@@ -25,7 +30,30 @@ _FIRST_UNIT_BUCKET = 4
 
 
 def unit_bucket(unit: int, phase: int) -> int:
+    """The bucket of a unit's compute in a phase."""
     return _FIRST_UNIT_BUCKET + unit * 3 + phase
+
+
+def framework_bucket(unit: int, phase: int, n_units: int) -> int:
+    """The bucket of a unit's framework time in a phase: after every unit's compute buckets
+    (a compute bucket is `_FIRST_UNIT_BUCKET <= b < Recorder.fw_first`)."""
+    return _FIRST_UNIT_BUCKET + 3 * (n_units + unit) + phase
+
+
+def bucket_unit(bucket: int, n_units: int) -> tuple[int, int, bool] | None:
+    """(unit, phase, framework?) of a per-unit bucket; None for a step-level one."""
+    if bucket < _FIRST_UNIT_BUCKET:
+        return None
+    i = bucket - _FIRST_UNIT_BUCKET
+    fw = i >= 3 * n_units
+    if fw:
+        i -= 3 * n_units
+    return i // 3, i % 3, fw
+
+
+def framework_total(acc: list, n_units: int) -> float:
+    """A drained step's framework time: the step-level bucket and every unit's."""
+    return acc[B_FRAMEWORK] + sum(acc[_FIRST_UNIT_BUCKET + 3 * n_units:])
 
 
 class Recorder:
@@ -33,7 +61,9 @@ class Recorder:
 
     def __init__(self, n_units: int):
         self.n_units = n_units
-        self.acc = [0.0] * (_FIRST_UNIT_BUCKET + 3 * n_units)
+        # per unit and phase: compute, then (from `fw_first`) the framework's own time
+        self.fw_first = _FIRST_UNIT_BUCKET + 3 * n_units
+        self.acc = [0.0] * (_FIRST_UNIT_BUCKET + 6 * n_units)
         self.stack = [B_OTHER]
         self.last = perf_counter()
         self.phase = FORWARD
@@ -89,6 +119,9 @@ class Recorder:
                 break
         stack.append(new)
 
+    def framework_bucket(self, unit: int, phase: int) -> int:
+        return self.fw_first + unit * 3 + phase
+
     def has(self, bucket: int) -> bool:
         return bucket in self.stack
 
@@ -130,11 +163,11 @@ class Recorder:
     def drain_step(self, now: float, keep_comm: bool = False) -> float:
         """`drain` of a step without per-unit detail: only the optimizer's seconds are
         wanted. Only the step-level buckets (other, framework, wait, optimizer) are zeroed,
-        in place: the unit buckets are charged only by the per-unit hooks, which are not
-        installed on such a step, and a detail step's end (`drain`) left them at zero. Not
-        a reset of all 3 x units buckets: that loop over a list the model's own work has
-        pushed out of the cache grew with the units (~1 us at 21, ~6 us at 81 units, the
-        unsampled step's only per-unit cost; docs/gpus.md, round 3)."""
+        in place: the unit buckets (compute and framework) are charged only by the per-unit
+        hooks, which are not installed on such a step, and a detail step's end (`drain`)
+        left them at zero. Not a reset of all 6 x units buckets: that loop over a list the
+        model's own work has pushed out of the cache grew with the units (~1 us at 21, ~6 us
+        at 81 units, the unsampled step's only per-unit cost; docs/gpus.md, round 3)."""
         acc = self.acc
         opt = acc[B_OPTIMIZER]
         if self.stack[-1] == B_OPTIMIZER:

@@ -45,7 +45,7 @@ import traceback
 from time import perf_counter
 
 from .recorder import (
-    B_FRAMEWORK, B_OPTIMIZER, B_OTHER, B_WAIT, COLLECTIVES, PHASES, _FIRST_UNIT_BUCKET,
+    B_FRAMEWORK, B_OPTIMIZER, B_OTHER, B_WAIT, COLLECTIVES, PHASES, bucket_unit,
 )
 
 STEP_FACTOR = 3.0  # no step for this many times the slowest step: not just a slow step
@@ -229,15 +229,18 @@ class Watchdog:
         top = stack[-1] if stack else 0
         phase = PHASES[rec.phase] if 0 <= rec.phase < len(PHASES) else str(rec.phase)
         unit = None
+        n_units = getattr(rec, "n_units", len(names))
         for b in reversed(stack):
-            if b >= _FIRST_UNIT_BUCKET:
-                unit = _unit_name(names, (b - _FIRST_UNIT_BUCKET) // 3)
+            bu = bucket_unit(b, n_units)
+            if bu is not None:
+                unit = _unit_name(names, bu[0])
                 break
         if top == B_OTHER and getattr(self.m, "_t_opt", None) is not None:
             top = B_OPTIMIZER  # a step without detail times its optimizer off the stack
+        bu = bucket_unit(top, n_units)
         where = {B_WAIT: "collective", B_FRAMEWORK: "framework",
-                 B_OPTIMIZER: "optimizer"}.get(top, "compute" if top >= _FIRST_UNIT_BUCKET
-                                                 else "outside units")
+                 B_OPTIMIZER: "optimizer"}.get(top, "outside units" if bu is None else
+                                                 "framework" if bu[2] else "compute")
         return {"in": where, "unit": unit, "running_unit": unit, "phase": phase}
 
     def _gpu_collective(self) -> dict | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import hookpoints as hp
-from .recorder import B_FRAMEWORK, unit_bucket
+from .recorder import FORWARD, unit_bucket
 
 
 def nbytes(x) -> int:
@@ -68,38 +68,41 @@ def install_forward_hooks(outer, inner, rec, timer, idx: int, registry: hp.HookR
                           post_extra: Callable | None = None, plan=None) -> None:
     """The forward placement every adapter uses: hooks on `outer` run outside the
     framework's pre/post-forward (prepend pre-hook, plain post-hook), hooks on `inner` inside
-    it. Between them the recorder's clock is on "framework"; inside, on the unit's compute.
+    it. Between them the recorder's clock is on the unit's framework bucket (forward's, also
+    for a recomputation in backward: a constant bucket, no per-call work); inside, on the
+    unit's compute of the phase in force (forward, or backward's recomputation).
     With `window`, the switch into "framework" is where the unit needs its parameters and
     the switch into compute is where the wait for them is over (the CUDA exposure window).
     `outer` and `inner` may be the same module (FSDP2: the framework's hooks are hooks too).
     With `plan` (a `detailplan.DetailPlan`) the hooks are added to it, put in place by its
     install (the same order), not registered now (`undo` unused).
     """
-    # Precomputed per unit: the compute bucket of phase p is `base + p`; the host timer's
-    # window marks are no-ops, so they are not called at all.
+    # Precomputed per unit: the compute bucket of phase p is `base + p`, the framework
+    # bucket `fw`; the host timer's window marks are no-ops, so they are not called.
     base = unit_bucket(idx, 0)
+    fw = rec.framework_bucket(idx, FORWARD)
     window = window and timer.device
     push, switch, remove = rec.push, rec.switch, rec.remove
 
     def outer_pre(mod, args):
         if on_root_forward is not None:
             on_root_forward()
-        push(B_FRAMEWORK)
+        push(fw)
         if window:
             timer.arrive(idx)
         if pre_extra is not None:
             pre_extra()
 
     def inner_pre(mod, args):
-        switch(B_FRAMEWORK, base + rec.phase)
+        switch(fw, base + rec.phase)
         if window:
             timer.ready(idx)
 
     def inner_post(mod, args, out):
-        switch(base + rec.phase, B_FRAMEWORK)
+        switch(base + rec.phase, fw)
 
     def outer_post(mod, args, out):
-        remove(B_FRAMEWORK)
+        remove(fw)
         if post_extra is not None:
             post_extra(out)
 

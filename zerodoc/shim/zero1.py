@@ -471,17 +471,18 @@ class Zero1Adapter(DDPAdapter):
         except AttributeError as e:
             reg.missing("ZeroRedundancyOptimizer._sync_params", repr(e))
             return
+        fw = rec.framework_bucket(UNIT, OPTIMIZER)  # the unit's own framework time
 
         def _sync_params(*args, **kwargs):
             if not self.active:
                 return orig(*args, **kwargs)
             rec.phase = OPTIMIZER
-            rec.push(B_FRAMEWORK)
+            rec.push(fw)
             timer.arrive(UNIT)
             try:
                 return orig(*args, **kwargs)
             finally:
-                rec.remove(B_FRAMEWORK)
+                rec.remove(fw)
                 timer.ready(UNIT, (BROADCAST,))
 
         opt._sync_params = _sync_params

@@ -543,7 +543,8 @@ def _unit_table(comm: dict, comp: dict, order: list[str], groups: dict,
                 mean, mx = a[f]
                 row[f] = Stat(mean, mean, mean, mx, 1)
             else:
-                row[f] = NONE if f in ("ag_exposed_fraction", "ag_busbw") else \
+                row[f] = NONE if f in ("ag_exposed_fraction", "ag_busbw",
+                                       "framework_seconds") else \
                     Stat(0.0, 0.0, 0.0, 0.0, 1)
         sec, exp, b = a.get("ag_seconds"), a.get("ag_exposed_seconds"), a.get("ag_bytes")
         if sec and sec[0] > 0:

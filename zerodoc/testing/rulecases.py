@@ -28,9 +28,11 @@ compared exactly, or within [lo, hi]. `copies` repeats the rank list that many t
 0..N-1). `host_compute` (GPU: the host's launch time of the compute; default: equal to
 the compute) and `launch` ([unit compute segments checked, caught up by the device]) are
 per step too. A rank's `detail_steps` (fewer than its `steps`) makes a run that samples: the
-per-unit rows, `host_compute`, `launch` and `framework` are then per sampled step and
-multiplied by `detail_steps` (zerodoc.sampling). Unit defaults: stored and gathered dtype bf16 (2 bytes), group size = world size,
-reshard after forward. Run defaults: NCCL on CUDA, FSDP2, ZeRO-3, one node, 80 GB devices.
+per-unit rows, `host_compute`, `launch`, `framework` and `unit_framework` (the framework's
+time per unit: `[unit, phase, seconds]` rows, part of `framework`) are then per sampled
+step and multiplied by `detail_steps` (zerodoc.sampling). Unit defaults: stored and gathered
+dtype bf16 (2 bytes), group size = world size, reshard after forward. Run defaults: NCCL on
+CUDA, FSDP2, ZeRO-3, one node, 80 GB devices.
 
 `python -m zerodoc.testing.rulecases RUN_DIR` prints a case skeleton from a real run.
 """
@@ -126,6 +128,9 @@ def _window(facts: RankFacts, r: dict) -> RankWindow:
     w.updated_unix = float(r.get("updated_unix", 0.0))
     for unit, phase, s in r.get("compute", ()):
         w.compute[(unit, phase)] = w.compute.get((unit, phase), 0.0) + float(s) * n
+    for unit, phase, s in r.get("unit_framework", ()):  # part of `framework`, per unit
+        w.unit_framework[(unit, phase)] = w.unit_framework.get((unit, phase), 0.0) + \
+            float(s) * n
     w.host_compute_seconds = float(r.get("host_compute",
                                          sum(w.compute.values()) / n if n else 0)) * n
     checks, caught = r.get("launch", (0, 0))
@@ -195,6 +200,7 @@ def case_from_snapshot(snap: RunSnapshot, code: str = "ZD000") -> dict:
             "host_compute": g(w.host_compute_seconds, n),
             "launch": [g(w.launch_checks, n), g(w.launch_caught_up, n)],
             "compute": [[u, p, g(s, n)] for (u, p), s in w.compute.items()],
+            "unit_framework": [[u, p, g(s, n)] for (u, p), s in w.unit_framework.items()],
             "comm": [[u, p, c, g(t.count, n), g(t.bytes, n), g(t.seconds, n),
                       g(t.exposed_seconds, n), g(t.hidden_seconds, n)]
                      for (u, p, c), t in w.comm.items()],

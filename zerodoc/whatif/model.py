@@ -15,8 +15,11 @@ the compute waits (docs/whatif.md, docs/gpus.md):
   synchronously (gloo: the compute waits) or asynchronously (waited for at the next unit's
   post-backward and at the end of backward).
 - the step: forward + backward + optimizer + framework + other + zerodoc's own time. The
-  framework's time (FSDP's copy-in / copy-out and bookkeeping) is modelled per byte the
-  collectives move, its range reaching a cost per call.
+  framework's time (FSDP's copy-in / copy-out and bookkeeping) is priced per unit: a part
+  per collective call and a part per byte the unit's collectives move, fitted over the run's
+  units (`FrameworkFit`: the run log records the framework's time per unit); a run log
+  without it (older zerodoc) gives one total per step, priced per byte, its range reaching
+  a cost per call.
 
 `replay()` of the unchanged configuration must reproduce the measured step (its own check,
 shown with every answer).
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import UserError
 from ..model import RunSnapshot
-from .linkfit import LinkFit, fit_links
+from .linkfit import LinkFit, _wls, fit_links
 
 GATHER = ("all_gather",)
 # The ranges are about 95 % intervals: two standard errors (of the link fit at each call's
@@ -56,6 +59,74 @@ class UnitModel:
         return sum(v[0] for p in self.comm.values() for v in p.values())
 
 
+@dataclass(frozen=True)
+class FrameworkFit:
+    """The framework's time of a unit per step = calls x (per_call_s + bytes per call x
+    per_byte_s), fitted by weighted least squares (`linkfit._wls`) over the units
+    (`fit_framework`): one point per unit with collectives, (bytes per call, framework
+    seconds per call), weighted by its calls. `se_call_s` is the standard error of the line
+    at the mean size (`mean_bytes` per call), `se_per_byte_s` the slope's; `rest_s` the
+    framework time per step that belongs to no unit with collectives (carried as it is)."""
+
+    per_call_s: float
+    per_byte_s: float
+    se_call_s: float
+    se_per_byte_s: float
+    mean_bytes: float
+    units: int
+    rest_s: float
+
+    def unit_seconds(self, calls: float, nbytes: float, bound: float = 0) -> float:
+        """A unit's framework time per step (`calls` per step moving `nbytes` in all);
+        `bound` -Z / +Z: the low / high end (Z standard errors of the line at its size)."""
+        if calls <= 0:
+            return 0.0
+        x = nbytes / calls
+        se = math.hypot(self.se_call_s, (x - self.mean_bytes) * self.se_per_byte_s)
+        return calls * max(0.0, self.per_call_s + x * self.per_byte_s + bound * se)
+
+
+def _framework_points(units: list[UnitModel], per_unit: dict[str, float]) -> list:
+    """(bytes per call, framework seconds per call, calls) of each unit with collectives
+    whose framework time was recorded."""
+    pts = []
+    for u in units:
+        s = per_unit.get(u.name)
+        calls, nbytes = u.calls(), _bytes_moved(u)
+        if s is not None and calls > 0 and nbytes > 0:
+            pts.append((nbytes / calls, s / calls, calls))
+    return pts
+
+
+def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
+                  ) -> list[FrameworkFit | None]:
+    """The per-call + per-byte fit of the framework time per unit, one per rank (`ranks`:
+    each rank's units, framework seconds per step by unit name, and its framework total per
+    step). The two parts' ratio is fitted over every rank's units together (the same
+    framework code on every rank: more points part them better, a rank's noisy units
+    weigh less); each rank's level is its own (the fitted line scaled so that its units sum
+    to what they measured: the replay of the run stays exact). None for a rank without
+    framework time per unit, or when fewer than 3 units per rank had any (too few sizes to
+    part the two)."""
+    per_rank = [_framework_points(units, per_unit) for units, per_unit, _t in ranks]
+    pooled = [p for pts in per_rank for p in pts]
+    if not pooled or min(len(p) for p in per_rank if p) < 3:
+        return [None] * len(ranks)
+    a, b, _resid, se_a, se_b, mx = _wls([p[0] for p in pooled], [p[1] for p in pooled],
+                                        [p[2] for p in pooled])
+    out: list[FrameworkFit | None] = []
+    for pts, (_units, _per_unit, total) in zip(per_rank, ranks):
+        measured = sum(y * c for _x, y, c in pts)
+        line = sum(c * (a + b * x) for x, _y, c in pts)
+        if len(pts) < 3 or measured <= 0 or line <= 0:
+            out.append(None)
+            continue
+        k = measured / line
+        out.append(FrameworkFit(k * a, k * b, k * se_a, k * se_b, mx, len(pts),
+                                max(0.0, total - measured)))
+    return out
+
+
 @dataclass
 class RankModel:
     rank: int
@@ -67,6 +138,9 @@ class RankModel:
     measured_step_s: float
     measured_exposed_s: float
     step_times: list[float]
+    # the framework's time per unit, fitted per call + per byte (None: the run log has it
+    # per step only, an older zerodoc: priced per byte of the step's total)
+    framework_fit: FrameworkFit | None = None
 
     @property
     def framework_per_call_s(self) -> float:
@@ -140,6 +214,7 @@ class Replay:
     overhead_s: float
     exposed_by_unit: dict[str, float]
     peer_wait_s: float = 0.0  # of the worst rank, in its exposed time
+    framework_s: float = 0.0  # the framework's time, in `overhead_s`
 
 
 @dataclass
@@ -232,12 +307,29 @@ class StepModel:
                                  backward_s=max(p.backward_s for p in parts)))
         wait = max((sum(c.forward_s + c.backward_s - o.forward_s - o.backward_s
                         for c, o in zip(units, us)) * scale for us in per_rank), default=0.0)
-        rm = max(self.ranks, key=lambda r: r.optimizer_s + r.framework_s + r.other_s +
-                 r.self_s)
-        r = self._replay_rank(rm, ch, bound, units)
+        r = self._replay_rank(self.overhead_rank(), ch, bound, units)
         r.exposed_s += wait
         r.peer_wait_s = wait
         return r
+
+    def overhead_rank(self) -> RankModel:
+        """The rank whose time outside the units is largest (the replay's)."""
+        return max(self.ranks, key=lambda r: r.optimizer_s + r.framework_s + r.other_s +
+                   r.self_s)
+
+    def framework_pricing(self) -> dict:
+        """How the framework's time is priced (the replay's rank), for the answer."""
+        rm = self.overhead_rank()
+        f = rm.framework_fit
+        if f is None:
+            return {"pricing": "per step", "measured_s": rm.framework_s,
+                    "note": "per byte, range to per call: the run log has the framework's "
+                            "time per step only"}
+        return {"pricing": "per unit", "measured_s": rm.framework_s,
+                "per_call_s": f.per_call_s, "per_byte_s": f.per_byte_s,
+                "se_call_s": f.se_call_s, "se_per_byte_s": f.se_per_byte_s,
+                "units": f.units, "rest_s": f.rest_s,
+                "note": f"per call + per byte, fitted over {f.units} units"}
 
     def _replay_rank(self, rm: RankModel, ch: Changes, bound: float,
                      units: list[UnitModel]) -> Replay:
@@ -341,22 +433,30 @@ class StepModel:
         opt = rm.optimizer_s
         if ch.world_size:
             opt *= self.world_size / ch.world_size  # sharded optimizer states
-        overhead = opt + self._framework_s(rm, units, reshard, bound) + rm.other_s + rm.self_s
+        framework = self._framework_s(rm, units, reshard, bound)
+        overhead = opt + framework + rm.other_s + rm.self_s
         compute = sum(u.forward_s + u.backward_s for u in units) * scale
         return Replay(t + overhead, sum(exposed.values()), compute, comm_total, overhead,
-                      exposed)
+                      exposed, framework_s=framework)
 
     @staticmethod
     def _framework_s(rm: RankModel, units: list[UnitModel], reshard: bool,
                      bound: float) -> float:
         """FSDP's own time (copy-in / copy-out of the gathered parameters, the gradients'
-        copies into the reduce-scatter buffer, the hooks) after the change. The run gives one
-        total per step, and every unit moves its bytes in one call, so it cannot tell a cost
-        per byte from a cost per call: they part only when the calls change and the bytes do
-        not (merged units). The point prices it per byte (the copies: in paired real runs,
-        per linear -> per block, the framework time stayed at 26-41 ms while the calls fell
-        54 -> 15, docs/whatif.md); the range (`bound` < 0 / > 0) reaches the cheaper / dearer
-        of per byte and per call."""
+        copies into the reduce-scatter buffer, the hooks) after the change.
+
+        With the framework's time recorded per unit (`rm.framework_fit`): every unit after
+        the change priced by the fit, a part per call and a part per byte, `bound` Z standard
+        errors of the fitted line at each unit's size, plus the time of no unit as
+        measured. Without it (an older run log: one total per step, and every unit moves its
+        bytes in one call, so a cost per byte cannot be told from a cost per call): the point
+        prices it per byte (in paired real runs, per linear -> per block, the framework time
+        stayed at 26-41 ms while the calls fell 54 -> 15, docs/whatif.md); the range (`bound`
+        < 0 / > 0) reaches the cheaper / dearer of per byte and per call."""
+        f = rm.framework_fit
+        if f is not None:
+            return f.rest_s + sum(f.unit_seconds(_calls(u, reshard), _bytes_moved(u, reshard),
+                                                 bound) for u in units)
         by_byte = rm.framework_per_byte_s * sum(_bytes_moved(u, reshard) for u in units)
         by_call = rm.framework_per_call_s * sum(_calls(u, reshard) for u in units)
         if bound < 0:
@@ -488,6 +588,7 @@ def fit(snapshot: RunSnapshot) -> StepModel:
     reshard = any(u.reshard_after_forward for u in facts.units) or facts.zero_stage == 3
     sem = Semantics(facts.framework, sync_unshard, rs_hidden == 0, depth, reshard)
     rank_models = []
+    fw_inputs = []  # per rank: units, framework time per unit, framework time per step
     for r, w in sorted(ranks.items()):
         n = w.per_unit_steps
         units = {u.name: UnitModel(u.name, u.params) for u in w.facts.units}
@@ -516,11 +617,18 @@ def fit(snapshot: RunSnapshot) -> StepModel:
                             if p not in ("forward", "backward")) / n
         steps = w.steps
         times = list(w.step_times) or [w.mean_step_seconds]
+        framework_s = w.per_sampled_step(w.framework_seconds) or 0.0
+        per_unit_fw: dict[str, float] = {}
+        for (unit, _phase), s in w.unit_framework.items():
+            per_unit_fw[unit] = per_unit_fw.get(unit, 0.0) + s / n
+        unit_list = [units[name] for name in order]
         rank_models.append(RankModel(
-            r, [units[name] for name in order], w.optimizer_seconds / steps,
-            (w.per_sampled_step(w.framework_seconds) or 0.0),
+            r, unit_list, w.optimizer_seconds / steps, framework_s,
             (w.per_sampled_step(w.other_seconds) or 0.0) + other_compute,
             w.self_seconds / steps, w.mean_step_seconds, w.exposed_seconds / steps, times))
+        fw_inputs.append((unit_list, per_unit_fw, framework_s))
+    for rm, f in zip(rank_models, fit_framework(fw_inputs)):
+        rm.framework_fit = f
     links = fit_links(snapshot, ranks=set(ranks))
     return StepModel(snapshot, rank_models, links, sem, max(1, ctx.group_size),
                      ctx.block_container, min(w.per_unit_steps for w in ranks.values()))
@@ -580,17 +688,19 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
         "changes": ch.describe(),
         "measured": {"step_s": measured_step, "exposed_comm_s": measured_exposed},
         "baseline": {"step_s": b.step_s, "exposed_comm_s": b_exp, "peak_bytes": base_peak,
-                     "compute_s": b.compute_s,
+                     "compute_s": b.compute_s, "framework_s": b.framework_s,
                      "step_error": (b.step_s - measured_step) / measured_step
                      if measured_step else None},
         "predicted": {"step_s": p.step_s, "exposed_comm_s": p_exp, "peak_bytes": peak,
                       "step_s_range": [step_lo, step_hi],
                       "exposed_comm_s_range": [exp_lo, exp_hi],
                       "compute_s": p.compute_s, "comm_s": p.comm_s,
-                      "overhead_s": p.overhead_s, "peer_wait_s": p.peer_wait_s,
+                      "overhead_s": p.overhead_s, "framework_s": p.framework_s,
+                      "peer_wait_s": p.peer_wait_s,
                       "comm_bytes": nominal,
                       "comm_wire_bytes": wire},
         "peak_note": peak_note,
+        "framework": model.framework_pricing(),
         "units": [{"unit": n or "(root)", "exposed_change_s": d} for n, d in top if d],
         "links": [{"collective": f.collective, "group_size": f.group_size,
                    "latency_s": f.latency_s, "bandwidth_bytes_per_s": f.bandwidth,
