@@ -13,6 +13,10 @@ A 2-rank FSDP2 job (CPU, gloo) with an instrumented model (A) and a plain twin (
   --collect-blocks size, i.e. what a scraper takes from the job's interpreter (it holds the
   GIL while it runs), after a step end and again before the next one.
 
+A is attached with per-unit detail on every step (`detail="every"`): the pieces measured are
+a detail step's (issue 19's sampled tier; an unsampled step enters none of them:
+bench/gpu_hotpath.py measures both kinds).
+
 Costs are CPU time (`thread_time`, not inflated by a loaded machine the way wall time is) or,
 with --instructions, instructions counted by valgrind's callgrind (rank 0 runs in valgrind;
 independent of the load; slow: ~15 min at 65 units with --pairs 4).
@@ -60,7 +64,7 @@ def run(args, blocks: int, tmp: Path, collect_only: bool = False) -> dict:
     out = tmp / f"hotpath-{blocks}.json"
     spec = {"model": {"blocks": blocks, "hidden": args.hidden, "seq": args.seq,
                       "batch": args.batch, "prefetch": args.prefetch},
-            "attach": {"run_dir": str(tmp / f"run-{blocks}"), "port": 0},
+            "attach": {"run_dir": str(tmp / f"run-{blocks}"), "port": 0, "detail": "every"},
             "pairs": args.pairs, "out": str(out), "collect_only": collect_only,
             "instructions": str(tmp / f"cg-{blocks}" / "cg") if args.instructions else None}
     if args.instructions:

@@ -151,7 +151,10 @@ def pieces(mon, unit_idx: int, step_state, meter) -> dict[str, float]:
     def noop(*a, **k):
         return None
     g = SimpleNamespace(pre_backward=noop, post_backward=noop)
-    f2._wrap_backward(g, unit_idx, rec, timer, mon.registry, [], [None], None)
+    from zerodoc.shim.detailplan import DetailPlan
+    plan = DetailPlan(rec, timer)
+    f2._wrap_backward(g, unit_idx, rec, timer, mon.registry, plan, [None], None)
+    plan.install()
 
     def bwd(n):
         pre, post = g.pre_backward, g.post_backward
@@ -166,7 +169,7 @@ def pieces(mon, unit_idx: int, step_state, meter) -> dict[str, float]:
     res["backward wrappers pre+post, per unit"] = cost(bwd, N) - cost(bwd0, N)
 
     # --- collectives: the comm wrapper + host timer around a no-op collective -------
-    AG, _RS = f2._make_comm_classes()
+    AG, _RS = f2._comm_classes()
     u = mon.adapter.units[unit_idx]
     out_t = torch.empty(max(1, u.facts.gather_bytes // 4))
     in_t = torch.empty(max(1, u.facts.sharded_bytes // 4))
@@ -229,13 +232,13 @@ def pieces(mon, unit_idx: int, step_state, meter) -> dict[str, float]:
 
     def memory_only(n):
         for _ in range(n):
-            mon._memory()
+            mon._memory(time.perf_counter())
     res["  of which: memory (amortised walk)"] = cost(memory_only, m)
     if mon._writer is not None:
         restore()
         rows = mon._fold(rec.acc, rec.comm, None)
         line = {"type": "step", "step": 1, "compute": rows[0], "comm": rows[1],
-                "mem": mon._memory()}
+                "mem": mon._memory(time.perf_counter())}
 
         def write_only(n):
             for _ in range(n):

@@ -141,8 +141,8 @@ def main() -> None:
         seen = {}
         drain = mon.rec.drain
 
-        def spy(now):
-            acc, comm = drain(now)
+        def spy(now, **kw):
+            acc, comm = drain(now, **kw)
             seen["state"] = (list(acc), copy.deepcopy(comm))
             return acc, comm
         mon.rec.drain = spy
