@@ -281,6 +281,43 @@ def test_framework_fit_needs_three_units_with_collectives():
     assert answer(m, Changes(merge=2))["framework"]["pricing"] == "per step"
 
 
+def test_framework_fit_units_of_one_size_keep_the_per_step_pricing():
+    """Units of one size cannot part a cost per call from one per byte: a fit would price
+    it per call only, with no range (a merge then predicted at the calls' share, the range
+    a point). The per-step pricing (per byte, the range to per call) is kept, and the
+    answer says why."""
+    same = tuple((n, 250_000) for n in ("(root)", "l0", "l1", "l2", "l3"))
+    snap, _ = synthetic(same, extra=_fw_per_unit)
+    m = fit(snap)
+    assert m.ranks[0].framework_fit is None
+    a = answer(m, Changes(merge=2))
+    assert a["framework"]["pricing"] == "per step"
+    assert "of one size" in a["framework"]["note"]
+    lo, hi = a["predicted"]["step_s_range"]
+    assert hi > lo
+
+
+def test_framework_fit_ranks_with_the_same_units_do_not_narrow_its_range():
+    """Eight ranks that measured the same units (the same sizes, the same noise) are not
+    eight times the evidence of one: the pooled fit's standard errors equal one rank's."""
+    import copy
+
+    noise = (0.0003, -0.0003, 0.0003, -0.0003, 0.0003)
+
+    def copies(n):
+        def extra(d):
+            _fw_per_unit(d, noise=noise)
+            d["ranks"] = [copy.deepcopy(d["ranks"][0]) for _ in range(n)]
+            d["copies"] = 1
+        return extra
+    one = fit(synthetic(extra=copies(1))[0]).ranks[0].framework_fit
+    eight = fit(synthetic(extra=copies(8))[0]).ranks[0].framework_fit
+    assert one.ranks == 1 and eight.ranks == 8
+    assert eight.per_call_s == pytest.approx(one.per_call_s, rel=1e-9)
+    assert eight.se_call_s == pytest.approx(one.se_call_s, rel=1e-9)
+    assert eight.se_per_byte_s == pytest.approx(one.se_per_byte_s, rel=1e-9)
+
+
 def test_whatif_text_says_how_the_framework_time_is_priced():
     from zerodoc.cli.whatif import render_text
 
@@ -289,7 +326,8 @@ def test_whatif_text_says_how_the_framework_time_is_priced():
     assert "priced per unit: 400 us per call" in text and "+ 1.50 ms per MB" in text
     old, _ = synthetic()
     text = render_text(answer(fit(old), Changes(merge=2), memory=False))
-    assert "per byte of the step's total" in text and "records it per step only" in text
+    assert "per byte of the step's total" in text
+    assert "has the framework's time per step only" in text
 
 
 def test_merge_beyond_the_fitted_sizes_a_noise_hidden_slope_widens_the_range():

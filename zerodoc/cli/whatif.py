@@ -168,11 +168,12 @@ def _framework_line(fw: dict) -> str:
     """How the framework's time is priced: fitted per unit, or per step (older logs)."""
     head = f"framework time {fw['measured_s'] * 1e3:.1f} ms per step, priced "
     if fw["pricing"] != "per unit":
-        return head + ("per byte of the step's total (range to per call): the run log "
-                       "records it per step only")
+        return head + "per byte of the step's total (range to per call): " + \
+            fw["note"].split(": ", 1)[-1]
     return (head + f"per unit: {fw['per_call_s'] * 1e6:.0f} us per call "
             f"(± {fw['se_call_s'] * 1e6:.0f}) + {fw['per_byte_s'] * 1e9:.2f} ms per MB "
-            f"(± {fw['se_per_byte_s'] * 1e9:.2f}), fitted over {fw['units']} units; "
+            f"(± {fw['se_per_byte_s'] * 1e9:.2f}), fitted over {fw['units']} units per rank "
+            f"({fw.get('ranks', 1)} ranks pooled); "
             f"{fw['rest_s'] * 1e3:.1f} ms of no unit")
 
 

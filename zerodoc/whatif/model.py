@@ -75,6 +75,7 @@ class FrameworkFit:
     mean_bytes: float
     units: int
     rest_s: float
+    ranks: int = 1
 
     def unit_seconds(self, calls: float, nbytes: float, bound: float = 0) -> float:
         """A unit's framework time per step (`calls` per step moving `nbytes` in all);
@@ -106,14 +107,30 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
     framework code on every rank: more points part them better, a rank's noisy units
     weigh less); each rank's level is its own (the fitted line scaled so that its units sum
     to what they measured: the replay of the run stays exact). None for a rank without
-    framework time per unit, or when fewer than 3 units per rank had any (too few sizes to
-    part the two)."""
+    framework time per unit, when fewer than 3 units per rank had any, or when the units are
+    of one size (within ~5 %): too few sizes to part the two."""
     per_rank = [_framework_points(units, per_unit) for units, per_unit, _t in ranks]
     pooled = [p for pts in per_rank for p in pts]
     if not pooled or min(len(p) for p in per_rank if p) < 3:
         return [None] * len(ranks)
+    sw = sum(p[2] for p in pooled)
+    mean_x = sum(p[0] * p[2] for p in pooled) / sw
+    if sum(p[2] * (p[0] - mean_x) ** 2 for p in pooled) <= (0.05 * mean_x) ** 2 * sw:
+        # units of one size (within ~5 %) cannot part a cost per call from one per byte: a
+        # fit would price it per call only, with no range; the per-step pricing (per byte,
+        # the range to per call) says what is known
+        return [None] * len(ranks)
     a, b, _resid, se_a, se_b, mx = _wls([p[0] for p in pooled], [p[1] for p in pooled],
                                         [p[2] for p in pooled])
+    # The ranks have the same units at the same sizes: their points are not independent
+    # measurements of the line. The standard errors are those of one rank's units (U points,
+    # U - 2 degrees of freedom), not of the P pooled points, whose shrink as
+    # 1 / sqrt(P - 2): scaled back by sqrt((P - 2) / (U - 2)) (exact for identical ranks; for
+    # ranks whose noise is independent, on the safe side).
+    ranks_pooled = sum(1 for pts in per_rank if pts)
+    n_units = max(len(pts) for pts in per_rank)
+    widen = math.sqrt(max(1, len(pooled) - 2) / max(1, n_units - 2))
+    se_a, se_b = se_a * widen, se_b * widen
     out: list[FrameworkFit | None] = []
     for pts, (_units, _per_unit, total) in zip(per_rank, ranks):
         measured = sum(y * c for _x, y, c in pts)
@@ -123,7 +140,7 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
             continue
         k = measured / line
         out.append(FrameworkFit(k * a, k * b, k * se_a, k * se_b, mx, len(pts),
-                                max(0.0, total - measured)))
+                                max(0.0, total - measured), ranks_pooled))
     return out
 
 
@@ -141,6 +158,7 @@ class RankModel:
     # the framework's time per unit, fitted per call + per byte (None: the run log has it
     # per step only, an older zerodoc: priced per byte of the step's total)
     framework_fit: FrameworkFit | None = None
+    framework_per_unit: bool = False  # the run recorded it per unit (fit or not)
 
     @property
     def framework_per_call_s(self) -> float:
@@ -322,14 +340,17 @@ class StepModel:
         rm = self.overhead_rank()
         f = rm.framework_fit
         if f is None:
+            why = ("its units (fewer than 3, or of one size) cannot part a cost per call "
+                   "from one per byte" if rm.framework_per_unit else
+                   "the run log has the framework's time per step only")
             return {"pricing": "per step", "measured_s": rm.framework_s,
-                    "note": "per byte, range to per call: the run log has the framework's "
-                            "time per step only"}
+                    "note": f"per byte, range to per call: {why}"}
         return {"pricing": "per unit", "measured_s": rm.framework_s,
                 "per_call_s": f.per_call_s, "per_byte_s": f.per_byte_s,
                 "se_call_s": f.se_call_s, "se_per_byte_s": f.se_per_byte_s,
-                "units": f.units, "rest_s": f.rest_s,
-                "note": f"per call + per byte, fitted over {f.units} units"}
+                "units": f.units, "ranks": f.ranks, "rest_s": f.rest_s,
+                "note": f"per call + per byte, fitted over {f.units} units per rank "
+                        f"({f.ranks} ranks pooled)"}
 
     def _replay_rank(self, rm: RankModel, ch: Changes, bound: float,
                      units: list[UnitModel]) -> Replay:
@@ -627,8 +648,9 @@ def fit(snapshot: RunSnapshot) -> StepModel:
             (w.per_sampled_step(w.other_seconds) or 0.0) + other_compute,
             w.self_seconds / steps, w.mean_step_seconds, w.exposed_seconds / steps, times))
         fw_inputs.append((unit_list, per_unit_fw, framework_s))
-    for rm, f in zip(rank_models, fit_framework(fw_inputs)):
+    for rm, f, (_u, per_unit_fw, _t) in zip(rank_models, fit_framework(fw_inputs), fw_inputs):
         rm.framework_fit = f
+        rm.framework_per_unit = bool(per_unit_fw)
     links = fit_links(snapshot, ranks=set(ranks))
     return StepModel(snapshot, rank_models, links, sem, max(1, ctx.group_size),
                      ctx.block_container, min(w.per_unit_steps for w in ranks.values()))
