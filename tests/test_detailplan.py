@@ -310,3 +310,107 @@ def test_fsdp1_sample_by_sample(tmp_path, gloo_world_1):
                 {(u, p) for u in range(len(mon.unit_names)) for p in ("forward", "backward")}
         else:
             assert r["compute"] == []
+
+
+def test_fsdp1_a_foreign_wrapper_over_ours_does_not_charge_twice(tmp_path, gloo_world_1):
+    """Another tool wraps FSDP1's `_runtime_utils._pre_backward_hook` while our wrapper is
+    in place (a detail step): our removal leaves ours inside their chain (`only_if_ours`), and
+    the next install rebuilds the plan over that chain. The dropped plan's wrapper must pass
+    through: each later detail step pushes each unit's backward framework bucket once per
+    backward, as before the foreign wrapper (it pushed it twice, and left a unit's bucket on
+    the clock's stack for the rest of the step)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    import zerodoc
+    from zerodoc.demo.model import Block, DemoConfig, TinyTransformer, batch, loss_fn
+    from zerodoc.shim.recorder import BACKWARD
+
+    cfg = DemoConfig(blocks=3, hidden=32, seq=8, batch=2)
+    torch.manual_seed(0)
+    model = FSDP(TinyTransformer(cfg), auto_wrap_policy=ModuleWrapPolicy({Block}),
+                 device_id=torch.device("cpu"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ru = hp.fsdp1_runtime()
+    orig_pre = ru._pre_backward_hook
+    mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=False, detail=2,
+                         stall_after_s=0)
+    rec = mon.rec
+    fw_b = {rec.framework_bucket(i, BACKWARD) for i in range(len(mon.unit_names))}
+    pushes: list = []
+    real_push = rec.push
+
+    def counting_push(b):
+        if b in fw_b:
+            pushes.append(b)
+        return real_push(b)
+    rec.push = counting_push
+    per_step, depth, wrapped_at = {}, {}, None
+    try:
+        for i in range(1, 15):
+            if wrapped_at is None and i > 2 and mon._detail_on:
+                inner = ru._pre_backward_hook  # ours
+
+                def foreign(*args, _inner=inner, **kwargs):
+                    return _inner(*args, **kwargs)
+                ru._pre_backward_hook = foreign
+                wrapped_at = i
+            pushes.clear()
+            before = len(rec.stack)
+            x, y = batch(cfg, i, 0)
+            loss_fn(model(x), y).backward()
+            depth[i] = len(rec.stack) - before
+            if mon._detail_on:
+                per_step[i] = len(pushes)
+            opt.step()
+            opt.zero_grad()
+    finally:
+        mon.close()
+        ru._pre_backward_hook = orig_pre
+    assert wrapped_at is not None, per_step
+    # the step wrapped (theirs around ours, one plan) is the reference; later detail steps
+    # run on a plan rebuilt over their chain
+    before_w = [n for i, n in per_step.items() if i <= wrapped_at]
+    after_w = [n for i, n in per_step.items() if i > wrapped_at]
+    assert before_w and after_w, (wrapped_at, per_step)
+    assert set(after_w) == set(before_w) and before_w[0] >= len(fw_b) - 1, per_step
+    assert set(depth.values()) == {0}, depth
+
+
+def test_a_plan_rebuilt_while_installed_takes_the_old_one_out_first(tmp_path, gloo_world_1):
+    """The monitor rebuilds its plan when the recorder was replaced (a harness does that).
+    An install that finds the old plan still in place takes it out first: the hook dicts
+    then hold one set of zerodoc's hooks, not two (the old set was orphaned for good)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    import zerodoc
+    from zerodoc.demo.model import Block, DemoConfig, TinyTransformer, batch, loss_fn
+    from zerodoc.shim.recorder import Recorder
+
+    cfg = DemoConfig(blocks=2, hidden=32, seq=8, batch=2)
+    torch.manual_seed(0)
+    model = FSDP(TinyTransformer(cfg), auto_wrap_policy=ModuleWrapPolicy({Block}),
+                 device_id=torch.device("cpu"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    plain = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=False,
+                         detail="every", stall_after_s=0)
+    try:
+        x, y = batch(cfg, 1, 0)
+        loss_fn(model(x), y).backward()
+        opt.step()
+        assert mon._detail_on and mon._plan.installed
+
+        def ours():
+            return sum(len(m._forward_pre_hooks) + len(m._forward_hooks)
+                       for m in model.modules()) - plain
+        n = ours()
+        assert n >= 4 * len(mon.unit_names)
+        old = mon._plan
+        mon.rec = Recorder(mon.rec.n_units)
+        mon._install_detail()
+        assert mon._plan is not old and not old.installed
+        assert ours() == n
+    finally:
+        mon.close()

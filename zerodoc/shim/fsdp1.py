@@ -138,15 +138,16 @@ class _DistProxy(DistProxy):
     unit's gradient is reduced (`adapter.reducing` set) its reduce-scatter / all-reduce are
     timed and attributed to that unit; otherwise everything passes through."""
 
-    def __init__(self, real, adapter: "FSDP1Adapter"):
+    def __init__(self, real, adapter: "FSDP1Adapter", live: list):
         super().__init__(real)
         self._a = adapter
+        self._live = live  # its plan's: [True] while that plan is installed
 
     def _timed(self, name: str, coll: int, tensor, args, kwargs):
         fn = getattr(self._real, name)
         a = self._a
         unit = a.reducing
-        if unit is None or not a.active:
+        if unit is None or not self._live[0]:
             return fn(*args, **kwargs)
         a.reduce_calls += 1
         if coll == ALL_REDUCE and a.delay_all_reduce_s > 0:
@@ -248,22 +249,28 @@ class FSDP1Adapter(Adapter):
         # there it delays the gradient all-reduce instead (as for DDP).
         self.delay_all_reduce_s = slow_link_s if self._facts_stage() == 0 else 0.0
         plan = DetailPlan(rec, timer)
-        plan.call(self._activate, self._deactivate)
+        # This plan's own switch. Module globals wrapped by another tool since our install
+        # keep our wrapper inside their chain after removal (`only_if_ours`); a plan rebuilt
+        # over them wraps that chain again. The old plan's wrappers read its own cell, off
+        # for good once it is dropped: they pass through and never charge a second time.
+        live = [False]
+
+        def activate() -> None:
+            self.active = live[0] = True
+            self._tail_queued = False  # a backward that raised dropped its callback
+
+        def deactivate() -> None:
+            self.active = live[0] = False
+        plan.call(activate, deactivate)
         for u in self.units:
             self._instrument_unit(u, on_root_forward, slow_link_s, plan)
-        self._install_globals(plan)
+        self._install_globals(plan, live)
         return plan
 
     def _facts_stage(self) -> int | None:
         stages = [ZERO_STAGE.get(strategy_name(u) or "") for u in self.units]
         stages = [x for x in stages if x is not None]
         return max(stages) if stages else None
-
-    def _activate(self) -> None:
-        self.active = True
-
-    def _deactivate(self) -> None:
-        self.active = False
 
     def _instrument_unit(self, u: Unit, on_root_forward, slow_link_s: float,
                          plan: DetailPlan) -> None:
@@ -306,7 +313,7 @@ class FSDP1Adapter(Adapter):
     def _to_backward(self, out) -> None:
         self.rec.phase = BACKWARD  # collectives after the root's forward belong to backward
 
-    def _install_globals(self, plan: DetailPlan) -> None:
+    def _install_globals(self, plan: DetailPlan, live: list) -> None:
         """Wrap FSDP1's backward hooks and gradient reduction (module globals)."""
         reg = self.registry
         try:
@@ -327,7 +334,7 @@ class FSDP1Adapter(Adapter):
 
         def make_pre(orig):
             def _pre_backward_hook(state, module, handle, *args, **kwargs):
-                idx = by_handle.get(id(handle)) if self.active else None
+                idx = by_handle.get(id(handle)) if live[0] else None
                 if idx is None:
                     return orig(state, module, handle, *args, **kwargs)
                 bucket = unit_bucket(idx, BACKWARD)
@@ -350,7 +357,7 @@ class FSDP1Adapter(Adapter):
 
         def make_post(orig):
             def _post_backward_hook(state, handle, *args, **kwargs):
-                idx = by_handle.get(id(handle)) if self.active else None
+                idx = by_handle.get(id(handle)) if live[0] else None
                 if idx is None:
                     return orig(state, handle, *args, **kwargs)
                 fw = rec.framework_bucket(idx, BACKWARD)
@@ -364,7 +371,7 @@ class FSDP1Adapter(Adapter):
         def make_reduce(coll: int):
             def make(orig):
                 def reduce(state, handle, *args, **kwargs):
-                    idx = by_handle.get(id(handle)) if self.active else None
+                    idx = by_handle.get(id(handle)) if live[0] else None
                     if idx is None:
                         return orig(state, handle, *args, **kwargs)
                     prev, self.reducing = self.reducing, idx
@@ -390,7 +397,7 @@ class FSDP1Adapter(Adapter):
         wrap("_reduce_grad", make_reduce(REDUCE_SCATTER))
         wrap("_reduce_grad_no_shard", make_reduce(ALL_REDUCE))
 
-        install_dist_proxy(ru, _DistProxy(getattr(ru, "dist", None), self),
+        install_dist_proxy(ru, _DistProxy(getattr(ru, "dist", None), self, live),
                            "_runtime_utils.dist (reduce-scatter / all-reduce proxy)", reg,
                            None, plan=plan)
 

@@ -351,6 +351,8 @@ class Monitor:
         plan = self._plan
         if plan is not None and plan.rec is self.rec and plan.timer is self.timer:
             return plan
+        if plan is not None and plan.installed:  # never orphan hooks that are in place
+            plan.remove(self._remove_error)
         try:
             plan = self.adapter.plan(self.rec, self.timer, self._on_root_forward,
                                      self._inject)
