@@ -5,10 +5,11 @@ small stack; every switch charges the time since the last switch to the bucket o
 each sharded unit gets its *own* compute time (children units excluded), collective waits
 are kept apart (exposed time), and whatever is left (data, loss) lands in "other".
 
-The framework's own time (its pre/post hooks: copy-in / copy-out, gradient copies) is charged
-per unit and phase too, to the unit's framework bucket (`framework_bucket`); "framework" (one
-bucket, `B_FRAMEWORK`) keeps what belongs to no unit (a framework's gradient-bucket work,
-explicit prefetch). The step's framework time is the sum of both (`framework_total`).
+The framework's own time (its pre/post hooks: copy-in / copy-out, gradient copies, the
+prefetch of a unit) is charged per unit and phase too, to the unit's framework bucket
+(`Recorder.framework_bucket`); "framework" (one bucket, `B_FRAMEWORK`) keeps what belongs to
+no unit (a framework's gradient-bucket work, a param group of no unit's). The step's
+framework time is the sum of both (`Monitor._fold`).
 
 Collectives are recorded by `add_comm()` into a dict keyed (unit, phase, collective).
 Nothing here blocks, synchronises a device, or allocates per call beyond a dict entry
@@ -34,12 +35,6 @@ def unit_bucket(unit: int, phase: int) -> int:
     return _FIRST_UNIT_BUCKET + unit * 3 + phase
 
 
-def framework_bucket(unit: int, phase: int, n_units: int) -> int:
-    """The bucket of a unit's framework time in a phase: after every unit's compute buckets
-    (a compute bucket is `_FIRST_UNIT_BUCKET <= b < Recorder.fw_first`)."""
-    return _FIRST_UNIT_BUCKET + 3 * (n_units + unit) + phase
-
-
 def bucket_unit(bucket: int, n_units: int) -> tuple[int, int, bool] | None:
     """(unit, phase, framework?) of a per-unit bucket; None for a step-level one."""
     if bucket < _FIRST_UNIT_BUCKET:
@@ -49,11 +44,6 @@ def bucket_unit(bucket: int, n_units: int) -> tuple[int, int, bool] | None:
     if fw:
         i -= 3 * n_units
     return i // 3, i % 3, fw
-
-
-def framework_total(acc: list, n_units: int) -> float:
-    """A drained step's framework time: the step-level bucket and every unit's."""
-    return acc[B_FRAMEWORK] + sum(acc[_FIRST_UNIT_BUCKET + 3 * n_units:])
 
 
 class Recorder:
@@ -120,6 +110,8 @@ class Recorder:
         stack.append(new)
 
     def framework_bucket(self, unit: int, phase: int) -> int:
+        """The bucket of a unit's framework time in a phase: after every unit's compute
+        buckets (a compute bucket is `_FIRST_UNIT_BUCKET <= b < fw_first`)."""
         return self.fw_first + unit * 3 + phase
 
     def has(self, bucket: int) -> bool:
