@@ -21,9 +21,8 @@ from zerodoc.exporter.detail import unit_detail_ranks
 from zerodoc.runlog import read_rank_log
 
 TINY_81 = {"blocks": 80, "hidden": 16, "heads": 2, "vocab": 64, "seq": 8, "batch": 2}
-UNIT_SERIES = ("zerodoc_compute_seconds_total", "zerodoc_collective_calls_total",
-               "zerodoc_collective_bytes_total", "zerodoc_collective_seconds_total",
-               "zerodoc_collective_exposed_seconds_total")
+# the per-unit series (folded over units in coarse mode): every `unit`-scoped metric
+UNIT_SERIES = tuple(m.name for m in CATALOG if m.scope == "unit")
 
 
 def scrape(endpoint: str) -> str:

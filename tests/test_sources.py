@@ -77,6 +77,10 @@ def mismatches(snap, demo) -> list[str]:
                 bad.append(f"rank {r}: comm {k}: {s} vs {t}")
         if set(w.comm) != set(ref.comm):
             bad.append(f"rank {r}: comm keys differ")
+        if set(w.unit_framework) != set(ref.unit_framework) or not all(
+                close(w.unit_framework[k], v) for k, v in ref.unit_framework.items()):
+            bad.append(f"rank {r}: framework per unit {w.unit_framework} vs "
+                       f"{ref.unit_framework}")
         if w.memory.get("capacity") != ref.memory.get("capacity"):
             bad.append(f"rank {r}: capacity")
         fu = [(u.name, u.params, u.param_bytes, u.gather_bytes, u.sharded_bytes, u.group_size,
@@ -132,6 +136,31 @@ def test_prometheus_equals_the_run_log_at_the_same_step(live):
     assert sorted(snap.ranks) == [0, 1] and not snap.stale_ranks
     assert [(f.code, f.severity, f.title) for f in diagnose(snap)] == \
         [(f.code, f.severity, f.title) for f in diagnose(ref)]
+
+
+def test_framework_time_per_unit_from_the_scrape_sources(live):
+    """Issue 22: the framework's time per unit and phase reaches the endpoints and Prometheus
+    sources (zerodoc_framework_unit_seconds_total) as the run log has it, per rank (checked in
+    `mismatches`) and aggregated over the ranks (unit stats: PromQL on the server, numpy on
+    the run log's windows)."""
+    from zerodoc.unitstats import unit_stats
+
+    demo, prom = live
+    for make, pause in ((lambda: EndpointsSource(demo.endpoints, window=None), 0.2),
+                        (lambda: PrometheusSource(prom.url, window=None), 1.2)):
+        snap, ref = agrees_with_run_log(make, demo, pause)
+        units = [u.name for u in ref.any_rank.facts.units]
+        for r, w in ref.ranks.items():  # the witness has it for every unit, both phases
+            assert {u for u, _p in w.unit_framework} == set(units), r
+            assert {p for _u, p in w.unit_framework} == {"forward", "backward"}, r
+        ranks = sorted(ref.ranks)
+        want = unit_stats(ref, ranks).units
+        got = (snap.unit_stats or unit_stats(snap, ranks)).units
+        for u in units:
+            a, b = got[u]["framework_seconds"], want[u]["framework_seconds"]
+            assert b.n == 2 and a.n == b.n, (u, a, b)
+            for f in ("min", "median", "mean", "max"):
+                assert close(getattr(a, f), getattr(b, f)), (u, f, a, b)
 
 
 def test_same_run_same_findings_from_every_source(live):

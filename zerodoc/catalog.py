@@ -60,7 +60,8 @@ class Metric:
     """Where the sources (`zerodoc.sources`) file its samples in the run model: `scalar:ATTR`
     (a per-rank number; counters are windowed, gauges are levels), `histogram:SUM,COUNT`,
     `compute` (per unit, phase), `comm:FIELD` (per unit, phase, collective), `memory:KEY`
-    (`memory:{population}`: keyed by that label), `errors`, `hooks`, `info` (labels of
+    (`memory:{population}`: keyed by that label), `framework` (per unit, phase: the
+    framework's time per unit), `errors`, `hooks`, `info` (labels of
     the rank's facts), `unit:FIELD` / `unit_info` (per-unit facts), `closed`; "" not read."""
 
     @property
@@ -100,6 +101,12 @@ CATALOG: tuple[Metric, ...] = (
            "Compute time of a sharded unit's own layers (children units excluded); on GPU the "
            "device time on the compute stream between the unit's hook points.",
            ("unit", "phase"), scope="unit", per="unit_phase_keys", into="compute"),
+    Metric("zerodoc_framework_unit_seconds_total", "counter", "seconds",
+           "Time inside the sharding framework's own hooks charged to a sharded unit (its "
+           "copy-in / copy-out, gradient copies, resharding; collective waits excluded), from "
+           "the detail steps like zerodoc_compute_seconds_total; part of "
+           "zerodoc_framework_seconds_total (the rest belongs to no unit).",
+           ("unit", "phase"), scope="unit", per="unit_framework_keys", into="framework"),
     Metric("zerodoc_compute_host_seconds_total", "counter", "seconds",
            "Host (CPU) time spent launching the units' compute. On GPU beside the device time "
            "of zerodoc_compute_seconds_total (launch time close to device time: a "
@@ -278,6 +285,11 @@ UNIT_STAT = {
 UNIT_RANKS = "unit_job:zerodoc_collective_ranks:count"
 UNIT_COMPUTE = {"mean": "unit_phase_job:zerodoc_compute_seconds:per_step_mean",
                 "max": "unit_phase_job:zerodoc_compute_seconds:per_step_max"}
+# The framework's time per unit (summed over its phases), per step of a rank's detail steps,
+# over the ranks that serve it per unit (`n`: how many); zerodoc.unitstats' framework_seconds.
+UNIT_FRAMEWORK = {a: f"unit_job:zerodoc_framework_unit_seconds:per_step_{a}"
+                  for a in ("min", "median", "mean", "max")}
+UNIT_FRAMEWORK["n"] = "unit_job:zerodoc_framework_unit_seconds:ranks"
 ASYNC_ALL_GATHER = "job:zerodoc_all_gather:asynchronous"
 RULE_WINDOW = "job:zerodoc_recording_window:seconds"
 

@@ -309,8 +309,9 @@ class RunSnapshot:
 class LazyRankWindow(RankWindow):
     """A RankWindow whose per-unit dicts are built when first read: from `unit_arrays`
     (compute keys, seconds, comm keys, [count, bytes, seconds, exposed, hidden] rows; the
-    run log read at scale) or by `loader()` -> (compute, comm) (one rank's series fetched
-    from Prometheus). Readers that aggregate over ranks use `unit_arrays` directly."""
+    run log read at scale) or by `loader()` -> (compute, comm, unit_framework) (one rank's
+    series fetched from Prometheus). Readers that aggregate over ranks use `unit_arrays`
+    directly."""
 
     def __init__(self, *a, loader=None, unit_arrays=None, **kw):
         super().__init__(*a, **kw)
@@ -322,7 +323,7 @@ class LazyRankWindow(RankWindow):
     def _load(self) -> None:
         if self._loader is not None:
             loader, self._loader = self._loader, None
-            self._compute, self._comm = loader()
+            self._compute, self._comm, self._unit_framework = loader()
         elif self.unit_arrays is not None and self._comm is None:
             ck, cv, mk, mv = self.unit_arrays
             self._compute = dict(zip(ck, cv.tolist()))
@@ -347,3 +348,13 @@ class LazyRankWindow(RankWindow):
     @comm.setter
     def comm(self, v) -> None:
         self._comm = v
+
+    @property
+    def unit_framework(self) -> dict[UnitPhase, float]:
+        if self._loader is not None:  # the run log's arrays keep it as a dict already
+            self._load()
+        return self._unit_framework
+
+    @unit_framework.setter
+    def unit_framework(self, v) -> None:
+        self._unit_framework = v

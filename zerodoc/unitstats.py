@@ -235,11 +235,13 @@ def _compute(windows: list[RankWindow], ranks: tuple[int, ...]) -> UnitStats:
         t[f] = m
     fw = np.full((R, U), np.nan)  # a rank without it: left out, not 0
     for i, w in enumerate(windows):
-        if w.unit_framework:
+        # a coarse rank's framework time summed over units (RANK_TOTAL_UNIT) says nothing
+        # per unit: that rank is left out too
+        rows = [(ui[u], v) for (u, _p), v in w.unit_framework.items() if u in ui]
+        if rows:
             fw[i] = 0.0
-            for (u, _p), v in w.unit_framework.items():
-                if u in ui:
-                    fw[i, ui[u]] += v / steps[i]
+            for j, v in rows:
+                fw[i, j] += v / steps[i]
     t["framework_seconds"] = fw
     with np.errstate(divide="ignore", invalid="ignore"):
         sec = t["ag_seconds"]

@@ -140,12 +140,13 @@ class ZerodocCollector:
         key = (folds, unit_detail, tuple(rl))
         if folds is None or key != self._units_key:
             compute, comm = list(tot.compute.items()), list(tot.comm.items())
+            fw = list((getattr(tot, "unit_framework", None) or {}).items())
             folded = 0
             if unit_detail:
-                fams = list(_per_unit(rl, compute, comm))
+                fams = list(_per_unit(rl, compute, comm, fw))
             else:
-                fams = list(_rank_totals(rl, compute, comm))
-                full = len(compute) + 4 * len(comm)
+                fams = list(_rank_totals(rl, compute, comm, fw))
+                full = len(compute) + 4 * len(comm) + len(fw)
                 folded = full - sum(len(f.samples) for f in fams)
             # the rank-level totals, at every detail level (catalog RANK_COMPUTE): not folded
             fams += list(_rank_level(rl, compute, comm))
@@ -239,12 +240,16 @@ class ServerCollector:
         yield _sample("zerodoc_exporter_cpu_seconds_total", rl, self.stats.cpu_seconds())
 
 
-def _per_unit(rl: list[str], compute: list, comm: list):
+def _per_unit(rl: list[str], compute: list, comm: list, framework: list = ()):
     """The per-unit series of one rank (full detail)."""
     comp = _family("zerodoc_compute_seconds_total")
     for (unit, phase), s in compute:
         comp.add_metric(rl + [unit, phase], s)
     yield comp
+    fw = _family("zerodoc_framework_unit_seconds_total")
+    for (unit, phase), s in framework:
+        fw.add_metric(rl + [unit, phase], s)
+    yield fw
     calls = _family("zerodoc_collective_calls_total")
     nbytes = _family("zerodoc_collective_bytes_total")
     secs = _family("zerodoc_collective_seconds_total")
@@ -277,15 +282,17 @@ def _rank_level(rl: list[str], compute: list, comm: list):
     yield f
 
 
-def _rank_totals(rl: list[str], compute: list, comm: list):
+def _rank_totals(rl: list[str], compute: list, comm: list, framework: list = ()):
     """The same metrics summed over units, without the `unit` label (coarse detail)."""
-    by_phase: dict[str, float] = {}
-    for (_unit, phase), s in compute:
-        by_phase[phase] = by_phase.get(phase, 0.0) + s
-    comp = _family("zerodoc_compute_seconds_total", ("phase",))
-    for phase, s in by_phase.items():
-        comp.add_metric(rl + [phase], s)
-    yield comp
+    for name, rows in (("zerodoc_compute_seconds_total", compute),
+                       ("zerodoc_framework_unit_seconds_total", framework)):
+        by_phase: dict[str, float] = {}
+        for (_unit, phase), s in rows:
+            by_phase[phase] = by_phase.get(phase, 0.0) + s
+        f = _family(name, ("phase",))
+        for phase, s in by_phase.items():
+            f.add_metric(rl + [phase], s)
+        yield f
     sums: dict[tuple[str, str], list] = {}
     for (_unit, phase, coll), t in comm:
         a = sums.setdefault((phase, coll), [0, 0, 0.0, 0.0])

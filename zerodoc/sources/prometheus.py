@@ -50,8 +50,8 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from ..catalog import (
-    ASYNC_ALL_GATHER, RANK_COMPUTE, RANK_EXPOSED, RULE_WINDOW, UNIT_COMPUTE, UNIT_RANKS,
-    UNIT_STAT,
+    ASYNC_ALL_GATHER, RANK_COMPUTE, RANK_EXPOSED, RULE_WINDOW, UNIT_COMPUTE, UNIT_FRAMEWORK,
+    UNIT_RANKS, UNIT_STAT,
 )
 from ..errors import UserError
 from ..model import CommTotals, LazyRankWindow, RankWindow, RunSnapshot
@@ -70,6 +70,7 @@ _TIMESTAMP = series_of("scalar", "updated_unix")[0]
 _RUN_INFO = series_of("info")[0]
 _CLOSED = series_of("closed")[0]
 _COMPUTE = series_of("compute")[0]
+_FRAMEWORK = series_of("framework")[0]  # the framework's time per unit and phase
 _COMM = {ROUTES[n][1]: n for n in series_of("comm")}  # field -> series
 _STAT_AGGS = {"min": "min", "mean": "avg", "max": "max", "median": "quantile"}
 # per field, the aggregations the rules, report and TUI read (zerodoc.unitstats)
@@ -258,7 +259,7 @@ class PrometheusSource:
 
         exprs = {}
         for name, (kind, _arg, windowed) in ROUTES.items():
-            if kind in ("compute", "comm", "unit", "unit_info", "stall"):
+            if kind in ("compute", "comm", "framework", "unit", "unit_info", "stall"):
                 continue  # per unit: aggregated below; unit facts from one rank; stalls: now
             exprs[name] = rng(name) if windowed else level(name)
         totals_from = self._rank_total_exprs(rng)
@@ -345,7 +346,7 @@ class PrometheusSource:
             s = f"{name}{{{sel}{extra}}}"
             return f"increase({s}[{span}s])" if span else f"last_over_time({s}[{self.lookback}])"
 
-        names = [_COMPUTE, *_COMM.values()]
+        names = [_COMPUTE, _FRAMEWORK, *_COMM.values()]
         res = self._many({n: rng(n) for n in names}, at)
         c: dict[int, Cumulative] = {}
         for n in names:
@@ -353,11 +354,11 @@ class PrometheusSource:
                 add_sample(c, n, m, v)
         cur = c.get(rank)
         if cur is None:
-            return {}, {}
+            return {}, {}, {}
         from .samples import window_of
 
         w = window_of(facts_of(cur), cur)
-        return w.compute, w.comm
+        return w.compute, w.comm, w.unit_framework
 
     def _unit_stats_reused(self, key: tuple, sel: str, rng, at, ranks: tuple,
                            snap: RunSnapshot) -> UnitStats:
@@ -425,6 +426,8 @@ class PrometheusSource:
         exprs[("n", "")] = last(UNIT_RANKS)
         for a, name in UNIT_COMPUTE.items():
             exprs[("compute", a)] = last(name, "unit, phase")
+        for a, name in UNIT_FRAMEWORK.items():
+            exprs[("framework", a)] = last(name, "unit")
         exprs[("hidden_any", "")] = f"sum(last_over_time({ASYNC_ALL_GATHER}{{{sel}}}[{lb}]))"
         return exprs
 
@@ -448,6 +451,14 @@ class PrometheusSource:
         cper = f"({rng(_COMPUTE)}) / {steps}"
         exprs[("compute", "mean")] = f"avg by (unit, phase) ({cper})"
         exprs[("compute", "max")] = f"max by (unit, phase) ({cper})"
+        # the framework's time per unit: a rank's phases summed, per step, then over the ranks
+        # (a coarse rank's sum over units comes out as unit "": not a unit, left out below)
+        fper = f"sum by (rank, unit) ({rng(_FRAMEWORK)}) / {steps}"
+        for a in ("min", "median", "mean", "max"):
+            fn = _STAT_AGGS[a]
+            exprs[("framework", a)] = f"{fn} by (unit) (0.5, {fper})" if a == "median" else \
+                f"{fn} by (unit) ({fper})"
+        exprs[("framework", "n")] = f"count by (unit) ({fper})"
         ag = ', collective="all_gather"'
         secs, exposed = rng(_COMM["seconds"], ag), rng(_COMM["exposed_seconds"], ag)
         exprs[("hidden_any", "")] = f"count(({secs} - {exposed}) > (0.01 * {secs} + 1e-6))"
@@ -458,7 +469,7 @@ class PrometheusSource:
                          max(self.timeout_s, UNIT_QUERY_TIMEOUT_S))
         vals: dict[tuple, dict] = {}
         for (f, a), rows in res.items():
-            if f in ("compute", "hidden_any"):
+            if f in ("compute", "framework", "hidden_any"):
                 continue
             for m, v in rows:
                 key = (m.get("unit", ""), m.get("phase", ""), m.get("collective", ""))
@@ -480,8 +491,13 @@ class PrometheusSource:
         first = snap.any_rank
         order = [u.name for u in first.facts.units] if first else []
         groups = {u.name: u.group_size for u in first.facts.units} if first else {}
+        fw: dict[str, dict] = {}
+        for a in ("min", "median", "mean", "max", "n"):
+            for m, v in res.get(("framework", a), ()):
+                if m.get("unit"):
+                    fw.setdefault(m["unit"], {})[a] = v
         out.units = _unit_table(out.comm, comp, order, groups,
-                                first.facts.world_size if first else 1)
+                                first.facts.world_size if first else 1, fw)
         out.order = tuple(order)
         return out
 
@@ -504,9 +520,12 @@ class PrometheusSource:
 
 
 def _unit_table(comm: dict, comp: dict, order: list[str], groups: dict,
-                world: int) -> dict[str, dict[str, Stat]]:
+                world: int, framework: dict | None = None) -> dict[str, dict[str, Stat]]:
     """Per-unit table values from per-key stats (means add up over phases exactly; the
-    worst of a unit is taken as the sum of its keys' worst, an upper bound)."""
+    worst of a unit is taken as the sum of its keys' worst, an upper bound); the framework's
+    time per unit as aggregated over the ranks (`framework`: unit -> {min, median, mean,
+    max, n}; a unit without it: unknown)."""
+    framework = framework or {}
     from ..model import busbw
 
     acc: dict[str, dict[str, list[float]]] = {}
@@ -535,7 +554,7 @@ def _unit_table(comm: dict, comp: dict, order: list[str], groups: dict,
         if p in ("forward", "backward"):
             add(u, f"compute_{p}", d.get("mean", 0.0), d.get("max", 0.0))
     out: dict[str, dict[str, Stat]] = {}
-    for u in list(order) + [x for x in acc if x not in order]:
+    for u in list(order) + [x for x in (*acc, *framework) if x not in order]:
         a = acc.get(u, {})
         row = {}
         for f in UNIT_FIELDS:
@@ -554,6 +573,10 @@ def _unit_table(comm: dict, comp: dict, order: list[str], groups: dict,
             worst = busbw(b[0] / sec[1], "all_gather", groups.get(u, world)) \
                 if b and sec[1] > 0 else bw
             row["ag_busbw"] = Stat(worst, bw, bw, bw, 1)
+        f = framework.get(u)
+        if f and int(f.get("n", 0)) > 0:
+            row["framework_seconds"] = Stat(f.get("min", 0.0), f.get("median", 0.0),
+                                            f.get("mean", 0.0), f.get("max", 0.0), int(f["n"]))
         out[u] = row
     return out
 

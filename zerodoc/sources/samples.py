@@ -27,7 +27,8 @@ def _routes() -> dict[str, tuple[str, str, bool]]:
             out[f"{m.name}_count"] = ("scalar", c, True)
             continue
         name = f"{m.name}_info" if m.type == "info" else m.name
-        out[name] = (kind, arg, m.type == "counter" and kind in ("scalar", "compute", "comm"))
+        out[name] = (kind, arg, m.type == "counter"
+                     and kind in ("scalar", "compute", "comm", "framework"))
     return out
 
 
@@ -51,6 +52,7 @@ class Cumulative:
     scalars: dict = field(default_factory=dict)
     compute: dict = field(default_factory=dict)
     comm: dict = field(default_factory=dict)  # (unit, phase, coll) -> {count, bytes, ...}
+    framework: dict = field(default_factory=dict)  # (unit, phase) -> the framework's seconds
     memory: dict = field(default_factory=dict)
     errors: dict = field(default_factory=dict)
     hooks: dict = field(default_factory=dict)
@@ -92,6 +94,8 @@ def add_sample(out: dict[int, Cumulative], name: str, labels: dict, value: float
         c.scalars[arg] = value
     elif kind == "compute":
         c.compute[(labels.get("unit", RANK_TOTAL_UNIT), labels["phase"])] = value
+    elif kind == "framework":
+        c.framework[(labels.get("unit", RANK_TOTAL_UNIT), labels["phase"])] = value
     elif kind == "comm":
         c.comm.setdefault((labels.get("unit", RANK_TOTAL_UNIT), labels["phase"],
                            labels["collective"]), {})[arg] = value
@@ -186,6 +190,10 @@ def window_of(facts: RankFacts, cur: Cumulative, base: Cumulative | None = None)
         s = d(v, base.compute.get(k, 0.0) if base else 0.0)
         if s > 0:
             w.compute[k] = s
+    for k, v in cur.framework.items():
+        s = d(v, base.framework.get(k, 0.0) if base else 0.0)
+        if s > 0:
+            w.unit_framework[k] = s
     for k, v in cur.comm.items():
         b = base.comm.get(k, {}) if base else {}
         count = int(round(d(v.get("count", 0), b.get("count", 0))))

@@ -33,8 +33,9 @@ exporter serves): the per-run rules compute them inline.
 
 Per-unit stats over ranks (`unit_stat_rules`, `unit_job:...:per_step_<agg>`): for each unit,
 phase and collective the median / mean / max (min where the engine reads it) of each rank's
-per-step calls, bytes, seconds, exposed and hidden seconds, the number of ranks, and the
-compute per unit and phase. `zerodoc report` / `zerodoc tui` on Prometheus read these few
+per-step calls, bytes, seconds, exposed and hidden seconds, the number of ranks, the
+compute per unit and phase, and the framework's time per unit (min / median / mean / max
+over the ranks that serve it per unit, and their number). `zerodoc report` / `zerodoc tui` on Prometheus read these few
 series per unit instead of aggregating every rank's raw per-unit series per query (43.5 s to
 a first answer at 1,024 ranks, issue 20 item 17); `job:zerodoc_recording_window:seconds` says
 which rate window they cover. The server pays for them once per evaluation interval.
@@ -45,8 +46,8 @@ One rule group, in order: later rules read earlier ones within the same evaluati
 from __future__ import annotations
 
 from ...catalog import (  # the recorded names: the contract with the Prometheus source
-    ASYNC_ALL_GATHER, RANK_COMPUTE, RANK_EXPOSED, RULE_WINDOW, UNIT_COMPUTE, UNIT_RANKS,
-    UNIT_STAT,
+    ASYNC_ALL_GATHER, RANK_COMPUTE, RANK_EXPOSED, RULE_WINDOW, UNIT_COMPUTE, UNIT_FRAMEWORK,
+    UNIT_RANKS, UNIT_STAT,
 )
 from ...thresholds import DEFAULT, LINK_BUSBW, Thresholds
 
@@ -131,6 +132,12 @@ def unit_stat_rules(w: str) -> list[dict]:
             f"  / ignoring (unit, phase) group_left ()\n  {steps}")
     for a, name in UNIT_COMPUTE.items():
         rules.append(_rec(name, agg(a, comp, f"{JOB}, unit, phase")))
+    # the framework's time per unit over its phases, per step, per rank; then over the ranks
+    fw = (f"sum by ({JOB}, rank, unit) (\n  rate(zerodoc_framework_unit_seconds_total"
+          f"{{{UNITS}}}[{w}])\n)\n  / on ({JOB}, rank) group_left ()\n  {steps}")
+    for a, name in UNIT_FRAMEWORK.items():
+        rules.append(_rec(name, f"count by ({JOB}, unit) (\n  {fw}\n)" if a == "n" else
+                          agg(a, fw, f"{JOB}, unit")))
     # raw series only: promtool can backfill these rules alone (bench/scale_prom.py)
     rules.append(_rec(RULE_WINDOW,
                       f"0 * max by ({JOB}) (zerodoc_world_size) + {_seconds(w):g}"))
@@ -140,7 +147,8 @@ def unit_stat_rules(w: str) -> list[dict]:
 def unit_stat_names() -> set[str]:
     """The recorded series the Prometheus source reads per unit (all from raw series)."""
     return {n for _m, names in UNIT_STAT.values() for n in names.values()} | \
-        {UNIT_RANKS, RULE_WINDOW, ASYNC_ALL_GATHER, *UNIT_COMPUTE.values()}
+        {UNIT_RANKS, RULE_WINDOW, ASYNC_ALL_GATHER, *UNIT_COMPUTE.values(),
+         *UNIT_FRAMEWORK.values()}
 
 
 def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infiniband") -> list[dict]:

@@ -137,7 +137,9 @@ def layers(t: Thresholds) -> db.Dashboard:
                         min_=0))
          .with_panel(ts("All-gather vs compute per unit (per step)",
                         "Seconds per step, averaged over the selected ranks: each unit's "
-                        "compute, its all-gather time, and the exposed part of it.",
+                        "compute, its all-gather time, the exposed part of it, and the "
+                        "framework's own time charged to the unit (copy-in / copy-out, "
+                        "gradient copies).",
                         [q("avg by (unit) (sum without (phase) (rate(zerodoc_compute_seconds_total"
                            f"{{{SEL_UNIT}}}[{RATE}])) {per_step})", "{{unit}} compute"),
                          q("avg by (unit) (sum without (phase, collective) (rate("
@@ -145,7 +147,10 @@ def layers(t: Thresholds) -> db.Dashboard:
                            f"{per_step})", "{{unit}} all-gather", "B"),
                          q("avg by (unit) (sum without (phase, collective) (rate("
                            f"zerodoc_collective_exposed_seconds_total{{{SEL_UNIT}, {AG}}}[{RATE}])) "
-                           f"{per_step})", "{{unit}} exposed", "C")], "s", min_=0))
+                           f"{per_step})", "{{unit}} exposed", "C"),
+                         q("avg by (unit) (sum without (phase) (rate("
+                           f"zerodoc_framework_unit_seconds_total{{{SEL_UNIT}}}[{RATE}])) "
+                           f"{per_step})", "{{unit}} framework", "D")], "s", min_=0))
          .with_panel(bars("Wait beyond the link per unit (job)",
                           "Per step, link-attributable: each unit's exposed all-gather time "
                           "that the link's expected bandwidth does not explain (what ZD004 "
