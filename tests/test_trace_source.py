@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -110,6 +111,79 @@ def test_trace_and_live_agree_per_unit(pair):
     if mode == "async":  # real overlap: some prefetched all-gathers were hidden entirely
         w = snap.ranks[0]
         assert any(t.exposed_seconds < 0.5 * t.seconds for t in w.comm.values())
+
+
+def _fsdp_spans(path: Path) -> tuple[list, list]:
+    """From the raw trace file (not zerodoc's reader): the ProfilerStep spans (n, ts, end) and
+    FSDP2's own spans (unit, kind, ts, end) on the training thread; unit "(root)" where the
+    name gives none."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    steps, spans = [], []
+    for e in events:
+        name, ts = e.get("name", ""), float(e["ts"])
+        m = re.fullmatch(r"ProfilerStep#(\d+)", name)
+        if m:
+            steps.append((int(m.group(1)), ts, ts + float(e["dur"])))
+        m = re.fullmatch(r"FSDP::(\w+)(?: \((.*?)\))?", name)
+        if m:
+            spans.append((m.group(2) or "(root)", m.group(1), ts, ts + float(e["dur"])))
+    return steps, spans
+
+
+def _union(ivs) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(ivs):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def test_trace_framework_time_per_unit(pair):
+    """Issue 22: FSDP2's own time goes to the unit its spans name, per step and phase. Per
+    step the units' parts add up to the step's framework time exactly; every unit has some in
+    both phases every step; and each (step, unit, phase) lies between two bounds read from
+    the raw trace's FSDP spans: at least the unit's innermost spans (those holding no other
+    unit's span) less the time its collectives blocked the thread, at most the union of
+    every span naming the unit with the stretch of its post-backward spans."""
+    mode, _logs, src = pair
+    for rank in (0, 1):
+        res = src.ranks[rank].result
+        path = src.ranks[rank].path
+        steps, spans = _fsdp_spans(path)
+        checked = 0
+        for st in res.steps:
+            fw = st.unit_framework
+            assert abs(sum(fw.values()) - st.framework) <= 1e-6 * st.framework, (mode, rank)
+            assert {k for k, v in fw.items() if v > 0} == \
+                {(u, p) for u in UNITS for p in ("forward", "backward")}, (mode, rank, fw)
+            _n, ts, end = next(x for x in steps if x[0] == st.step)
+            inside = [x for x in spans if ts <= x[2] < end]
+            bwd_from = max(x[3] for x in inside if x[0] == "(root)" and x[1] == "post_forward")
+            for unit in UNITS:
+                for phase in ("forward", "backward"):
+                    own = [x for x in inside if x[0] == unit
+                           and (x[2] >= bwd_from) == (phase == "backward")]
+                    leaves = [(a, b) for _u, _k, a, b in own if not any(
+                        y[0] != unit and a <= y[2] and y[3] <= b for y in inside)]
+                    blocked = sum(c.exposed for c in res.collectives if c.step == st.step
+                                  and c.unit == unit and c.phase == phase)
+                    posts = [(a, b) for _u, k, a, b in own if k.startswith("post_backward")]
+                    hull = [(min(a for a, _ in posts), max(b for _, b in posts))] if posts else []
+                    lo = _union(leaves) - blocked
+                    hi = _union([(a, b) for _u, _k, a, b in own] + hull)
+                    got = fw[(unit, phase)]
+                    assert lo - 1.0 <= got <= hi + 1.0, (mode, rank, st.step, unit, phase,
+                                                         lo, got, hi)
+                    checked += 1
+        assert checked == len(res.steps) * len(UNITS) * 2 > 0
+    # and the window's totals carry them (what the what-if fits per unit)
+    for rank, w in src.snapshot().ranks.items():
+        assert {u for u, _p in w.unit_framework} == set(UNITS)
+        assert abs(sum(w.unit_framework.values()) - w.framework_seconds) <= \
+            1e-9 + 1e-6 * w.framework_seconds
 
 
 @pytest.mark.slow

@@ -63,6 +63,7 @@ from .events import STEP, CommOp, RankEvents
 
 MODEL = "(model)"
 ROOT = "(root)"
+FRAMEWORK = "framework"  # the first item of a region label of FSDP's own work (`_regions`)
 FSDP2 = re.compile(r"FSDP::(\w+)(?: \((.*?)\))?(?: \[pg=\d+\])?$")
 FSDP1 = "FullyShardedDataParallel."
 WAIT_SPANS = ("all_gather_copy_out", "post_backward_rs_wait")  # FSDP2 waits inside these
@@ -95,6 +96,9 @@ class StepNumbers:
     optimizer: float = 0.0
     framework: float = 0.0
     compute: dict = field(default_factory=lambda: defaultdict(float))  # (unit, phase) -> us
+    # the part of `framework` inside FSDP2 spans that name their unit (the root's name none:
+    # "(root)"), by (unit, phase): phase that of the moment (us)
+    unit_framework: dict = field(default_factory=lambda: defaultdict(float))
     # GPU: unions of device intervals within the step's span (us), HTA's temporal breakdown
     device_busy: float = 0.0  # any kernel or memory op
     device_compute: float = 0.0  # compute kernels (= compute + optimizer + framework)
@@ -407,6 +411,7 @@ def _gpu_compute(ev: RankEvents, steps, phases: "_Phases", framework: str) -> No
     _device_steps(ev, steps)
     for st in steps:
         st.optimizer = st.framework = 0.0
+        st.unit_framework.clear()
     kt = np.asarray(ev.kernel_ts, dtype=float)
     if not len(kt) or not steps:
         return
@@ -441,16 +446,23 @@ def _gpu_compute(ev: RankEvents, steps, phases: "_Phases", framework: str) -> No
     ca, cb = tl.credit(kt, np.asarray(ev.kernel_end, dtype=float))
     pi, wi, ln = tl.split(ca, cb, ws, we)
     n = len(labels)
-    sums = np.bincount(wi * n + codes[pi], weights=ln, minlength=len(steps) * n)
+    # per step, label and phase (a unit's framework time goes to the phase of its kernels)
+    sums = np.bincount((wi * n + codes[pi]) * 2 + backward[pi], weights=ln,
+                       minlength=len(steps) * n * 2)
     for flat in np.flatnonzero(sums > 0):
-        i, c = divmod(int(flat), n)
+        ic, bwd = divmod(int(flat), 2)
+        i, c = divmod(ic, n)
         v = float(sums[flat])
+        lab = labels[c]
         if c == 0:
             steps[i].optimizer += v
         elif c == 1:
             steps[i].framework += v
+        elif _is_framework(lab):
+            steps[i].framework += v
+            steps[i].unit_framework[(lab[1], "backward" if bwd else "forward")] += v
         else:
-            steps[i].compute[labels[c]] += v
+            steps[i].compute[lab] += v
 
 
 def attribute(ev: RankEvents, group_size: int | None = None) -> RankResult:
@@ -504,8 +516,19 @@ def attribute(ev: RankEvents, group_size: int | None = None) -> RankResult:
                       len(ev.comm_kernels), outside)
 
 
+def _framework_label(unit: str) -> tuple:
+    """The label of FSDP's own work for `unit` (FSDP2's span names it)."""
+    return (FRAMEWORK, unit, None)
+
+
+def _is_framework(lab) -> bool:
+    return isinstance(lab, tuple) and len(lab) == 3 and lab[0] == FRAMEWORK
+
+
 def _regions(ev: RankEvents, framework: str) -> dict[int, list]:
-    """Per thread: nested labelled intervals for the compute segmentation (FSDP2)."""
+    """Per thread: nested labelled intervals for the compute segmentation (FSDP2): FSDP's own
+    spans labelled as its work for the unit they name (`_framework_label`), a unit's compute
+    between its pre- and post-hooks labelled (unit, phase)."""
     per_tid: dict[int, list] = defaultdict(list)
     if framework != "fsdp2":
         return per_tid
@@ -513,15 +536,17 @@ def _regions(ev: RankEvents, framework: str) -> dict[int, list]:
     for s in ev.spans:
         m = FSDP2.match(s.name)
         if m:
-            by[(s.tid, _unit_of_label(m.group(2)))].append((m.group(1), s))
-            per_tid[s.tid].append((s.ts, s.end, "framework"))
+            unit = _unit_of_label(m.group(2))
+            by[(s.tid, unit)].append((m.group(1), s))
+            per_tid[s.tid].append((s.ts, s.end, _framework_label(unit)))
     for (tid, unit), items in by.items():
         items.sort(key=lambda x: x[1].ts)
+        fw = _framework_label(unit)
         for i, (kind, s) in enumerate(items):
             if kind == "pre_forward":
                 post = next((p for k, p in items[i + 1:] if k == "post_forward"), None)
                 if post is not None:
-                    per_tid[tid].append((s.ts, post.end, "framework"))
+                    per_tid[tid].append((s.ts, post.end, fw))
                     per_tid[tid].append((s.end, post.ts, (unit, "forward")))
             elif kind == "pre_backward":
                 posts = []
@@ -531,7 +556,7 @@ def _regions(ev: RankEvents, framework: str) -> dict[int, list]:
                     if k in POST_BWD:
                         posts.append(p)
                 if posts:
-                    per_tid[tid].append((s.ts, max(p.end for p in posts), "framework"))
+                    per_tid[tid].append((s.ts, max(p.end for p in posts), fw))
                     per_tid[tid].append((s.end, posts[0].ts, (unit, "backward")))
     return per_tid
 
@@ -585,8 +610,9 @@ def _compute(ev: RankEvents, steps, phases: _Phases, framework: str, colls) -> N
                 continue
             seg = (np.array([lo]), np.array([hi]))
             secs = (hi - lo) - tl.intersect_length(seg, blk)
-            if lab == "framework":
+            if _is_framework(lab):
                 steps[i].framework += secs
+                steps[i].unit_framework[(lab[1], phases.phase(i, lo))] += secs
             else:
                 steps[i].compute[lab] += secs
 

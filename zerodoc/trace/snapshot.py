@@ -324,6 +324,9 @@ def window_of(facts: RankFacts, res: RankResult, window: int | None) -> RankWind
         for k, v in s.compute.items():
             if v > 0:
                 w.compute[k] = w.compute.get(k, 0.0) + v * US
+        for k, v in s.unit_framework.items():
+            if v > 0:
+                w.unit_framework[k] = w.unit_framework.get(k, 0.0) + v * US
     for c in res.collectives:
         if c.step not in keep:
             continue
