@@ -369,6 +369,22 @@ def test_close_restores_deepspeed(ds_ready, tmp_path):
         (r.stdout[-2000:], r.stderr[-3000:])
 
 
+def test_deepspeed_detail_plan_sample_by_sample(ds_ready, tmp_path):
+    """Issue 19: DeepSpeed's per-unit instrumentation is a plan, built once and installed /
+    removed at each detail step (K = 2), for ZeRO-3, ZeRO-2 + offload and ZeRO-1: on every
+    detail step the hooks and shadowed methods a fresh registration puts there, none outside
+    them or after close, every detail step measured, the losses bitwise the plain run's
+    (tests/support/jobs/deepspeed_plan.py)."""
+    from zerodoc.demo.launch import free_port
+
+    r = subprocess.run(job_command("deepspeed_plan", free_port(), tmp_path),
+                       capture_output=True, text=True, timeout=600,
+                       env={**job_env(), "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    for fw in ("deepspeed-3", "deepspeed-2-offload", "deepspeed-1"):
+        assert f"{fw} plan ok" in r.stdout, r.stdout[-2000:]
+
+
 # --------------------------------------------------------------------------------------
 # findings
 

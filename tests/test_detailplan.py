@@ -414,3 +414,109 @@ def test_a_plan_rebuilt_while_installed_takes_the_old_one_out_first(tmp_path, gl
         assert ours() == n
     finally:
         mon.close()
+
+
+# --- ZeRO-1 / DDP in this process: a plan too (issue 19) ----------------------------------
+def _hook_names(modules) -> list:
+    def name(fn):
+        return fn.__qualname__.replace(".<locals>", "")
+    return [([name(f) for f in m._forward_pre_hooks.values()],
+             [name(f) for f in m._forward_hooks.values()]) for m in modules]
+
+
+def _ddp_run(tmp_path, framework: str, *, attach: bool, plan: bool = True,
+             monkeypatch=None):
+    """A real DDP model (gloo, world size 1), with ZeroRedundancyOptimizer for "zero1", 20
+    steps; attached with K = 2 (with `plan` False the adapter's plan is withheld: every detail
+    step registers afresh through `instrument()`). Returns the losses and, per step, whether
+    it was a detail step, the modules' forward hooks, the instance attributes ZeRO-1's
+    wrappers shadow and the ZeRO module's `dist`, and the monitor's plan."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zerodoc
+    from zerodoc.demo.model import DemoConfig, TinyTransformer, batch, loss_fn
+    from zerodoc.shim import zero1
+
+    cfg = DemoConfig(blocks=2, hidden=32, seq=8, batch=2)
+    torch.manual_seed(0)
+    model = DDP(TinyTransformer(cfg))
+    if framework == "zero1":
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
+                                      lr=1e-3)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if not plan:
+        monkeypatch.setattr(zero1.DDPAdapter, "plan", lambda self, *a: None)
+    zmod = hp.zero_optimizer_module()
+    mods = [model, model.module]
+    bare = _hook_names(mods)
+    mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=False, detail=2,
+                         stall_after_s=0) if attach else None
+    losses, seen, plans = [], {}, set()
+    try:
+        for i in range(1, 21):
+            if mon is not None:
+                plans.add(id(mon._plan) if mon._plan is not None else None)
+            seen[i] = (mon is not None and mon._detail_on, _hook_names(mods),
+                       sorted(k for k in ("_broadcast_params_from_rank", "_sync_params")
+                              if k in opt.__dict__),
+                       type(zmod.dist).__name__, mon is not None and mon.adapter.active)
+            x, y = batch(cfg, i, 0)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            losses.append(loss.item())
+            opt.step()
+            opt.zero_grad()
+    finally:
+        if mon is not None:
+            mon.close()
+    after = (_hook_names(mods), sorted(k for k in ("_broadcast_params_from_rank",
+                                                   "_sync_params") if k in opt.__dict__),
+             type(zmod.dist).__name__)
+    return losses, seen, plans, bare, after, mon
+
+
+@pytest.mark.parametrize("framework", ["ddp", "zero1"])
+def test_ddp_and_zero1_sample_by_sample(tmp_path, gloo_world_1, monkeypatch, framework):
+    """DDP's and ZeRO-1's instrumentation is a plan too, built once: in place exactly on the
+    detail steps, after every install the same forward hooks (in torch's order) as a fresh
+    registration through `instrument()` puts there, nothing left after each removal and at
+    close, every detail step measured (compute of both phases, the gradient all-reduce, ZeRO-1's
+    parameter broadcasts), and the losses the uninstrumented model's, bit for bit."""
+    from tests.test_tiers import _steps
+
+    plain, *_ = _ddp_run(tmp_path / "plain", framework, attach=False)
+    losses, seen, plans, bare, after, mon = _ddp_run(tmp_path / "plan", framework,
+                                                     attach=True)
+    assert mon.adapter.framework == framework
+    assert losses == plain  # bitwise
+    assert len(plans - {None}) == 1, plans  # built once, the same plan every sample
+    on = {i: s for i, s in seen.items() if s[0]}
+    off = {i: s for i, s in seen.items() if not s[0] and i > 1}
+    assert len(on) >= 3 and len(off) >= 3, seen  # installed and removed, several times
+    for i, (_d, hooks, attrs, dist_type, active) in off.items():
+        assert hooks == bare and attrs == [] and dist_type == "module" and not active, i
+    wrapped = ["_broadcast_params_from_rank"] if framework == "zero1" else []
+    proxy = "_ZeroDistProxy" if framework == "zero1" else "module"
+    for i, (_d, hooks, attrs, dist_type, active) in on.items():
+        assert hooks != bare and attrs == wrapped and dist_type == proxy and active, i
+    assert len({repr(s[1]) for s in on.values()}) == 1  # the same hooks each time
+    assert after == (bare, [], "module")  # nothing left at close
+    # the witness of the hooks: a fresh registration at every detail step (no plan)
+    with monkeypatch.context() as mp:
+        f_losses, f_seen, f_plans, f_bare, _a, _m = _ddp_run(
+            tmp_path / "fresh", framework, attach=True, plan=False, monkeypatch=mp)
+    assert f_plans == {None} and f_bare == bare and f_losses == plain
+    fresh_on = [s for s in f_seen.values() if s[0]]
+    assert fresh_on and all(s[1:4] == next(iter(on.values()))[1:4] for s in fresh_on)
+    # every detail step measured, no unsampled one
+    colls = {"ddp": {"all_reduce"}, "zero1": {"all_reduce", "broadcast"}}[framework]
+    steps = _steps(tmp_path / "plan" / "run", 0)
+    assert sum(1 for r in steps if r["detail"]) >= 3
+    for r in steps:
+        if r["detail"]:
+            assert {(u, p) for u, p, _s in r["compute"]} == {(0, "forward"), (0, "backward")}
+            assert {c[2] for c in r["comm"]} == colls, r["comm"]
+        else:
+            assert r["compute"] == [] and r["comm"] == []

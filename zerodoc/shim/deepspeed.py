@@ -47,6 +47,7 @@ from typing import Any
 from ..model import UnitFacts
 from .adapters import Adapter, AdapterFacts
 from .deepspeed_comm import _set_instance_attr, _State, install_comm
+from .detailplan import DetailPlan
 from .deepspeed_zero import (
     ZeroStepHooks, _MemoryView, install_offload, install_stage3, wrap_framework,
 )
@@ -307,7 +308,29 @@ class DeepSpeedAdapter(Adapter):
             self._install_offload(rec, undo)
         return undo
 
-    def _install_root_hooks(self, rec, on_root_forward, undo: list) -> None:
+    def plan(self, rec, timer, on_root_forward, slow_link_s: float) -> DetailPlan:
+        """The same instrumentation as `instrument()`, built once (`detailplan.py`): the
+        root's forward hooks go into its hook dicts, every instance-shadowed method (the
+        backend's collectives, the engine's and the optimizer's wrapped methods) is an
+        attribute write at each install; the wrappers' shared state starts afresh at each."""
+        plan = DetailPlan(rec, timer)
+        st = _State(rec, timer, self.registry, 0)
+        self._st = st
+
+        def fresh() -> None:  # what a new `_State` would hold
+            st.unit, st.depth = 0, 0
+        plan.call(fresh, lambda: None)
+        install_comm(st, slow_link_s, self.registry, plan)
+        self._install_root_hooks(rec, on_root_forward, [], plan)
+        if self.stage3:
+            self._install_stage3(st, plan)
+        else:
+            self._install_stage12(st, plan)
+        if self.offload_unit is not None:
+            self._install_offload(rec, plan)
+        return plan
+
+    def _install_root_hooks(self, rec, on_root_forward, undo: list, plan=None) -> None:
         stage12 = not self.stage3
         fwd = unit_bucket(0, FORWARD)
 
@@ -322,6 +345,11 @@ class DeepSpeedAdapter(Adapter):
             rec.phase = BACKWARD  # collectives after the root's forward belong to backward
 
         try:
+            if plan is not None:
+                plan.forward_pre_hook(self.module, pre, self.registry, prepend=True)
+                plan.forward_hook(self.module, post, self.registry)
+                self.registry.ok("nn.Module forward hooks (prepend)")
+                return
             hs = [self.module.register_forward_pre_hook(pre, prepend=True),
                   self.module.register_forward_hook(post)]
             undo.extend(h.remove for h in hs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import time
 
+from .detailplan import DetailPlan
 from .recorder import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER
 from .slowlink import DelayedWork
 from .wiring import nbytes as _nbytes
@@ -108,8 +109,13 @@ def _wrap_comm(orig, coll: int, t_pos: int, t_name: str, async_default: int, st:
     return call
 
 
-def _set_instance_attr(obj, name: str, value, undo: list) -> None:
-    """Shadow a method on one instance; undo restores the class's (or the previous) one."""
+def _set_instance_attr(obj, name: str, value, undo) -> None:
+    """Shadow a method on one instance; undo restores the class's (or the previous) one.
+    `undo`: a list of undo callables (shadowed now), or a `detailplan.DetailPlan` (shadowed
+    at each of its installs, restored at each removal)."""
+    if isinstance(undo, DetailPlan):
+        undo.attr(obj, name, value)
+        return
     had = name in obj.__dict__
     prev = obj.__dict__.get(name)
     setattr(obj, name, value)

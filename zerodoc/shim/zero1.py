@@ -48,6 +48,7 @@ import torch.distributed as dist
 
 from . import hookpoints as hp
 from .adapters import Adapter, AdapterFacts
+from .detailplan import DetailPlan
 from .recorder import (
     ALL_REDUCE, BACKWARD, BROADCAST, B_FRAMEWORK, B_WAIT, OPTIMIZER, unit_bucket,
 )
@@ -206,6 +207,22 @@ class DDPAdapter(Adapter):
         self.rec, self.timer, self.slow_link_s = rec, timer, slow_link_s
         self.active = True
         undo: list = [self._deactivate]
+        self._install_detail(on_root_forward, undo, None)
+        return undo
+
+    def plan(self, rec, timer, on_root_forward, slow_link_s: float) -> DetailPlan:
+        """The same instrumentation as `instrument()`, built once (`detailplan.py`): the
+        forward hooks go into the hook dicts, `active` (what the comm hook and the backward
+        callbacks check) and ZeRO-1's wrappers are attribute writes at each install."""
+        self.rec, self.timer, self.slow_link_s = rec, timer, slow_link_s
+        plan = DetailPlan(rec, timer)
+        plan.attr(self, "active", True)
+        self._install_detail(on_root_forward, [], plan)
+        return plan
+
+    def _install_detail(self, on_root_forward, undo: list, plan) -> None:
+        """What a detail step puts in place: now (`undo` collects the removals) or, with
+        `plan`, at each of its installs."""
         hook = "Variable._execution_engine.queue_callback"
         try:
             callbacks = hp.autograd_callbacks_available()
@@ -216,10 +233,9 @@ class DDPAdapter(Adapter):
             self.registry.ok(hook)
         else:
             self.registry.missing(hook, reason)
-        self._install_forward(on_root_forward, undo, backward=callbacks)
+        self._install_forward(on_root_forward, undo, backward=callbacks, plan=plan)
         if self.ddp is not None and callbacks:
             self._install_comm_hook()
-        return undo
 
     def _deactivate(self) -> None:
         self.active = False
@@ -232,7 +248,8 @@ class DDPAdapter(Adapter):
             self._install_comm_hook()
         return []
 
-    def _install_forward(self, on_root_forward, undo: list, backward: bool) -> None:
+    def _install_forward(self, on_root_forward, undo: list, backward: bool,
+                         plan=None) -> None:
         rec, timer = self.rec, self.timer
         bwd = unit_bucket(UNIT, BACKWARD)
         outer = self.ddp if self.ddp is not None else self.model
@@ -289,7 +306,7 @@ class DDPAdapter(Adapter):
 
         install_forward_hooks(outer, self.memory_module(), rec, timer, UNIT, self.registry,
                               undo, on_root_forward=on_root_forward, window=False,
-                              pre_extra=pre_extra, post_extra=post_extra)
+                              pre_extra=pre_extra, post_extra=post_extra, plan=plan)
 
     def _account_buckets(self, t_end: float) -> None:
         """DDP's wait for its buckets returned at `t_end`: record each bucket's all-reduce."""
@@ -421,10 +438,9 @@ class Zero1Adapter(DDPAdapter):
         })
         return f
 
-    def instrument(self, rec, timer, on_root_forward, slow_link_s: float) -> list:
-        undo = super().instrument(rec, timer, on_root_forward, slow_link_s)
-        self._install_broadcasts(undo)
-        return undo
+    def _install_detail(self, on_root_forward, undo: list, plan) -> None:
+        super()._install_detail(on_root_forward, undo, plan)
+        self._install_broadcasts(undo, plan)
 
     def step_optimizer(self):
         if hasattr(getattr(self.optimizer, "optim", None), "state"):
@@ -434,7 +450,17 @@ class Zero1Adapter(DDPAdapter):
                               "optimizer state bytes read from the wrapper")
         return self.optimizer
 
-    def _install_broadcasts(self, undo: list) -> None:
+    @staticmethod
+    def _shadow(obj, name: str, fn, undo: list, plan) -> None:
+        """`obj.name = fn` on the instance, now (undone by `undo`) or at each install of
+        `plan` (removal deletes it again: the class's method shows through)."""
+        if plan is not None:
+            plan.attr(obj, name, fn)
+            return
+        setattr(obj, name, fn)
+        undo.append(lambda: obj.__dict__.pop(name, None))
+
+    def _install_broadcasts(self, undo: list, plan=None) -> None:
         reg, opt = self.registry, self.optimizer
         if getattr(opt, "_overlap_with_ddp", False):
             reg.missing("ZeroRedundancyOptimizer._broadcast_params_from_rank",
@@ -454,15 +480,16 @@ class Zero1Adapter(DDPAdapter):
             finally:
                 self.broadcasting = prev
 
-        opt._broadcast_params_from_rank = _broadcast_params_from_rank
-        undo.append(lambda: opt.__dict__.pop("_broadcast_params_from_rank", None))
+        self._shadow(opt, "_broadcast_params_from_rank", _broadcast_params_from_rank, undo,
+                     plan)
         reg.ok("ZeroRedundancyOptimizer._broadcast_params_from_rank")
         install_dist_proxy(zmod, _ZeroDistProxy(getattr(zmod, "dist", None), self),
-                           "zero_redundancy_optimizer.dist (broadcast proxy)", reg, undo)
+                           "zero_redundancy_optimizer.dist (broadcast proxy)", reg, undo,
+                           plan=plan)
         if self.timer.device:
-            self._install_sync_window(opt, undo)
+            self._install_sync_window(opt, undo, plan)
 
-    def _install_sync_window(self, opt, undo: list) -> None:
+    def _install_sync_window(self, opt, undo: list, plan=None) -> None:
         """CUDA: `_sync_params` issues every broadcast, then makes the compute stream wait
         for them: its span is the broadcasts' exposure window."""
         reg, rec, timer = self.registry, self.rec, self.timer
@@ -485,6 +512,5 @@ class Zero1Adapter(DDPAdapter):
                 rec.remove(fw)
                 timer.ready(UNIT, (BROADCAST,))
 
-        opt._sync_params = _sync_params
-        undo.append(lambda: opt.__dict__.pop("_sync_params", None))
+        self._shadow(opt, "_sync_params", _sync_params, undo, plan)
         reg.ok("ZeroRedundancyOptimizer._sync_params")
