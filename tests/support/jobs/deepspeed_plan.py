@@ -10,7 +10,8 @@ whether it is a detail step, the forward hooks of every module, and which method
 on DeepSpeed's backend, engine, optimizer and parameter coordinator. Checked: one plan for the
 whole run; on every detail step the same hooks and shadowed methods as the fresh
 registration's; on every other step those of the model without zerodoc (but for the
-optimizer's `step`, wrapped for the whole run), after close exactly those; every detail step measured and no other; the losses bitwise the plain run's.
+optimizer's `step`, wrapped for the whole run), after close exactly those; every detail step
+measured and no other; the losses bitwise the plain run's.
 Prints `<framework> plan ok` for each; any failed check is an AssertionError (exit 1).
 Used by tests/test_deepspeed.py.
 """

@@ -33,12 +33,13 @@ exporter serves): the per-run rules compute them inline.
 
 Per-unit stats over ranks (`unit_stat_rules`, `unit_job:...:per_step_<agg>`): for each unit,
 phase and collective the median / mean / max (min where the engine reads it) of each rank's
-per-step calls, bytes, seconds, exposed and hidden seconds, the number of ranks, the
-compute per unit and phase, and the framework's time per unit (min / median / mean / max
-over the ranks that serve it per unit, and their number). `zerodoc report` / `zerodoc tui` on Prometheus read these few
-series per unit instead of aggregating every rank's raw per-unit series per query (43.5 s to
-a first answer at 1,024 ranks, issue 20 item 17); `job:zerodoc_recording_window:seconds` says
-which rate window they cover. The server pays for them once per evaluation interval.
+per-step calls, bytes, seconds, exposed and hidden seconds, the number of ranks, the compute
+per unit and phase, and the framework's time per unit (min / median / mean / max over the
+ranks that serve it per unit, and their number). `zerodoc report` / `zerodoc tui` on
+Prometheus read these few series per unit instead of aggregating every rank's raw per-unit
+series per query (43.5 s to a first answer at 1,024 ranks, issue 20 item 17);
+`job:zerodoc_recording_window:seconds` says which rate window they cover. The server pays
+for them once per evaluation interval.
 
 One rule group, in order: later rules read earlier ones within the same evaluation.
 """
