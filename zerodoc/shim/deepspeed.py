@@ -296,16 +296,7 @@ class DeepSpeedAdapter(Adapter):
     # --- instrumentation ----------------------------------------------------------------
     def instrument(self, rec, timer, on_root_forward, slow_link_s: float) -> list:
         undo: list = []
-        st = _State(rec, timer, self.registry, 0)
-        self._st = st
-        install_comm(st, slow_link_s, self.registry, undo)
-        self._install_root_hooks(rec, on_root_forward, undo)
-        if self.stage3:
-            self._install_stage3(st, undo)
-        else:
-            self._install_stage12(st, undo)
-        if self.offload_unit is not None:
-            self._install_offload(rec, undo)
+        self._install_detail(rec, timer, on_root_forward, slow_link_s, undo)
         return undo
 
     def plan(self, rec, timer, on_root_forward, slow_link_s: float) -> DetailPlan:
@@ -314,21 +305,28 @@ class DeepSpeedAdapter(Adapter):
         backend's collectives, the engine's and the optimizer's wrapped methods) is an
         attribute write at each install; the wrappers' shared state starts afresh at each."""
         plan = DetailPlan(rec, timer)
-        st = _State(rec, timer, self.registry, 0)
-        self._st = st
+        st = self._install_detail(rec, timer, on_root_forward, slow_link_s, plan)
 
         def fresh() -> None:  # what a new `_State` would hold
             st.unit, st.depth = 0, 0
         plan.call(fresh, lambda: None)
-        install_comm(st, slow_link_s, self.registry, plan)
-        self._install_root_hooks(rec, on_root_forward, [], plan)
-        if self.stage3:
-            self._install_stage3(st, plan)
-        else:
-            self._install_stage12(st, plan)
-        if self.offload_unit is not None:
-            self._install_offload(rec, plan)
         return plan
+
+    def _install_detail(self, rec, timer, on_root_forward, slow_link_s: float, sink) -> _State:
+        """What a detail step puts in place: now (`sink` a list collecting the removals) or
+        at each install of `sink`, a `DetailPlan`. Returns the wrappers' shared state."""
+        st = _State(rec, timer, self.registry, 0)
+        self._st = st
+        plan = sink if isinstance(sink, DetailPlan) else None
+        install_comm(st, slow_link_s, self.registry, sink)
+        self._install_root_hooks(rec, on_root_forward, [] if plan else sink, plan)
+        if self.stage3:
+            self._install_stage3(st, sink)
+        else:
+            self._install_stage12(st, sink)
+        if self.offload_unit is not None:
+            self._install_offload(rec, sink)
+        return st
 
     def _install_root_hooks(self, rec, on_root_forward, undo: list, plan=None) -> None:
         stage12 = not self.stage3
