@@ -144,6 +144,7 @@ def test_framework_time_per_unit_from_the_scrape_sources(live):
     `mismatches`) and aggregated over the ranks (unit stats: PromQL on the server, numpy on
     the run log's windows)."""
     from zerodoc.unitstats import unit_stats
+    from zerodoc.whatif.model import fit
 
     demo, prom = live
     for make, pause in ((lambda: EndpointsSource(demo.endpoints, window=None), 0.2),
@@ -161,6 +162,9 @@ def test_framework_time_per_unit_from_the_scrape_sources(live):
             assert b.n == 2 and a.n == b.n, (u, a, b)
             for f in ("min", "median", "mean", "max"):
                 assert close(getattr(a, f), getattr(b, f)), (u, f, a, b)
+        # the what-if prices the framework time per unit from this source as from the run log
+        assert [rm.framework_per_unit for rm in fit(snap).ranks] == \
+            [rm.framework_per_unit for rm in fit(ref).ranks] == [True, True]
 
 
 def test_same_run_same_findings_from_every_source(live):
