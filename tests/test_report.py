@@ -27,7 +27,8 @@ UNIT_KEYS = {"unit", "params", "all_gather_count_per_step", "all_gather_bytes_pe
              "compute_forward_seconds_per_step", "compute_backward_seconds_per_step",
              "reduce_scatter_seconds_per_step", "reduce_scatter_exposed_seconds_per_step",
              "all_reduce_count_per_step", "all_reduce_bytes_per_step",
-             "all_reduce_seconds_per_step", "all_reduce_exposed_seconds_per_step"}
+             "all_reduce_seconds_per_step", "all_reduce_exposed_seconds_per_step",
+             "framework_seconds_per_step"}
 STEP_KEYS = {"rank", "stale", "steps", "detail_steps", "first_step", "last_step",
              "step_seconds", "compute_seconds", "exposed_comm_seconds", "optimizer_seconds",
              "framework_seconds", "other_seconds", "exposed_fraction"}

@@ -143,6 +143,7 @@ def test_framework_time_per_unit_from_the_scrape_sources(live):
     sources (zerodoc_framework_unit_seconds_total) as the run log has it, per rank (checked in
     `mismatches`) and aggregated over the ranks (unit stats: PromQL on the server, numpy on
     the run log's windows)."""
+    from zerodoc.report import unit_rows
     from zerodoc.unitstats import unit_stats
     from zerodoc.whatif.model import fit
 
@@ -162,6 +163,13 @@ def test_framework_time_per_unit_from_the_scrape_sources(live):
             assert b.n == 2 and a.n == b.n, (u, a, b)
             for f in ("min", "median", "mean", "max"):
                 assert close(getattr(a, f), getattr(b, f)), (u, f, a, b)
+        # the report's unit rows show it (mean over the ranks, per step)
+        rows = {r["unit"]: r["framework_seconds_per_step"] for r in unit_rows(snap)}
+        want_rows = {r["unit"]: r["framework_seconds_per_step"] for r in unit_rows(ref)}
+        assert set(rows) == set(want_rows) == set(units)
+        for u, v in want_rows.items():
+            assert v is not None and v > 0 and rows[u] is not None, (u, rows[u], v)
+            assert math.isclose(rows[u], v, rel_tol=1e-4, abs_tol=1e-6), (u, rows[u], v)
         # the what-if prices the framework time per unit from this source as from the run log
         assert [rm.framework_per_unit for rm in fit(snap).ranks] == \
             [rm.framework_per_unit for rm in fit(ref).ranks] == [True, True]

@@ -55,6 +55,7 @@ def unit_rows(snap: RunSnapshot) -> list[dict]:
     rows = []
     for u in first.facts.units:
         st = stats.get(u.name, {})
+        fw = st.get("framework_seconds")
 
         def mean(f: str) -> float | None:
             s = st.get(f)
@@ -84,6 +85,8 @@ def unit_rows(snap: RunSnapshot) -> list[dict]:
             "all_reduce_bytes_per_step": _r(a["ar_b"]),
             "all_reduce_seconds_per_step": _r(a["ar_s"]),
             "all_reduce_exposed_seconds_per_step": _r(a["ar_e"]),
+            # null where no rank recorded it per unit (older run logs, a coarse rank)
+            "framework_seconds_per_step": _r(fw.mean) if fw is not None and fw.n else None,
         })
     return rows
 
