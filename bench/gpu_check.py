@@ -323,6 +323,37 @@ def overhead_verdict(st: dict, target: float = OVERHEAD_TARGET,
     return "PASS", ""
 
 
+def cuda_call_costs(n: int = 2000) -> dict:
+    """Host time of the CUDA calls zerodoc makes on a detail step, each in a tight loop on
+    an idle stream (medians, us): zerodoc's record path (`cuda.fast_record`), torch's
+    `Event.record()`, `elapsed_time()` and `query()` of completed events."""
+    import torch
+
+    from zerodoc.shim import cuda
+
+    evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    rec = cuda.fast_record()
+    out = {}
+
+    def timed(fn) -> float:
+        ts = []
+        for i in range(n):
+            t = time.perf_counter()
+            fn(i)
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts) * 1e6
+
+    if rec is not None:
+        out["record (zerodoc's fast_record)"] = timed(lambda i: rec(evs[i]))
+    torch.cuda.synchronize()
+    out["Event.record()"] = timed(lambda i: evs[i].record())
+    evs[n].record()
+    torch.cuda.synchronize()
+    out["Event.elapsed_time()"] = timed(lambda i: evs[i].elapsed_time(evs[i + 1]))
+    out["Event.query()"] = timed(lambda i: evs[i].query())
+    return out
+
+
 def overhead_section(ck: Check, res: dict) -> None:
     """Steady-state overhead, A/B in one process: twin A (zerodoc attached once, the default
     adaptive sampling) and twin B (plain), the same model, data and sharding, alternating in
@@ -399,6 +430,14 @@ def overhead_section(ck: Check, res: dict) -> None:
             detail = mon.totals.detail_steps - d0
             steps = mon.step_index - s0
             k_end = mon.sampler.k
+            sm = mon.sampler
+            med = statistics.median
+            sample = {"own_s": sm.own_s, "own_hi_s": sm.own_hi_s,
+                      "thread_excess_s": med(sm._xs_cpu) if sm._xs_cpu else None,
+                      "process_excess_s": med(sm._xs_out) if sm._xs_out else None,
+                      "samples": len(sm._xs_cpu),
+                      "median_step_s": med(sm._steps) if sm._steps else None}
+            calls = cuda_call_costs()
         finally:
             gc.callbacks.remove(gc_cb)
             mon.close()
@@ -424,9 +463,24 @@ def overhead_section(ck: Check, res: dict) -> None:
                   "threshold: A's garbage can be collected in B's blocks"],
                  ["gc passes / seconds in B's blocks", f"{gc_t['B'][0]} / "
                   f"{gc_t['B'][1]:.4f}", ""]]})
+    res["tables"].append({
+        "title": f"one sample's host cost as the sampler measured it (median excess of a "
+                 f"detail step over the plain steps, {sample['samples']} samples; issue 19's "
+                 f"per-sample target: 1.5 ms at 21 units)",
+        "columns": ["", "value"],
+        "rows": [["training thread's CPU", sample["thread_excess_s"]],
+                 ["process's CPU (all threads)", sample["process_excess_s"]],
+                 ["estimate / its upper bound (K is set from the bound)",
+                  f"{_fmt(sample['own_s'])} / {_fmt(sample['own_hi_s'])}"],
+                 ["median step as the sampler saw it", sample["median_step_s"]]]})
+    res["tables"].append({
+        "title": "CUDA calls, host time each (median of 2,000 on an idle stream; "
+                 "bench/gpu_hotpath.py prices each at 3 us)",
+        "columns": ["call", "us"],
+        "rows": [[k, f"{v:.2f}"] for k, v in calls.items()]})
     res["overhead"] = {**st, "a_step_s": a, "b_step_s": b, "blocks": blocks, "per": per,
                        "detail_steps": detail, "steps": steps, "k_end": k_end, "warm": warm,
-                       "gc": gc_t}
+                       "gc": gc_t, "sample": sample, "cuda_call_us": calls}
     res["status"] = status
     if why:
         res["notes"].append(why)
