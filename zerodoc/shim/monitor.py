@@ -820,7 +820,7 @@ class Monitor:
         if w is not None:
             try:
                 w.write_lean_step((step, end_unix, step_s, opt_s, self_s, mem, coll, dev,
-                                   errors or None))
+                                   errors or None, self.sampler.k))
                 if w.units_due(step):
                     w.write_units(tot)
             except (OSError, ValueError) as e:
