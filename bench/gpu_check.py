@@ -658,6 +658,10 @@ def main(argv=None) -> int:
                     help="overhead: seconds at most for the zerodoc twin's sampling rate to "
                          "settle before timing (default 60; 15 with --quick)")
     args = ap.parse_args(argv)
+    if args.overhead_blocks < 0 or args.overhead_blocks == 1 or args.overhead_steps < 0 or \
+            (args.overhead_warm is not None and args.overhead_warm < 0):
+        ap.error("--overhead-blocks must be 0 (the default) or >= 2, --overhead-steps and "
+                 "--overhead-warm >= 0")
     try:
         import torch
         import torch.distributed as dist
