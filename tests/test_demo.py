@@ -37,6 +37,40 @@ def test_headless_demo_prints_a_summary_per_step(tmp_path):
         ["rank-00000.jsonl", "rank-00001.jsonl"]
 
 
+def test_headless_demo_with_sampling_never_shows_zeros_for_unsampled_steps(tmp_path):
+    """With per-unit detail on 1 step in 4 ($ZERODOC_DETAIL), a step without it shows the
+    latest sampled step's per-unit numbers, naming that step (they equal that step's own
+    line), or says that none was measured yet: never "compute 0.0 ms"."""
+    import re
+
+    env = dict(os.environ, ZERODOC_DETAIL="4")
+    out = zerodoc("demo", "--headless", "--steps", "12", "--no-metrics",
+                  "--run-dir", str(tmp_path / "run"), env=env)
+    assert out.returncode == 0, out.stderr
+    lines = [l for l in out.stdout.splitlines() if l.startswith("step ")]
+    assert [int(l.split()[1]) for l in lines] == list(range(1, 13))
+    recs = [json.loads(l) for l in (tmp_path / "run" / "rank-00000.jsonl").read_text()
+            .splitlines()]
+    detail = {r["step"]: r.get("detail", True) for r in recs if r.get("type") == "step"}
+    sampled = [s for s, d in sorted(detail.items()) if d]
+    assert sampled and len(sampled) < 12, detail  # some steps sampled, not all
+    own = {}
+    for line in lines:
+        step = int(line.split()[1])
+        assert "compute     0.0 ms" not in line, line
+        per_unit = re.search(r"compute +([\d.]+) ms \| exposed comm +([\d.]+) ms", line)
+        if step in sampled:
+            assert per_unit and "[sampled step" not in line, line
+            own[step] = per_unit.groups()
+            continue
+        before = [s for s in sampled if s < step]
+        if not before:
+            assert "per-unit detail: not measured yet (1 step in 4)" in line, line
+            continue
+        assert f"[sampled step {before[-1]}; per-unit detail on 1 step in 4]" in line, line
+        assert per_unit.groups() == own[before[-1]], (line, own)
+
+
 @pytest.mark.parametrize("args,msg", [
     (["--ranks", "0"], "--ranks"),
     (["--steps", "-1"], "--steps"),

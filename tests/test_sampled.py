@@ -408,3 +408,21 @@ def test_live_demo_tui_shows_per_unit_numbers_while_the_job_runs(tmp_path, monke
                                       "--run-dir", str(tmp_path / "live")])
     assert live.run_live_demo(args, spec_from_args(args)) == 0
     assert seen["running"] and seen["step"] >= 1
+
+
+def test_k_in_force_is_the_newest_steps_not_the_newest_samples(tmp_path):
+    """Adaptive K that rose after the newest sample: every step record carries the K in
+    force, and the report, the run-directory source and the sliding window say the new K
+    (they said the newest sample's K: "about 1 step in 10" after 40 steps without one)."""
+    from zerodoc.runlog import load_run
+
+    run = write_run(tmp_path / "run", ranks=2, units=4, steps=30, straggler=None,
+                    sample_every=10, end=False)
+    append_steps(run, ranks=2, units=4, first_step=31, count=40, straggler=None,
+                 sample_every=128)  # K rose to 128: no sample in steps 31-70
+    close_run(run)
+    assert load_run(run, 20).ranks[0].detail_every == 128
+    assert open_source(str(run), window=20).snapshot().ranks[0].detail_every == 128
+    text = report_of(run, 20)
+    assert "about 1 step in 128 is sampled" in text and "1 step in 10 " not in text, text
+    assert "up to step 30" in text  # the newest sample is named

@@ -320,6 +320,7 @@ def test_unsampled_steps_enter_no_per_unit_hook(fsdp2, tmp_path):
             for k in ("compute_s", "exposed_s", "wait_s", "framework_s"):
                 assert r[k] is None
             assert r["step_s"] > 0 and r["optimizer_s"] > 0 and r["mem"]
+            assert r["detail_k"] == 3  # K in force on every step, not only sampled ones
     hdr = recs[0]
     assert hdr["type"] == "header"
     assert hdr["config"]["sampling"] == {"mode": "every", "every": 3,

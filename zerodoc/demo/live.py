@@ -64,19 +64,45 @@ def _mib(b: int | None) -> str:
     return f"{b / 2**20:.1f} MiB" if b else "-"
 
 
-def format_step(step: int, windows: dict[int, RankWindow]) -> str:
-    """Two lines per step: the step breakdown (slowest rank) and the top exposed units."""
+def _every(detail) -> str:
+    """The attach `detail` setting in words ("1 step in 4", "sampled steps")."""
+    try:
+        return f"1 step in {int(detail)}"
+    except (TypeError, ValueError):
+        return "sampled steps, 1 in K adaptive" if detail == "adaptive" else "sampled steps"
+
+
+def format_step(step: int, windows: dict[int, RankWindow],
+                last: tuple[int, dict[int, RankWindow]] | None = None,
+                detail=None) -> str:
+    """Two lines per step: the step breakdown (slowest rank) and the top exposed units.
+    Per-unit numbers (compute, exposed communication) exist on sampled steps only (1 in K,
+    `attach(detail=...)`, `detail` here): a step without them shows the latest sampled
+    step's, saying which (`last`: that step and its windows), or says that none was measured
+    yet, never zeros."""
     slow = max(windows.values(), key=lambda w: w.step_seconds)
-    comp, exp = slow.compute_seconds, slow.exposed_seconds
-    frac = exp / slow.step_seconds if slow.step_seconds else 0.0
-    ratio = exp / comp if comp else 0.0
     mem = slow.memory
-    line1 = (f"step {step:5d} | step {_ms(slow.step_seconds)} (rank {slow.facts.rank}) | "
-             f"compute {_ms(comp)} | exposed comm {_ms(exp)} ({frac:4.0%}) | "
-             f"comm/compute {ratio:4.2f} | params {_mib(mem.get('sharded_parameters'))} "
-             f"optim {_mib(mem.get('optimizer_state'))} rss {_mib(mem.get('process_resident'))}")
+    head = f"step {step:5d} | step {_ms(slow.step_seconds)} (rank {slow.facts.rank}) | "
+    tail = (f"params {_mib(mem.get('sharded_parameters'))} "
+            f"optim {_mib(mem.get('optimizer_state'))} rss {_mib(mem.get('process_resident'))}")
+    src, note = windows, ""
+    if not all(w.unit_detail for w in windows.values()):
+        k = next((w.detail_every for w in windows.values() if w.detail_every), None)
+        if k is None and last is not None:
+            k = next((w.detail_every for w in last[1].values() if w.detail_every), None)
+        every = f"1 step in {k}" if k else _every(detail)
+        if last is None:
+            return (head + f"per-unit detail: not measured yet ({every}) | " + tail + "\n"
+                    "           top exposed all-gathers: after the first sampled step")
+        src, note = last[1], f" [sampled step {last[0]}; per-unit detail on {every}]"
+    ref = max(src.values(), key=lambda w: w.step_seconds)
+    comp, exp = ref.compute_seconds, ref.exposed_seconds
+    frac = exp / ref.step_seconds if ref.step_seconds else 0.0
+    ratio = exp / comp if comp else 0.0
+    line1 = (head + f"compute {_ms(comp)} | exposed comm {_ms(exp)} ({frac:4.0%}) | "
+             f"comm/compute {ratio:4.2f} | " + tail + note)
     ag = {}
-    for w in windows.values():
+    for w in src.values():
         for (unit, phase, coll), t in w.comm.items():
             if coll == "all_gather":
                 ag[(unit, phase)] = max(ag.get((unit, phase), 0.0), t.exposed_seconds)
@@ -133,6 +159,7 @@ def run_text(args, spec: dict, run_dir: str, out=sys.stdout) -> int:
           f"slow link +{args.slow_link_ms:g} ms; run log {run_dir}", file=out, flush=True)
     shown_endpoints = False
     pending: dict[int, dict[int, StepRecord]] = {}
+    last: tuple[int, dict[int, RankWindow]] | None = None  # the latest sampled step
     code = 0
     try:
         while True:
@@ -149,7 +176,10 @@ def run_text(args, spec: dict, run_dir: str, out=sys.stdout) -> int:
                     recs = pending.pop(step)
                     windows = {r: window_from_steps(follower.logs[r].facts, [s])
                                for r, s in recs.items()}
-                    print(format_step(step, windows), file=out, flush=True)
+                    print(format_step(step, windows, last, spec["attach"].get("detail")),
+                          file=out, flush=True)
+                    if all(w.unit_detail for w in windows.values()):
+                        last = (step, windows)
             if not running:
                 break
             time.sleep(0.2)

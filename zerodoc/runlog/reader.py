@@ -3,6 +3,7 @@ end), and the windows (`RankWindow`) built from what was read."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -342,6 +343,8 @@ def window_from_steps(facts: RankFacts, steps: Iterable[StepRecord],
         w.step_times.append(s.step_seconds)
         if s.detail:
             _add_detail(w, s)
+        if s.detail_k:  # K in force: the newest step's (every step carries it since 11-27)
+            w.detail_every = s.detail_k
         if s.memory:
             w.memory = dict(s.memory)
         if s.errors:
@@ -387,7 +390,7 @@ def per_unit_from_samples(w: RankWindow, steps: list[StepRecord],
     w.detail_steps, w.detail_last_step = 0, 0
     for s in samples:
         _add_detail(w, s)
-    w.detail_every = w.detail_every or k
+    w.detail_every = k or w.detail_every  # the newest step's K, not the oldest sample's
     w.detail_before = before
     return w
 
@@ -623,7 +626,20 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
         w.warmup_left_out = 1
     w.memory = _latest(log, "memory")
     w.errors = _latest(log, "errors")
+    k = newest_k(log.totals)
+    if k:
+        w.detail_every = k
     return w
+
+
+def newest_k(lines: list) -> int | None:
+    """K in force at the newest step line that says it (every step line since 2026-11-27;
+    before, sampled ones only: a sampled step's K goes stale when adaptive K rises after
+    it). The newest 4,096 lines at most: an old log that never says it costs no scan."""
+    for t in itertools.islice(reversed(lines), 4096):
+        if t.detail_k:
+            return t.detail_k
+    return None
 
 
 # --------------------------------------------------------------------------------------

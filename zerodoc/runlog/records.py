@@ -58,7 +58,9 @@ class StepRecord:
     # A sampled step (per-unit rows recorded); False: step-level numbers only (its `compute`
     # and `comm` are empty, not zero). Records without the field (older logs): True.
     detail: bool = True
-    detail_k: int | None = None  # K in force: about 1 step in K is sampled
+    # K in force: about 1 step in K is sampled. Written on every step since 2026-11-27
+    # (before: on sampled steps only, so an older log's K is its newest sample's)
+    detail_k: int | None = None
     # The framework's time per unit and phase (part of `framework_seconds`); empty: none
     # recorded (older logs)
     unit_framework: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -91,6 +93,7 @@ class StepTotals:
     launch_checks: int = 0
     launch_caught_up: int = 0
     detail: bool = True  # a sampled step (see StepRecord.detail)
+    detail_k: int | None = None  # K in force (see StepRecord.detail_k)
 
 
 class UnitsBlock:
@@ -420,6 +423,7 @@ def totals_from_dict(d: dict) -> StepTotals:
     if exposed is None and detail:
         exposed = 0.0
     host = _opt(d, "host_compute_s")
+    k = d.get("detail_k")
     return StepTotals(
         int(d["step"]), float(d["end_unix"]), float(d["step_s"]),
         _num(d, "optimizer_s"), _num(d, "framework_s"), _num(d, "other_s"), _num(d, "self_s"),
@@ -427,14 +431,15 @@ def totals_from_dict(d: dict) -> StepTotals:
         {k: int(v) for k, v in mem.items()} if mem else None,
         {k: int(v) for k, v in errs.items()} if errs else None,
         host if host is not None else (compute or 0.0), int(launch[0]), int(launch[1]),
-        detail)
+        detail, int(k) if k else None)
 
 
 def totals_of(s: StepRecord) -> StepTotals:
     return StepTotals(s.step, s.end_unix, s.step_seconds, s.optimizer_seconds,
                       s.framework_seconds, s.other_seconds, s.self_seconds, s.compute_seconds,
                       s.exposed_seconds, s.memory or None, s.errors or None,
-                      s.host_compute_seconds, s.launch_checks, s.launch_caught_up, s.detail)
+                      s.host_compute_seconds, s.launch_checks, s.launch_caught_up, s.detail,
+                      s.detail_k)
 
 
 _INTERN: dict[tuple, tuple] = {}

@@ -200,7 +200,10 @@ class _RankTotals:
         w.detail_steps = self.sampled
         newest = self.samples[-1] if self.samples else None
         w.detail_last_step = newest.step if newest else 0
-        w.detail_every = newest.detail_k if newest else None
+        # K in force: the newest step's that says it (every step since 2026-11-27), else
+        # the newest sample's (older logs)
+        w.detail_every = next((s.detail_k for s in reversed(self.steps) if s.detail_k),
+                              newest.detail_k if newest else None)
         if self.sampled < min(MIN_WINDOW_SAMPLES, w.steps) and len(self.samples) > self.sampled:
             self._from_samples(w)
         for s in reversed(self.steps):  # latest non-empty, as window_from_steps does

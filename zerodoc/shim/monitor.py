@@ -734,13 +734,15 @@ class Monitor:
                 "type": "step", "step": self.step_index, "end_unix": tot.updated_unix,
                 "detail": detail, "step_s": step_s, "optimizer_s": acc[B_OPTIMIZER],
                 "self_s": self_s, "compute": compute_rows, "comm": comm_rows, "mem": mem,
+                # K in force on every step (not only sampled ones): a sampled step's K goes
+                # stale when adaptive K rises after it (readers take the newest)
+                "detail_k": self.sampler.k,
             }
             if detail:
                 rec.update(framework_s=framework_s, framework=framework_rows,
                            other_s=acc[B_OTHER],
                            wait_s=acc[B_WAIT], compute_s=sum([r[2] for r in compute_rows]),
-                           exposed_s=sum([a[3] for a in comm.values()]),
-                           detail_k=self.sampler.k)
+                           exposed_s=sum([a[3] for a in comm.values()]))
             else:  # per-unit-derived: not measured on this step (null, never 0)
                 rec.update(framework_s=None, other_s=None, wait_s=None, compute_s=None,
                            exposed_s=None)
@@ -818,7 +820,7 @@ class Monitor:
         if w is not None:
             try:
                 w.write_lean_step((step, end_unix, step_s, opt_s, self_s, mem, coll, dev,
-                                   errors or None))
+                                   errors or None, self.sampler.k))
                 if w.units_due(step):
                     w.write_units(tot)
             except (OSError, ValueError) as e:

@@ -47,14 +47,15 @@ def rank_facts(rank: int, world: int, units: int, *, run_id: str = "synthetic",
 
 def unsampled(rec: dict, k: int) -> dict:
     """The record as the shim writes a step outside the sampled ones (zerodoc.sampling): no
-    per-unit rows, per-unit-derived sums null, collective counts and bytes per kind."""
+    per-unit rows, per-unit-derived sums null, collective counts and bytes per kind, and the
+    K in force (every step carries it)."""
     coll: dict[str, list[int]] = {}
     for _u, _phase, kind, n, b, *_ in rec["comm"]:
         c = coll.setdefault(kind, [0, 0])
         c[0] += n
         c[1] += b
     return {**rec, "detail": False, "compute": [], "comm": [], "coll": coll,
-            "compute_s": None, "exposed_s": None, "framework_s": None}
+            "compute_s": None, "exposed_s": None, "framework_s": None, "detail_k": k}
 
 
 def sampled(rec: dict, k: int) -> dict:
@@ -160,14 +161,17 @@ def write_run(run_dir: str | os.PathLike, *, ranks: int = 64, units: int = 128,
 
 def append_steps(run_dir: str | os.PathLike, *, ranks: int, units: int, first_step: int,
                  count: int = 1, end_unix: float | None = None,
-                 straggler: int | None = 3) -> None:
-    """Append `count` steps to each rank of an open synthetic run (a live run advancing)."""
+                 straggler: int | None = 3, sample_every: int | None = None) -> None:
+    """Append `count` steps to each rank of an open synthetic run (a live run advancing).
+    `sample_every`: a new K from these steps on (adaptive K that changed)."""
     import time
 
     replays = _OPEN.get(Path(run_dir).resolve())
     if replays is None:
         raise ValueError(f"{run_dir} is not an open synthetic run (write_run(..., end=False))")
     t = end_unix if end_unix is not None else time.time()
+    if sample_every is not None:
+        _SAMPLE[Path(run_dir).resolve()] = sample_every
     k = _SAMPLE.get(Path(run_dir).resolve())
     for r in range(ranks):
         rep = replays[r]
