@@ -124,6 +124,60 @@ def test_peer_wait_the_faster_rank_waits_inside_the_collectives():
     assert a["predicted"]["peer_wait_s"] == pytest.approx(0.025, rel=1e-9)
 
 
+SIX = (("(root)", 100_000), ("l0", 250_000), ("l1", 500_000), ("l2", 1_000_000),
+       ("l3", 2_000_000), ("l4", 400_000))
+
+
+def _spread(delta: float):
+    """Ground truth beneath: two ranks of the same mean compute, and at every collective
+    call (a meeting point) one of them arrives `delta` late, the two taking turns (call by
+    call; the late one spent `delta` more outside the units: `other`). The late arrival
+    starts each collective: the step is the link + compute + `delta` per call; each rank
+    waits `delta` inside half the calls (its exposed time: link + calls x delta / 2)."""
+    import copy
+
+    def extra(d):
+        r0 = d["ranks"][0]
+        calls = len(r0["comm"])
+        r1 = copy.deepcopy(r0)
+        for r, rank in enumerate((r0, r1)):
+            for i, row in enumerate(rank["comm"]):
+                if i % 2 != r:  # the other rank is late here: this one waits
+                    row[5] += delta
+                    row[6] += delta
+            rank["other"] = calls / 2 * delta
+            rank["step"] += calls * delta
+        d["ranks"], d["copies"] = [r0, r1], 1
+    return extra
+
+
+def test_arrival_spread_the_ranks_wait_for_each_other_at_every_call():
+    """The ranks take turns arriving 1 ms late at each of the 18 calls (`_spread`): the
+    mean compute of the ranks is the same, so the waits are no compute difference. The
+    replay reproduces the step and the exposed time (the model before missed both: no
+    peer wait, the step short of 9 of the 18 ms), and merging units (12 calls left) is
+    predicted with the spread at each call left."""
+    delta = 0.001
+    snap, _ = synthetic(SIX, extra=_spread(delta))
+    m = fit(snap)
+    a = answer(m, Changes())
+    assert a["measured"]["step_s"] == pytest.approx(snap.ranks[0].mean_step_seconds)
+    assert a["baseline"]["step_s"] == pytest.approx(a["measured"]["step_s"], rel=1e-9)
+    exposed_a = snap.ranks[0].exposed_seconds / 10
+    assert a["baseline"]["exposed_comm_s"] == pytest.approx(exposed_a, rel=1e-9)
+    assert a["baseline"]["exposed_comm_s"] - sum(
+        3 * call_s(p * 4) for _n, p in SIX) == pytest.approx(9 * delta, rel=1e-6)
+    # B: root, (l0+l1), (l2+l3), l4 measured the same way (12 calls)
+    merged = (("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000),
+              ("l4", 400_000))
+    b, _ = synthetic(merged, extra=_spread(delta))
+    p = answer(m, Changes(merge=2))["predicted"]
+    assert p["exposed_comm_s"] == pytest.approx(b.ranks[0].exposed_seconds / 10, rel=1e-9)
+    assert p["arrival_wait_s"] == pytest.approx(6 * delta, rel=1e-9)
+    assert [rm.arrival_wait_per_call_s for rm in m.ranks] == pytest.approx(
+        [delta / 2] * 2, rel=1e-9)
+
+
 def test_reshard_after_forward_off_drops_the_backward_all_gathers():
     snap, step = synthetic()
     m = fit(snap)

@@ -159,6 +159,10 @@ class RankModel:
     # per step only, an older zerodoc: priced per byte of the step's total)
     framework_fit: FrameworkFit | None = None
     framework_per_unit: bool = False  # the run recorded it per unit (fit or not)
+    # the ranks' arrival spread at the collectives: the seconds per collective call this
+    # rank waited inside its (exposed) collectives for a later peer, beyond the mean compute
+    # differences (`arrival_wait`)
+    arrival_wait_per_call_s: float = 0.0
 
     @property
     def framework_per_call_s(self) -> float:
@@ -233,6 +237,8 @@ class Replay:
     exposed_by_unit: dict[str, float]
     peer_wait_s: float = 0.0  # of the worst rank, in its exposed time
     framework_s: float = 0.0  # the framework's time, in `overhead_s`
+    # of the worst rank, in `peer_wait_s`: the arrival spread's part (`arrival_wait`)
+    arrival_wait_s: float = 0.0
 
 
 @dataclass
@@ -318,16 +324,23 @@ class StepModel:
         the worst rank's exposed time adds its peer wait."""
         per_rank = [self._units(rm, ch) for rm in self.ranks]
         scale = ch.micro_batch_scale
-        units = []
-        for i, u in enumerate(per_rank[0]):
-            parts = [us[i] for us in per_rank if i < len(us) and us[i].name == u.name]
-            units.append(replace(u, forward_s=max(p.forward_s for p in parts),
-                                 backward_s=max(p.backward_s for p in parts)))
-        wait = max((sum(c.forward_s + c.backward_s - o.forward_s - o.backward_s
-                        for c, o in zip(units, us)) * scale for us in per_rank), default=0.0)
+        units = _slowest(per_rank)
+        reshard = self._reshard(ch)
+        # per rank: the mean compute differences (its deficit against the slowest rank, unit
+        # by unit) and the arrival spread (its wait per collective call, at every call left)
+        deficits = [_deficit(units, us) * scale for us in per_rank]
+        spread = [rm.arrival_wait_per_call_s * sum(_calls(u, reshard) for u in us)
+                  for rm, us in zip(self.ranks, per_rank)]
+        worst = max(range(len(per_rank)), key=lambda i: deficits[i] + spread[i], default=None)
         r = self._replay_rank(self.overhead_rank(), ch, bound, units)
-        r.exposed_s += wait
-        r.peer_wait_s = wait
+        if worst is not None:
+            r.exposed_s += deficits[worst] + spread[worst]
+            r.peer_wait_s = deficits[worst] + spread[worst]
+            r.arrival_wait_s = spread[worst]
+            # every meeting point starts at the later arrival: beyond the slowest rank's
+            # mean compute the step gains the mean over the ranks of their spread waits
+            # (two ranks: E max(a, b) - max(E a, E b) = (E|a - b| - |E(a - b)|) / 2)
+            r.step_s += sum(spread) / len(spread)
         return r
 
     def overhead_rank(self) -> RankModel:
@@ -559,6 +572,65 @@ def _bytes_moved(u: UnitModel, reshard: bool | None = None) -> float:
     return sum(v[0] * v[1] for _p, _c, v in rows)
 
 
+def _slowest(per_rank: list[list[UnitModel]]) -> list[UnitModel]:
+    """The first rank's units with each unit's forward and backward compute the largest
+    over the ranks (the units matched by position and name)."""
+    out = []
+    for i, u in enumerate(per_rank[0] if per_rank else []):
+        parts = [us[i] for us in per_rank if i < len(us) and us[i].name == u.name]
+        out.append(replace(u, forward_s=max(p.forward_s for p in parts),
+                           backward_s=max(p.backward_s for p in parts)))
+    return out
+
+
+def _deficit(slowest: list[UnitModel], units: list[UnitModel]) -> float:
+    """A rank's compute per step below the slowest rank's, unit by unit and phase by phase:
+    what it waits for its peers in the collectives if every step were the mean step."""
+    return sum(c.forward_s + c.backward_s - o.forward_s - o.backward_s
+               for c, o in zip(slowest, units))
+
+
+def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool) -> list[float]:
+    """Per rank (`ranks`: rank -> RankWindow, in rank order; `units`: each rank's units as
+    fitted; `reshard`: the run's reshard after forward, as the replay counts the calls) the
+    seconds per collective call it waited for a later peer beyond its mean
+    compute deficit (`_deficit`): the ranks' arrival spread.
+
+    Inside a collective a rank waits for the last rank to arrive, then for the link. The
+    link-attributable time of a unit, phase and collective is the smallest over the ranks
+    (`linkfit.fit_links`); the rest of each rank's time there is its peer wait (counted
+    as exposed in the proportion its collective was). The replay explains a wait by the
+    ranks' mean compute per unit and phase (the slowest rank's); what the ranks do between
+    the units (FSDP's and the hooks' time, other) and how their arrivals spread from step to
+    step (one step one rank is late, the next the other) it does not see. In 2-rank gloo
+    runs of the demo the worst rank waited 9-13 ms per step over 54 calls, its mean compute
+    deficit explained 2-3 ms, and the replay's step was 2-4 % short (docs/whatif.md). The
+    rest is priced per collective call, each call a meeting point."""
+    keys: dict[tuple, float] = {}
+    for w in ranks.values():
+        for k, c in w.comm.items():
+            if c.count > 0 and c.seconds > 0:
+                per_call = c.seconds / c.count
+                keys[k] = min(keys.get(k, per_call), per_call)
+    slowest = _slowest(units)
+    out = []
+    for w, us in zip(ranks.values(), units):
+        n = w.per_unit_steps
+        if len(ranks) < 2 or not n:
+            out.append(0.0)
+            continue
+        wait = 0.0
+        calls = sum(_calls(u, reshard) for u in us)
+        for k, c in w.comm.items():
+            if c.count <= 0 or c.seconds <= 0:
+                continue
+            extra = c.seconds - keys[k] * c.count
+            wait += max(0.0, extra) * min(1.0, c.exposed_seconds / c.seconds) / n
+        spread = max(0.0, wait - _deficit(slowest, us))
+        out.append(spread / calls if calls else 0.0)
+    return out
+
+
 def _block_key(name: str, container: str) -> str | None:
     prefix = f"{container}." if container else ""
     if not name.startswith(prefix):
@@ -651,6 +723,10 @@ def fit(snapshot: RunSnapshot) -> StepModel:
     for rm, f, (_u, per_unit_fw, _t) in zip(rank_models, fit_framework(fw_inputs), fw_inputs):
         rm.framework_fit = f
         rm.framework_per_unit = bool(per_unit_fw)
+    spread = arrival_wait({r: ranks[r] for r in sorted(ranks)},
+                          [rm.units for rm in rank_models], reshard)
+    for rm, s in zip(rank_models, spread):
+        rm.arrival_wait_per_call_s = s
     links = fit_links(snapshot, ranks=set(ranks))
     return StepModel(snapshot, rank_models, links, sem, max(1, ctx.group_size),
                      ctx.block_container, min(w.per_unit_steps for w in ranks.values()))
@@ -719,6 +795,7 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
                       "compute_s": p.compute_s, "comm_s": p.comm_s,
                       "overhead_s": p.overhead_s, "framework_s": p.framework_s,
                       "peer_wait_s": p.peer_wait_s,
+                      "arrival_wait_s": p.arrival_wait_s,
                       "comm_bytes": nominal,
                       "comm_wire_bytes": wire},
         "peak_note": peak_note,
