@@ -128,37 +128,41 @@ SIX = (("(root)", 100_000), ("l0", 250_000), ("l1", 500_000), ("l2", 1_000_000),
        ("l3", 2_000_000), ("l4", 400_000))
 
 
-def _spread(delta: float):
+def _spread(delta):
     """Ground truth beneath: two ranks of the same mean compute, and at every collective
-    call (a meeting point) one of them arrives `delta` late, the two taking turns (call by
-    call; the late one spent `delta` more outside the units: `other`). The late arrival
-    starts each collective: the step is the link + compute + `delta` per call; each rank
-    waits `delta` inside half the calls (its exposed time: link + calls x delta / 2)."""
+    call (a meeting point) one of them arrives late, the two taking turns call by call (the
+    late one spent the time outside the units: `other`), by `delta(unit)` at that unit's
+    calls. The late arrival starts each collective: the step is the link + compute + the
+    lateness of every call; each rank waits inside the calls where the other is late (its
+    exposed time: the link + those waits)."""
     import copy
 
     def extra(d):
         r0 = d["ranks"][0]
-        calls = len(r0["comm"])
         r1 = copy.deepcopy(r0)
+        late = [delta(row[0]) for row in r0["comm"]]
         for r, rank in enumerate((r0, r1)):
+            waits = 0.0
             for i, row in enumerate(rank["comm"]):
                 if i % 2 != r:  # the other rank is late here: this one waits
-                    row[5] += delta
-                    row[6] += delta
-            rank["other"] = calls / 2 * delta
-            rank["step"] += calls * delta
+                    row[5] += late[i]
+                    row[6] += late[i]
+                    waits += late[i]
+            rank["other"] = sum(late) - waits  # its own lateness
+            rank["step"] += sum(late)
         d["ranks"], d["copies"] = [r0, r1], 1
     return extra
 
 
 def test_arrival_spread_the_ranks_wait_for_each_other_at_every_call():
-    """The ranks take turns arriving 1 ms late at each of the 18 calls (`_spread`): the
-    mean compute of the ranks is the same, so the waits are no compute difference. The
-    replay reproduces the step and the exposed time (the model before missed both: no
-    peer wait, the step short of 9 of the 18 ms), and merging units (12 calls left) is
-    predicted with the spread at each call left."""
+    """The ranks take turns arriving 1 ms late at each of the 18 calls (`_spread`; 10 ms of
+    compute before each): their mean compute is the same, so the waits are no compute
+    difference. The replay reproduces the step and the exposed time (the model before
+    missed both: no peer wait, the step short of 9 of the 18 ms). Merged units (12 calls
+    left) meet after 20 ms of compute where two merged: late by 1 ms x sqrt(2) there (the
+    spread of independent noise over twice the compute); predicted on B."""
     delta = 0.001
-    snap, _ = synthetic(SIX, extra=_spread(delta))
+    snap, _ = synthetic(SIX, extra=_spread(lambda _u: delta))
     m = fit(snap)
     a = answer(m, Changes())
     assert a["measured"]["step_s"] == pytest.approx(snap.ranks[0].mean_step_seconds)
@@ -170,12 +174,12 @@ def test_arrival_spread_the_ranks_wait_for_each_other_at_every_call():
     # B: root, (l0+l1), (l2+l3), l4 measured the same way (12 calls)
     merged = (("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000),
               ("l4", 400_000))
-    b, _ = synthetic(merged, extra=_spread(delta))
+    b, _ = synthetic(merged, extra=_spread(
+        lambda u: delta * (math.sqrt(2) if ".." in u else 1.0)))
+    exposed_b = max(w.exposed_seconds for w in b.ranks.values()) / 10
     p = answer(m, Changes(merge=2))["predicted"]
-    assert p["exposed_comm_s"] == pytest.approx(b.ranks[0].exposed_seconds / 10, rel=1e-9)
-    assert p["arrival_wait_s"] == pytest.approx(6 * delta, rel=1e-9)
-    assert [rm.arrival_wait_per_call_s for rm in m.ranks] == pytest.approx(
-        [delta / 2] * 2, rel=1e-9)
+    assert p["exposed_comm_s"] == pytest.approx(exposed_b, rel=1e-9)
+    assert p["arrival_wait_s"] == pytest.approx((3 + 3 * math.sqrt(2)) * delta, rel=1e-9)
 
 
 def test_reshard_after_forward_off_drops_the_backward_all_gathers():
@@ -247,13 +251,16 @@ def test_merge_prices_the_framework_time_per_byte():
 FW_CALL, FW_BYTE = 0.0004, 1.5e-9  # injected framework time: 0.4 ms per call, 1.5 ms per MB
 
 
-def _fw_per_unit(d, per_call=FW_CALL, per_byte=FW_BYTE, noise=None):
+def _fw_per_unit(d, per_call=FW_CALL, per_byte=FW_BYTE, noise=None, per_tensor=0.0):
     """The framework's time recorded per unit (ground truth: a part per call and a part per
-    byte, `noise[i]` seconds added to unit i's), the step's total their sum."""
+    byte, with `per_tensor` one per parameter tensor of the unit at each call, `noise[i]`
+    seconds added to unit i's), the step's total their sum."""
     r = d["ranks"][0]
+    tensors = {u["name"]: u.get("tensors", 0) for u in d["units"]}
     per_unit: dict[str, float] = {}
     for row in r["comm"]:
-        per_unit[row[0]] = per_unit.get(row[0], 0.0) + row[3] * (per_call + per_byte * row[4])
+        per_unit[row[0]] = per_unit.get(row[0], 0.0) + row[3] * (
+            per_call + per_byte * row[4] + per_tensor * tensors[row[0]])
     if noise:
         for i, name in enumerate(per_unit):
             per_unit[name] += noise[i % len(noise)]
@@ -294,6 +301,69 @@ def test_framework_fit_recovers_the_injected_per_call_and_per_byte_parts():
     b = answer(fit(old), Changes(merge=2))
     assert b["framework"]["pricing"] == "per step"
     assert b["predicted"]["step_s"] - step_b == pytest.approx(6 * FW_CALL, rel=1e-6)
+
+
+FW_TENSOR = 0.00002  # injected: 20 us per parameter tensor at each call
+TENSORS = {"(root)": 19, "l0": 2, "l1": 2, "l2": 4, "l3": 2}
+
+
+def _tensors(counts):
+    def extra(d):
+        for u in d["units"]:
+            u["tensors"] = counts[u["name"]]
+    return extra
+
+
+def test_framework_fit_recovers_a_part_per_parameter_tensor():
+    """Ground truth beneath: FSDP's time per unit is 0.4 ms per call + 20 us per parameter
+    tensor at each call + 1.5 ms per MB, the units' tensor counts recorded (a 19-tensor
+    root, 2-4 elsewhere). The fit recovers the three parts and predicts the merged run B
+    (its units hold their parts' tensors); the same run without the counts (an older log)
+    is priced per call + per byte, says so, and misses B."""
+    def run(d, counts=TENSORS):
+        _tensors(counts)(d)
+        _fw_per_unit(d, per_tensor=FW_TENSOR)
+    snap, _ = synthetic(extra=run)
+    m = fit(snap)
+    f = m.ranks[0].framework_fit
+    assert f.per_tensor and f.per_tensor_s == pytest.approx(FW_TENSOR, rel=1e-6)
+    assert f.per_call_s == pytest.approx(FW_CALL, rel=1e-6)
+    assert f.per_byte_s == pytest.approx(FW_BYTE, rel=1e-6)
+    a = answer(m, Changes(merge=2))
+    assert a["framework"]["note"].startswith("per call + per tensor + per byte")
+    assert a["baseline"]["step_s"] == pytest.approx(a["measured"]["step_s"], rel=1e-9)
+    merged = {"(root)": 19, "l0..l1": 4, "l2..l3": 6}
+
+    def truth(d):
+        _merged_truth_compute(d, {"l0..l1": 2, "l2..l3": 2})
+        run(d, merged)
+    b_run, _ = synthetic((("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000)),
+                         extra=truth)
+    step_b = b_run.ranks[0].mean_step_seconds
+    assert a["predicted"]["step_s"] == pytest.approx(step_b, rel=1e-9)
+    lo, hi = a["predicted"]["step_s_range"]
+    assert lo <= step_b <= hi
+
+    def old_log(d):
+        run(d)
+        for u in d["units"]:
+            del u["tensors"]
+    old = fit(synthetic(extra=old_log)[0])
+    b = answer(old, Changes(merge=2))
+    assert old.ranks[0].framework_fit.per_tensor_s == 0
+    assert "did not record the units' parameter tensors" in b["framework"]["note"]
+    assert abs(b["predicted"]["step_s"] - step_b) > 1e-4
+
+
+def test_framework_fit_tensor_counts_that_follow_the_bytes_keep_per_call_and_per_byte():
+    """Every unit 2 tensors: nothing parts a cost per tensor from one per call; the fit is
+    per call + per byte and says why."""
+    snap, _ = synthetic(extra=lambda d: (_tensors(dict.fromkeys(TENSORS, 2))(d),
+                                         _fw_per_unit(d)))
+    m = fit(snap)
+    f = m.ranks[0].framework_fit
+    assert not f.per_tensor and f.per_call_s == pytest.approx(FW_CALL, rel=1e-6)
+    assert "do not vary apart from their bytes" in answer(m, Changes())["framework"]["note"]
 
 
 def _merged_truth_compute(d, parts):
