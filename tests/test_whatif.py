@@ -155,12 +155,11 @@ def _spread(delta):
 
 
 def test_arrival_spread_the_ranks_wait_for_each_other_at_every_call():
-    """The ranks take turns arriving 1 ms late at each of the 18 calls (`_spread`; 10 ms of
-    compute before each): their mean compute is the same, so the waits are no compute
-    difference. The replay reproduces the step and the exposed time (the model before
-    missed both: no peer wait, the step short of 9 of the 18 ms). Merged units (12 calls
-    left) meet after 20 ms of compute where two merged: late by 1 ms x sqrt(2) there (the
-    spread of independent noise over twice the compute); predicted on B."""
+    """The ranks take turns arriving 1 ms late at each of the 18 calls (`_spread`): their
+    mean compute is the same, so the waits are no compute difference. The replay reproduces
+    the step and the exposed time (the model before missed both: no peer wait, the step
+    short of 9 of the 18 ms). Merged units (12 calls left), late by 1 ms at each call too,
+    are predicted on B; the range reaches 12/18 of that spread down and all of A's up."""
     delta = 0.001
     snap, _ = synthetic(SIX, extra=_spread(lambda _u: delta))
     m = fit(snap)
@@ -174,12 +173,13 @@ def test_arrival_spread_the_ranks_wait_for_each_other_at_every_call():
     # B: root, (l0+l1), (l2+l3), l4 measured the same way (12 calls)
     merged = (("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000),
               ("l4", 400_000))
-    b, _ = synthetic(merged, extra=_spread(
-        lambda u: delta * (math.sqrt(2) if ".." in u else 1.0)))
+    b, _ = synthetic(merged, extra=_spread(lambda _u: delta))
     exposed_b = max(w.exposed_seconds for w in b.ranks.values()) / 10
     p = answer(m, Changes(merge=2))["predicted"]
     assert p["exposed_comm_s"] == pytest.approx(exposed_b, rel=1e-9)
-    assert p["arrival_wait_s"] == pytest.approx((3 + 3 * math.sqrt(2)) * delta, rel=1e-9)
+    assert p["arrival_wait_s"] == pytest.approx(6 * delta, rel=1e-9)
+    lo, hi = (m.replay(Changes(merge=2), bound=z).arrival_wait_s for z in (-2, 2))
+    assert (lo, hi) == pytest.approx((6 * delta * 12 / 18, 9 * delta), rel=1e-9)
 
 
 def test_reshard_after_forward_off_drops_the_backward_all_gathers():

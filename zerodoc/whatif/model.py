@@ -236,9 +236,10 @@ class RankModel:
     framework_fit: FrameworkFit | None = None
     framework_per_unit: bool = False  # the run recorded it per unit (fit or not)
     # the ranks' arrival spread at the collectives: this rank's wait inside its (exposed)
-    # collectives for a later peer beyond its mean compute deficit, per step, divided by the
-    # sum over its units of sqrt(calls x compute) (`arrival_wait`)
-    arrival_wait_coef: float = 0.0
+    # collectives for a later peer beyond its mean compute deficit, per collective call
+    # (`arrival_wait`), and the calls per step it was measured over
+    arrival_wait_per_call_s: float = 0.0
+    arrival_calls: float = 0.0
 
     @property
     def framework_per_call_s(self) -> float:
@@ -403,11 +404,16 @@ class StepModel:
         units = _slowest(per_rank)
         reshard = self._reshard(ch)
         # per rank: the mean compute differences (its deficit against the slowest rank, unit
-        # by unit) and the arrival spread (at every call left, growing as the square root of
-        # the compute before it)
+        # by unit) and the arrival spread (its wait per call at every call left; the range:
+        # the ratio of the calls after to before once more either way, `arrival_wait`)
         deficits = [_deficit(units, us) * scale for us in per_rank]
-        spread = [rm.arrival_wait_coef * _spread_weight(us, reshard, scale)
-                  for rm, us in zip(self.ranks, per_rank)]
+        spread = []
+        for rm, us in zip(self.ranks, per_rank):
+            calls = sum(_calls(u, reshard) for u in us)
+            ratio = calls / rm.arrival_calls if rm.arrival_calls > 0 and calls > 0 else 1.0
+            if bound:
+                calls *= min(ratio, 1 / ratio) if bound < 0 else max(ratio, 1 / ratio)
+            spread.append(rm.arrival_wait_per_call_s * calls)
         worst = max(range(len(per_rank)), key=lambda i: deficits[i] + spread[i], default=None)
         r = self._replay_rank(self.overhead_rank(), ch, bound, units)
         if worst is not None:
@@ -671,19 +677,12 @@ def _deficit(slowest: list[UnitModel], units: list[UnitModel]) -> float:
                for c, o in zip(slowest, units))
 
 
-def _spread_weight(units: list[UnitModel], reshard: bool, scale: float = 1.0) -> float:
-    """Sum over the collective calls of the square root of the compute before each: a
-    unit's compute split evenly over its calls, sum over the units of sqrt(calls x
-    compute)."""
-    return sum(math.sqrt(_calls(u, reshard) * (u.forward_s + u.backward_s) * scale)
-               for u in units)
-
-
-def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool) -> list[float]:
+def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool
+                 ) -> list[tuple[float, float]]:
     """Per rank (`ranks`: rank -> RankWindow, in rank order; `units`: each rank's units as
     fitted; `reshard`: the run's reshard after forward, as the replay counts the calls) the
-    seconds per collective call it waited for a later peer beyond its mean
-    compute deficit (`_deficit`): the ranks' arrival spread.
+    seconds per collective call it waited for a later peer beyond its mean compute deficit
+    (`_deficit`): the ranks' arrival spread; and its calls per step.
 
     Inside a collective a rank waits for the last rank to arrive, then for the link. The
     link-attributable time of a unit, phase and collective is the smallest over the ranks
@@ -694,11 +693,12 @@ def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool) -> li
     step (one step one rank is late, the next the other) it does not see. In 2-rank gloo
     runs of the demo the worst rank waited 9-13 ms per step over 54 calls, its mean compute
     deficit explained 2-3 ms, and the replay's step was 2-4 % short (docs/whatif.md). The
-    rest is priced at each collective call (a meeting point) as the square root of the
-    compute since the previous one (the spread of independent noise over a stretch of
-    compute): per rank the coefficient of `_spread_weight`. Merged units meet less often
-    after longer stretches: in four quiet pairs of the demo the block runs' waits were
-    0.36-0.50 of the per-linear runs' (per call 0.28, square root 0.53)."""
+    rest is priced per collective call (each call a meeting point). How it carries to a
+    change of the calls is not settled: in four quiet pairs of the demo the block runs'
+    spread (15 calls) was 0.15-0.41 of the per-linear runs' (54 calls; per call: 0.28), in
+    a recorded pair under load 1.85. The replay's range takes the ratio of the calls once
+    more either way: for 54 -> 15 calls from 0.08 of the run's spread per step to all of
+    it."""
     keys: dict[tuple, float] = {}
     for w in ranks.values():
         for k, c in w.comm.items():
@@ -710,17 +710,17 @@ def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool) -> li
     for w, us in zip(ranks.values(), units):
         n = w.per_unit_steps
         if len(ranks) < 2 or not n:
-            out.append(0.0)
+            out.append((0.0, 0.0))
             continue
         wait = 0.0
-        weight = _spread_weight(us, reshard)
+        calls = sum(_calls(u, reshard) for u in us)
         for k, c in w.comm.items():
             if c.count <= 0 or c.seconds <= 0:
                 continue
             extra = c.seconds - keys[k] * c.count
             wait += max(0.0, extra) * min(1.0, c.exposed_seconds / c.seconds) / n
         spread = max(0.0, wait - _deficit(slowest, us))
-        out.append(spread / weight if weight > 0 else 0.0)
+        out.append((spread / calls if calls else 0.0, calls))
     return out
 
 
@@ -821,8 +821,8 @@ def fit(snapshot: RunSnapshot) -> StepModel:
         rm.framework_per_unit = bool(per_unit_fw)
     spread = arrival_wait({r: ranks[r] for r in sorted(ranks)},
                           [rm.units for rm in rank_models], reshard)
-    for rm, s in zip(rank_models, spread):
-        rm.arrival_wait_coef = s
+    for rm, (s, calls) in zip(rank_models, spread):
+        rm.arrival_wait_per_call_s, rm.arrival_calls = s, calls
     links = fit_links(snapshot, ranks=set(ranks))
     return StepModel(snapshot, rank_models, links, sem, max(1, ctx.group_size),
                      ctx.block_container, min(w.per_unit_steps for w in ranks.values()))
@@ -883,6 +883,7 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
         "measured": {"step_s": measured_step, "exposed_comm_s": measured_exposed},
         "baseline": {"step_s": b.step_s, "exposed_comm_s": b_exp, "peak_bytes": base_peak,
                      "compute_s": b.compute_s, "framework_s": b.framework_s,
+                     "arrival_wait_s": b.arrival_wait_s,
                      "step_error": (b.step_s - measured_step) / measured_step
                      if measured_step else None},
         "predicted": {"step_s": p.step_s, "exposed_comm_s": p_exp, "peak_bytes": peak,
