@@ -285,16 +285,7 @@ def test_framework_fit_recovers_the_injected_per_call_and_per_byte_parts():
     a = answer(m, Changes(merge=2))
     assert a["framework"]["pricing"] == "per unit"
     assert a["baseline"]["step_s"] == pytest.approx(a["measured"]["step_s"], rel=1e-9)
-
-    def truth(d):
-        _merged_truth_compute(d, {"l0..l1": 2, "l2..l3": 2})
-        _fw_per_unit(d)
-    b_run, _ = synthetic((("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000)),
-                         extra=truth)
-    step_b = b_run.ranks[0].mean_step_seconds
-    assert a["predicted"]["step_s"] == pytest.approx(step_b, rel=1e-9)
-    lo, hi = a["predicted"]["step_s_range"]
-    assert lo <= step_b <= hi
+    step_b = _merge2_predicted_on_b(a, _fw_per_unit)
     # the same run with the framework time per step only: priced per byte, 6 calls x 0.4 ms
     # too dear (15 calls -> 9)
     old, _ = synthetic(extra=lambda d: (_fw_per_unit(d), d["ranks"][0].pop("unit_framework")))
@@ -332,17 +323,8 @@ def test_framework_fit_recovers_a_part_per_parameter_tensor():
     a = answer(m, Changes(merge=2))
     assert a["framework"]["note"].startswith("per call + per tensor + per byte")
     assert a["baseline"]["step_s"] == pytest.approx(a["measured"]["step_s"], rel=1e-9)
-    merged = {"(root)": 19, "l0..l1": 4, "l2..l3": 6}
-
-    def truth(d):
-        _merged_truth_compute(d, {"l0..l1": 2, "l2..l3": 2})
-        run(d, merged)
-    b_run, _ = synthetic((("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000)),
-                         extra=truth)
-    step_b = b_run.ranks[0].mean_step_seconds
-    assert a["predicted"]["step_s"] == pytest.approx(step_b, rel=1e-9)
-    lo, hi = a["predicted"]["step_s_range"]
-    assert lo <= step_b <= hi
+    step_b = _merge2_predicted_on_b(a, lambda d: run(d, {"(root)": 19, "l0..l1": 4,
+                                                         "l2..l3": 6}))
 
     def old_log(d):
         run(d)
@@ -364,6 +346,22 @@ def test_framework_fit_tensor_counts_that_follow_the_bytes_keep_per_call_and_per
     f = m.ranks[0].framework_fit
     assert not f.per_tensor and f.per_call_s == pytest.approx(FW_CALL, rel=1e-6)
     assert "do not vary apart from their bytes" in answer(m, Changes())["framework"]["note"]
+
+
+def _merge2_predicted_on_b(a: dict, framework) -> float:
+    """B of `Changes(merge=2)` on `synthetic()`'s units measured (root, l0+l1, l2+l3: their
+    parts' compute, `framework(d)` its framework time): `a`'s predicted step lands on it,
+    inside its range. B's step."""
+    def truth(d):
+        _merged_truth_compute(d, {"l0..l1": 2, "l2..l3": 2})
+        framework(d)
+    b_run, _ = synthetic((("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000)),
+                         extra=truth)
+    step_b = b_run.ranks[0].mean_step_seconds
+    assert a["predicted"]["step_s"] == pytest.approx(step_b, rel=1e-9)
+    lo, hi = a["predicted"]["step_s_range"]
+    assert lo <= step_b <= hi
+    return step_b
 
 
 def _merged_truth_compute(d, parts):
