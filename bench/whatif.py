@@ -10,8 +10,9 @@ a LOADED HOST flag where it passed 1 per core during the pair (the pair's own tw
 about 1 per core: above it other work shared the cores, the runs queued for the CPU, and the
 comparison measures the host, not the model), the other processes' share of the cores over
 the pair (from /proc/stat less the runs' own CPU time: it does not lag as the load average
-does), and the drift of the unit compute from A to B (none of the changes alters the compute:
-a drift is the host's).
+does), the drift of the unit compute from A to B (none of the changes alters the compute:
+a drift is the host's), and the ranks' arrival spread in the exposed time (A's, B predicted,
+B's own).
 
 Each run leaves its first `--warmup` steps out (the first steps after step 1 still carry
 start-up work: a 1.4 s step 2 against 0.45 s later was seen), so the model and the
