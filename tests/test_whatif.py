@@ -916,8 +916,17 @@ def _timed(fix: dict) -> dict:
 
 @pytest.mark.slow
 def test_real_run_replay_of_a_within_5_percent(real_runs):
-    r, _, _ = _case(real_runs, "replay")
+    r, a, _ = _case(real_runs, "replay")
     assert abs(r["step_error"]) <= 0.05 and r["exposed_ok"], _brief(r)
+    # the shim recorded each unit's parameter tensors: a block's own, the rest in the root
+    from zerodoc.demo.model import DemoConfig, TinyTransformer
+    from zerodoc.sources import open_source
+
+    model = TinyTransformer(DemoConfig())
+    per_block = [len(list(b.parameters())) for b in model.blocks]
+    units = {u.name: u.tensors for u in open_source(str(a)).snapshot().any_rank.facts.units}
+    assert [units[f"blocks.{i}"] for i in range(len(per_block))] == per_block
+    assert sum(units.values()) == len(list(model.parameters())), units
 
 
 @pytest.mark.slow
