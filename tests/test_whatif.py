@@ -446,6 +446,11 @@ def test_whatif_text_says_how_the_framework_time_is_priced():
     snap, _ = synthetic(extra=_fw_per_unit)
     text = render_text(answer(fit(snap), Changes(merge=2), memory=False))
     assert "priced per unit: 400 us per call" in text and "+ 1.50 ms per MB" in text
+    assert "no part per tensor: the run did not record the units' parameter tensors" in text
+    snap, _ = synthetic(extra=lambda d: (_tensors(TENSORS)(d),
+                                         _fw_per_unit(d, per_tensor=FW_TENSOR)))
+    text = render_text(answer(fit(snap), Changes(merge=2), memory=False))
+    assert "400 us per call (± 0) + 20.0 us per parameter tensor (± 0.0)" in text
     old, _ = synthetic()
     text = render_text(answer(fit(old), Changes(merge=2), memory=False))
     assert "per byte of the step's total" in text
