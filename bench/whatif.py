@@ -10,8 +10,9 @@ a LOADED HOST flag where it passed 1 per core during the pair (the pair's own tw
 about 1 per core: above it other work shared the cores, the runs queued for the CPU, and the
 comparison measures the host, not the model), the other processes' share of the cores over
 the pair (from /proc/stat less the runs' own CPU time: it does not lag as the load average
-does), and the drift of the unit compute from A to B (none of the changes alters the compute:
-a drift is the host's).
+does), the drift of the unit compute from A to B (none of the changes alters the compute:
+a drift is the host's), and the ranks' arrival spread in the exposed time (A's, B predicted,
+B's own).
 
 Each run leaves its first `--warmup` steps out (the first steps after step 1 still carry
 start-up work: a 1.4 s step 2 against 0.45 s later was seen), so the model and the
@@ -134,7 +135,10 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict
                  "b_s": b["framework"]["measured_s"],
                  "step_error_per_step_pricing": (per_step["step_s"] - bm["step_s"]) /
                  bm["step_s"]}
-    return {"case": case.name, "what": case.what, "a": pred["measured"],
+    # the ranks' arrival spread (in the exposed time): A's replay, B predicted, B's replay
+    spread = {"a_s": pred["baseline"]["arrival_wait_s"], "b_predicted_s": p["arrival_wait_s"],
+              "b_s": b["baseline"]["arrival_wait_s"]}
+    return {"case": case.name, "what": case.what, "a": pred["measured"], "spread": spread,
             "compute_a_s": compute_a, "compute_b_s": compute_b,
             # the model keeps A's compute: B measured within 15 % of it, or the machine's
             # load changed between the runs (tests run such a pair again)
@@ -267,6 +271,10 @@ def table(r: dict) -> str:
                 f"priced per step {ms(fw['b_predicted_per_step_s']).strip()}, step error then "
                 f"{fw['step_error_per_step_pricing'] * 100:+.1f} %), B measured "
                 f"{ms(fw['b_s']).strip()}"] if fw else []),
+             *([f"ranks' arrival spread ms per step (in the exposed time): A "
+                f"{ms(r['spread']['a_s']).strip()}, B predicted "
+                f"{ms(r['spread']['b_predicted_s']).strip()}, B's own "
+                f"{ms(r['spread']['b_s']).strip()}"] if r.get("spread") else []),
              *([f"LOADED HOST: load average up to {r['load_per_core_max']:.2f} per core (> 1) "
                 f"during the pair: the runs queued for the CPU, so this comparison measures "
                 f"the host, not the model"] if r.get("loaded") else [])]

@@ -149,12 +149,15 @@ def test_no_shard_all_reduces_only(tmp_path):
     numel = {"(root)": sum(p.numel() for n, p in m.named_parameters()
                            if not n.startswith("blocks.")),
              **{b: sum(p.numel() for p in m.blocks[0].parameters()) for b in BLOCKS[:2]}}
+    tensors = {"(root)": sum(1 for n, _p in m.named_parameters() if not n.startswith("blocks.")),
+               **{b: len(list(m.blocks[0].parameters())) for b in BLOCKS[:2]}}
     for log in logs.values():
         f = log.facts
         assert f.framework == "fsdp1" and f.zero_stage == 0
         assert f.config["sharding_strategy"] == "NO_SHARD"
         for u in f.units:
             assert u.sharded_bytes == u.param_bytes == numel[u.name] * 4
+            assert u.tensors == tensors[u.name]  # the FlatParameter's original parameters
             assert u.replicate_size == 2 and u.reshard_after_forward is None
         for s in log.steps:
             assert {c for (_, _, c) in s.comm} == {"all_reduce"}

@@ -289,6 +289,29 @@ def test_schema_1_is_read_and_converts_to_the_same_windows(tmp_path):
         load_run(bad)
 
 
+def test_units_parameter_tensors_recorded_read_back_absent_not_recorded(tmp_path):
+    """The units' parameter tensors (the what-if's framework fit per tensor): a header that
+    has them reads them back, one without them (a log written before zerodoc recorded them)
+    reads as not recorded (None, not 0), a bad count is a clear error."""
+    src = DATA / "scenarios" / "healthy-block"
+    old = load_run(src, None, stale_after_s=float("inf"))
+    assert all(u.tensors is None for u in old.any_rank.facts.units)
+    for name, value in (("new", 12), ("bad", -1)):
+        d = tmp_path / name
+        shutil.copytree(src, d)
+        for log in d.glob("rank-*.jsonl"):
+            lines = log.read_text().splitlines()
+            head = json.loads(lines[0])
+            assert all("tensors" not in u for u in head["units"])
+            for u in head["units"]:
+                u["tensors"] = value
+            log.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    new = load_run(tmp_path / "new", None, stale_after_s=float("inf"))
+    assert [u.tensors for u in new.any_rank.facts.units] == [12] * len(head["units"])
+    with pytest.raises(RunLogError, match="unit tensors"):
+        load_run(tmp_path / "bad", None, stale_after_s=float("inf"))
+
+
 def test_run_log_bytes_per_step_at_81_units(tmp_path):
     """The budget: at most 1 KiB per step per rank on disk at 81 units, amortised over the
     intervals (the bench prints the exact figure); full detail stays bounded."""

@@ -124,6 +124,64 @@ def test_peer_wait_the_faster_rank_waits_inside_the_collectives():
     assert a["predicted"]["peer_wait_s"] == pytest.approx(0.025, rel=1e-9)
 
 
+SIX = (("(root)", 100_000), ("l0", 250_000), ("l1", 500_000), ("l2", 1_000_000),
+       ("l3", 2_000_000), ("l4", 400_000))
+
+
+def _spread(delta):
+    """Ground truth beneath: two ranks of the same mean compute, and at every collective
+    call (a meeting point) one of them arrives late, the two taking turns call by call (the
+    late one spent the time outside the units: `other`), by `delta(unit)` at that unit's
+    calls. The late arrival starts each collective: the step is the link + compute + the
+    lateness of every call; each rank waits inside the calls where the other is late (its
+    exposed time: the link + those waits)."""
+    import copy
+
+    def extra(d):
+        r0 = d["ranks"][0]
+        r1 = copy.deepcopy(r0)
+        late = [delta(row[0]) for row in r0["comm"]]
+        for r, rank in enumerate((r0, r1)):
+            waits = 0.0
+            for i, row in enumerate(rank["comm"]):
+                if i % 2 != r:  # the other rank is late here: this one waits
+                    row[5] += late[i]
+                    row[6] += late[i]
+                    waits += late[i]
+            rank["other"] = sum(late) - waits  # its own lateness
+            rank["step"] += sum(late)
+        d["ranks"], d["copies"] = [r0, r1], 1
+    return extra
+
+
+def test_arrival_spread_the_ranks_wait_for_each_other_at_every_call():
+    """The ranks take turns arriving 1 ms late at each of the 18 calls (`_spread`): their
+    mean compute is the same, so the waits are no compute difference. The replay reproduces
+    the step and the exposed time (the model before missed both: no peer wait, the step
+    short of 9 of the 18 ms). Merged units (12 calls left), late by 1 ms at each call too,
+    are predicted on B; the range reaches 12/18 of that spread down and all of A's up."""
+    delta = 0.001
+    snap, _ = synthetic(SIX, extra=_spread(lambda _u: delta))
+    m = fit(snap)
+    a = answer(m, Changes())
+    assert a["measured"]["step_s"] == pytest.approx(snap.ranks[0].mean_step_seconds)
+    assert a["baseline"]["step_s"] == pytest.approx(a["measured"]["step_s"], rel=1e-9)
+    exposed_a = snap.ranks[0].exposed_seconds / 10
+    assert a["baseline"]["exposed_comm_s"] == pytest.approx(exposed_a, rel=1e-9)
+    assert a["baseline"]["exposed_comm_s"] - sum(
+        3 * call_s(p * 4) for _n, p in SIX) == pytest.approx(9 * delta, rel=1e-6)
+    # B: root, (l0+l1), (l2+l3), l4 measured the same way (12 calls)
+    merged = (("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000),
+              ("l4", 400_000))
+    b, _ = synthetic(merged, extra=_spread(lambda _u: delta))
+    exposed_b = max(w.exposed_seconds for w in b.ranks.values()) / 10
+    p = answer(m, Changes(merge=2))["predicted"]
+    assert p["exposed_comm_s"] == pytest.approx(exposed_b, rel=1e-9)
+    assert p["arrival_wait_s"] == pytest.approx(6 * delta, rel=1e-9)
+    lo, hi = (m.replay(Changes(merge=2), bound=z).arrival_wait_s for z in (-2, 2))
+    assert (lo, hi) == pytest.approx((6 * delta * 12 / 18, 9 * delta), rel=1e-9)
+
+
 def test_reshard_after_forward_off_drops_the_backward_all_gathers():
     snap, step = synthetic()
     m = fit(snap)
@@ -193,13 +251,16 @@ def test_merge_prices_the_framework_time_per_byte():
 FW_CALL, FW_BYTE = 0.0004, 1.5e-9  # injected framework time: 0.4 ms per call, 1.5 ms per MB
 
 
-def _fw_per_unit(d, per_call=FW_CALL, per_byte=FW_BYTE, noise=None):
+def _fw_per_unit(d, per_call=FW_CALL, per_byte=FW_BYTE, noise=None, per_tensor=0.0):
     """The framework's time recorded per unit (ground truth: a part per call and a part per
-    byte, `noise[i]` seconds added to unit i's), the step's total their sum."""
+    byte, with `per_tensor` one per parameter tensor of the unit at each call, `noise[i]`
+    seconds added to unit i's), the step's total their sum."""
     r = d["ranks"][0]
+    tensors = {u["name"]: u.get("tensors", 0) for u in d["units"]}
     per_unit: dict[str, float] = {}
     for row in r["comm"]:
-        per_unit[row[0]] = per_unit.get(row[0], 0.0) + row[3] * (per_call + per_byte * row[4])
+        per_unit[row[0]] = per_unit.get(row[0], 0.0) + row[3] * (
+            per_call + per_byte * row[4] + per_tensor * tensors[row[0]])
     if noise:
         for i, name in enumerate(per_unit):
             per_unit[name] += noise[i % len(noise)]
@@ -224,22 +285,83 @@ def test_framework_fit_recovers_the_injected_per_call_and_per_byte_parts():
     a = answer(m, Changes(merge=2))
     assert a["framework"]["pricing"] == "per unit"
     assert a["baseline"]["step_s"] == pytest.approx(a["measured"]["step_s"], rel=1e-9)
-
-    def truth(d):
-        _merged_truth_compute(d, {"l0..l1": 2, "l2..l3": 2})
-        _fw_per_unit(d)
-    b_run, _ = synthetic((("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000)),
-                         extra=truth)
-    step_b = b_run.ranks[0].mean_step_seconds
-    assert a["predicted"]["step_s"] == pytest.approx(step_b, rel=1e-9)
-    lo, hi = a["predicted"]["step_s_range"]
-    assert lo <= step_b <= hi
+    step_b = _merge2_predicted_on_b(a, _fw_per_unit)
     # the same run with the framework time per step only: priced per byte, 6 calls x 0.4 ms
     # too dear (15 calls -> 9)
     old, _ = synthetic(extra=lambda d: (_fw_per_unit(d), d["ranks"][0].pop("unit_framework")))
     b = answer(fit(old), Changes(merge=2))
     assert b["framework"]["pricing"] == "per step"
     assert b["predicted"]["step_s"] - step_b == pytest.approx(6 * FW_CALL, rel=1e-6)
+
+
+FW_TENSOR = 0.00002  # injected: 20 us per parameter tensor at each call
+TENSORS = {"(root)": 19, "l0": 2, "l1": 2, "l2": 4, "l3": 2}
+
+
+def _tensors(counts):
+    def extra(d):
+        for u in d["units"]:
+            u["tensors"] = counts[u["name"]]
+    return extra
+
+
+def test_framework_fit_recovers_a_part_per_parameter_tensor():
+    """Ground truth beneath: FSDP's time per unit is 0.4 ms per call + 20 us per parameter
+    tensor at each call + 1.5 ms per MB, the units' tensor counts recorded (a 19-tensor
+    root, 2-4 elsewhere). The fit recovers the three parts and predicts the merged run B
+    (its units hold their parts' tensors); the same run without the counts (an older log)
+    is priced per call + per byte, says so, and misses B."""
+    def run(d, counts=TENSORS):
+        _tensors(counts)(d)
+        _fw_per_unit(d, per_tensor=FW_TENSOR)
+    snap, _ = synthetic(extra=run)
+    m = fit(snap)
+    f = m.ranks[0].framework_fit
+    assert f.per_tensor and f.per_tensor_s == pytest.approx(FW_TENSOR, rel=1e-6)
+    assert f.per_call_s == pytest.approx(FW_CALL, rel=1e-6)
+    assert f.per_byte_s == pytest.approx(FW_BYTE, rel=1e-6)
+    a = answer(m, Changes(merge=2))
+    assert a["framework"]["note"].startswith("per call + per tensor + per byte")
+    assert a["baseline"]["step_s"] == pytest.approx(a["measured"]["step_s"], rel=1e-9)
+    step_b = _merge2_predicted_on_b(a, lambda d: run(d, {"(root)": 19, "l0..l1": 4,
+                                                         "l2..l3": 6}))
+
+    def old_log(d):
+        run(d)
+        for u in d["units"]:
+            del u["tensors"]
+    old = fit(synthetic(extra=old_log)[0])
+    b = answer(old, Changes(merge=2))
+    assert old.ranks[0].framework_fit.per_tensor_s == 0
+    assert "did not record the units' parameter tensors" in b["framework"]["note"]
+    assert abs(b["predicted"]["step_s"] - step_b) > 1e-4
+
+
+def test_framework_fit_tensor_counts_that_follow_the_bytes_keep_per_call_and_per_byte():
+    """Every unit 2 tensors: nothing parts a cost per tensor from one per call; the fit is
+    per call + per byte and says why."""
+    snap, _ = synthetic(extra=lambda d: (_tensors(dict.fromkeys(TENSORS, 2))(d),
+                                         _fw_per_unit(d)))
+    m = fit(snap)
+    f = m.ranks[0].framework_fit
+    assert not f.per_tensor and f.per_call_s == pytest.approx(FW_CALL, rel=1e-6)
+    assert "do not vary apart from their bytes" in answer(m, Changes())["framework"]["note"]
+
+
+def _merge2_predicted_on_b(a: dict, framework) -> float:
+    """B of `Changes(merge=2)` on `synthetic()`'s units measured (root, l0+l1, l2+l3: their
+    parts' compute, `framework(d)` its framework time): `a`'s predicted step lands on it,
+    inside its range. B's step."""
+    def truth(d):
+        _merged_truth_compute(d, {"l0..l1": 2, "l2..l3": 2})
+        framework(d)
+    b_run, _ = synthetic((("(root)", 100_000), ("l0..l1", 750_000), ("l2..l3", 3_000_000)),
+                         extra=truth)
+    step_b = b_run.ranks[0].mean_step_seconds
+    assert a["predicted"]["step_s"] == pytest.approx(step_b, rel=1e-9)
+    lo, hi = a["predicted"]["step_s_range"]
+    assert lo <= step_b <= hi
+    return step_b
 
 
 def _merged_truth_compute(d, parts):
@@ -324,6 +446,11 @@ def test_whatif_text_says_how_the_framework_time_is_priced():
     snap, _ = synthetic(extra=_fw_per_unit)
     text = render_text(answer(fit(snap), Changes(merge=2), memory=False))
     assert "priced per unit: 400 us per call" in text and "+ 1.50 ms per MB" in text
+    assert "no part per tensor: the run did not record the units' parameter tensors" in text
+    snap, _ = synthetic(extra=lambda d: (_tensors(TENSORS)(d),
+                                         _fw_per_unit(d, per_tensor=FW_TENSOR)))
+    text = render_text(answer(fit(snap), Changes(merge=2), memory=False))
+    assert "400 us per call (± 0) + 20.0 us per parameter tensor (± 0.0)" in text
     old, _ = synthetic()
     text = render_text(answer(fit(old), Changes(merge=2), memory=False))
     assert "per byte of the step's total" in text
@@ -794,8 +921,17 @@ def _timed(fix: dict) -> dict:
 
 @pytest.mark.slow
 def test_real_run_replay_of_a_within_5_percent(real_runs):
-    r, _, _ = _case(real_runs, "replay")
+    r, a, _ = _case(real_runs, "replay")
     assert abs(r["step_error"]) <= 0.05 and r["exposed_ok"], _brief(r)
+    # the shim recorded each unit's parameter tensors: a block's own, the rest in the root
+    from zerodoc.demo.model import DemoConfig, TinyTransformer
+    from zerodoc.sources import open_source
+
+    model = TinyTransformer(DemoConfig())
+    per_block = [len(list(b.parameters())) for b in model.blocks]
+    units = {u.name: u.tensors for u in open_source(str(a)).snapshot().any_rank.facts.units}
+    assert [units[f"blocks.{i}"] for i in range(len(per_block))] == per_block
+    assert sum(units.values()) == len(list(model.parameters())), units
 
 
 @pytest.mark.slow

@@ -82,6 +82,9 @@ class UnitFacts:
     param_dtype: str = ""
     reduce_dtype: str = ""
     replicate_size: int = 1  # HSDP: ranks in the replicate (all-reduce) group
+    # parameter tensors the unit shards (FSDP's copy-in / copy-out and gradient work is per
+    # tensor); None: not recorded (older run logs, sources without it)
+    tensors: int | None = None
 
     def collective_group_size(self, collective: str) -> int:
         """Ranks taking part in one collective of this unit (for busbw)."""

@@ -18,9 +18,9 @@ def add_parser(sub) -> None:
         description="Fit a step model to a measured run (a run directory, rank endpoints "
         "host:port[,...], a Prometheus URL or PyTorch profiler traces: per unit and phase the "
         "measured compute, per collective a latency + bandwidth fitted to the run's own "
-        "calls, the framework's ordering, its own time per unit priced per call and per "
-        "byte) and predict the step time, the exposed "
-        "communication and the peak memory per rank of a changed configuration, each with a "
+        "calls, the ranks' waits for each other, the framework's ordering, its own time "
+        "per unit priced per call, per parameter tensor (where the run recorded them) and "
+        "per byte) and predict the step time, the exposed communication and the peak memory per rank of a changed configuration, each with a "
         "range. The model's replay of the measured configuration is printed beside the "
         "measurement as its own check. Numbers are per step and per rank (the worst rank's). "
         "Exit status: 0, 2 on bad input.",
@@ -170,10 +170,15 @@ def _framework_line(fw: dict) -> str:
     if fw["pricing"] != "per unit":
         return head + "per byte of the step's total (range to per call): " + \
             fw["note"].split(": ", 1)[-1]
+    tensor = "" if fw.get("per_tensor_s") is None else \
+        f" + {fw['per_tensor_s'] * 1e6:.1f} us per parameter tensor " \
+        f"(± {fw['se_per_tensor_s'] * 1e6:.1f})"
+    why = "" if tensor or "(" not in fw["note"] else \
+        " (no part per tensor: " + fw["note"].split("(", 1)[1].split(")", 1)[0] + ")"
     return (head + f"per unit: {fw['per_call_s'] * 1e6:.0f} us per call "
-            f"(± {fw['se_call_s'] * 1e6:.0f}) + {fw['per_byte_s'] * 1e9:.2f} ms per MB "
+            f"(± {fw['se_call_s'] * 1e6:.0f}){tensor} + {fw['per_byte_s'] * 1e9:.2f} ms per MB "
             f"(± {fw['se_per_byte_s'] * 1e9:.2f}), fitted over {fw['units']} units per rank "
-            f"({fw.get('ranks', 1)} ranks pooled); "
+            f"({fw.get('ranks', 1)} ranks pooled){why}; "
             f"{fw['rest_s'] * 1e3:.1f} ms of no unit")
 
 

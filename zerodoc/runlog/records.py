@@ -241,6 +241,8 @@ def check_unit(u) -> dict:
         _vint(u.get(k), f"unit {k}")
     _vint(u.get("group_size"), "unit group_size", 1, MAX_WORLD)
     _vint(u.get("replicate_size", 1), "unit replicate_size", 1, MAX_WORLD)
+    if u.get("tensors") is not None:  # absent in logs before zerodoc recorded it
+        _vint(u.get("tensors"), "unit tensors")
     if u.get("reshard_after_forward") not in (True, False, None):
         raise ValueError("unit reshard_after_forward must be true, false or null")
     return u

@@ -130,7 +130,14 @@ def unit_facts(u: Unit) -> UnitFacts:
         sharded_bytes=shard * orig.itemsize,
         reshard_after_forward=reshard,
         group_size=group, replicate_size=replicate,
-        param_dtype=_dtype_name(gdt), reduce_dtype=_dtype_name(rdt))
+        param_dtype=_dtype_name(gdt), reduce_dtype=_dtype_name(rdt),
+        tensors=_num_params(fp))
+
+
+def _num_params(fp) -> int | None:
+    """The original parameters flattened into the unit's FlatParameter (None: unknown)."""
+    n = getattr(fp, "_num_params", None)
+    return n if isinstance(n, int) and n >= 0 else None
 
 
 class _DistProxy(DistProxy):

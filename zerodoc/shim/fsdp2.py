@@ -102,7 +102,7 @@ def discover(model, registry: hp.HookRegistry) -> list[Unit] | None:
 
 
 def unit_facts(u: Unit) -> UnitFacts:
-    params = param_bytes = gather_bytes = sharded_bytes = 0
+    params = param_bytes = gather_bytes = sharded_bytes = tensors = 0
     reshard = None
     group_size = replicate = 1
     pdt = rdt = ""
@@ -110,6 +110,7 @@ def unit_facts(u: Unit) -> UnitFacts:
         mp = getattr(g, "mp_policy", None)
         for fp in getattr(g, "fsdp_params", ()):
             numel = fp._orig_size.numel()
+            tensors += 1
             # dtype attrs on FSDPParam are set lazily (first forward): read the policy.
             orig = fp.sharded_param.dtype
             gdt = getattr(mp, "param_dtype", None) or orig
@@ -132,7 +133,8 @@ def unit_facts(u: Unit) -> UnitFacts:
     return UnitFacts(name=u.name, params=params, param_bytes=param_bytes,
                      gather_bytes=gather_bytes, sharded_bytes=sharded_bytes,
                      reshard_after_forward=reshard, group_size=group_size,
-                     param_dtype=pdt, reduce_dtype=rdt, replicate_size=replicate)
+                     param_dtype=pdt, reduce_dtype=rdt, replicate_size=replicate,
+                     tensors=tensors)
 
 
 def _root_keeps_params(u: Unit) -> bool:

@@ -108,7 +108,8 @@ def _units(spec: list[dict], world: int) -> tuple[UnitFacts, ...]:
             sharded_bytes=int(u.get("sharded_bytes", -(-params // max(1, group)) * stored)),
             reshard_after_forward=u.get("reshard_after_forward", True), group_size=group,
             param_dtype=u.get("param_dtype", "bfloat16"),
-            reduce_dtype=u.get("reduce_dtype", "bfloat16")))
+            reduce_dtype=u.get("reduce_dtype", "bfloat16"),
+            tensors=None if u.get("tensors") is None else int(u["tensors"])))
     return tuple(out)
 
 
@@ -186,7 +187,8 @@ def case_from_snapshot(snap: RunSnapshot, code: str = "ZD000") -> dict:
     units = [{"name": u.name, "params": u.params, "param_bytes": u.param_bytes,
               "gather_bytes": u.gather_bytes, "sharded_bytes": u.sharded_bytes,
               "reshard_after_forward": u.reshard_after_forward, "group_size": u.group_size,
-              "param_dtype": u.param_dtype, "reduce_dtype": u.reduce_dtype} for u in f.units]
+              "param_dtype": u.param_dtype, "reduce_dtype": u.reduce_dtype,
+              **({} if u.tensors is None else {"tensors": u.tensors})} for u in f.units]
 
     def g(x: float, n: int) -> float:
         return float(f"{x / n:.6g}")
