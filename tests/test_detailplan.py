@@ -520,3 +520,56 @@ def test_ddp_and_zero1_sample_by_sample(tmp_path, gloo_world_1, monkeypatch, fra
             assert {c[2] for c in r["comm"]} == colls, r["comm"]
         else:
             assert r["compute"] == [] and r["comm"] == []
+
+
+def test_zero1_plan_rebuilt_over_another_tools_dist_counts_each_broadcast_once(
+        tmp_path, gloo_world_1):
+    """Another tool wraps `zero_redundancy_optimizer.dist` while zerodoc's proxy is in place:
+    the next install refuses and the plan is rebuilt over the chain (tool -> old proxy ->
+    dist). The old proxy reads its own plan's switch, off for good, so each broadcast is
+    timed once (review of 2026-11-27: reading the adapter-wide `active` it was timed twice,
+    56 calls a step where the optimizer made 28)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zerodoc
+    from tests.test_tiers import _steps
+    from zerodoc.demo.model import DemoConfig, TinyTransformer, batch, loss_fn
+
+    class Tool:  # another tool's pass-through wrapper of the module's `dist`
+        def __init__(self, real):
+            self._real = real
+
+        def __getattr__(self, name):
+            return getattr(self._real, name)
+
+    cfg = DemoConfig(blocks=2, hidden=32, seq=8, batch=2)
+    torch.manual_seed(0)
+    model = DDP(TinyTransformer(cfg))
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
+                                  lr=1e-3)
+    zmod = hp.zero_optimizer_module()
+    real = zmod.dist
+    mon = zerodoc.attach(model, opt, run_dir=str(tmp_path / "run"), port=False, detail=2,
+                         stall_after_s=0)
+    wrapped_at = None
+    try:
+        for i in range(1, 25):
+            if wrapped_at is None and i > 6 and mon._detail_on:
+                zmod.dist = Tool(zmod.dist)  # wrapped while zerodoc's proxy is in place
+                wrapped_at = i
+            x, y = batch(cfg, i, 0)
+            loss_fn(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        mon.close()
+        zmod.dist = real
+    assert wrapped_at is not None
+    counts = {r["step"]: sum(c[3] for c in r["comm"] if c[2] == "broadcast")
+              for r in _steps(tmp_path / "run", 0) if r["detail"]}
+    before = {s: n for s, n in counts.items() if s < wrapped_at}
+    after = {s: n for s, n in counts.items() if s > wrapped_at}
+    assert before and after, counts
+    assert len(set(before.values())) == 1 and set(after.values()) == set(before.values()), \
+        counts

@@ -91,13 +91,18 @@ class _ZeroDistProxy(DistProxy):
     adapter's optimizer broadcasts its parameters, each `broadcast` is timed (and, in tests,
     delayed beneath the measurement); otherwise everything passes through."""
 
-    def __init__(self, real, adapter: "Zero1Adapter"):
+    def __init__(self, real, adapter: "Zero1Adapter", live: list):
         super().__init__(real)
         self._a = adapter
+        # its own switch ([True] while its plan is installed, or until `instrument()`'s
+        # undo): a plan rebuilt over another tool's wrapper of `dist` wraps a chain that
+        # still holds this proxy; reading the adapter-wide `active` it would time every
+        # broadcast a second time (review of 2026-11-27, as FSDP1's R3)
+        self._live = live
 
     def broadcast(self, *args, **kwargs):
         a = self._a
-        if not a.broadcasting or not a.active:
+        if not a.broadcasting or not a.active or not self._live[0]:
             return self._real.broadcast(*args, **kwargs)
         tensor = kwargs.get("tensor", args[0] if args else None)
         fn = self._real.broadcast
@@ -483,7 +488,12 @@ class Zero1Adapter(DDPAdapter):
         self._shadow(opt, "_broadcast_params_from_rank", _broadcast_params_from_rank, undo,
                      plan)
         reg.ok("ZeroRedundancyOptimizer._broadcast_params_from_rank")
-        install_dist_proxy(zmod, _ZeroDistProxy(getattr(zmod, "dist", None), self),
+        live = [plan is None]  # instrument(): on until its undo; a plan: while installed
+        if plan is None:
+            undo.append(lambda: live.__setitem__(0, False))
+        else:
+            plan.call(lambda: live.__setitem__(0, True), lambda: live.__setitem__(0, False))
+        install_dist_proxy(zmod, _ZeroDistProxy(getattr(zmod, "dist", None), self, live),
                            "zero_redundancy_optimizer.dist (broadcast proxy)", reg, undo,
                            plan=plan)
         if self.timer.device:
