@@ -167,7 +167,11 @@ class PrometheusSource:
         if timeout_s:  # the server gives up too (Prometheus' own default: 2m)
             params["timeout"] = f"{timeout_s:g}s"
         data = self._get("query", timeout_s=timeout_s, **params)
-        return [(r["metric"], float(r["value"][1])) for r in data.get("result", ())]
+        # NaN is no value: a recorded per-step rule divides by the sampled steps' rate, 0/0
+        # when its window held no sampled step (adaptive K: one step in up to 1024): such a
+        # series reads as absent (not measured), never as a number
+        return [(r["metric"], v) for r in data.get("result", ())
+                if (v := float(r["value"][1])) == v]
 
     def _many(self, exprs: dict, at: float | None, workers: int = 8,
               timeout_s: float | None = None) -> dict:
