@@ -217,3 +217,27 @@ def test_ranks_without_rank_level_series_fall_back_to_the_sums(prom_rules):
     for r, w in snap.ranks.items():
         assert w.compute_total > 0 and w.compute_total == ref.ranks[r].compute_total
         assert w.exposed_total == ref.ranks[r].exposed_total
+
+
+def test_rules_without_the_framework_series_fall_back_to_the_raw_ones(prom_rules,
+                                                                      monkeypatch):
+    """A server whose rule file predates the framework's recorded series (zerodoc upgraded
+    before the rules were redeployed: the recorded names are not there) still gives every
+    unit's framework time, from the raw series (review of 2026-11-27: it gave none, and the
+    report said "not recorded")."""
+    from zerodoc.sources import prometheus as pm
+
+    _demo, prom = prom_rules
+    have = PrometheusSource(prom.url, window=5).snapshot().unit_stats.units
+    fw = {u: row["framework_seconds"] for u, row in have.items() if "framework_seconds" in row}
+    assert fw and all(s.n == 2 for s in fw.values()), fw
+    old = {a: f"{name}_not_in_an_older_rule_file" for a, name in pm.UNIT_FRAMEWORK.items()}
+    monkeypatch.setattr(pm, "UNIT_FRAMEWORK", old)
+    src = PrometheusSource(prom.url, window=5)
+    seen = _spy(src)
+    st = src.snapshot().unit_stats
+    assert st.window_s == 10.0  # still the recorded path for everything else
+    assert any("zerodoc_framework_unit_seconds_total" in e for e in seen)  # the raw series
+    got = {u: row["framework_seconds"] for u, row in st.units.items()
+           if "framework_seconds" in row}
+    assert set(got) == set(fw) and all(s.n == 2 and s.mean > 0 for s in got.values()), got

@@ -414,9 +414,19 @@ class PrometheusSource:
         from the recording rules where the server has them, else aggregated here."""
         window_s = self._rules_window(sel, at)
         exprs = self._recorded_exprs(sel) if window_s else self._raw_exprs(rng)
+        if window_s and not self._recorded_framework(sel, at):
+            # rules deployed before the framework's series (zerodoc upgraded first): the
+            # framework's stats from the raw series, never "not recorded" for that reason
+            exprs.update({k: v for k, v in self._raw_exprs(rng).items() if k[0] == "framework"})
         out = self._unit_stats_of(exprs, at, ranks, snap)
         out.window_s = window_s
         return out
+
+    def _recorded_framework(self, sel: str, at) -> bool:
+        """The server's rules record the framework's time per unit for this run."""
+        name = UNIT_FRAMEWORK["n"]
+        return bool(self._query(f"count(last_over_time({name}{{{sel}}}[{self.lookback}]))",
+                                at))
 
     def _recorded_exprs(self, sel: str) -> dict:
         """The per-unit stats' queries on the recording rules (module docstring): the latest
