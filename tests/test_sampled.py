@@ -423,6 +423,16 @@ def test_k_in_force_is_the_newest_steps_not_the_newest_samples(tmp_path):
     close_run(run)
     assert load_run(run, 20).ranks[0].detail_every == 128
     assert open_source(str(run), window=20).snapshot().ranks[0].detail_every == 128
+    from zerodoc.sources.rundir import RunDirSource  # the at-scale reader: step lines
+    assert RunDirSource(run, 20, detail=False).snapshot().ranks[0].detail_every == 128
+    # a run log without detail files (`run_log_detail=False`): windows from the step and
+    # interval lines only
+    lean = write_run(tmp_path / "lean", ranks=2, units=4, steps=30, straggler=None,
+                     sample_every=10, end=False, detail=False)
+    append_steps(lean, ranks=2, units=4, first_step=31, count=40, straggler=None,
+                 sample_every=128)
+    close_run(lean)
+    assert load_run(lean, 20).ranks[0].detail_every == 128
     text = report_of(run, 20)
     assert "about 1 step in 128 is sampled" in text and "1 step in 10 " not in text, text
     assert "up to step 30" in text  # the newest sample is named

@@ -17,7 +17,7 @@ from ..model import LazyRankWindow, RankWindow, RunSnapshot
 from ..runlog import (
     DETAIL_DIR, RunFollower, RunLogError, load_run, log_window, rank_logs, read_rank_tail,
 )
-from ..runlog.reader import _latest
+from ..runlog.reader import _latest, newest_k
 from ..thresholds import DEFAULT
 
 STALE_AFTER_S = DEFAULT.stale_after_seconds
@@ -200,6 +200,7 @@ class RunDirSource:
                 w.warmup_kept, w.warmup_left_out = True, None
             w.memory = _latest(log, "memory")
             w.errors = _latest(log, "errors")
+            w.detail_every = newest_k(log.totals)  # K in force (None: an older log's lines)
         self._windows[rank] = (ver, w)
         return w
 
