@@ -1,4 +1,4 @@
-"""The Prometheus series budget: at 81 units a rank serves at most 1,210 series by default and
+"""The Prometheus series budget: at 81 units a rank serves at most 1,370 series by default and
 150 in coarse mode, the run's per-unit facts come from rank 0 only, and what the catalog counts
 is what a real exporter serves.
 

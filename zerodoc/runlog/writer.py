@@ -273,8 +273,9 @@ class RunLogWriter:
         """Hand over a step without per-unit detail as a tuple (step, end_unix, step_s,
         optimizer_s, self_s, mem, coll, (device_step_s_for, device_step_s) or None,
         errors or None, K in force): the writer thread builds its `step` record
-        (docs/runlog.md), so the training thread builds no dict on such a step. `mem` and `errors` are not
-        changed after the hand-over (the monitor replaces them, never mutates them).
+        (docs/runlog.md), so the training thread builds no dict on such a step. `mem` and
+        `errors` are not changed after the hand-over (the monitor replaces them, never
+        mutates them).
         The common case is one append here, no further call (`_put` for the rest: closed,
         closing, full)."""
         q = self._q
