@@ -148,9 +148,10 @@ def _wls2(x1, x2, ys, ws):
     c = (s11 * s2y - s12 * s1y) / det
     res = [y - (my + b * a1 + c * a2) for y, a1, a2 in zip(ys, d1, d2)]
     resid = math.sqrt(sum(w * r * r for r, w in zip(res, ws)) / sw * k / (k - 3))
-    # (X'WX)^-1 with the weights scaled to the points (mean weight 1), as `linkfit._wls`
+    # resid is the sd of a point of mean weight (the weights scaled to mean 1, w / scale):
+    # cov = resid^2 (X'(W / scale)X)^-1 = resid^2 scale (X'WX)^-1, as `linkfit._wls`
     scale = sw / k
-    var = resid * resid / scale
+    var = resid * resid * scale
     return (my, b, c, resid, resid / math.sqrt(k), math.sqrt(var * s22 / det),
             math.sqrt(var * s11 / det), -var * s12 / det, m1, m2)
 
@@ -183,7 +184,11 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
     a, b, _resid, se_a, se_b, mx = _wls(xs, ys, ws)
     c = se_c = cov = mt = 0.0
     note = "the run did not record the units' parameter tensors"
-    if all(p[3] is not None for p in pooled):
+    if all(p[3] is not None for p in pooled) and \
+            min(len(p) for p in per_rank if p) < 4:
+        # three parts through three units: an exact fit, no degree of freedom left
+        note = "fewer than 4 units per rank: too few to part a cost per tensor"
+    elif all(p[3] is not None for p in pooled):
         note = "the units' tensor counts do not vary apart from their bytes"
         two = _wls2(xs, [float(p[3]) for p in pooled], ys, ws)
         if two is not None:
