@@ -411,7 +411,11 @@ class StepModel:
         # per rank: the mean compute differences (its deficit against the slowest rank, unit
         # by unit) and the arrival spread (its wait per call at every call left; the range:
         # the ratio of the calls after to before once more either way, `arrival_wait`)
-        deficits = [_deficit(units, us) * scale for us in per_rank]
+        # ... and its time outside the units below the rank with the most (measured: the
+        # replay's step has that rank's; its peers wait for it in the collectives)
+        top = max((outside_units_s(rm) for rm in self.ranks), default=0.0)
+        deficits = [_deficit(units, us) * scale + top - outside_units_s(rm)
+                    for rm, us in zip(self.ranks, per_rank)]
         spread = []
         for rm, us in zip(self.ranks, per_rank):
             calls = sum(_calls(u, reshard) for u in us)
@@ -433,8 +437,7 @@ class StepModel:
 
     def overhead_rank(self) -> RankModel:
         """The rank whose time outside the units is largest (the replay's)."""
-        return max(self.ranks, key=lambda r: r.optimizer_s + r.framework_s + r.other_s +
-                   r.self_s)
+        return max(self.ranks, key=outside_units_s)
 
     def framework_pricing(self) -> dict:
         """How the framework's time is priced (the replay's rank), for the answer."""
@@ -682,12 +685,20 @@ def _deficit(slowest: list[UnitModel], units: list[UnitModel]) -> float:
                for c, o in zip(slowest, units))
 
 
-def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool
-                 ) -> list[tuple[float, float]]:
+def outside_units_s(rm: "RankModel") -> float:
+    """A rank's time per step outside the units (optimizer, framework, other, zerodoc's)."""
+    return rm.optimizer_s + rm.framework_s + rm.other_s + rm.self_s
+
+
+def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool,
+                 outside: list[float] | None = None) -> list[tuple[float, float]]:
     """Per rank (`ranks`: rank -> RankWindow, in rank order; `units`: each rank's units as
     fitted; `reshard`: the run's reshard after forward, as the replay counts the calls) the
     seconds per collective call it waited for a later peer beyond its mean compute deficit
-    (`_deficit`): the ranks' arrival spread; and its calls per step.
+    (`_deficit`) and beyond its time outside the units below the slowest rank's there
+    (`outside`: each rank's, `outside_units_s`; a straggler slow outside the units makes its
+    peers wait by that much, which the replay's step has already, from the rank with the most
+    such time): the ranks' arrival spread; and its calls per step.
 
     Inside a collective a rank waits for the last rank to arrive, then for the link. The
     link-attributable time of a unit, phase and collective is the smallest over the ranks
@@ -711,8 +722,10 @@ def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool
                 per_call = c.seconds / c.count
                 keys[k] = min(keys.get(k, per_call), per_call)
     slowest = _slowest(units)
+    outside = outside or [0.0] * len(units)
+    top = max(outside, default=0.0)
     out = []
-    for w, us in zip(ranks.values(), units):
+    for w, us, o in zip(ranks.values(), units, outside):
         n = w.per_unit_steps
         if len(ranks) < 2 or not n:
             out.append((0.0, 0.0))
@@ -724,7 +737,7 @@ def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool
                 continue
             extra = c.seconds - keys[k] * c.count
             wait += max(0.0, extra) * min(1.0, c.exposed_seconds / c.seconds) / n
-        spread = max(0.0, wait - _deficit(slowest, us))
+        spread = max(0.0, wait - _deficit(slowest, us) - (top - o))
         out.append((spread / calls if calls else 0.0, calls))
     return out
 
@@ -825,7 +838,8 @@ def fit(snapshot: RunSnapshot) -> StepModel:
         rm.framework_fit = f
         rm.framework_per_unit = bool(per_unit_fw)
     spread = arrival_wait({r: ranks[r] for r in sorted(ranks)},
-                          [rm.units for rm in rank_models], reshard)
+                          [rm.units for rm in rank_models], reshard,
+                          [outside_units_s(rm) for rm in rank_models])
     for rm, (s, calls) in zip(rank_models, spread):
         rm.arrival_wait_per_call_s, rm.arrival_calls = s, calls
     links = fit_links(snapshot, ranks=set(ranks))
