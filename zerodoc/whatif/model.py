@@ -872,7 +872,10 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
     noise = math.sqrt(2) * max(sems) if sems else 0.0
     rel = misfit + Z * noise
     b_exp = base.exposed_s
-    exp_misfit = abs(b_exp - measured_exposed)
+    # The replay's exposed time holds the ranks' arrival spread measured from the run itself
+    # (`arrival_wait`): its match is partly by construction. So the range is widened by that
+    # part too, as by the misfit it replaced (what the mean compute left unexplained).
+    exp_misfit = abs(b_exp - measured_exposed) + base.arrival_wait_s
     step_lo = lo.step_s * (1 - rel)
     step_hi = hi.step_s * (1 + rel)
     p_exp = pred.exposed_s
