@@ -14,11 +14,12 @@ def _source(answer: dict) -> PrometheusSource:
     return src
 
 
-def test_nan_samples_read_as_absent_never_as_numbers():
+def test_nan_and_infinite_samples_read_as_absent_never_as_numbers():
     answer = {"resultType": "vector", "result": [
         {"metric": {"unit": "layers.0", "phase": "forward"}, "value": [1.0, "NaN"]},
         {"metric": {"unit": "layers.1", "phase": "forward"}, "value": [1.0, "0.25"]},
         {"metric": {"unit": "layers.2", "phase": "forward"}, "value": [1.0, "0"]},
+        {"metric": {"unit": "layers.3", "phase": "forward"}, "value": [1.0, "+Inf"]},
     ]}
     rows = _source(answer)._query("unit_job:zerodoc_framework_unit_seconds:per_step_mean")
     assert rows == [({"unit": "layers.1", "phase": "forward"}, 0.25),

@@ -312,6 +312,24 @@ def test_units_parameter_tensors_recorded_read_back_absent_not_recorded(tmp_path
         load_run(tmp_path / "bad", None, stale_after_s=float("inf"))
 
 
+def test_a_unit_key_from_a_newer_zerodoc_is_left_out_not_an_error(tmp_path):
+    """A header written by a newer zerodoc may give its units a key this one does not know:
+    the log stays readable (review of 2026-11-27: an older reader refused every log with
+    `tensors` in it, "unexpected keyword argument")."""
+    src = DATA / "scenarios" / "healthy-block"
+    d = tmp_path / "newer"
+    shutil.copytree(src, d)
+    for log in d.glob("rank-*.jsonl"):
+        lines = log.read_text().splitlines()
+        head = json.loads(lines[0])
+        for u in head["units"]:
+            u["a_field_from_the_future"] = {"x": 1}
+        log.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    snap = load_run(d, None, stale_after_s=float("inf"))
+    ref = load_run(src, None, stale_after_s=float("inf"))
+    assert snap.any_rank.facts.units == ref.any_rank.facts.units
+
+
 def test_run_log_bytes_per_step_at_81_units(tmp_path):
     """The budget: at most 1 KiB per step per rank on disk at 81 units, amortised over the
     intervals (the bench prints the exact figure); full detail stays bounded."""

@@ -333,7 +333,7 @@ def test_framework_fit_recovers_a_part_per_parameter_tensor():
     old = fit(synthetic(extra=old_log)[0])
     b = answer(old, Changes(merge=2))
     assert old.ranks[0].framework_fit.per_tensor_s == 0
-    assert "did not record the units' parameter tensors" in b["framework"]["note"]
+    assert "parameter tensor counts are not known" in b["framework"]["note"]
     assert abs(b["predicted"]["step_s"] - step_b) > 1e-4
 
 
@@ -446,7 +446,7 @@ def test_whatif_text_says_how_the_framework_time_is_priced():
     snap, _ = synthetic(extra=_fw_per_unit)
     text = render_text(answer(fit(snap), Changes(merge=2), memory=False))
     assert "priced per unit: 400 us per call" in text and "+ 1.50 ms per MB" in text
-    assert "no part per tensor: the run did not record the units' parameter tensors" in text
+    assert "no part per tensor: the units' parameter tensor counts are not known" in text
     snap, _ = synthetic(extra=lambda d: (_tensors(TENSORS)(d),
                                          _fw_per_unit(d, per_tensor=FW_TENSOR)))
     text = render_text(answer(fit(snap), Changes(merge=2), memory=False))

@@ -19,9 +19,9 @@ def add_parser(sub) -> None:
         "host:port[,...], a Prometheus URL or PyTorch profiler traces: per unit and phase the "
         "measured compute, per collective a latency + bandwidth fitted to the run's own "
         "calls, the ranks' waits for each other, the framework's ordering, its own time "
-        "per unit priced per call, per parameter tensor (where the run recorded them) and "
-        "per byte) and predict the step time, the exposed communication and the peak memory per rank of a changed configuration, each with a "
-        "range. The model's replay of the measured configuration is printed beside the "
+        "per unit priced per call, per parameter tensor (where the run log recorded them) "
+        "and per byte) and predict the step time, the exposed communication and the peak "
+        "memory per rank of a changed configuration, each with a range. The model's replay of the measured configuration is printed beside the "
         "measurement as its own check. Numbers are per step and per rank (the worst rank's). "
         "Exit status: 0, 2 on bad input.",
         formatter_class=DefaultsHelpFormatter)

@@ -278,6 +278,10 @@ def check_facts(d: dict) -> None:
 
 
 _UNIT_FACTS: dict[int, tuple] = {}
+# What a header's unit may carry; a key a newer zerodoc added is left out, not an error (a
+# log written by a newer zerodoc stays readable: before `tensors` an unknown key failed the
+# whole header)
+_UNIT_KEYS = frozenset(f.name for f in dataclasses.fields(UnitFacts))
 
 
 def _unit_facts(units: list) -> tuple[UnitFacts, ...]:
@@ -285,7 +289,8 @@ def _unit_facts(units: list) -> tuple[UnitFacts, ...]:
     hit = _UNIT_FACTS.get(id(units))
     if hit is not None and hit[0] is units:
         return hit[1]
-    out = tuple(UnitFacts(**check_unit(u)) for u in units)
+    out = tuple(UnitFacts(**{k: v for k, v in check_unit(u).items() if k in _UNIT_KEYS})
+                for u in units)
     if len(_UNIT_FACTS) > 256:
         _UNIT_FACTS.clear()
     _UNIT_FACTS[id(units)] = (units, out)

@@ -42,6 +42,7 @@ HTTP API with the work done server-side.
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -171,7 +172,7 @@ class PrometheusSource:
         # when its window held no sampled step (adaptive K: one step in up to 1024): such a
         # series reads as absent (not measured), never as a number
         return [(r["metric"], v) for r in data.get("result", ())
-                if (v := float(r["value"][1])) == v]
+                if math.isfinite(v := float(r["value"][1]))]
 
     def _many(self, exprs: dict, at: float | None, workers: int = 8,
               timeout_s: float | None = None) -> dict:

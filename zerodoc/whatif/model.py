@@ -183,7 +183,8 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
     xs, ys, ws = [p[0] for p in pooled], [p[1] for p in pooled], [p[2] for p in pooled]
     a, b, _resid, se_a, se_b, mx = _wls(xs, ys, ws)
     c = se_c = cov = mt = 0.0
-    note = "the run did not record the units' parameter tensors"
+    note = ("the units' parameter tensor counts are not known; run logs of FSDP2 and FSDP1 "
+            "runs record them, Prometheus, the endpoints and traces do not")
     if all(p[3] is not None for p in pooled) and \
             min(len(p) for p in per_rank if p) < 4:
         # three parts through three units: an exact fit, no degree of freedom left
