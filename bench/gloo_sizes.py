@@ -64,12 +64,14 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"--sizes: not a list of numbers: {args.sizes!r}", file=sys.stderr)
         return 2
-    if args.reps < 1 or not sizes or min(sizes) <= 0:
-        print("--reps must be >= 1 and --sizes positive", file=sys.stderr)
+    if args.reps < 1 or not sizes or not all(0 < s <= 4096 for s in sizes):
+        print("--reps must be >= 1 and --sizes in (0, 4096] MB", file=sys.stderr)
         return 2
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(29000 + os.getpid() % 1000, args.reps, sizes), nprocs=2)
+    from zerodoc.demo.launch import free_port
+
+    mp.spawn(_worker, args=(free_port(), args.reps, sizes), nprocs=2)
     return 0
 
 
