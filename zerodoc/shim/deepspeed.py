@@ -46,8 +46,8 @@ from typing import Any
 
 from ..model import UnitFacts
 from .adapters import Adapter, AdapterFacts
-from .deepspeed_comm import _set_instance_attr, _State, install_comm
-from .detailplan import DetailPlan
+from .deepspeed_comm import _State, install_comm
+from .detailplan import DetailPlan, shadow_attr
 from .deepspeed_zero import (
     ZeroStepHooks, _MemoryView, install_offload, install_stage3, wrap_framework,
 )
@@ -369,7 +369,7 @@ class DeepSpeedAdapter(Adapter):
                     return orig(*args, **kwargs)
                 finally:
                     rec.remove(bwd)
-            _set_instance_attr(eng, "backward", backward, undo)
+            shadow_attr(eng, "backward", backward, undo)
             self.registry.ok("DeepSpeedEngine.backward (instance-wrapped)")
         except Exception as e:
             self.registry.missing("DeepSpeedEngine.backward (instance-wrapped)", repr(e))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import time
 
-from .detailplan import DetailPlan
+from .detailplan import shadow_attr
 from .recorder import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER
 from .slowlink import DelayedWork
 from .wiring import nbytes as _nbytes
@@ -109,28 +109,6 @@ def _wrap_comm(orig, coll: int, t_pos: int, t_name: str, async_default: int, st:
     return call
 
 
-def _set_instance_attr(obj, name: str, value, undo) -> None:
-    """Shadow a method on one instance; undo restores the class's (or the previous) one.
-    `undo`: a list of undo callables (shadowed now), or a `detailplan.DetailPlan` (shadowed
-    at each of its installs, restored at each removal)."""
-    if isinstance(undo, DetailPlan):
-        undo.attr(obj, name, value)
-        return
-    had = name in obj.__dict__
-    prev = obj.__dict__.get(name)
-    setattr(obj, name, value)
-
-    def restore():
-        if had:
-            setattr(obj, name, prev)
-        else:
-            try:
-                delattr(obj, name)
-            except AttributeError:
-                pass
-    undo.append(restore)
-
-
 def install_comm(st: _State, slow_link_s: float, registry, undo: list) -> None:
     """Shadow the collective methods of `deepspeed.comm.comm.cdb` with timed wrappers."""
     hook = "deepspeed.comm.comm.cdb (TorchBackend methods)"
@@ -146,7 +124,7 @@ def install_comm(st: _State, slow_link_s: float, registry, undo: list) -> None:
             if orig is None:
                 continue
             wrapper = _wrap_comm(orig, coll, t_pos, t_name, a_pos, st, slow_link_s)
-            _set_instance_attr(cdb, name, wrapper, undo)
+            shadow_attr(cdb, name, wrapper, undo)
             n += 1
         if not n:
             raise AttributeError("no collective methods on the backend")

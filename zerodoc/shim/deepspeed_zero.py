@@ -10,7 +10,8 @@ Hook points: see `hookpoints.py`.
 
 from __future__ import annotations
 
-from .deepspeed_comm import _set_instance_attr, _State
+from .deepspeed_comm import _State
+from .detailplan import shadow_attr
 from .recorder import BACKWARD, B_FRAMEWORK, FORWARD, unit_bucket
 
 
@@ -207,7 +208,7 @@ def wrap_framework(obj, name: str, hook: str, rec, registry, undo: list) -> None
                 return orig(*args, **kwargs)
             finally:
                 rec.remove(B_FRAMEWORK)
-        _set_instance_attr(obj, name, call, undo)
+        shadow_attr(obj, name, call, undo)
         registry.ok(hook)
     except Exception as e:
         registry.missing(hook, repr(e))
@@ -268,8 +269,8 @@ def install_stage3(st: _State, zero_opt, fetch_unit: dict, group_unit: dict, par
             finally:
                 rec.remove(fw)
 
-        _set_instance_attr(coord, "fetch_sub_module", fetch_sub_module, undo)
-        _set_instance_attr(coord, "release_sub_module", release_sub_module, undo)
+        shadow_attr(coord, "fetch_sub_module", fetch_sub_module, undo)
+        shadow_attr(coord, "release_sub_module", release_sub_module, undo)
         registry.ok(hook)
     except Exception as e:
         registry.missing(hook, repr(e))
@@ -296,7 +297,7 @@ def install_stage3(st: _State, zero_opt, fetch_unit: dict, group_unit: dict, par
                 return orig_gather(params, *args, **kwargs)
             finally:
                 st.unit = prev
-        _set_instance_attr(coord, name, all_gather_params_, undo)
+        shadow_attr(coord, name, all_gather_params_, undo)
         registry.ok(hook)
     except Exception as e:
         registry.missing(hook, repr(e) + "; fetches booked on the fetching module")
@@ -324,7 +325,7 @@ def install_offload(zero_opt, stage3: bool, unit: int, rec, registry, undo: list
                 return orig(*args, **kwargs)
             finally:
                 rec.remove(b)
-        _set_instance_attr(zero_opt, name, call, undo)
+        shadow_attr(zero_opt, name, call, undo)
         registry.ok(hook)
     except Exception as e:
         registry.missing(hook, repr(e))

@@ -189,3 +189,26 @@ class DetailPlan:
             if obj.__dict__.get(name, _MISSING) is not old:
                 return True
         return False
+
+
+def shadow_attr(obj, name: str, value, undo) -> None:
+    """Shadow a method on one instance; undo restores the class's (or the previous) one.
+    `undo`: a list of undo callables (shadowed now), or a `DetailPlan` (shadowed at each of
+    its installs, restored at each removal). The adapters' one way to do it (DeepSpeed,
+    ZeRO-1)."""
+    if isinstance(undo, DetailPlan):
+        undo.attr(obj, name, value)
+        return
+    had = name in obj.__dict__
+    prev = obj.__dict__.get(name)
+    setattr(obj, name, value)
+
+    def restore():
+        if had:
+            setattr(obj, name, prev)
+        else:
+            try:
+                delattr(obj, name)
+            except AttributeError:
+                pass
+    undo.append(restore)

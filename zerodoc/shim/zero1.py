@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from . import hookpoints as hp
 from .adapters import Adapter, AdapterFacts
-from .detailplan import DetailPlan
+from .detailplan import DetailPlan, shadow_attr
 from .recorder import (
     ALL_REDUCE, BACKWARD, BROADCAST, B_FRAMEWORK, B_WAIT, OPTIMIZER, unit_bucket,
 )
@@ -95,14 +95,15 @@ class _ZeroDistProxy(DistProxy):
         super().__init__(real)
         self._a = adapter
         # its own switch ([True] while its plan is installed, or until `instrument()`'s
-        # undo): a plan rebuilt over another tool's wrapper of `dist` wraps a chain that
-        # still holds this proxy; reading the adapter-wide `active` it would time every
-        # broadcast a second time (review of 2026-11-27, as FSDP1's R3)
+        # undo; the adapter's `active` has the same lifetime): a plan rebuilt over another
+        # tool's wrapper of `dist` wraps a chain that still holds this proxy; reading the
+        # adapter-wide `active` it would time every broadcast a second time (review of
+        # 2026-11-27, as FSDP1's R3)
         self._live = live
 
     def broadcast(self, *args, **kwargs):
         a = self._a
-        if not a.broadcasting or not a.active or not self._live[0]:
+        if not a.broadcasting or not self._live[0]:
             return self._real.broadcast(*args, **kwargs)
         tensor = kwargs.get("tensor", args[0] if args else None)
         fn = self._real.broadcast
@@ -455,16 +456,6 @@ class Zero1Adapter(DDPAdapter):
                               "optimizer state bytes read from the wrapper")
         return self.optimizer
 
-    @staticmethod
-    def _shadow(obj, name: str, fn, undo: list, plan) -> None:
-        """`obj.name = fn` on the instance, now (undone by `undo`) or at each install of
-        `plan` (removal deletes it again: the class's method shows through)."""
-        if plan is not None:
-            plan.attr(obj, name, fn)
-            return
-        setattr(obj, name, fn)
-        undo.append(lambda: obj.__dict__.pop(name, None))
-
     def _install_broadcasts(self, undo: list, plan=None) -> None:
         reg, opt = self.registry, self.optimizer
         if getattr(opt, "_overlap_with_ddp", False):
@@ -485,8 +476,8 @@ class Zero1Adapter(DDPAdapter):
             finally:
                 self.broadcasting = prev
 
-        self._shadow(opt, "_broadcast_params_from_rank", _broadcast_params_from_rank, undo,
-                     plan)
+        shadow_attr(opt, "_broadcast_params_from_rank", _broadcast_params_from_rank,
+                    plan if plan is not None else undo)
         reg.ok("ZeroRedundancyOptimizer._broadcast_params_from_rank")
         live = [plan is None]  # instrument(): on until its undo; a plan: while installed
         if plan is None:
@@ -522,5 +513,5 @@ class Zero1Adapter(DDPAdapter):
                 rec.remove(fw)
                 timer.ready(UNIT, (BROADCAST,))
 
-        self._shadow(opt, "_sync_params", _sync_params, undo, plan)
+        shadow_attr(opt, "_sync_params", _sync_params, plan if plan is not None else undo)
         reg.ok("ZeroRedundancyOptimizer._sync_params")
