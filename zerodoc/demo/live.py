@@ -66,10 +66,15 @@ def _mib(b: int | None) -> str:
 
 def _every(detail) -> str:
     """The attach `detail` setting in words ("1 step in 4", "sampled steps")."""
+    from ..shim.sampling import parse
+
     try:
-        return f"1 step in {int(detail)}"
-    except (TypeError, ValueError):
-        return "sampled steps, 1 in K adaptive" if detail == "adaptive" else "sampled steps"
+        mode, k = parse(detail)
+    except (TypeError, ValueError):  # attach itself says what is wrong with it
+        return "sampled steps"
+    if k:
+        return f"1 step in {k}"
+    return "sampled steps, 1 in K adaptive" if mode == "adaptive" else "sampled steps"
 
 
 def format_step(step: int, windows: dict[int, RankWindow],

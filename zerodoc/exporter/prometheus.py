@@ -140,7 +140,7 @@ class ZerodocCollector:
         key = (folds, unit_detail, tuple(rl))
         if folds is None or key != self._units_key:
             compute, comm = list(tot.compute.items()), list(tot.comm.items())
-            fw = list((getattr(tot, "unit_framework", None) or {}).items())
+            fw = list(tot.unit_framework.items())
             folded = 0
             if unit_detail:
                 fams = list(_per_unit(rl, compute, comm, fw))
