@@ -4,7 +4,15 @@ This layer sits *beneath* the measuring comm objects (it wraps FSDP's own comm),
 measurement knows nothing about it and has to find the delay the way it would find a real
 slow link. Synchronous collectives return `delay_s` later; asynchronous ones hand back a
 `DelayedWork` whose future completes `delay_s` after the real collective did (a timer
-thread sets it), and whose `wait()` blocks until then. Used by tests, benchmarks and the
+thread sets it), and whose `wait()` blocks until then.
+
+The delay is counted from the first sign that the real collective completed (its future's
+callback on the backend's thread, or `wait()` returning on the caller's), and `wait()` sleeps
+out the rest *on the caller's thread*: a waiter then wakes once after the delay, as a
+synchronous slow call does, instead of at the end of a chain of three threads (callback,
+timer start, timer fire), each of which has to get the GIL and, with more ranks than cores, a
+scheduler slice. That chain added 3-4 ms to every 100 ms delay with 4 ranks on 2 cores, and
+made the injected ground truth itself imprecise. Used by tests, benchmarks and the
 demo's `--slow-link-ms`; never on by default.
 """
 
@@ -17,16 +25,38 @@ import torch
 import torch.distributed as dist
 
 
+# The last stretch of an injected delay is spun, not slept: a sleeping thread wakes when the
+# scheduler gives it a slice, which with more ranks than cores comes 2-3 ms after the deadline
+# (measured: 4 ranks on 2 cores), and that lateness would be injected too.
+SPIN_S = 0.004
+
+
+def sleep_until(deadline: float) -> None:
+    rest = deadline - time.perf_counter() - SPIN_S
+    if rest > 0:
+        time.sleep(rest)
+    while time.perf_counter() < deadline:
+        pass
+
+
 class DelayedWork(dist.Work):
     def __init__(self, inner, delay_s: float):
         super().__init__()
         self._inner = inner
         self._delay_s = delay_s
         self._done = threading.Event()
+        self._t_inner: float | None = None  # when the real collective was first seen complete
         self._fut: torch.futures.Future = torch.futures.Future()
         inner.get_future().add_done_callback(self._on_inner_done)
 
+    def _seen_done(self, t: float) -> float:
+        if self._t_inner is None or t < self._t_inner:
+            self._t_inner = t
+        return self._t_inner
+
     def _on_inner_done(self, fut) -> None:
+        self._seen_done(time.perf_counter())
+
         def finish():
             self._done.set()
             try:
@@ -37,11 +67,14 @@ class DelayedWork(dist.Work):
 
     def wait(self, timeout=None) -> bool:
         ok = self._inner.wait() if timeout is None else self._inner.wait(timeout)
-        self._done.wait()
+        t_inner = self._seen_done(time.perf_counter())
+        sleep_until(t_inner + self._delay_s)
         return ok
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        t_inner = self._t_inner
+        return self._done.is_set() or (
+            t_inner is not None and time.perf_counter() >= t_inner + self._delay_s)
 
     def is_success(self) -> bool:
         return self._inner.is_success()
@@ -72,6 +105,6 @@ class SlowLink:
     def __call__(self, *args, async_op: bool = False, **kwargs):
         work = self.inner(*args, async_op=async_op, **kwargs)
         if not async_op or work is None:
-            time.sleep(self.delay_s)
+            sleep_until(time.perf_counter() + self.delay_s)
             return work
         return DelayedWork(work, self.delay_s)
