@@ -13,7 +13,11 @@ every sample.
   while their all-gather time still rises by DELAY (the delay was hidden, not missed);
 - always: total = exposed + hidden per all-gather, bytes = the unit's unsharded bytes,
   counts follow FSDP's schedule.
-Tolerance: 5 % of DELAY or 2 ms, whichever is larger (the issue's).
+Tolerance: 5 % of DELAY or 2 ms, whichever is larger (the issue's). DELAY is 100 ms, and
+200 ms where ranks outnumber cores: there a collective's own time when a rank arrives last
+(the floors' reference in the run without the delay) varies by 0.7-5 ms from run to run with
+4 ranks on 2 cores, a few of which the delayed run's floor does not share (its ranks leave
+each delay together); that variation does not scale with the delay, the tolerance does.
 """
 
 from __future__ import annotations
@@ -24,17 +28,30 @@ import pytest
 
 from tests.support.helpers import per_step, run_demo
 
-DELAY = 0.100
-TOL = max(0.05 * DELAY, 0.002)
+
+
+def oversubscribed(nprocs: int) -> bool:
+    return nprocs > (os.cpu_count() or 1)
+
+
+def delay_for(nprocs: int) -> float:
+    return 0.200 if oversubscribed(nprocs) else 0.100
+
+
+def tol_for(nprocs: int) -> float:
+    return max(0.05 * delay_for(nprocs), 0.002)
+
+
 # Completion of a collective that finished while compute ran is timed by a future callback on
 # gloo's thread, which needs the GIL: it can run up to one switch interval (5 ms) late, and
 # when ranks outnumber cores (4 ranks, each with its gloo thread, on 2 cores) it can also wait
 # for a scheduler slice. Only the *hidden* part of a collective depends on it; exposed time is
 # timed on the compute thread itself and keeps the issue's tolerance everywhere.
 def callback_tol(nprocs: int) -> float:
-    return TOL + (0.005 if nprocs <= (os.cpu_count() or 1) else 0.020)
+    return tol_for(nprocs) + (0.020 if oversubscribed(nprocs) else 0.005)
 STEPS = 12
-# Batch 8: ~20 ms of block compute to hide a prefetched all-gather behind (margin over TOL).
+# Batch 8: ~20 ms of block compute (more with ranks outnumbering cores) to hide a prefetched
+# all-gather behind (margin over the tolerance).
 MODEL = {"batch": 8}
 UNITS = ["(root)", "blocks.0", "blocks.1", "blocks.2", "blocks.3"]
 
@@ -60,18 +77,19 @@ def delta(runs, mode, unit, phase, field):
 def runs(request, tmp_path_factory):
     n = request.param
     tmp = tmp_path_factory.mktemp(f"exposure{n}")
-    out = {"n": n}
+    out = {"n": n, "delay": delay_for(n)}
     for mode in ("sync", "async"):
         model = {"prefetch": mode == "async", **MODEL}
         # Oversubscribed (4 ranks on 2 cores): more samples for the floors to settle.
-        steps = STEPS if n <= (os.cpu_count() or 1) else STEPS + 4
+        steps = STEPS + 4 if oversubscribed(n) else STEPS
         out[mode, "base"] = run_demo(tmp, f"{mode}-base", nprocs=n, steps=steps, model=model)
         out[mode, "slow"] = run_demo(tmp, f"{mode}-slow", nprocs=n, steps=steps, model=model,
-                                     attach={"inject_latency_s": DELAY})
+                                     attach={"inject_latency_s": out["delay"]})
     return out
 
 
 def test_sync_exposed_rises_by_delay_on_every_unit(runs):
+    DELAY, TOL = runs["delay"], tol_for(runs["n"])
     for phase in ("forward", "backward"):
         for unit in UNITS:
             d = delta(runs, "sync", unit, phase, "exposed_seconds")
@@ -85,6 +103,7 @@ def test_sync_exposed_rises_by_delay_on_every_unit(runs):
 
 
 def test_async_prefetch_hides_part_of_the_delay(runs):
+    DELAY, TOL = runs["delay"], tol_for(runs["n"])
     for unit, phase in NOT_PREFETCHED:
         d = delta(runs, "async", unit, phase, "exposed_seconds")
         assert abs(d - DELAY) <= TOL, (unit, phase, d)
