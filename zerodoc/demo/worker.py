@@ -7,11 +7,11 @@ PyTorch profiler traces of steps wait+warmup+1 ... wait+warmup+active, one file 
 `<dir>/rank-N.json[.gz]`, ProfilerStep#K being zerodoc's step K+1)}; tests may add "hang":
 {"rank_to_hang", "unit", "after_steps"}, and "framework_delay_s" (FSDP2: every unit's own
 pre-forward, inside FSDP's hook, sleeps that long: framework time beneath the measurement,
-a witness of the shim's framework totals). "stop_file" (tests) ends the run cleanly once any rank
-sees that file; "interrupt_file" (`zerodoc demo`: `Job.stop()` creates it on Ctrl-C) the same,
-recorded as stopped by the user (the run log's end says "interrupted"). Ends with destroy_process_group() and os._exit():
-gloo jobs whose ranks exit at different times otherwise abort at interpreter exit now and
-then (gloo teardown).
+a witness of the shim's framework totals). "stop_file" (tests) ends the run cleanly once any
+rank sees that file; "interrupt_file" (`zerodoc demo`: `Job.stop()` creates it on Ctrl-C) the
+same, recorded as stopped by the user (the run log's end says "interrupted"). Ends with
+destroy_process_group() and os._exit(): gloo jobs whose ranks exit at different times
+otherwise abort at interpreter exit now and then (gloo teardown).
 """
 
 from __future__ import annotations
