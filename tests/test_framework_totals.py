@@ -27,7 +27,7 @@ from tests.support.helpers import LiveDemo, wait_until
 from zerodoc.runlog import read_rank_log
 
 DELAY = 0.02
-SLACK = 0.012  # per unit and detail step: FSDP's own work + the hooks (mean, loaded box)
+SLACK = 0.015  # per unit and detail step: FSDP's own work + the hooks (mean, loaded box)
 MODEL = {"blocks": 4}  # + the root: 5 units
 UNITS = 5
 SAMPLED_K = 8
