@@ -9,19 +9,20 @@ fails reports and the others still run):
 1. fsdp2/<setup> for setup in implicit (FSDP2's defaults: implicit prefetch), async-explicit
    (async unshard + explicit forward / backward prefetch), no-reshard
    (reshard_after_forward=False): a ~1.1 B-parameter bf16 transformer, FSDP2 at world size 1
-   with NCCL (its all-gathers re-enabled, see zerodoc/testing/gpusetup.py), a known slow link injected
-   on the device before the all-gathers of chosen units (`torch.cuda._sleep` on the
+   with NCCL (its all-gathers re-enabled, see zerodoc/testing/gpusetup.py), a known slow link
+   injected on the device before the all-gathers of chosen units (`torch.cuda._sleep` on the
    collective's stream), zerodoc attached. Several steps are profiled; per unit and phase
    zerodoc's collective time, exposed time and compute time are compared with the
-   profiler's CUDA kernel trace of the same steps (zerodoc/testing/tracewitness.py). FAIL where they
-   differ by more than max(5 %, 0.2 ms).
+   profiler's CUDA kernel trace of the same steps (zerodoc/testing/tracewitness.py). FAIL
+   where they differ by more than max(5 %, 0.2 ms).
 2. sync: the instrumented job under `torch.cuda.set_sync_debug_mode("error")`, plus the
-   explicit synchronisations the mode misses, counted by who made them (zerodoc/testing/syncwatch.py).
-   FAIL on any made by zerodoc.
+   explicit synchronisations the mode misses, counted by who made them
+   (zerodoc/testing/syncwatch.py). FAIL on any made by zerodoc.
 3. overhead: two twins of the same job in one process, A with zerodoc attached once (default
    adaptive sampling, run until its K settled), B plain, alternated in blocks of steps
    (A B B A ...): the ratio of mean step times with its 95 % bootstrap interval over the block
-   pairs (PASS: the whole interval <= 1.003; one that straddles it is "not resolved").
+   pairs (PASS: the whole interval <= 1.003; one that straddles it is "not resolved"). A
+   sample installed for A's next step is taken out while B's block runs (`ab_blocks`).
 4. memory: zerodoc's allocator populations; the job's own peak is not reset by zerodoc.
 5. nvml: the link class zerodoc infers.
 6. fsdp1 and ddp-zero1 at world size 1 (FSDP1 turns FULL_SHARD into NO_SHARD at world size 1:
@@ -288,6 +289,59 @@ def sync_section(ck: Check, res: dict) -> None:
 # --- overhead ------------------------------------------------------------------------------
 
 
+def park_sample(mon) -> bool:
+    """At the end of the zerodoc twin's block: take out the per-unit instrumentation that
+    the end of A's last step installed for A's next step (a detail step due), so that B's
+    block runs without any of it: FSDP2's class-level `_prefetch_unshard` wrapper would pass
+    B's prefetches through A's recorder, and on a GPU the device clock's opening mark would
+    span B's block. Returns whether one was taken out (`unpark_sample` puts it back before
+    A's next block: the same steps get detail, none is added or skipped)."""
+    if not getattr(mon, "_detail_on", False):
+        return False
+    mon._remove_detail()
+    return True
+
+
+def unpark_sample(mon, parked: bool) -> None:
+    """Before the zerodoc twin's next block: put back what `park_sample` took out."""
+    if parked and not mon._detail_on:
+        mon._install_detail()
+
+
+def ab_blocks(run: dict, mon, blocks: int, sync, on_block=None) -> dict[str, list[float]]:
+    """The A/B's timed blocks, A B B A A B ... (no drift favours one side): `run[name]()`
+    runs one block of twin `name`'s steps and returns how many; each block is timed between
+    two `sync()` calls (the steps inside run as a job's do). Returns each twin's mean step
+    time per block. The block boundary is clean: a sample installed for A's next step at the
+    end of an A block is parked (outside the timed spans) while B's block runs. A paid its
+    install inside its block, as in a run without B; the removal and the reinstall are
+    outside both twins' timed spans. A detail step's read-back still pending at the end of
+    an A block stays A's: it is read at A's next step ends. `on_block(name)` is called
+    before each block and `on_block("-")` after it (the garbage collector's accounting)."""
+    times: dict[str, list[float]] = {"A": [], "B": []}
+    parked = False
+    try:
+        for b in range(blocks):
+            for name in (("A", "B") if b % 2 == 0 else ("B", "A")):
+                if name == "A":
+                    unpark_sample(mon, parked)
+                    parked = False
+                if on_block is not None:
+                    on_block(name)
+                sync()
+                t0 = time.perf_counter()
+                n = run[name]()
+                sync()
+                times[name].append((time.perf_counter() - t0) / n)
+                if on_block is not None:
+                    on_block("-")
+                if name == "A":
+                    parked = park_sample(mon)
+    finally:
+        unpark_sample(mon, parked)  # A's next step gets its detail, as scheduled
+    return times
+
+
 def block_ratio(a: list[float], b: list[float], boot: int = 4000, seed: int = 0) -> dict:
     """The overhead of A over B from paired blocks (A's i-th block of steps run beside B's
     i-th, the order alternating): the ratio of the mean step times, sum(a) / sum(b), with its
@@ -422,18 +476,17 @@ def overhead_section(ck: Check, res: dict) -> None:
             torch.cuda.synchronize()
             warm = {"steps": i, "detail_steps": len(ks), "k_after": ks[-8:],
                     "settled": settled(ks)}
-            times = {"A": [], "B": []}
             d0, s0 = mon.totals.detail_steps, mon.step_index
-            for b in range(blocks):  # A B B A A B ...: no drift favours one side
-                for name in (("A", "B") if b % 2 == 0 else ("B", "A")):
-                    cur[0] = name
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
+
+            def block(name: str):
+                def steps() -> int:
                     for x in ids:
                         train_step(*twins[name], x)
-                    torch.cuda.synchronize()
-                    times[name].append((time.perf_counter() - t0) / per)
-                    cur[0] = "-"
+                    return per
+                return steps
+
+            times = ab_blocks({"A": block("A"), "B": block("B")}, mon, blocks,
+                              torch.cuda.synchronize, on_block=lambda n: cur.__setitem__(0, n))
             detail = mon.totals.detail_steps - d0
             steps = mon.step_index - s0
             k_end = mon.sampler.k

@@ -84,9 +84,11 @@ def mismatches(snap, demo) -> list[str]:
         if w.memory.get("capacity") != ref.memory.get("capacity"):
             bad.append(f"rank {r}: capacity")
         fu = [(u.name, u.params, u.param_bytes, u.gather_bytes, u.sharded_bytes, u.group_size,
-               u.reshard_after_forward, u.param_dtype, u.reduce_dtype) for u in w.facts.units]
+               u.reshard_after_forward, u.param_dtype, u.reduce_dtype, u.tensors)
+              for u in w.facts.units]
         ru = [(u.name, u.params, u.param_bytes, u.gather_bytes, u.sharded_bytes, u.group_size,
-               u.reshard_after_forward, u.param_dtype, u.reduce_dtype) for u in ref.facts.units]
+               u.reshard_after_forward, u.param_dtype, u.reduce_dtype, u.tensors)
+              for u in ref.facts.units]
         if fu != ru:
             bad.append(f"rank {r}: unit facts {fu[:2]} vs {ru[:2]}")
         for k in ("rank", "local_rank", "world_size", "local_world_size", "node", "run_id",
@@ -170,9 +172,14 @@ def test_framework_time_per_unit_from_the_scrape_sources(live):
         for u, v in want_rows.items():
             assert v is not None and v > 0 and rows[u] is not None, (u, rows[u], v)
             assert math.isclose(rows[u], v, rel_tol=1e-4, abs_tol=1e-6), (u, rows[u], v)
-        # the what-if prices the framework time per unit from this source as from the run log
+        # the what-if prices the framework time per unit from this source as from the run log,
+        # with the units' parameter tensor counts (zerodoc_unit_parameter_tensors) the same
+        assert all(u.tensors for u in snap.any_rank.facts.units)
         assert [rm.framework_per_unit for rm in fit(snap).ranks] == \
             [rm.framework_per_unit for rm in fit(ref).ranks] == [True, True]
+        assert [(f.tensor_note, f.per_tensor_s) for f in
+                (rm.framework_fit for rm in fit(snap).ranks)] == \
+            [(f.tensor_note, f.per_tensor_s) for f in (rm.framework_fit for rm in fit(ref).ranks)]
 
 
 def test_same_run_same_findings_from_every_source(live):

@@ -192,6 +192,10 @@ CATALOG: tuple[Metric, ...] = (
     Metric("zerodoc_unit_stored_parameter_bytes", "gauge", "bytes",
            "Unsharded parameter bytes of a unit in its stored (original) dtype.", ("unit",),
            scope="run", per="units", into="unit:param_bytes"),
+    Metric("zerodoc_unit_parameter_tensors", "gauge", "",
+           "Parameter tensors a unit shards (the framework's copy-in / copy-out and gradient "
+           "work is per tensor; FSDP2, FSDP1); absent where not recorded.", ("unit",),
+           scope="run", per="units", into="unit:tensors"),
     Metric("zerodoc_unit_dtype", "info", "",
            "A unit's all-gather (parameter) dtype and gradient reduce dtype.",
            ("unit", "param_dtype", "reduce_dtype"), scope="run", per="units", into="unit_info"),

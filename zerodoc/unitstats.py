@@ -3,9 +3,14 @@ the TUI's aggregated views read instead of walking every rank's per-unit dicts.
 
 Every number is *per step* (a rank's window totals / the steps they cover). For each
 (unit, phase, collective) the min / median / mean / max over the ranks that have it; for
-each unit the table values (all-gather over all phases, reduce-scatter, compute) over all
-the given ranks, a rank without the unit counting as 0 and ratios (exposed fraction, bus
-bandwidth) taken per rank first, then aggregated over the ranks where they are defined.
+each unit the table values (all-gather over all phases, reduce-scatter, compute) over the
+given ranks that measured the unit (a rank without any series of it, e.g. not sampled there
+yet or the unit absent on it, is left out: not measured, never a zero; a rank that measured
+the unit counts a collective it has no series of as 0), and ratios (exposed fraction, bus
+bandwidth) taken per rank first, then aggregated over the ranks where they are defined. The
+framework's time per unit is over the ranks that have it for the unit. So the means agree
+with the Prometheus source's PromQL (`sources/prometheus.py`), which aggregates over the
+series there are.
 
 A source that aggregates on its side (Prometheus, in PromQL) sets `RunSnapshot.unit_stats`;
 otherwise `unit_stats()` builds them from the ranks' windows with numpy, caching each
@@ -210,10 +215,18 @@ def _compute(windows: list[RankWindow], ranks: tuple[int, ...]) -> UnitStats:
             dst = np.array([ui[mkeys[j][0]] for j in cols])
             np.add.at(m.T, dst, z[:, cols, col].T)
         t[f] = m
+    # which ranks measured each unit (any collective, compute or framework series of it): a
+    # rank that did not (not sampled there yet, or the unit absent on it) is left out of the
+    # unit's stats, never counted as a zero; a rank that measured the unit and has no series
+    # of one of its collectives did measure none of them (0). Counted per (rank, unit).
+    seen_n = np.zeros((R, U))
+    if K:
+        np.add.at(seen_n.T, np.array([ui[k[0]] for k in mkeys]), have.T.astype(np.float64))
     ck0 = arrs[0][0]
     if all(a[0] is ck0 or a[0] == ck0 for a in arrs):  # every rank the same keys: stack
         cmat = np.stack([a[1] for a in arrs]) / steps[:, None] if ck0 else np.zeros((R, 0))
         ckeys = list(ck0)
+        chave = np.ones(cmat.shape, bool)
     else:
         cpos: dict = {}
         for a in arrs:
@@ -221,9 +234,12 @@ def _compute(windows: list[RankWindow], ranks: tuple[int, ...]) -> UnitStats:
                 cpos.setdefault(k, len(cpos))
         ckeys = list(cpos)
         cmat = np.zeros((R, len(ckeys)))
+        chave = np.zeros((R, len(ckeys)), bool)
         for i, a in enumerate(arrs):
             if a[0]:
-                cmat[i, [cpos[k] for k in a[0]]] = a[1] / steps[i]
+                cols = [cpos[k] for k in a[0]]
+                cmat[i, cols] = a[1] / steps[i]
+                chave[i, cols] = True
     for f, phases in (("compute_seconds", None), ("compute_forward", "forward"),
                       ("compute_backward", "backward")):
         m = np.zeros((R, U))
@@ -232,16 +248,34 @@ def _compute(windows: list[RankWindow], ranks: tuple[int, ...]) -> UnitStats:
         if cols:
             dst = np.array([ui[ckeys[j][0]] for j in cols])
             np.add.at(m.T, dst, cmat[:, cols].T)
+            if phases is None:
+                np.add.at(seen_n.T, dst, chave[:, cols].T.astype(np.float64))
         t[f] = m
-    fw = np.full((R, U), np.nan)  # a rank without it: left out, not 0
+    # the framework's time: a rank without it for a unit is left out of that unit's (older
+    # run logs have none; a coarse rank's sum over units, RANK_TOTAL_UNIT, says nothing per
+    # unit), as PromQL leaves out a rank without the unit's series
+    fi: list = []
+    fj: list = []
+    fv: list = []
     for i, w in enumerate(windows):
-        # a coarse rank's framework time summed over units (RANK_TOTAL_UNIT) says nothing
-        # per unit: that rank is left out too
-        rows = [(ui[u], v) for (u, _p), v in w.unit_framework.items() if u in ui]
-        if rows:
-            fw[i] = 0.0
-            for j, v in rows:
-                fw[i, j] += v / steps[i]
+        for (u, _p), v in w.unit_framework.items():
+            j = ui.get(u)
+            if j is not None:
+                fi.append(i)
+                fj.append(j)
+                fv.append(v)
+    fw = np.full((R, U), np.nan)
+    fw_have = np.zeros((R, U), bool)
+    if fv:
+        fi_a, fj_a = np.array(fi), np.array(fj)
+        fw_sum = np.zeros((R, U))
+        np.add.at(fw_sum, (fi_a, fj_a), np.array(fv) / steps[fi_a])
+        fw_have[fi_a, fj_a] = True
+        fw[fw_have] = fw_sum[fw_have]
+    measured = (seen_n > 0) | fw_have
+    if not measured.all():
+        for m in t.values():
+            m[~measured] = np.nan
     t["framework_seconds"] = fw
     with np.errstate(divide="ignore", invalid="ignore"):
         sec = t["ag_seconds"]

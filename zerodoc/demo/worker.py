@@ -5,11 +5,13 @@ MASTER_PORT set. SPEC_JSON holds {"model": DemoConfig fields, "steps": N, "attac
 options, "lr": float, "profile": {"dir", "wait", "warmup", "active", "gzip"} (optional: record
 PyTorch profiler traces of steps wait+warmup+1 ... wait+warmup+active, one file per rank,
 `<dir>/rank-N.json[.gz]`, ProfilerStep#K being zerodoc's step K+1)}; tests may add "hang":
-{"rank_to_hang", "unit", "after_steps"}. "stop_file" (tests) ends the run cleanly once any rank
-sees that file; "interrupt_file" (`zerodoc demo`: `Job.stop()` creates it on Ctrl-C) the same,
-recorded as stopped by the user (the run log's end says "interrupted"). Ends with destroy_process_group() and os._exit():
-gloo jobs whose ranks exit at different times otherwise abort at interpreter exit now and
-then (gloo teardown).
+{"rank_to_hang", "unit", "after_steps"}, and "framework_delay_s" (FSDP2: every unit's own
+pre-forward, inside FSDP's hook, sleeps that long: framework time beneath the measurement,
+a witness of the shim's framework totals). "stop_file" (tests) ends the run cleanly once any
+rank sees that file; "interrupt_file" (`zerodoc demo`: `Job.stop()` creates it on Ctrl-C) the
+same, recorded as stopped by the user (the run log's end says "interrupted"). Ends with
+destroy_process_group() and os._exit(): gloo jobs whose ranks exit at different times
+otherwise abort at interpreter exit now and then (gloo teardown).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def run(spec: dict) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     for dotted in spec.get("break_hooks", ()):  # tests: simulate a missing hook point
         _break(dotted)
+    if spec.get("framework_delay_s"):  # tests: known framework time in every unit's hook
+        _delay_fsdp2_pre_forward(float(spec["framework_delay_s"]))
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     cfg = DemoConfig(**spec.get("model", {}))
@@ -113,6 +117,22 @@ def _hang(model, rank: int, *, rank_to_hang: int, unit: str, after_steps: int = 
                 time.sleep(3600)
 
     model.get_submodule(unit).register_forward_pre_hook(block)
+
+
+def _delay_fsdp2_pre_forward(seconds: float) -> None:
+    """FSDP2's param group pre-forward (run inside FSDP's forward pre-hook, once per unit and
+    forward) sleeps `seconds` first: framework time the shim cannot have made up."""
+    import time
+
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    real = FSDPParamGroup.pre_forward
+
+    def pre_forward(self, *args, **kwargs):
+        time.sleep(seconds)
+        return real(self, *args, **kwargs)
+
+    FSDPParamGroup.pre_forward = pre_forward
 
 
 def _break(dotted: str) -> None:

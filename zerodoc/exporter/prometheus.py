@@ -319,6 +319,7 @@ def _unit_facts(rl: list[str], units):
     group = _family("zerodoc_unit_group_size")
     sharded = _family("zerodoc_unit_sharded_bytes")
     stored = _family("zerodoc_unit_stored_parameter_bytes")
+    tensors = _family("zerodoc_unit_parameter_tensors")
     dtype = InfoMetricFamily("zerodoc_unit_dtype", BY_NAME["zerodoc_unit_dtype"].help,
                              labels=list(RANK_LABELS) + ["unit"])
     for i, u in enumerate(units):
@@ -331,5 +332,7 @@ def _unit_facts(rl: list[str], units):
         group.add_metric(lv, u.group_size)
         sharded.add_metric(lv, u.sharded_bytes)
         stored.add_metric(lv, u.param_bytes)
+        if u.tensors is not None:
+            tensors.add_metric(lv, u.tensors)
         dtype.add_metric(lv, {"param_dtype": u.param_dtype, "reduce_dtype": u.reduce_dtype})
-    yield from (params, pbytes, reshard, index, group, sharded, stored, dtype)
+    yield from (params, pbytes, reshard, index, group, sharded, stored, tensors, dtype)

@@ -147,7 +147,8 @@ def facts_of(c: Cumulative) -> RankFacts:
             sharded_bytes=int(u.get("sharded_bytes", -(-gather // max(1, group)))),
             reshard_after_forward=None if rs is None else bool(rs), group_size=group,
             param_dtype=u.get("param_dtype", lb.get("param_dtype", "")),
-            reduce_dtype=u.get("reduce_dtype", lb.get("reduce_dtype", ""))))
+            reduce_dtype=u.get("reduce_dtype", lb.get("reduce_dtype", "")),
+            tensors=int(u["tensors"]) if u.get("tensors") is not None else None))
     stage = lb.get("zero_stage", "")
     return RankFacts(
         rank=c.rank, local_rank=int(lb.get("local_rank", c.rank)), world_size=world,
