@@ -18,21 +18,7 @@ from zerodoc.whatif.linkprofile import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 INJECT_S = 0.03  # added to every all-gather of 2 MB or more, beneath the probe
-
-# one rank of the probe as torchrun starts it (RANK, WORLD_SIZE, MASTER_* set), with
-# torch.distributed.all_gather_into_tensor slowed by INJECT_S from 2 MB of output on
-_RANK = f"""
-import sys, time
-import torch.distributed as dist
-real = dist.all_gather_into_tensor
-def slowed(out, inp, *a, **k):
-    if out.numel() * out.element_size() >= 2_000_000:
-        time.sleep({INJECT_S})
-    return real(out, inp, *a, **k)
-dist.all_gather_into_tensor = slowed
-from zerodoc.cli import main
-sys.exit(main.main(sys.argv[1:]))
-"""
+# (tests/support/jobs/slowed_linkprobe.py: one rank as torchrun starts it)
 
 
 @pytest.mark.slow
@@ -45,9 +31,10 @@ def test_probe_on_a_real_gloo_group_sees_a_delay_injected_beneath_it(tmp_path):
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         procs.append(subprocess.Popen(
-            [sys.executable, "-c", _RANK, "linkprobe", "--out", str(out), "--sizes",
+            [sys.executable, "-m", "tests.support.jobs.slowed_linkprobe", str(INJECT_S),
+             "2000000", "linkprobe", "--out", str(out), "--sizes",
              "0.5,1,4", "--reps", "5", "--collectives", "all_gather,reduce_scatter"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-2000:]
