@@ -168,8 +168,9 @@ class ProfileLink:
     its largest call x_max (wire bytes): t(x) = fit(x_max) + s (P(x) - P(x_max)), P the
     profile's curve, s its scale to the run's link. s is 1 (the profile measured on the
     run's host class) unless the run's own calls reject that: the ratio r of the fit's slope
-    to the profile's over the run's sizes, with its standard error; where r is more than Z
-    standard errors from 1 the run's link differs from the profile's host class and s = r.
+    to the profile's over the run's sizes, with its standard error (both slopes' errors);
+    where r is more than Z standard errors from 1 the run's link differs from the profile's
+    host class and s = r.
     The range: the fit's own error at x_max, the profile's errors at both sizes, and s from
     min(1, r - Z se) to max(1, r + Z se) (the run's calls cannot tell those apart)."""
 
@@ -188,12 +189,19 @@ class ProfileLink:
                                      or 1.0)
 
     def scale(self) -> tuple[float, float, float]:
-        """(s, low, high): the profile's scale to the run's link and its range."""
-        p = self.curve.secant(self.x_min, self.x_max)
-        if p <= 0 or self.x_max <= self.x_min:  # one size in the run: nothing to compare
+        """(s, low, high): the profile's scale to the run's link and its range. The profile's
+        slope over the run's sizes p (its secant) and its error come from its medians at the
+        run's smallest and largest call; where p is not resolved (within Z errors of 0: a
+        flat stretch of the sweep), the ratio would divide by noise and s stays 1."""
+        x0, x1 = self.x_min, self.x_max
+        if x1 <= x0:  # one size in the run: nothing to compare
+            return 1.0, 1.0, 1.0
+        (y0, e0), (y1, e1) = self.curve.at_wire(x0), self.curve.at_wire(x1)
+        p, se_p = (y1 - y0) / (x1 - x0), math.hypot(e0, e1) / (x1 - x0)
+        if p <= 0 or p <= self.z * se_p:
             return 1.0, 1.0, 1.0
         r = self.fit.seconds_per_wire_byte / p
-        se = self.fit.se_seconds_per_wire_byte / p
+        se = math.hypot(self.fit.se_seconds_per_wire_byte / p, r * se_p / p)
         s = 1.0 if abs(r - 1.0) <= self.z * se else r
         return s, max(0.0, min(1.0, s, r - self.z * se)), max(1.0, s, r + self.z * se)
 
