@@ -1213,3 +1213,21 @@ def test_whatif_bad_link_profile_one_line_exit_2(tmp_path, capsys, content, msg)
     assert cli.main(["whatif", run, "--merge", "blocks", "--link-profile", str(prof)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and msg in err[0] and "--link-profile" in err[0], err
+
+
+def test_link_profile_flat_over_the_runs_sizes_keeps_its_scale_and_a_finite_range():
+    """A noisy sweep flat over the run's sizes (its slope there within its errors of 0):
+    the ratio of the run's slope to it would divide by noise, so the scale stays 1 and the
+    range stays finite (a loaded bench pair gave a 4.7 s high end before)."""
+    from zerodoc.whatif.linkprofile import profile_from_dict
+
+    snap, _ = synthetic(CONVEX_A, link=convex_s)
+    rows = [{"bytes": b, "median_s": t, "se_s": 3e-4} for b, t in
+            ((400_000, 1e-3), (2_000_000, 1.0001e-3), (5_000_000, 9e-3), (8_000_000, 2e-2))]
+    flat = profile_from_dict({"kind": "zerodoc-link-profile", "schema": 1, "group_size": 2,
+                              "collectives": {"all_gather": rows}})
+    a = answer(fit(snap, flat), Changes(merge=4))
+    ag = next(r for r in a["link_model"]["beyond_run_sizes"] if r["collective"] == "all_gather")
+    assert ag["profile_scale"] == 1.0 and ag["profile_scale_range"] == [1.0, 1.0]
+    lo, hi = a["predicted"]["exposed_comm_s_range"]
+    assert hi < 2 * a["predicted"]["exposed_comm_s"]
