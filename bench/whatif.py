@@ -135,6 +135,36 @@ def with_profile(case: Case, a_dir: Path, bm: dict, exp_bound: float, profile,
             q["exposed_comm_s_range"][1], "link_model": p["link_model"]}
 
 
+def link_beyond(a_dir: Path, b_dir: Path, profile, window: int = WINDOW) -> list[dict]:
+    """The link alone, beyond A's sizes: per collective, B's calls larger than A's largest,
+    their link-attributable time per call as B measured it (`linkfit.link_points`: the
+    smaller rank's, free of the ranks' waits and of B's compute) against A's model of the
+    same calls, by the fitted line and with the profile (seconds per call, weighted by the
+    calls)."""
+    from zerodoc.sources import open_source
+    from zerodoc.whatif import Changes, fit
+    from zerodoc.whatif.linkfit import link_points
+
+    snap = open_source(str(a_dir), window=window).snapshot()
+    line, prof = fit(snap), fit(snap, profile)
+    pts = link_points(open_source(str(b_dir), window=window).snapshot())
+    out = []
+    for (coll, n), f in sorted(line.links.items()):
+        rows = [(nb, s, c) for (_, _, k), (m, nb, s, c) in pts.items()
+                if k == coll and m == n and nb > f.max_bytes * 1.001]
+        calls = sum(c for _, _, c in rows)
+        if not calls:
+            continue
+        mean = lambda g: sum(g(nb) * c for nb, _, c in rows) / calls  # noqa: E731
+        out.append({"collective": coll, "calls": calls, "bytes": mean(lambda nb: nb),
+                    "measured_s": sum(s * c for _, s, c in rows) / calls,
+                    "line_s": mean(lambda nb: line.call_seconds(coll, nb, n, Changes(), 0,
+                                                                None)),
+                    "profile_s": mean(lambda nb: prof.call_seconds(coll, nb, n, Changes(), 0,
+                                                                   None))})
+    return out
+
+
 def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW,
              profile=None) -> dict:
     """A measured, the prediction for B from A alone, B measured, and the errors;
@@ -172,6 +202,8 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW,
               "b_s": b["baseline"]["arrival_wait_s"]}
     prof = with_profile(case, a_dir, bm, exp_bound, profile, window) \
         if profile is not None and case.name != "replay" else None
+    if prof is not None:
+        prof["link_beyond"] = link_beyond(a_dir, b_dir, profile, window)
     return {"case": case.name, "what": case.what, "a": pred["measured"], "spread": spread,
             "link_model": pred["link_model"], "with_profile": prof,
             "exposed_in_range": p["exposed_comm_s_range"][0] <= bm["exposed_comm_s"] <=
@@ -335,6 +367,12 @@ def table(r: dict) -> str:
             f"{w['exposed_error_s'] * 1e3:+.1f} ms ({'ok' if w['exposed_ok'] else 'MISSED'}), "
             f"B's exposed in its range: {'yes' if w['exposed_in_range'] else 'no'} (line: "
             f"{'yes' if r.get('exposed_in_range') else 'no'})")
+        for k in w.get("link_beyond", []):
+            lines.append(
+                f"link alone at B's calls beyond A's sizes, {k['collective']} ({k['calls']:g} "
+                f"calls of {k['bytes'] / 1e6:.2f} MB per step): B measured "
+                f"{k['measured_s'] * 1e3:.2f} ms per call, line {k['line_s'] * 1e3:.2f}, "
+                f"profile {k['profile_s'] * 1e3:.2f}")
     rule = r.get("rule")
     if rule and not rule["fired"]:
         lines.append(f"{rule['code']} did not fire on A: no rule prediction to judge")
