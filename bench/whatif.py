@@ -370,7 +370,7 @@ def table(r: dict) -> str:
         for k in w.get("link_beyond", []):
             lines.append(
                 f"link alone at B's calls beyond A's sizes, {k['collective']} ({k['calls']:g} "
-                f"calls of {k['bytes'] / 1e6:.2f} MB per step): B measured "
+                f"calls of {k['bytes'] / 1e6:.2f} MB in the window): B measured "
                 f"{k['measured_s'] * 1e3:.2f} ms per call, line {k['line_s'] * 1e3:.2f}, "
                 f"profile {k['profile_s'] * 1e3:.2f}")
     rule = r.get("rule")
