@@ -3,7 +3,12 @@ for real (2 gloo ranks on this machine's CPU, per-unit detail on every step), pr
 alone (`zerodoc.whatif`), and print A measured, the prediction for B, B measured.
 
     python bench/whatif.py [--steps 12] [--warmup 3] [--cases replay,reshard,merge,slowlink,prefetch]
-                           [--keep DIR] [--json]
+                           [--keep DIR] [--json] [--no-link-profile]
+
+Before the pairs it measures a link profile on this host (`zerodoc linkprobe`, ~10 s; skip
+with --no-link-profile) and predicts each case both ways: with the run's fitted line alone
+and with the profile's shape beyond A's largest call (`zerodoc whatif --link-profile`), A/B
+on the same runs.
 
 Per case it states the load: the 1-minute load average before A, between A and B and after B,
 a LOADED HOST flag where it passed 1 per core during the pair (the pair's own two ranks make
@@ -90,23 +95,80 @@ def measure(run_dir: Path, window: int = WINDOW) -> dict:
 
 
 def predict(run_dir: Path, changes: dict, window: int = WINDOW,
-            per_step_framework: bool = False) -> dict:
+            per_step_framework: bool = False, profile=None) -> dict:
     """The what-if answer; `per_step_framework`: the framework's time priced from the
     step's total as for a run log without it per unit (a diagnostic: the two pricings on the
-    same runs)."""
+    same runs); `profile`: a `LinkProfile` pricing calls beyond A's sizes."""
     from zerodoc.sources import open_source
     from zerodoc.whatif import Changes, answer, fit
 
     snap = open_source(str(run_dir), window=window).snapshot()
-    m = fit(snap)
+    m = fit(snap, profile)
     if per_step_framework:
         for rm in m.ranks:
             rm.framework_fit = None
     return answer(m, Changes(**changes), memory=not per_step_framework)
 
 
-def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict:
-    """A measured, the prediction for B from A alone, B measured, and the errors."""
+def link_profile(out: Path) -> Path:
+    """A link profile of this host (`zerodoc linkprobe`: 2 gloo ranks, as the demo runs)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "zerodoc", "linkprobe", "--out", str(out),
+                        "--collectives", "all_gather,reduce_scatter"], capture_output=True,
+                       text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        raise RuntimeError(f"linkprobe failed ({p.returncode}): {p.stderr[-2000:]}")
+    return out
+
+
+def with_profile(case: Case, a_dir: Path, bm: dict, exp_bound: float, profile,
+                 window: int = WINDOW) -> dict:
+    """The same prediction with the link profile beyond A's sizes, and its errors."""
+    p = predict(a_dir, case.changes, window, profile=profile)
+    q = p["predicted"]
+    step_err = (q["step_s"] - bm["step_s"]) / bm["step_s"]
+    exp_err = q["exposed_comm_s"] - bm["exposed_comm_s"]
+    return {"predicted": q, "step_error": step_err, "step_ok": abs(step_err) <= case.step_bound,
+            "exposed_error_s": exp_err, "exposed_ok": abs(exp_err) <= exp_bound,
+            "exposed_in_range": q["exposed_comm_s_range"][0] <= bm["exposed_comm_s"] <=
+            q["exposed_comm_s_range"][1], "link_model": p["link_model"]}
+
+
+def link_beyond(a_dir: Path, b_dir: Path, profile, window: int = WINDOW) -> list[dict]:
+    """The link alone, beyond A's sizes: per collective, B's calls larger than A's largest,
+    their link-attributable time per call as B measured it (`linkfit.link_points`: the
+    smaller rank's, free of the ranks' waits and of B's compute) against A's model of the
+    same calls, by the fitted line and with the profile (seconds per call, weighted by the
+    calls)."""
+    from zerodoc.sources import open_source
+    from zerodoc.whatif import Changes, fit
+    from zerodoc.whatif.linkfit import link_points
+
+    snap = open_source(str(a_dir), window=window).snapshot()
+    line, prof = fit(snap), fit(snap, profile)
+    pts = link_points(open_source(str(b_dir), window=window).snapshot())
+    out = []
+    for (coll, n), f in sorted(line.links.items()):
+        rows = [(nb, s, c) for (_, _, k), (m, nb, s, c) in pts.items()
+                if k == coll and m == n and nb > f.max_bytes * 1.001]
+        calls = sum(c for _, _, c in rows)
+        if not calls:
+            continue
+        mean = lambda g: sum(g(nb) * c for nb, _, c in rows) / calls  # noqa: E731
+        out.append({"collective": coll, "calls": calls, "bytes": mean(lambda nb: nb),
+                    "measured_s": sum(s * c for _, s, c in rows) / calls,
+                    "line_s": mean(lambda nb: line.call_seconds(coll, nb, n, Changes(), 0,
+                                                                None)),
+                    "profile_s": mean(lambda nb: prof.call_seconds(coll, nb, n, Changes(), 0,
+                                                                   None))})
+    return out
+
+
+def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW,
+             profile=None) -> dict:
+    """A measured, the prediction for B from A alone, B measured, and the errors;
+    `profile` (a `LinkProfile`): the prediction with it as well (`with_profile`)."""
     pred = predict(a_dir, case.changes, window)
     b = measure(b_dir, window)
     bm = b["measured"]
@@ -138,7 +200,14 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW) -> dict
     # the ranks' arrival spread (in the exposed time): A's replay, B predicted, B's replay
     spread = {"a_s": pred["baseline"]["arrival_wait_s"], "b_predicted_s": p["arrival_wait_s"],
               "b_s": b["baseline"]["arrival_wait_s"]}
+    prof = with_profile(case, a_dir, bm, exp_bound, profile, window) \
+        if profile is not None and case.name != "replay" else None
+    if prof is not None:
+        prof["link_beyond"] = link_beyond(a_dir, b_dir, profile, window)
     return {"case": case.name, "what": case.what, "a": pred["measured"], "spread": spread,
+            "link_model": pred["link_model"], "with_profile": prof,
+            "exposed_in_range": p["exposed_comm_s_range"][0] <= bm["exposed_comm_s"] <=
+            p["exposed_comm_s_range"][1],
             "compute_a_s": compute_a, "compute_b_s": compute_b,
             # the model keeps A's compute: B measured within 15 % of it, or the machine's
             # load changed between the runs (tests run such a pair again)
@@ -171,7 +240,8 @@ def judged_rule(code: str, a_dir: Path, b_dir: Path, window: int = WINDOW) -> di
                         for e in fix["effects"] if e.get("lo") is not None]}
 
 
-def run_cases(names: list[str], steps: int, tmp: Path, window: int = WINDOW) -> list[dict]:
+def run_cases(names: list[str], steps: int, tmp: Path, window: int = WINDOW,
+              profile=None) -> list[dict]:
     """Per case a fresh pair, A then B right after it (the load on a shared machine moves
     between minutes: a B run measured long after its A compares two loads, not two
     configurations); the replay reads one run."""
@@ -186,7 +256,7 @@ def run_cases(names: list[str], steps: int, tmp: Path, window: int = WINDOW) -> 
         load.append(os.getloadavg()[0])
         # the host's 1-minute load average before A, between A and B, after B; the other
         # processes' share of the cores over the pair
-        out.append(with_load(evaluate(c, a, b, window), load,
+        out.append(with_load(evaluate(c, a, b, window, profile), load,
                              others=others_share(before, cpu_sample())))
     return out
 
@@ -278,6 +348,31 @@ def table(r: dict) -> str:
              *([f"LOADED HOST: load average up to {r['load_per_core_max']:.2f} per core (> 1) "
                 f"during the pair: the runs queued for the CPU, so this comparison measures "
                 f"the host, not the model"] if r.get("loaded") else [])]
+    for b in (r.get("link_model") or {}).get("beyond_run_sizes", []):
+        lines.append(f"{b['collective']}: B's calls up to {b['ratio']:.1f}x A's largest "
+                     f"({b['largest_predicted_bytes'] / 1e6:.2f} MB against "
+                     f"{b['largest_measured_bytes'] / 1e6:.2f} MB)")
+    w = r.get("with_profile")
+    if w:
+        q = w["predicted"]
+        scale = "; ".join(f"{b['collective']} x{b['profile_scale']:.2f}" for b in
+                          w["link_model"]["beyond_run_sizes"] if b["priced_by"] == "profile")
+        lines.append(
+            f"{'B with link profile':24}{ms(q['step_s'])} {ms(q['exposed_comm_s']):>11}   "
+            f"range exposed [{ms(q['exposed_comm_s_range'][0]).strip()}, "
+            f"{ms(q['exposed_comm_s_range'][1]).strip()}] ({scale or 'no call beyond A'})")
+        lines.append(
+            f"with the link profile: step error {w['step_error'] * 100:+.1f} % "
+            f"({'ok' if w['step_ok'] else 'MISSED'}), exposed error "
+            f"{w['exposed_error_s'] * 1e3:+.1f} ms ({'ok' if w['exposed_ok'] else 'MISSED'}), "
+            f"B's exposed in its range: {'yes' if w['exposed_in_range'] else 'no'} (line: "
+            f"{'yes' if r.get('exposed_in_range') else 'no'})")
+        for k in w.get("link_beyond", []):
+            lines.append(
+                f"link alone at B's calls beyond A's sizes, {k['collective']} ({k['calls']:g} "
+                f"calls of {k['bytes'] / 1e6:.2f} MB in the window): B measured "
+                f"{k['measured_s'] * 1e3:.2f} ms per call, line {k['line_s'] * 1e3:.2f}, "
+                f"profile {k['profile_s'] * 1e3:.2f}")
     rule = r.get("rule")
     if rule and not rule["fired"]:
         lines.append(f"{rule['code']} did not fire on A: no rule prediction to judge")
@@ -297,6 +392,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="first steps left out of each run")
     ap.add_argument("--cases", default=",".join(BY_NAME))
     ap.add_argument("--keep", default=None, help="keep the run directories here")
+    ap.add_argument("--no-link-profile", action="store_true",
+                    help="do not measure a link profile first (predict with the fitted line "
+                         "only)")
     ap.add_argument("--json", action="store_true",
                     help="print the results as JSON (per case: the errors, bounds, compute "
                          "drift, load per core and the `loaded` flag) instead of the tables")
@@ -314,13 +412,24 @@ def main(argv=None) -> int:
         if window < 2:
             print("--steps must exceed --warmup by 2 or more", file=sys.stderr)
             return 2
-        results = run_cases(names, args.steps, tmp, window)
+        profile = None
+        if not args.no_link_profile:
+            from zerodoc.whatif.linkprofile import load_profile
+
+            profile = load_profile(str(link_profile(tmp / "linkprofile.json")))
+        results = run_cases(names, args.steps, tmp, window, profile)
         if args.json:
             print(json.dumps({"steps": args.steps, "warmup": args.warmup,
                               "cores": os.cpu_count(),
-                              "load": [load, os.getloadavg()[0]], "cases": results},
+                              "load": [load, os.getloadavg()[0]], "cases": results,
+                              "link_profile": None if profile is None else profile.path},
                              indent=1, default=str))
             return 0
+        if profile is not None:
+            print("link profile of this host (ms per call at MB): " + "; ".join(
+                f"{c.collective} " + " ".join(f"{b / 1e6:g}:{t * 1e3:.2f}" for b, t in
+                                              zip(c.nbytes, c.median_s))
+                for c in profile.curves.values()))
         print(f"{args.steps} steps per run (the first {args.warmup} left out), 2 gloo ranks; "
               f"load average "
               f"{load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

@@ -31,15 +31,16 @@ def call_s(nbytes: float, n: int = 2) -> float:
 
 def synthetic(units=(("(root)", 100_000), ("l0", 250_000), ("l1", 500_000),
                      ("l2", 1_000_000), ("l3", 2_000_000)), *, fwd=0.01, bwd=0.02,
-              reshard=True, hidden=False, extra=None):
+              reshard=True, hidden=False, extra=None, link=None):
     """A synchronous (gloo-like) run: every collective exposed, the step their sum plus the
-    compute, 50 ms optimizer and 1 ms framework per collective call."""
+    compute, 50 ms optimizer and 1 ms framework per collective call; `link`: the time per
+    call of nbytes (default `call_s`)."""
     compute, comm = [], []
     calls = 0
     for name, params in units:
         nbytes = params * 4
         compute += [[name, "forward", fwd], [name, "backward", bwd]]
-        t = call_s(nbytes)
+        t = (link or call_s)(nbytes)
         rows = [[name, "forward", "all_gather", 1, nbytes, t, t, 0.0],
                 [name, "backward", "reduce_scatter", 1, nbytes, t, t, 0.0]]
         if reshard:
@@ -1080,3 +1081,153 @@ def test_replay_of_recorded_runs_within_one_percent(scenario):
     snap = open_source(str(Path(__file__).parent / "data" / "scenarios" / scenario)).snapshot()
     a = answer(fit(snap), Changes())
     assert a["baseline"]["step_s"] == pytest.approx(a["measured"]["step_s"], rel=0.01)
+
+
+# --- the link beyond the run's sizes: a measured link profile -----------------------------
+
+BEND = 1_000_000  # wire bytes where the injected link's cost per byte triples
+
+
+def convex_s(nbytes: float, n: int = 2) -> float:
+    """A link like gloo's on a CPU host: LAT + 1/BW per wire byte up to BEND, 3/BW past it."""
+    x = nbytes * (n - 1) / n
+    return LAT + x / BW + 2 * max(0.0, x - BEND) / BW
+
+
+def _profile(time_of, sizes=(400_000, 1_200_000, 2_000_000, 4_000_000, 8_000_000)):
+    """A profile document measured on a link `time_of(nbytes)`: no noise, the sizes the
+    algorithm bytes per call (all-gather output; wire = half on 2 ranks)."""
+    from zerodoc.whatif.linkprofile import profile_from_dict
+
+    rows = [{"bytes": b, "median_s": time_of(b), "se_s": 0.0} for b in sizes]
+    return profile_from_dict({"kind": "zerodoc-link-profile", "schema": 1, "backend": "gloo",
+                              "group_size": 2, "host": "synthetic",
+                              "collectives": {"all_gather": rows, "reduce_scatter": rows}})
+
+
+CONVEX_A = (("(root)", 100_000), ("l0", 200_000), ("l1", 250_000), ("l2", 300_000),
+            ("l3", 500_000))  # A: calls of 0.4-2 MB (wire 0.2-1 MB): all below the bend
+
+
+def test_link_profile_recovers_a_convex_link_beyond_the_runs_sizes():
+    """Merging (l0..l3) makes 5 MB calls, past the bend A's calls never reach: the fitted line
+    (the old model) under-predicts B; with a profile of the link's shape (measured with 1 ms
+    more latency than the run's calls see: its level is not the run's) the model recovers
+    B's exposed time exactly (its step by as much), and the replay of A does not move."""
+    snap, _ = synthetic(CONVEX_A, link=convex_s)
+    # B measured on the same link (its compute and framework time do not matter here)
+    b, _ = synthetic((("(root)", 100_000), ("l0..l3", 1_250_000)), link=convex_s)
+    exposed_b = b.ranks[0].exposed_seconds / 10
+    ch = Changes(merge=4)
+    old = answer(fit(snap), ch)
+    # the line misses by the convex part: 3 calls of 5 MB, 1.5 MB wire past the bend at 2/BW
+    miss = 3 * 2 * (2_500_000 - BEND) / BW
+    assert old["predicted"]["exposed_comm_s"] == pytest.approx(exposed_b - miss, rel=1e-6)
+    assert old["link_model"]["model"] == "fitted line"
+    beyond = {r["collective"]: r for r in old["link_model"]["beyond_run_sizes"]}
+    assert beyond["all_gather"]["ratio"] == pytest.approx(2.5) and \
+        beyond["all_gather"]["priced_by"] == "line"
+    new = answer(fit(snap, _profile(lambda b: convex_s(b) + 0.001)), ch)
+    assert new["predicted"]["exposed_comm_s"] == pytest.approx(exposed_b, rel=1e-6)
+    # the step: the line's by the same miss (every call exposed)
+    assert new["predicted"]["step_s"] - old["predicted"]["step_s"] == pytest.approx(miss)
+    lo, hi = new["predicted"]["exposed_comm_s_range"]
+    assert lo <= exposed_b <= hi
+    assert new["baseline"] == old["baseline"]  # within A's sizes the profile moves nothing
+    assert new["link_model"]["beyond_run_sizes"][0]["priced_by"] == "profile"
+    assert new["link_model"]["beyond_run_sizes"][0]["profile_scale"] == pytest.approx(1.0)
+    # a change within A's sizes: the same answer with or without the profile
+    same = [answer(fit(snap, p), Changes(reshard_after_forward=False))["predicted"]
+            for p in (None, _profile(convex_s))]
+    assert same[0] == same[1]
+
+
+def test_link_profile_of_a_slower_host_class_is_scaled_to_the_runs_link():
+    """A profile measured on a host class twice as slow per byte: the run's own calls (a
+    slope half the profile's over their sizes, no noise) reject its scale, and the model
+    takes the profile's shape at the run's scale: B recovered again."""
+    snap, _ = synthetic(CONVEX_A, link=convex_s)
+    b, _ = synthetic((("(root)", 100_000), ("l0..l3", 1_250_000)), link=convex_s)
+    exposed_b = b.ranks[0].exposed_seconds / 10
+    slow = _profile(lambda nb: 2 * convex_s(nb))
+    new = answer(fit(snap, slow), Changes(merge=4))
+    assert new["predicted"]["exposed_comm_s"] == pytest.approx(exposed_b, rel=1e-6)
+    assert new["link_model"]["beyond_run_sizes"][0]["profile_scale"] == pytest.approx(0.5)
+
+
+def test_link_profile_noisy_sweep_is_made_monotone():
+    from zerodoc.whatif.linkprofile import monotone
+
+    assert monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert monotone([2.0, 1.0, 0.0]) == [1.0, 1.0, 1.0]
+    prof = _profile(lambda b: {400_000: 1e-3, 1_200_000: 3e-3, 2_000_000: 2e-3}.get(b, 5e-3))
+    assert prof.curves["all_gather"].median_s[:3] == pytest.approx((1e-3, 2.5e-3, 2.5e-3))
+
+
+def test_whatif_says_how_far_beyond_the_runs_sizes_it_extrapolates(tmp_path, capsys):
+    run = "tests/data/scenarios/wrap-linear"
+    assert cli.main(["whatif", run, "--merge", "blocks"]) == 0
+    out = capsys.readouterr().out
+    assert "all_gather calls up to 3.0x the run's largest (3.15 MB per call against 1.07 MB):" \
+        " extrapolated along the fitted line (no --link-profile" in out
+    prof = tmp_path / "p.json"
+    rows = [{"bytes": b, "median_s": t, "se_s": 1e-5}
+            for b, t in ((262_144, 6e-4), (1_048_576, 1.2e-3), (3_145_728, 4e-3))]
+    prof.write_text(json.dumps({"kind": "zerodoc-link-profile", "schema": 1, "backend": "gloo",
+                                "group_size": 2, "host": "h",
+                                "collectives": {"all_gather": rows}}))
+    assert cli.main(["whatif", run, "--merge", "blocks", "--link-profile", str(prof),
+                     "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    lm = doc["link_model"]
+    assert lm["profile"]["collectives"] == ["all_gather"]
+    by = {r["collective"]: r["priced_by"] for r in lm["beyond_run_sizes"]}
+    assert by == {"all_gather": "profile", "reduce_scatter": "line"}
+    assert cli.main(["whatif", run, "--link-profile", str(prof)]) == 0  # the replay only
+    assert "calls up to" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content,msg", [
+    (None, "no such file"),
+    ("{", "not JSON"),
+    ('{"kind": "other"}', "not a link profile"),
+    ('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 1, "collectives": {}}',
+     "group_size must be an integer >= 2"),
+    ('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 2, "collectives": '
+     '{"all_gather": [{"bytes": 1, "median_s": 1}]}}', "needs 2 or more sizes"),
+    ('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 2, "collectives": '
+     '{"broadcast": [{"bytes": 1, "median_s": 1}, {"bytes": 2, "median_s": 1}]}}',
+     "unknown collective"),
+    ('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 2, "collectives": '
+     '{"all_gather": [{"bytes": 1, "median_s": -1}, {"bytes": 2, "median_s": 1}]}}',
+     "median_s must be a finite number"),
+    ('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 2, "collectives": '
+     '{"all_gather": [{"bytes": 2, "median_s": 1}, {"bytes": 2, "median_s": 1}]}}',
+     "distinct"),
+])
+def test_whatif_bad_link_profile_one_line_exit_2(tmp_path, capsys, content, msg):
+    prof = tmp_path / "p.json"
+    if content is not None:
+        prof.write_text(content)
+    run = "tests/data/scenarios/wrap-linear"
+    assert cli.main(["whatif", run, "--merge", "blocks", "--link-profile", str(prof)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0] and "--link-profile" in err[0], err
+
+
+def test_link_profile_flat_over_the_runs_sizes_keeps_its_scale_and_a_finite_range():
+    """A noisy sweep flat over the run's sizes (its slope there within its errors of 0):
+    the ratio of the run's slope to it would divide by noise, so the scale stays 1 and the
+    range stays finite (a loaded bench pair gave a 4.7 s high end before)."""
+    from zerodoc.whatif.linkprofile import profile_from_dict
+
+    snap, _ = synthetic(CONVEX_A, link=convex_s)
+    rows = [{"bytes": b, "median_s": t, "se_s": 3e-4} for b, t in
+            ((400_000, 1e-3), (2_000_000, 1.0001e-3), (5_000_000, 9e-3), (8_000_000, 2e-2))]
+    flat = profile_from_dict({"kind": "zerodoc-link-profile", "schema": 1, "group_size": 2,
+                              "collectives": {"all_gather": rows}})
+    a = answer(fit(snap, flat), Changes(merge=4))
+    ag = next(r for r in a["link_model"]["beyond_run_sizes"] if r["collective"] == "all_gather")
+    assert ag["profile_scale"] == 1.0 and ag["profile_scale_range"] == [1.0, 1.0]
+    lo, hi = a["predicted"]["exposed_comm_s_range"]
+    assert hi < 2 * a["predicted"]["exposed_comm_s"]

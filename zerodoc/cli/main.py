@@ -21,6 +21,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("report", "zerodoc.cli.report"),
     ("compare", "zerodoc.cli.compare"),
     ("whatif", "zerodoc.cli.whatif"),
+    ("linkprobe", "zerodoc.cli.linkprobe"),
     ("tui", "zerodoc.cli.tui"),
     ("targets", "zerodoc.cli.targets"),
     ("dashboards", "zerodoc.cli.dashboards"),

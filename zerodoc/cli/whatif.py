@@ -54,6 +54,11 @@ def add_parser(sub) -> None:
                    help="bus bandwidth: 10GB (bytes per second, set) or x2 (scale)")
     g.add_argument("--micro-batch-scale", type=float, default=None, metavar="F",
                    help="micro-batch scaled by F (compute and activation memory scale)")
+    p.add_argument("--link-profile", default=None, metavar="FILE",
+                   help="a link profile measured on the run's host class (zerodoc linkprobe): "
+                        "calls larger than the run's largest are priced by its measured "
+                        "shape, anchored to the run's own fit (default: the fitted line is "
+                        "extended, and the answer says how far)")
     p.add_argument("--json", action="store_true", help="machine-readable JSON")
     p.set_defaults(func=run)
 
@@ -182,6 +187,32 @@ def _framework_line(fw: dict) -> str:
             f"{fw['rest_s'] * 1e3:.1f} ms of no unit")
 
 
+def _link_model_lines(lm: dict | None) -> list[str]:
+    """How the change's calls beyond the run's largest are priced (`model.link_model`)."""
+    if not lm:
+        return []
+    out = []
+    prof = lm.get("profile")
+    if prof:
+        out.append(f"link profile {prof['path']}: {prof['backend']}, group {prof['group_size']},"
+                   f" host {prof['host']} ({', '.join(prof['collectives'])})")
+    for b in lm["beyond_run_sizes"]:
+        head = (f"{b['collective']} calls up to {b['ratio']:.1f}x the run's largest "
+                f"({b['largest_predicted_bytes'] / 1e6:.2f} MB per call against "
+                f"{b['largest_measured_bytes'] / 1e6:.2f} MB): ")
+        if b["priced_by"] == "line":
+            out.append(head + "extrapolated along the fitted line" +
+                       ("" if prof else " (no --link-profile; a cost per byte that grows past "
+                        "the run's sizes is not seen)"))
+        else:
+            lo, hi = b["profile_scale_range"]
+            out.append(head + f"the run's fit at its largest call + the profile's increase "
+                       f"x{b['profile_scale']:.2f} (range x{lo:.2f}-x{hi:.2f})" +
+                       (", beyond the profile's largest size too" if b["beyond_profile"]
+                        else ""))
+    return out
+
+
 def render_text(doc: dict) -> str:
     m, b, p = doc["measured"], doc["baseline"], doc["predicted"]
     sem = doc["semantics"]
@@ -199,6 +230,7 @@ def render_text(doc: dict) -> str:
                      f"{link['latency_s'] * 1e3:.2f} ms, bus bandwidth "
                      f"{'not seen' if bw is None else f'{bw / 1e9:.2f} GB/s'}, residual "
                      f"{link['resid_s'] * 1e3:.2f} ms per call ({link['points']} points)")
+    lines += _link_model_lines(doc.get("link_model"))
     fw = doc.get("framework")
     if fw:
         lines.append(_framework_line(fw))
@@ -238,7 +270,12 @@ def run(args) -> int:
     snap = source.snapshot()
     if not snap.ranks:
         raise UserError(f"{source.description}: no ranks to fit a model to")
-    doc = answer(fit(snap), ch)
+    profile = None
+    if args.link_profile is not None:
+        from ..whatif.linkprofile import load_profile
+
+        profile = load_profile(args.link_profile)
+    doc = answer(fit(snap, profile), ch)
     doc["source"] = source.description
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")

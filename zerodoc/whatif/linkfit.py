@@ -113,12 +113,13 @@ def _wls(xs, ys, ws):
     return a, b, resid, se_a, se_b, mx
 
 
-def fit_links(snapshot: RunSnapshot, ranks=None) -> dict[tuple[str, int], LinkFit]:
-    """One `LinkFit` per (collective, group size) from the per-unit totals of `ranks` (all
-    ranks with per-unit detail by default). Link-attributable (docs/rules.md): a collective
-    ends at about the same moment on every rank, so per unit, phase and collective the time
-    per call is the smallest over the ranks (the rank that arrived last waited for the link
-    only; the others also waited for it: peer wait, modelled apart)."""
+def link_points(snapshot: RunSnapshot, ranks=None
+                ) -> dict[tuple[str, str, str], tuple[int, float, float, float]]:
+    """Per (unit, phase, collective) of `ranks` (all by default): (group size, bytes per
+    call, link-attributable seconds per call, calls). Link-attributable (docs/rules.md): a
+    collective ends at about the same moment on every rank, so the time per call is the
+    smallest over the ranks (the rank that arrived last waited for the link only; the others
+    also waited for it: peer wait, modelled apart)."""
     best: dict[tuple[str, str, str], tuple[int, float, float, float]] = {}
     for r, w in sorted(snapshot.ranks.items()):
         if ranks is not None and r not in ranks:
@@ -133,6 +134,14 @@ def fit_links(snapshot: RunSnapshot, ranks=None) -> dict[tuple[str, int], LinkFi
             key = (unit, phase, coll)
             if key not in best or row[2] < best[key][2]:
                 best[key] = row
+    return best
+
+
+def fit_links(snapshot: RunSnapshot, ranks=None) -> dict[tuple[str, int], LinkFit]:
+    """One `LinkFit` per (collective, group size) from the per-unit totals of `ranks` (all
+    ranks with per-unit detail by default), over their link-attributable points
+    (`link_points`)."""
+    best = link_points(snapshot, ranks)
     pts: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     for (_unit, _phase, coll), (n, nbytes, secs, calls) in sorted(best.items()):
         pts.setdefault((coll, n), []).append((nbytes, secs, calls))

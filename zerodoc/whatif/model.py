@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import UserError
 from ..model import RunSnapshot
-from .linkfit import LinkFit, _wls, fit_links
+from .linkfit import LinkFit, _wls, fit_links, wire_factor
+from .linkprofile import LinkProfile, ProfileLink
 
 GATHER = ("all_gather",)
 # The ranges are about 95 % intervals: two standard errors (of the link fit at each call's
@@ -345,6 +346,9 @@ class StepModel:
         self.world_size = world_size
         self.block_container = block_container
         self.steps = steps  # steps with per-unit detail the model was fitted to (min rank)
+        # a measured link profile (`linkprofile`, `--link-profile`): its shape prices the
+        # calls beyond the run's largest; None: the fitted line is extended
+        self.profile: LinkProfile | None = None
 
     # --- the link -----------------------------------------------------------------------
     def link(self, coll: str, n: int) -> LinkFit | None:
@@ -364,7 +368,58 @@ class StepModel:
                       latency_set=ch.latency_set_s, latency_set_low=ch.latency_set_low_s)
         if ch.bandwidth_kind in (None, coll):
             kw.update(bandwidth_scale=ch.bandwidth_scale, bandwidth_set=ch.bandwidth_set)
-        return f.seconds(nbytes, ch.world_size or n, bound=bound, **kw)
+        n = ch.world_size or n
+        pl = self.profile_link(coll, ch)
+        if pl is not None and n > 1 and pl.beyond(nbytes * wire_factor(coll, n)):
+            # beyond the run's largest call: the fit there, plus the profile's increase
+            # (a changed bandwidth scales it as it scales the line's part per byte)
+            x = nbytes * wire_factor(coll, n)
+            at_max = f.seconds(f.max_bytes, f.group_size, bound=bound, **kw)
+            return at_max + pl.increment(x, bound) / kw.get("bandwidth_scale", 1.0)
+        return f.seconds(nbytes, n, bound=bound, **kw)
+
+    def profile_link(self, coll: str, ch: Changes = Changes()) -> ProfileLink | None:
+        """The profile's shape for `coll` beyond the run's sizes, or None: no profile, no
+        curve of that collective in it, or a bandwidth set by the change (a link with no
+        measured shape: the line)."""
+        if self.profile is None or coll not in self.profile.curves:
+            return None
+        if ch.bandwidth_set is not None and ch.bandwidth_kind in (None, coll):
+            return None
+        f = self.link(coll, self.profile.group_size)
+        return None if f is None else ProfileLink(f, self.profile.curves[coll], Z)
+
+    def beyond_sizes(self, ch: Changes) -> list[dict]:
+        """Per collective whose calls after the change are larger (in wire bytes) than the
+        run's largest: how much larger, and how they are priced (`link_model`)."""
+        reshard = self._reshard(ch)
+        top: dict[str, tuple[float, float]] = {}  # collective -> (wire bytes, bytes)
+        for rm in self.ranks:
+            for u in self._units(rm, ch):
+                for _p, c, (calls, nbytes, _s) in _rows(u, reshard):
+                    n = ch.world_size or u.group.get(c, self.world_size)
+                    if calls > 0 and n > 1:
+                        top[c] = max(top.get(c, (0.0, 0.0)), (nbytes * wire_factor(c, n),
+                                                              nbytes))
+        out = []
+        for c, (x, nbytes) in sorted(top.items()):
+            f = self.link(c, self.world_size)
+            if f is None or f.max_bytes <= 0:
+                continue
+            x_max = f.max_bytes * wire_factor(c, f.group_size)
+            if x <= x_max * (1 + 1e-9):
+                continue
+            pl = self.profile_link(c, ch)
+            row = {"collective": c, "group_size": f.group_size,
+                   "largest_measured_bytes": f.max_bytes, "largest_predicted_bytes": nbytes,
+                   "largest_measured_wire_bytes": x_max, "largest_predicted_wire_bytes": x,
+                   "ratio": x / x_max, "priced_by": "line" if pl is None else "profile"}
+            if pl is not None:
+                s, lo, hi = pl.scale()
+                row.update(profile_scale=s, profile_scale_range=[lo, hi],
+                           beyond_profile=x > pl.curve.max_wire * (1 + 1e-9))
+            out.append(row)
+        return out
 
     # --- the units after a change ---------------------------------------------------------
     def _units(self, rm: RankModel, ch: Changes) -> list[UnitModel]:
@@ -599,8 +654,6 @@ class StepModel:
     def traffic(self, ch: Changes = Changes()) -> tuple[float, float]:
         """(nominal bytes, wire bytes) per step of the first rank after the change: bytes per
         call x calls (the planner's convention), and what a ring moves ((n-1)/n, 2(n-1)/n)."""
-        from .linkfit import wire_factor
-
         if not self.ranks:
             return 0.0, 0.0
         reshard = self._reshard(ch)
@@ -772,8 +825,9 @@ def _merge(group: list[UnitModel]) -> UnitModel:
     return out
 
 
-def fit(snapshot: RunSnapshot) -> StepModel:
-    """The model of a measured run (every active rank with per-unit detail)."""
+def fit(snapshot: RunSnapshot, profile: LinkProfile | None = None) -> StepModel:
+    """The model of a measured run (every active rank with per-unit detail); `profile`: a
+    measured link profile pricing the calls beyond the run's sizes (`linkprofile`)."""
     from ..diagnosis.context import Context
 
     ranks = {r: w for r, w in snapshot.ranks.items()
@@ -844,8 +898,10 @@ def fit(snapshot: RunSnapshot) -> StepModel:
     for rm, (s, calls) in zip(rank_models, spread):
         rm.arrival_wait_per_call_s, rm.arrival_calls = s, calls
     links = fit_links(snapshot, ranks=set(ranks))
-    return StepModel(snapshot, rank_models, links, sem, max(1, ctx.group_size),
-                     ctx.block_container, min(w.per_unit_steps for w in ranks.values()))
+    model = StepModel(snapshot, rank_models, links, sem, max(1, ctx.group_size),
+                      ctx.block_container, min(w.per_unit_steps for w in ranks.values()))
+    model.profile = profile
+    return model
 
 
 # --- answers ------------------------------------------------------------------------------
@@ -926,7 +982,21 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
                    "resid_s": f.resid_s, "points": f.points,
                    "bytes_range": [f.min_bytes, f.max_bytes]}
                   for f in model.links.values()],
+        "link_model": link_model(model, ch),
     }
+
+
+def link_model(model: StepModel, ch: Changes) -> dict:
+    """Which link model priced the change's calls: the run's fitted line everywhere, or
+    with a profile's shape beyond the run's largest call; and per collective, how far
+    beyond it the change's calls reach (`StepModel.beyond_sizes`)."""
+    prof = model.profile
+    return {"model": "fitted line" if prof is None else "fitted line + profile beyond the "
+            "run's sizes",
+            "profile": None if prof is None else {
+                "path": prof.path, "backend": prof.backend, "group_size": prof.group_size,
+                "host": prof.host, "collectives": sorted(prof.curves)},
+            "beyond_run_sizes": model.beyond_sizes(ch)}
 
 
 def summary(ans: dict) -> str:
