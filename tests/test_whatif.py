@@ -1231,3 +1231,51 @@ def test_link_profile_flat_over_the_runs_sizes_keeps_its_scale_and_a_finite_rang
     assert ag["profile_scale"] == 1.0 and ag["profile_scale_range"] == [1.0, 1.0]
     lo, hi = a["predicted"]["exposed_comm_s_range"]
     assert hi < 2 * a["predicted"]["exposed_comm_s"]
+
+
+def test_link_profile_with_two_group_sizes_leaves_the_replay_alone():
+    """Units sharded over 4 ranks beside units over 2: each call is priced by its own group's
+    fit and anchored to that fit's largest call, so the replay does not move with a profile
+    (review rev4 M1: anchored to the group-2 fit, the replay moved from 376 to 436 ms)."""
+    units = CONVEX_A + (("l4", 520_000),)
+
+    def mixed(d):
+        d["run"]["world_size"] = 4
+        for u in d["units"]:
+            u["group_size"] = 4 if u["name"] in ("l3", "l4") else 2
+
+    snap, _ = synthetic(units, extra=mixed)
+    a0 = answer(fit(snap), Changes())
+    a1 = answer(fit(snap, _profile(lambda b: 3 * convex_s(b))), Changes())
+    assert a1["baseline"]["step_s"] == pytest.approx(a0["baseline"]["step_s"], rel=1e-9)
+    assert a1["link_model"]["beyond_run_sizes"] == []
+
+
+def test_world_size_change_of_a_one_rank_run_is_answered():
+    """A 1-rank run has no link to extrapolate from (group 1): a world-size change is
+    answered, not a ZeroDivisionError (review rev4 M2)."""
+    snap, _ = synthetic(extra=lambda d: d["run"].update(world_size=1))
+    a = answer(fit(snap), Changes(world_size=2))
+    assert a["link_model"]["beyond_run_sizes"] == []
+    assert math.isfinite(a["predicted"]["step_s"])
+
+
+def test_link_profile_noisy_flat_tail_is_no_flatter_than_the_runs_line():
+    """A sweep whose last size's median dips under the one before (pooled flat): calls past
+    the sweep go on along the last sizes' slope, never flatter than the run's line, so the
+    profile cannot price them under the line (review rev4 M3: 50.7 ms against the line's
+    64.5 and B's 109.5)."""
+    from zerodoc.whatif.linkprofile import profile_from_dict
+
+    snap, _ = synthetic(CONVEX_A, link=convex_s)
+    rows = [{"bytes": b, "median_s": t, "se_s": 1e-5} for b, t in
+            [(b, convex_s(b)) for b in (400_000, 1_200_000, 2_000_000, 2_400_000)]
+            + [(2_600_000, convex_s(2_400_000) - 2e-4)]]
+    noisy = profile_from_dict({"kind": "zerodoc-link-profile", "schema": 1, "group_size": 2,
+                               "collectives": {"all_gather": rows, "reduce_scatter": rows}})
+    b, _ = synthetic((("(root)", 100_000), ("l0..l3", 1_250_000)), link=convex_s)
+    exposed_b = b.ranks[0].exposed_seconds / 10
+    line = answer(fit(snap), Changes(merge=4))["predicted"]["exposed_comm_s"]
+    new = answer(fit(snap, noisy), Changes(merge=4))
+    assert line < new["predicted"]["exposed_comm_s"] < exposed_b
+    assert all(r["beyond_profile"] for r in new["link_model"]["beyond_run_sizes"])

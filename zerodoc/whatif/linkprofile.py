@@ -62,11 +62,21 @@ class Curve:
         far = abs(w - 1.0) if w > 1 else abs(w)
         return y, math.hypot(es[i], es[i + 1]) * (1 + far)
 
-    def secant(self, x0: float, x1: float) -> float:
-        """Seconds per wire byte between two sizes (the profile's slope over a range)."""
-        if x1 <= x0:
-            return 0.0
-        return (self.at_wire(x1)[0] - self.at_wire(x0)[0]) / (x1 - x0)
+    def tail_slope(self, k: int = 3) -> tuple[float, float]:
+        """(seconds per wire byte, its standard error) over the sweep's last `k` sizes, by
+        least squares: the slope beyond the sweep. Not the last segment's alone: the medians
+        made non-decreasing can pool a noisy last size into a flat segment, which would price
+        every larger call at nothing more (review rev4 M3)."""
+        xs, ys, es = self._wire()[-k:], self.median_s[-k:], self.se_s[-k:]
+        if len(xs) < 2:
+            return 0.0, 0.0
+        xb, yb = sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - xb) ** 2 for x in xs)
+        if sxx <= 0:
+            return 0.0, 0.0
+        b = sum((x - xb) * (y - yb) for x, y in zip(xs, ys)) / sxx
+        se = math.sqrt(sum(((x - xb) * e) ** 2 for x, e in zip(xs, es))) / sxx
+        return max(0.0, b), se
 
     @property
     def max_wire(self) -> float:
@@ -208,10 +218,30 @@ class ProfileLink:
     def beyond(self, x: float) -> bool:
         return x > self.x_max * (1 + 1e-9)
 
+    def beyond_bytes(self, nbytes: float) -> bool:
+        """A call of `nbytes` (bytes per call) is larger than the run's largest."""
+        return nbytes > self.fit.max_bytes * (1 + 1e-9)
+
+    def at(self, x: float) -> tuple[float, float]:
+        """The profile at x wire bytes (time, standard error); beyond its sweep along its
+        last sizes' slope (`Curve.tail_slope`), never flatter than the run's own line (in
+        the run's terms: the line's slope over the scale), its error growing with the
+        distance by the slope's."""
+        c = self.curve
+        xm = c.max_wire
+        if x <= xm:
+            return c.at_wire(x)
+        ym, em = c.at_wire(xm)
+        b, se_b = c.tail_slope()
+        s = self.scale()[0]
+        if s > 0:
+            b = max(b, self.fit.seconds_per_wire_byte / s)
+        return ym + b * (x - xm), math.hypot(em, se_b * (x - xm))
+
     def increment(self, x: float, bound: float = 0) -> float:
         """The profile's part beyond x_max (seconds), its low / high end at bound -Z / +Z."""
-        y1, e1 = self.curve.at_wire(x)
-        y0, e0 = self.curve.at_wire(self.x_max)
+        y1, e1 = self.at(x)
+        y0, e0 = self.at(self.x_max)
         d = y1 - y0
         s, lo, hi = self.scale()
         if not bound:

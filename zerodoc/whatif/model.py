@@ -369,47 +369,57 @@ class StepModel:
         if ch.bandwidth_kind in (None, coll):
             kw.update(bandwidth_scale=ch.bandwidth_scale, bandwidth_set=ch.bandwidth_set)
         n = ch.world_size or n
-        pl = self.profile_link(coll, ch)
-        if pl is not None and n > 1 and pl.beyond(nbytes * wire_factor(coll, n)):
-            # beyond the run's largest call: the fit there, plus the profile's increase
-            # (a changed bandwidth scales it as it scales the line's part per byte)
-            x = nbytes * wire_factor(coll, n)
-            at_max = f.seconds(f.max_bytes, f.group_size, bound=bound, **kw)
+        pl = self.profile_link(coll, ch, f)
+        if pl is not None and n > 1 and pl.beyond_bytes(nbytes):
+            # beyond the run's largest call (in bytes per call: a world size changed alone
+            # keeps the calls' sizes, and the line prices its wire bytes): the line at the
+            # run's largest call, plus the profile's increase from there, both in the fit's
+            # group's wire bytes (a changed bandwidth scales the increase as it scales the
+            # line's part per byte)
+            at_max = f.seconds(f.max_bytes, n, bound=bound, **kw)
+            x = nbytes * (wire_factor(coll, f.group_size) or 1.0)
             return at_max + pl.increment(x, bound) / kw.get("bandwidth_scale", 1.0)
         return f.seconds(nbytes, n, bound=bound, **kw)
 
-    def profile_link(self, coll: str, ch: Changes = Changes()) -> ProfileLink | None:
-        """The profile's shape for `coll` beyond the run's sizes, or None: no profile, no
-        curve of that collective in it, or a bandwidth set by the change (a link with no
-        measured shape: the line)."""
+    def profile_link(self, coll: str, ch: Changes = Changes(),
+                     f: LinkFit | None = None) -> ProfileLink | None:
+        """The profile's shape for `coll` beyond the run's sizes, anchored to the fit `f`
+        that prices the call (default: the fit at the profile's group size), or None: no
+        profile, no curve of that collective in it, or a bandwidth set by the change (a link
+        with no measured shape: the line)."""
         if self.profile is None or coll not in self.profile.curves:
             return None
         if ch.bandwidth_set is not None and ch.bandwidth_kind in (None, coll):
             return None
-        f = self.link(coll, self.profile.group_size)
-        return None if f is None else ProfileLink(f, self.profile.curves[coll], Z)
+        if f is None:
+            f = self.link(coll, self.profile.group_size)
+        if f is None or f.group_size <= 1:
+            return None
+        return ProfileLink(f, self.profile.curves[coll], Z)
 
     def beyond_sizes(self, ch: Changes) -> list[dict]:
         """Per collective whose calls after the change are larger (in wire bytes) than the
         run's largest: how much larger, and how they are priced (`link_model`)."""
         reshard = self._reshard(ch)
-        top: dict[str, tuple[float, float]] = {}  # collective -> (wire bytes, bytes)
+        # (collective, the run's group size) -> the largest bytes per call after the change:
+        # "beyond" is in bytes per call (a world size changed alone keeps the calls' sizes)
+        top: dict[tuple[str, int], float] = {}
         for rm in self.ranks:
             for u in self._units(rm, ch):
                 for _p, c, (calls, nbytes, _s) in _rows(u, reshard):
-                    n = ch.world_size or u.group.get(c, self.world_size)
-                    if calls > 0 and n > 1:
-                        top[c] = max(top.get(c, (0.0, 0.0)), (nbytes * wire_factor(c, n),
-                                                              nbytes))
+                    g = u.group.get(c, self.world_size)
+                    if calls > 0 and (ch.world_size or g) > 1:
+                        top[c, g] = max(top.get((c, g), 0.0), nbytes)
         out = []
-        for c, (x, nbytes) in sorted(top.items()):
-            f = self.link(c, self.world_size)
-            if f is None or f.max_bytes <= 0:
+        for (c, g), nbytes in sorted(top.items()):
+            f = self.link(c, g)
+            if f is None or f.max_bytes <= 0 or f.group_size <= 1:
                 continue
-            x_max = f.max_bytes * wire_factor(c, f.group_size)
-            if x <= x_max * (1 + 1e-9):
+            wf = wire_factor(c, f.group_size)
+            x, x_max = nbytes * wf, f.max_bytes * wf
+            if nbytes <= f.max_bytes * (1 + 1e-9):
                 continue
-            pl = self.profile_link(c, ch)
+            pl = self.profile_link(c, ch, f)
             row = {"collective": c, "group_size": f.group_size,
                    "largest_measured_bytes": f.max_bytes, "largest_predicted_bytes": nbytes,
                    "largest_measured_wire_bytes": x_max, "largest_predicted_wire_bytes": x,
