@@ -17,7 +17,7 @@ from zerodoc.demo.launch import free_port
 from zerodoc.whatif.linkprofile import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
-INJECT_S = 0.03  # added to every all-gather of 2 MB or more, beneath the probe
+INJECT_S = 0.10  # added to every all-gather of 2 MB or more, beneath the probe
 # (tests/support/jobs/slowed_linkprobe.py: one rank as torchrun starts it)
 
 
@@ -35,9 +35,15 @@ def test_probe_on_a_real_gloo_group_sees_a_delay_injected_beneath_it(tmp_path):
              "2000000", "linkprobe", "--out", str(out), "--sizes",
              "0.5,1,4", "--reps", "5", "--collectives", "all_gather,reduce_scatter"],
             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err[-2000:]
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-2000:]
+    finally:  # a rank left waiting in the rendezvous would hold its port for 30 minutes
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     doc = json.loads(out.read_text())
     assert doc["kind"] == "zerodoc-link-profile" and doc["backend"] == "gloo"
     assert doc["group_size"] == 2 and doc["reps"] == 5 and doc["hosts"] == 1
@@ -46,10 +52,10 @@ def test_probe_on_a_real_gloo_group_sees_a_delay_injected_beneath_it(tmp_path):
     assert ag.nbytes == (500_000, 1_000_000, 4_000_000) == rs.nbytes
     assert all(r["calls"] == 5 for r in doc["collectives"]["all_gather"])
     # the injected delay shows at 4 MB only, and only in the all-gather: the 4 MB all-gather
-    # costs the delay plus a few ms of its own, the 1 MB one and the reduce-scatters less
-    # than the delay
-    assert INJECT_S <= ag.median_s[2] <= INJECT_S + 0.025, ag
-    assert ag.median_s[1] < INJECT_S * 0.6 and max(rs.median_s) < INJECT_S * 0.6, (ag, rs)
+    # costs the delay plus its own few ms (3-7 ms here; under load up to ~10, the margin is
+    # 50), the 1 MB one and the reduce-scatters (4-10 ms at 4 MB) under half the delay
+    assert INJECT_S <= ag.median_s[2] <= INJECT_S + 0.05, ag
+    assert ag.median_s[1] < INJECT_S * 0.5 and max(rs.median_s) < INJECT_S * 0.5, (ag, rs)
     assert all(0 < t for t in ag.median_s + rs.median_s)
 
 
