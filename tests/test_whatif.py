@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 import math
+import re
 import subprocess
 import sys
 
@@ -1192,7 +1193,7 @@ def test_whatif_says_how_far_beyond_the_runs_sizes_it_extrapolates(tmp_path, cap
     ("{", "not JSON"),
     ('{"kind": "other"}', "not a link profile"),
     ('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 1, "collectives": {}}',
-     "group_size must be an integer >= 2"),
+     "group_size must be an integer from 2"),
     ('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 2, "collectives": '
      '{"all_gather": [{"bytes": 1, "median_s": 1}]}}', "needs 2 or more sizes"),
     ('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 2, "collectives": '
@@ -1279,3 +1280,26 @@ def test_link_profile_noisy_flat_tail_is_no_flatter_than_the_runs_line():
     new = answer(fit(snap, noisy), Changes(merge=4))
     assert line < new["predicted"]["exposed_comm_s"] < exposed_b
     assert all(r["beyond_profile"] for r in new["link_model"]["beyond_run_sizes"])
+
+
+@pytest.mark.parametrize("doc,msg", [
+    ('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 2, "collectives": '
+     '{"all_gather": [{"bytes": 1%s, "median_s": 0.1}, {"bytes": 2, "median_s": 0.2}]}}'
+     % ("0" * 400), "bytes must be a finite number >= 0 and <= 1e+13"),
+    ('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 1%s}' % ("0" * 400),
+     "group_size must be an integer from 2"),
+    ('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 2, "collectives": '
+     '{"all_gather": [{"bytes": 1, "median_s": 0.1, "se_s": 1e300}, '
+     '{"bytes": 2, "median_s": 0.2}]}}', "se_s must be a finite number >= 0 and <= 3600"),
+    ("[" * 200_000, "nested too deeply"),
+])
+def test_hostile_link_profiles_one_line_error(tmp_path, doc, msg):
+    """Hostile profiles (review rev4 S1): a 400-digit integer, an absurd error, a deep
+    nesting; each is a one-line error, never a traceback or an infinite range."""
+    from zerodoc.errors import UserError
+    from zerodoc.whatif.linkprofile import load_profile
+
+    p = tmp_path / "p.json"
+    p.write_text(doc)
+    with pytest.raises(UserError, match=re.escape(msg)):
+        load_profile(str(p))

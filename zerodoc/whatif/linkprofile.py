@@ -114,9 +114,22 @@ def _bad(path: str, why: str) -> UserError:
     return UserError(f"--link-profile {path}: {why}")
 
 
+# plausible bounds (a profile is a small measured table): bytes per call up to 10 TB, times
+# and their errors up to an hour
+LIMITS = {"bytes": 1e13, "median_s": 3600.0, "se_s": 3600.0}
+MAX_FILE_BYTES = 16 << 20
+
+
 def _positive(v, path: str, what: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise _bad(path, f"{what} must be a finite number >= 0, not {v!r}")
+    try:
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) \
+            and 0 <= v <= LIMITS.get(what.rsplit(" ", 1)[-1], math.inf)
+    except OverflowError:  # an integer too large for a float
+        ok = False
+    if not ok:
+        bound = LIMITS.get(what.rsplit(" ", 1)[-1])
+        raise _bad(path, f"{what} must be a finite number >= 0"
+                   + (f" and <= {bound:g}" if bound else "") + f", not {str(v)[:40]}")
     return float(v)
 
 
@@ -128,8 +141,8 @@ def profile_from_dict(doc, path: str = "profile") -> LinkProfile:
     if doc.get("schema") != SCHEMA:
         raise _bad(path, f"schema {doc.get('schema')!r} is not {SCHEMA}")
     n = doc.get("group_size")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise _bad(path, f"group_size must be an integer >= 2, not {n!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= 1 << 24:
+        raise _bad(path, f"group_size must be an integer from 2 to {1 << 24}, not {str(n)[:40]}")
     colls = doc.get("collectives")
     if not isinstance(colls, dict) or not colls:
         raise _bad(path, "no collectives measured")
@@ -158,7 +171,10 @@ def profile_from_dict(doc, path: str = "profile") -> LinkProfile:
 def load_profile(path: str) -> LinkProfile:
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+            text = f.read(MAX_FILE_BYTES + 1)
+        if len(text) > MAX_FILE_BYTES:
+            raise _bad(path, f"over {MAX_FILE_BYTES >> 20} MB: not a link profile")
+        doc = json.loads(text)
     except FileNotFoundError:
         raise _bad(path, "no such file") from None
     except IsADirectoryError:
@@ -167,6 +183,8 @@ def load_profile(path: str) -> LinkProfile:
         raise _bad(path, f"cannot read: {e.strerror or e}") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise _bad(path, f"not JSON ({str(e).splitlines()[0][:80]})") from None
+    except RecursionError:
+        raise _bad(path, "not JSON (nested too deeply)") from None
     return profile_from_dict(doc, path)
 
 
