@@ -305,3 +305,36 @@ def test_a_log_without_the_warm_up_line_keeps_step_1_and_says_so(tmp_path, capsy
     text = report_in_process(capsys, str(run)).stdout
     assert "warm-up step 1 kept in the per-unit numbers: the run log's per-unit lines cover it " \
         "with later steps" in text
+
+
+def test_unit_rows_of_units_no_fresh_rank_measured_are_null_not_zero():
+    """The only rank with per-unit series is stale and the fresh one is coarse: no fresh
+    rank measured any unit, so the unit rows say not measured (null), never 0.0 (review rev3
+    S1: 0.0 for every unit)."""
+    from zerodoc.model import CommTotals, RankWindow, RunSnapshot
+    from zerodoc.report import unit_rows
+    from zerodoc.testing.synthetic import rank_facts, unit_names
+
+    w0 = RankWindow(facts=rank_facts(0, 2, 3), steps=4, detail_steps=4)
+    for u in unit_names(3):
+        w0.comm[(u, "forward", "all_gather")] = CommTotals(4, 4000, 0.4, 0.2, 0.2)
+        w0.compute[(u, "forward")] = 1.2
+    w1 = RankWindow(facts=rank_facts(1, 2, 3), steps=4, detail_steps=4)  # coarse
+    rows = unit_rows(RunSnapshot(source="x", ranks={0: w0, 1: w1}, stale_ranks={0}))
+    assert [r["unit"] for r in rows] == unit_names(3)
+    assert all(r["all_gather_seconds_per_step"] is None for r in rows)
+    # the same ranks both fresh: rank 0's numbers (rank 1 left out, not averaged in as 0)
+    rows = unit_rows(RunSnapshot(source="x", ranks={0: w0, 1: w1}))
+    assert all(r["all_gather_seconds_per_step"] == pytest.approx(0.1) for r in rows)
+
+
+def test_prometheus_unit_table_leaves_a_unit_without_series_unmeasured():
+    """From Prometheus as from a run directory: a unit no rank has series of is NONE (n=0),
+    one measured without a reduce-scatter has 0 of it (review rev3 S1)."""
+    from zerodoc.sources.prometheus import _unit_table
+    from zerodoc.unitstats import Stat
+
+    s = {k: Stat(1.0, 1.0, 1.0, 1.0, 2) for k in ("count", "bytes", "seconds", "exposed")}
+    t = _unit_table({("a", "forward", "all_gather"): s}, {}, ["a", "b"], {}, 2)
+    assert all(st.n == 0 for st in t["b"].values())
+    assert t["a"]["ag_seconds"].mean == 1.0 and t["a"]["rs_seconds"] == Stat(0, 0, 0, 0, 1)

@@ -15,7 +15,7 @@ from dataclasses import fields
 from .diagnosis import Finding, Severity
 from .humanize import nbytes, pct, rate, secs, table, value
 from .model import RunSnapshot, busbw
-from .sampling import every, next_sample, run_coverage, samples, warmup_text
+from .sampling import every, next_sample, run_coverage, warmup_text
 from .thresholds import LINK_BUSBW, Thresholds
 
 SCHEMA = 1
@@ -50,8 +50,6 @@ def unit_rows(snap: RunSnapshot) -> list[dict]:
     if first is None:
         return []
     stats = unit_stats(snap, ranks).units if ranks else {}
-    # a run that samples, before its first sampled step: not measured, not zero
-    measured = samples(snap, ranks) > 0 or not any(snap.ranks[r].sampled for r in ranks)
     rows = []
     for u in first.facts.units:
         st = stats.get(u.name, {})
@@ -59,7 +57,8 @@ def unit_rows(snap: RunSnapshot) -> list[dict]:
 
         def mean(f: str) -> float | None:
             s = st.get(f)
-            return s.mean if s is not None and s.n else (0.0 if measured else None)
+            # a unit no rank has measured yet: None, never 0 (docs/report.md)
+            return s.mean if s is not None and s.n else None
 
         a = {k: mean(f) for k, f in (("ag_n", "ag_count"), ("ag_b", "ag_bytes"),
                                      ("ag_s", "ag_seconds"), ("ag_e", "ag_exposed_seconds"),

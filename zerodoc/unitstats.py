@@ -9,8 +9,10 @@ yet or the unit absent on it, is left out: not measured, never a zero; a rank th
 the unit counts a collective it has no series of as 0), and ratios (exposed fraction, bus
 bandwidth) taken per rank first, then aggregated over the ranks where they are defined. The
 framework's time per unit is over the ranks that have it for the unit. So the means agree
-with the Prometheus source's PromQL (`sources/prometheus.py`), which aggregates over the
-series there are.
+with the Prometheus source's PromQL (`sources/prometheus.py`), which aggregates each series
+over the ranks that have it, where every rank that measured a unit has the same collectives
+of it (as SPMD training does); where one such rank lacks a collective another has, numpy
+counts it 0 there and PromQL leaves it out (review rev3 S2).
 
 A source that aggregates on its side (Prometheus, in PromQL) sets `RunSnapshot.unit_stats`;
 otherwise `unit_stats()` builds them from the ranks' windows with numpy, caching each

@@ -577,8 +577,10 @@ def _unit_table(comm: dict, comp: dict, order: list[str], groups: dict,
                 mean, mx = a[f]
                 row[f] = Stat(mean, mean, mean, mx, 1)
             else:
-                row[f] = NONE if f in ("ag_exposed_fraction", "ag_busbw",
-                                       "framework_seconds") else \
+                # a unit no rank has series of: not measured (NONE), as from a run
+                # directory; one measured without this collective: none of it (0)
+                row[f] = NONE if not a or f in ("ag_exposed_fraction", "ag_busbw",
+                                                "framework_seconds") else \
                     Stat(0.0, 0.0, 0.0, 0.0, 1)
         sec, exp, b = a.get("ag_seconds"), a.get("ag_exposed_seconds"), a.get("ag_bytes")
         if sec and sec[0] > 0:
