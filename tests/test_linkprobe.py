@@ -95,3 +95,24 @@ class _no_raise:
 
     def __exit__(self, *exc):
         return False
+
+
+@pytest.mark.parametrize("env,msg", [
+    ({"RANK": "0", "WORLD_SIZE": "x"}, "must be integers"),
+    ({"RANK": "0", "WORLD_SIZE": "1"}, "WORLD_SIZE is 1"),
+])
+def test_probe_under_a_broken_launcher_environment_one_line_exit_2(env, msg, capsys,
+                                                                  monkeypatch):
+    """Under torchrun's variables gone wrong: one line, never a traceback (review rev4 S7)."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert cli.main(["linkprobe", "--sizes", "1,2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0], err
+
+
+def test_probe_sizes_that_round_to_one_size_are_refused(capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert cli.main(["linkprobe", "--sizes", "0.000001,0.000002,1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "too close" in err[0], err

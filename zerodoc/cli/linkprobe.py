@@ -56,8 +56,14 @@ def parse_args(args):
         if not (math.isfinite(v) and 0 < v <= 4096):
             raise UserError(f"--sizes: {s.strip()!r} must be in (0, 4096] MB")
         sizes.append(v)
-    if len(set(sizes)) < 2:
+    sizes = sorted(set(sizes))
+    if len(sizes) < 2:
         raise UserError("--sizes: give 2 or more distinct sizes")
+    close = [(a, b) for a, b in zip(sizes, sizes[1:]) if b < a * 1.01 or b - a < 0.001]
+    if close:  # they would round to the same element counts (review rev4 S2)
+        a, b = close[0]
+        raise UserError(f"--sizes: {a:g} and {b:g} MB are too close (1 % and 1 kB apart "
+                        "at least)")
     colls = [c.strip() for c in args.collectives.split(",") if c.strip()]
     bad = [c for c in colls if c not in PROBED]
     if bad or not colls:
@@ -85,10 +91,21 @@ def run(args) -> int:
     sizes, colls = parse_args(args)
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if launched:  # torchrun: every rank runs this command
-        if int(os.environ["WORLD_SIZE"]) < 2:
-            raise UserError("linkprobe: WORLD_SIZE is 1: a link needs 2 or more ranks")
-        run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, args.backend,
-                 sizes, args.reps, colls, args.out)
+        try:
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        except ValueError:
+            raise UserError(f"linkprobe: RANK={os.environ['RANK']!r} and WORLD_SIZE="
+                            f"{os.environ['WORLD_SIZE']!r} must be integers (as torchrun "
+                            "sets them)") from None
+        if world < 2:
+            raise UserError("linkprobe: WORLD_SIZE is 1: a link needs 2 or more ranks "
+                            "(unset RANK and WORLD_SIZE to start --nprocs local ranks)")
+        try:
+            run_rank(rank, world, None, args.backend, sizes, args.reps, colls, args.out)
+        except (ValueError, RuntimeError) as e:  # the launcher's environment, the group
+            last = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+            raise UserError(f"linkprobe: rank {rank} of {world}: "
+                            f"{last[-1] if last else type(e).__name__}") from None
         return 0
     if args.backend == "nccl":
         import torch

@@ -226,11 +226,17 @@ class ProfileLink:
             return 1.0, 1.0, 1.0
         (y0, e0), (y1, e1) = self.curve.at_wire(x0), self.curve.at_wire(x1)
         p, se_p = (y1 - y0) / (x1 - x0), math.hypot(e0, e1) / (x1 - x0)
-        if p <= 0 or p <= self.z * se_p:
-            return 1.0, 1.0, 1.0
+        resolved = p > 0 and p > self.z * se_p
+        if not resolved:
+            if se_p <= 0:  # flat and exact: nothing to scale
+                return 1.0, 1.0, 1.0
+            # not resolved: s stays 1, and the range is the resolved one's at the edge of
+            # resolution (p = Z se_p), so that a noisier profile never gives a narrower
+            # range (review rev4 S4: it collapsed to [1, 1])
+            p = self.z * se_p
         r = self.fit.seconds_per_wire_byte / p
         se = math.hypot(self.fit.se_seconds_per_wire_byte / p, r * se_p / p)
-        s = 1.0 if abs(r - 1.0) <= self.z * se else r
+        s = 1.0 if not resolved or abs(r - 1.0) <= self.z * se else r
         return s, max(0.0, min(1.0, s, r - self.z * se)), max(1.0, s, r + self.z * se)
 
     def beyond(self, x: float) -> bool:
