@@ -29,7 +29,6 @@ import pytest
 from tests.support.helpers import per_step, run_demo
 
 
-
 def oversubscribed(nprocs: int) -> bool:
     return nprocs > (os.cpu_count() or 1)
 

@@ -15,7 +15,7 @@ import time
 
 from .detailplan import shadow_attr
 from .recorder import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER
-from .slowlink import DelayedWork
+from .slowlink import DelayedWork, sleep_until
 from .wiring import nbytes as _nbytes
 
 # DeepSpeed backend method -> (collective, position and name of the tensor(s) counted,
@@ -73,7 +73,7 @@ def _delayed(orig, delay_s: float, async_pos: int | None):
         if _async_op(args, kwargs, async_pos) and work is not None \
                 and hasattr(work, "get_future"):
             return DelayedWork(work, delay_s)
-        time.sleep(delay_s)
+        sleep_until(time.perf_counter() + delay_s)  # spun at the end, as the others
         return work
     return call
 

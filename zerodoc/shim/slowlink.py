@@ -27,7 +27,9 @@ import torch.distributed as dist
 
 # The last stretch of an injected delay is spun, not slept: a sleeping thread wakes when the
 # scheduler gives it a slice, which with more ranks than cores comes 2-3 ms after the deadline
-# (measured: 4 ranks on 2 cores), and that lateness would be injected too.
+# (measured: 4 ranks on 2 cores), and that lateness would be injected too. The price: 4 ms
+# of a core per delayed call, taken from ranks that compute meanwhile (tests, the demo's
+# --slow-link-ms and the what-if bench only: never on by default).
 SPIN_S = 0.004
 
 
