@@ -403,3 +403,24 @@ def test_peak_memory_on_cpu_cannot_be_judged_below_the_runtime():
     assert "process memory hides a change of this size" in peak["reason"]
     assert f["verdict"] == CONFIRMED
     assert "cannot judge on CPU (process memory hides a change of this size" in render_text(doc)
+
+
+def test_compare_judges_predictions_made_with_a_link_profile(tmp_path):
+    """`zerodoc compare --link-profile`: the predictions judged are the ones the report makes
+    with the same profile (each side diagnosed with it)."""
+    from tests.test_report import CONVEX_PROFILE
+    from zerodoc.whatif.linkprofile import profile_from_dict
+
+    prof = profile_from_dict(CONVEX_PROFILE, "p.json")
+
+    def with_profile(name):
+        snap = load_run(SCEN / name, window=None, stale_after_s=float("inf"))
+        return side(snap, f"run log {name}", link_profile=prof)
+
+    plain = compare(recorded("wrap-linear"), recorded("healthy-block"))
+    prof_doc = compare(with_profile("wrap-linear"), with_profile("healthy-block"))
+    ex = [next(e for e in _fix(d, "ZD002")["effects"]
+               if e["metric"] == "exposed_comm_seconds_per_step") for d in (plain, prof_doc)]
+    assert ex[1]["value"] > ex[0]["value"]
+    assert ex[1]["observed_after"] == ex[0]["observed_after"]  # the same runs, measured
+    assert ex[1]["verdict"] is not None

@@ -338,3 +338,54 @@ def test_prometheus_unit_table_leaves_a_unit_without_series_unmeasured():
     t = _unit_table({("a", "forward", "all_gather"): s}, {}, ["a", "b"], {}, 2)
     assert all(st.n == 0 for st in t["b"].values())
     assert t["a"]["ag_seconds"].mean == 1.0 and t["a"]["rs_seconds"] == Stat(0, 0, 0, 0, 1)
+
+
+CONVEX_PROFILE = {  # a link whose cost per byte grows past the run's 1.05 MB calls
+    "kind": "zerodoc-link-profile", "schema": 1, "backend": "gloo", "group_size": 2,
+    "host": "synthetic", "collectives": {c: [
+        {"bytes": b, "median_s": t, "se_s": 1e-5} for b, t in
+        ((250_000, 0.0011), (1_000_000, 0.0015), (2_000_000, 0.0070), (4_000_000, 0.0170))]
+        for c in ("all_gather", "reduce_scatter")}}
+
+
+def test_report_rules_predict_with_a_link_profile(capsys, tmp_path):
+    """`zerodoc report --link-profile`: the rules' predicted effects come from the step model
+    with the profile, as `zerodoc whatif --link-profile` gives (one source of predictions):
+    ZD002's merge makes ~2.9 MB calls, past the run's 1.05 MB, priced by the profile's
+    steeper rise; the finding says so. The same answer as whatif's, to the microsecond."""
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps(CONVEX_PROFILE))
+
+    def zd002(*extra):
+        r = report_in_process(capsys, LINEAR, "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        f = next(f for f in json.loads(r.stdout)["findings"] if f["code"] == "ZD002")
+        return f, {e["metric"]: e for e in f["predicted_effects"]}
+
+    f0, e0 = zd002()
+    f1, e1 = zd002("--link-profile", str(prof))
+    ex0, ex1 = e0["exposed_comm_seconds_per_step"], e1["exposed_comm_seconds_per_step"]
+    assert ex1["value"] > ex0["value"] and ex1["hi"] > ex0["hi"]
+    assert "link profile" not in f0["predicted"] and str(prof) in f1["predicted"]
+    from zerodoc.cli.main import main
+
+    assert main(["whatif", LINEAR, "--merge", "blocks", "--json", "--link-profile",
+                 str(prof)]) == 0
+    w = json.loads(capsys.readouterr().out)
+    # the finding applies the model's change to the run's observed value
+    change = w["predicted"]["exposed_comm_s"] - w["baseline"]["exposed_comm_s"]
+    assert ex1["value"] == pytest.approx(ex1["now"] + change, abs=2e-6)
+
+
+def test_report_and_compare_bad_link_profile_one_line_exit_2(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"kind": "zerodoc-link-profile", "schema": 1, "group_size": 1}')
+    r = report_in_process(capsys, LINEAR, "--link-profile", str(bad))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "group_size must be an integer" in r.stderr
+    from zerodoc.cli.main import main
+
+    assert main(["compare", LINEAR, str(SCENARIOS / "healthy-block"), "--no-history",
+                 "--link-profile", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such file" in err[0], err

@@ -43,6 +43,9 @@ def add_parser(sub) -> None:
                    help="link class for the bandwidth rules (default: inferred per run)")
     p.add_argument("--device-memory", default=None, metavar="SIZE",
                    help="device capacity to plan against, e.g. 80GB")
+    from .options import add_link_profile_argument
+
+    add_link_profile_argument(p)  # the predictions judged are made with it, as report's
     p.add_argument("--no-history", action="store_true",
                    help="do not append the outcomes to the history file")
     p.add_argument("--fail-on-worse", action="store_true",
@@ -64,6 +67,9 @@ def run(args) -> int:
     from ..trace import facts_from_args, is_trace_spec, refuse_facts
 
     window, link, thresholds, memory = diagnosis_options(args)
+    from .options import link_profile_option
+
+    profile = link_profile_option(args)
     if not 0 <= args.noise < 1:
         raise UserError(f"--noise must be a fraction in [0, 1), not {args.noise:g}")
     applied = {c.strip().upper() for c in args.applied}
@@ -83,7 +89,7 @@ def run(args) -> int:
         if not snap.ranks:
             raise UserError(f"{name} {source.description}: no ranks to compare")
         sides.append(side(snap, source.description, thresholds=thresholds, link=link,
-                          device_memory_bytes=memory, window=window))
+                          device_memory_bytes=memory, window=window, link_profile=profile))
     doc = compare(*sides, applied=applied, noise=args.noise, thresholds=thresholds)
     if not args.no_history:
         history.record(history.history_path(args.before), doc, sides[0].snapshot)

@@ -39,3 +39,22 @@ def diagnosis_options(args):
     thresholds = Thresholds.with_overrides(args.threshold)
     device_memory = parse_size(args.device_memory) if args.device_memory else None
     return args.window or None, args.link, thresholds, device_memory
+
+
+def add_link_profile_argument(p) -> None:
+    """`--link-profile FILE` (whatif, report, compare): the one option, the one help text."""
+    p.add_argument("--link-profile", default=None, metavar="FILE",
+                   help="a link profile measured on the run's host class (zerodoc linkprobe): "
+                        "calls larger than the run's largest are priced by its measured "
+                        "shape, anchored to the run's own fit (default: the fitted line is "
+                        "extended, and the answer says how far)")
+
+
+def link_profile_option(args):
+    """The `--link-profile` file loaded (`LinkProfile`), or None; UserError: one line."""
+    path = getattr(args, "link_profile", None)
+    if path is None:
+        return None
+    from ..whatif.linkprofile import load_profile
+
+    return load_profile(path)

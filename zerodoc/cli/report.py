@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     p.add_argument("--link", default=None, metavar="CLASS",
                    help="link class for the bandwidth rules (nvlink, pcie, infiniband, "
                         "ethernet, gloo-cpu); default: inferred from the run")
+    from .options import add_link_profile_argument
+
+    add_link_profile_argument(p)  # the rules' predicted effects, as `zerodoc whatif`'s
     p.add_argument("--device-memory", default=None, metavar="SIZE",
                    help="device capacity to plan against, e.g. 80GB or 80GiB (default: what "
                         "the ranks report)")
@@ -73,7 +76,10 @@ def run(args) -> int:
     snap = source.snapshot()
     if not snap.ranks:
         raise UserError(f"{source.description}: no ranks to report on")
-    findings = diagnose(snap, thresholds, link=args.link, device_memory_bytes=device_memory)
+    from .options import link_profile_option
+
+    findings = diagnose(snap, thresholds, link=args.link, device_memory_bytes=device_memory,
+                        link_profile=link_profile_option(args))
     from ..compare.history import annotate, history_path
 
     findings = annotate(findings, snap, history_path(args.source))

@@ -54,11 +54,9 @@ def add_parser(sub) -> None:
                    help="bus bandwidth: 10GB (bytes per second, set) or x2 (scale)")
     g.add_argument("--micro-batch-scale", type=float, default=None, metavar="F",
                    help="micro-batch scaled by F (compute and activation memory scale)")
-    p.add_argument("--link-profile", default=None, metavar="FILE",
-                   help="a link profile measured on the run's host class (zerodoc linkprobe): "
-                        "calls larger than the run's largest are priced by its measured "
-                        "shape, anchored to the run's own fit (default: the fitted line is "
-                        "extended, and the answer says how far)")
+    from .options import add_link_profile_argument
+
+    add_link_profile_argument(p)
     p.add_argument("--json", action="store_true", help="machine-readable JSON")
     p.set_defaults(func=run)
 
@@ -270,11 +268,9 @@ def run(args) -> int:
     snap = source.snapshot()
     if not snap.ranks:
         raise UserError(f"{source.description}: no ranks to fit a model to")
-    profile = None
-    if args.link_profile is not None:
-        from ..whatif.linkprofile import load_profile
+    from .options import link_profile_option
 
-        profile = load_profile(args.link_profile)
+    profile = link_profile_option(args)
     doc = answer(fit(snap, profile), ch)
     doc["source"] = source.description
     if args.json:

@@ -73,8 +73,9 @@ class Side:
 
 def side(snapshot: RunSnapshot, source: str, *, thresholds: Thresholds = DEFAULT,
          link: str | None = None, device_memory_bytes: int | None = None,
-         window: int | None = None) -> Side:
-    findings = diagnose(snapshot, thresholds, link=link, device_memory_bytes=device_memory_bytes)
+         window: int | None = None, link_profile=None) -> Side:
+    findings = diagnose(snapshot, thresholds, link=link, device_memory_bytes=device_memory_bytes,
+                        link_profile=link_profile)
     ctx = Context(snapshot, thresholds, link=link, device_memory_bytes=device_memory_bytes)
     return Side(source, snapshot, findings, config_facts(ctx), observe_all(ctx), window)
 

@@ -26,7 +26,8 @@ __all__ = ["diagnose", "waiting", "RULES", "Rule", "Finding", "Severity", "Conte
 
 
 def diagnose(snapshot: RunSnapshot, thresholds: Thresholds = DEFAULT, *,
-             link: str | None = None, device_memory_bytes=None) -> list[Finding]:
+             link: str | None = None, device_memory_bytes=None,
+             link_profile=None) -> list[Finding]:
     """Findings for one snapshot, sorted most severe first (then causes before symptoms,
     then the costlier first).
 
@@ -39,6 +40,9 @@ def diagnose(snapshot: RunSnapshot, thresholds: Thresholds = DEFAULT, *,
             a node, "ethernet" across nodes; conservative lower bounds).
         device_memory_bytes: overrides the capacity the ranks report (the memory rules and
             the planner's "fits").
+        link_profile: a `zerodoc.whatif.linkprofile.LinkProfile` (`zerodoc linkprobe`): the
+            rules' predicted effects price calls beyond the run's sizes with it, as
+            `zerodoc whatif --link-profile` does; None: along the run's fitted line.
 
     Raises `UserError` for an unknown link class; a rule that fails becomes a ZD000 INFO
     finding rather than an exception. Rules that need per-unit detail wait until the
@@ -51,7 +55,8 @@ def diagnose(snapshot: RunSnapshot, thresholds: Thresholds = DEFAULT, *,
 
     if not snapshot.ranks:
         return []
-    ctx = Context(snapshot, thresholds, link=link, device_memory_bytes=device_memory_bytes)
+    ctx = Context(snapshot, thresholds, link=link, device_memory_bytes=device_memory_bytes,
+                  link_profile=link_profile)
     wait = set(waiting_rules(snapshot, list(ctx.active)))
     return evaluate(ctx, [r for r in RULES if r.code not in wait] if wait else None)
 

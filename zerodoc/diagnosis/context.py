@@ -86,8 +86,12 @@ class Context:
     """A snapshot prepared for the rules. Build one per `diagnose()` call."""
 
     def __init__(self, snapshot: RunSnapshot, thresholds: Thresholds = DEFAULT, *,
-                 link: str | None = None, device_memory_bytes: int | None = None):
+                 link: str | None = None, device_memory_bytes: int | None = None,
+                 link_profile=None):
         self.snapshot = snapshot
+        # a measured link profile (`zerodoc.whatif.linkprofile`, `zerodoc linkprobe`): the
+        # step model prices calls beyond the run's sizes with it, as `zerodoc whatif` does
+        self.link_profile = link_profile
         self.t = thresholds
         fresh = {r: w for r, w in snapshot.ranks.items() if r not in snapshot.stale_ranks}
         self.ranks: dict[int, RankWindow] = dict(sorted((fresh or snapshot.ranks).items()))

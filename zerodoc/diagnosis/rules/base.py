@@ -51,7 +51,7 @@ def whatif_model(ctx):
         model = None
         if ctx.active:
             try:
-                model = fit(ctx.snapshot)
+                model = fit(ctx.snapshot, getattr(ctx, "link_profile", None))
             except Exception:  # noqa: BLE001 - a thin or odd run: predictions without the model
                 model = None
         ctx.__dict__["_whatif_model"] = model
@@ -96,7 +96,12 @@ def model_effects(ctx, changes) -> tuple[list[Predicted], str | None]:
         after = lambda x: r6(max(0.0, now + x - base))  # noqa: E731
         out.append(Predicted(metric, "down" if pred <= base else "up", after(pred), r6(now),
                              lo=after(lo), hi=after(hi)))
-    return out, f"what-if ({', '.join(changes.describe())}): {summary(ans)}"
+    prof = getattr(ctx, "link_profile", None)
+    priced = [r["collective"] for r in ans.get("link_model", {}).get("beyond_run_sizes", ())
+              if r.get("priced_by") == "profile"]
+    via = f"; calls beyond the run's sizes priced by the link profile {prof.path} " \
+        f"({', '.join(priced)})" if prof is not None and priced else ""
+    return out, f"what-if ({', '.join(changes.describe())}): {summary(ans)}{via}"
 
 
 def grade(value: float, warn: float, crit: float | None = None, *, below: bool = False,
