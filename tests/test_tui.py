@@ -391,6 +391,43 @@ async def test_findings_view_shows_the_whatif_of_the_selected_fix(tmp_path):
     assert "with the link fixed, modelled as the all-gather collectives' fixed delay" in text
 
 
+async def test_findings_view_whatif_with_a_link_profile(tmp_path):
+    """`zerodoc tui --link-profile`: the selected fix's what-if is the step model's with the
+    measured link profile, the same answer `zerodoc report --link-profile` gives (a recorded
+    too-fine wrapping: ZD002's merge priced past the run's sizes by the profile)."""
+    import json as _json
+
+    from tests.test_report import CONVEX_PROFILE
+    from zerodoc.diagnosis import diagnose
+    from zerodoc.tui.app import diagnose_with
+    from zerodoc.whatif.linkprofile import profile_from_dict
+
+    run = tmp_path / "wrap-linear"
+    shutil.copytree(Path(__file__).parent / "data" / "scenarios" / "wrap-linear", run)
+    path = tmp_path / "profile.json"
+    path.write_text(_json.dumps(CONVEX_PROFILE))
+    prof = profile_from_dict(CONVEX_PROFILE, str(path))
+    app = ZerodocApp(open_source(str(run)), refresh=None, diagnose=diagnose_with(prof))
+    async with app.run_test(size=(200, 60)) as pilot:
+        frame = await first_frame(app, pilot)
+        codes = [f.code for f in frame.findings]
+        assert "ZD002" in codes, codes
+        await pilot.press("3")
+        await pilot.pause()
+        for _ in range(codes.index("ZD002")):
+            await pilot.press("down")
+        await pilot.pause()
+        text = " ".join(app_text(app).split())
+    want = next(f for f in diagnose(open_source(str(run)).snapshot(), link_profile=prof)
+                if f.code == "ZD002")
+    assert f"priced by the link profile {path}" in text, text
+    # the step model's answer with the profile, as the report's finding has it
+    import re
+
+    exposed = re.search(r"exposed comm \S+ ms -> \S+ ms \([^)]*\)", want.predicted).group(0)
+    assert exposed in text, (exposed, text)
+
+
 # --------------------------------------------------------------------------------------
 # stale, vanishing and failing sources
 
@@ -671,6 +708,8 @@ def test_cli_bad_arguments_exit_2(recorded, capsys):
                       (["tui", "--window", "-1", str(recorded)], "--window"),
                       (["tui", "/no/such/run/dir"], "no run directory"),
                       (["tui", "nonsense-source"], "neither a run directory"),
+                      (["tui", "--link-profile", "/no/such.json", str(recorded)],
+                       "--link-profile /no/such.json: no such file"),
                       (["tui", str(recorded)], "interactive terminal")):  # pytest: no TTY
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()

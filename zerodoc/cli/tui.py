@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
 
     add_run_arguments(p)
     add_warmup_argument(p)
+    from .options import add_link_profile_argument
+
+    add_link_profile_argument(p)  # the findings' what-if, as report's
     p.set_defaults(func=run)
 
 
@@ -42,6 +45,9 @@ def validate(args) -> None:
 
 def run(args) -> int:
     validate(args)
+    from .options import link_profile_option
+
+    profile = link_profile_option(args)  # a bad file: one line, before any terminal work
     from ..sources import open_source
 
     from ..trace import facts_from_args
@@ -57,4 +63,4 @@ def run(args) -> int:
         from ..tui.app import run_tui
     except ImportError as e:
         raise UserError(f"the TUI needs Textual ({e}); pip install 'zerodoc[tui]'") from None
-    return run_tui(source, refresh=args.refresh)
+    return run_tui(source, refresh=args.refresh, link_profile=profile)

@@ -289,8 +289,19 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 20, 20)
 
 
-def run_tui(source, *, refresh: float = 1.0) -> int:
-    """Run the app in this terminal until the user quits."""
+def run_tui(source, *, refresh: float = 1.0, link_profile=None) -> int:
+    """Run the app in this terminal until the user quits; `link_profile`: the findings'
+    what-if prices calls beyond the run's sizes with it (`zerodoc tui --link-profile`)."""
     tune_gc()
-    ZerodocApp(source, refresh=refresh, freeze_heap=True).run()
+    ZerodocApp(source, refresh=refresh, freeze_heap=True,
+               diagnose=diagnose_with(link_profile)).run()
     return 0
+
+
+def diagnose_with(link_profile):
+    """The diagnosis the TUI runs, with a measured link profile (None: the default one)."""
+    if link_profile is None:
+        return None
+    from ..diagnosis import diagnose
+
+    return lambda snap: diagnose(snap, link_profile=link_profile)
