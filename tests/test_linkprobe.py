@@ -68,6 +68,7 @@ def test_probe_on_a_real_gloo_group_sees_a_delay_injected_beneath_it(tmp_path):
     ("--collectives all_gather,broadcast", "--collectives: unknown broadcast"),
     ("--out /nonexistent-dir/p.json", "no such directory"),
     ("--backend mpi", "invalid choice"),
+    ("--out= ", "--out: give a file name"),
 ])
 def test_probe_bad_arguments_one_line_exit_2(args, msg, capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)

@@ -1329,3 +1329,26 @@ def test_link_profile_scale_is_taken_only_where_the_runs_calls_reject_the_profil
     else:
         assert ag["profile_scale"] == 1.0 and lo <= 1.0 and hi >= 1.3
     assert ag["beyond_profile"] is False
+
+
+def test_link_profile_of_another_backend_and_group_size_is_said(tmp_path, capsys):
+    """A profile measured on another backend and group size is used (carried over in wire
+    bytes) and the answer says what differs (review rev4 nit: it did not)."""
+    import json as _json
+    from pathlib import Path
+
+    from zerodoc.cli.main import main
+
+    rows = [{"bytes": b, "median_s": 1e-3 + b * 1e-9, "se_s": 1e-5}
+            for b in (250_000, 1_000_000, 4_000_000)]
+    p = tmp_path / "nccl4.json"
+    p.write_text(_json.dumps({"kind": "zerodoc-link-profile", "schema": 1, "backend": "nccl",
+                              "group_size": 4, "collectives": {"all_gather": rows}}))
+    run = str(Path(__file__).parent / "data" / "scenarios" / "wrap-linear")
+    assert main(["whatif", run, "--merge", "blocks", "--link-profile", str(p), "--json"]) == 0
+    differs = _json.loads(capsys.readouterr().out)["link_model"]["profile"]["differs"]
+    assert differs == ["measured on nccl, the run uses gloo",
+                       "measured on 4 ranks, the run's groups are 2 (carried over in wire "
+                       "bytes)"]
+    assert main(["whatif", run, "--merge", "blocks", "--link-profile", str(p)]) == 0
+    assert "measured on nccl, the run uses gloo" in capsys.readouterr().out

@@ -73,6 +73,8 @@ def parse_args(args):
         raise UserError(f"--reps must be between 1 and 10000, not {args.reps}")
     if not 2 <= args.nprocs <= 1024:
         raise UserError(f"--nprocs must be between 2 and 1024, not {args.nprocs}")
+    if not args.out.strip():
+        raise UserError("--out: give a file name, or - for standard output")
     if args.out != "-":
         d = os.path.dirname(os.path.abspath(args.out))
         if os.path.isdir(args.out):

@@ -193,7 +193,8 @@ def _link_model_lines(lm: dict | None) -> list[str]:
     prof = lm.get("profile")
     if prof:
         out.append(f"link profile {prof['path']}: {prof['backend']}, group {prof['group_size']},"
-                   f" host {prof['host']} ({', '.join(prof['collectives'])})")
+                   f" host {prof['host']} ({', '.join(prof['collectives'])})"
+                   + "".join(f"; {d}" for d in prof.get("differs", ())))
     for b in lm["beyond_run_sizes"]:
         head = (f"{b['collective']} calls up to {b['ratio']:.1f}x the run's largest "
                 f"({b['largest_predicted_bytes'] / 1e6:.2f} MB per call against "

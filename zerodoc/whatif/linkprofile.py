@@ -91,10 +91,6 @@ class LinkProfile:
     host: str
     curves: dict[str, Curve]
 
-    def describe(self) -> str:
-        return (f"{self.path} ({self.backend}, {self.group_size} ranks, host {self.host}; "
-                f"{', '.join(sorted(self.curves))})")
-
 
 def monotone(ys: list[float]) -> list[float]:
     """The non-decreasing sequence nearest to `ys` in least squares (pool adjacent
@@ -138,7 +134,7 @@ def profile_from_dict(doc, path: str = "profile") -> LinkProfile:
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise _bad(path, f"not a link profile (no \"kind\": \"{KIND}\"; write one with "
                          "zerodoc linkprobe)")
-    if doc.get("schema") != SCHEMA:
+    if isinstance(doc.get("schema"), bool) or doc.get("schema") != SCHEMA:
         raise _bad(path, f"schema {doc.get('schema')!r} is not {SCHEMA}")
     n = doc.get("group_size")
     if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= 1 << 24:

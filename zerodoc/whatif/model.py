@@ -1005,8 +1005,26 @@ def link_model(model: StepModel, ch: Changes) -> dict:
             "run's sizes",
             "profile": None if prof is None else {
                 "path": prof.path, "backend": prof.backend, "group_size": prof.group_size,
-                "host": prof.host, "collectives": sorted(prof.curves)},
+                "host": prof.host, "collectives": sorted(prof.curves),
+                "differs": profile_differs(model)},
             "beyond_run_sizes": model.beyond_sizes(ch)}
+
+
+def profile_differs(model: StepModel) -> list[str]:
+    """What of the profile's link is not the run's (an approximation the answer says): its
+    backend, its group size against the run's groups."""
+    prof, out = model.profile, []
+    w = model.snapshot.any_rank
+    backend = getattr(w.facts, "backend", None) if w is not None else None
+    if prof is None:
+        return out
+    if backend and prof.backend not in ("?", backend):
+        out.append(f"measured on {prof.backend}, the run uses {backend}")
+    groups = sorted({n for (_c, n) in model.links})
+    if groups and prof.group_size not in groups:
+        out.append(f"measured on {prof.group_size} ranks, the run's groups are "
+                   f"{', '.join(map(str, groups))} (carried over in wire bytes)")
+    return out
 
 
 def summary(ans: dict) -> str:
