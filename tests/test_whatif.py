@@ -952,20 +952,26 @@ def test_real_run_slow_link_removed(real_runs):
 def test_real_run_zd003_prediction_confirmed_by_compare(real_runs):
     """ZD003 on the demo (ZeRO-3, block wrap): its fix, reshard after forward off, run for
     real; `zerodoc compare` finds the fix applied and the model's step time and exposed
-    communication inside their ranges (a pair that misses with the compute moved by the load
-    is replaced, as above)."""
+    communication inside their ranges. A pair that misses with the compute moved by the load
+    is replaced, as above; here "moved" is also by more than the miss itself: the ranges
+    are narrower than the 15 % screen (a CI run missed the step's range by 0.4 ms with B's
+    compute 4.2 ms per step above A's, which the model keeps)."""
     from bench.whatif import BY_NAME, evaluate
 
+    timed = ("exposed_comm_seconds_per_step", "step_seconds")
     for attempt in range(ATTEMPTS):
         a, b = _pair(real_runs, "zd003", (), ("--no-reshard-after-forward",), attempt)
         doc = _compare(a, b)
         f = next(x for x in doc["fixes"] if x["code"] == "ZD003")
         assert f["applied"], f
         by = _timed(f)
-        if all(by[m]["verdict"] == "confirmed"
-               for m in ("exposed_comm_seconds_per_step", "step_seconds")) or \
-                evaluate(BY_NAME["reshard"], a, b)["same_compute"]:
+        miss = max(max(by[m]["lo"] - by[m]["observed_after"],
+                       by[m]["observed_after"] - by[m]["hi"], 0.0) for m in timed)
+        if miss == 0.0:
             break
+        r = evaluate(BY_NAME["reshard"], a, b)
+        if r["same_compute"] and miss > abs(r["compute_b_s"] - r["compute_a_s"]):
+            break  # a miss the load's move of the compute does not explain: the model's
     assert by["backward_all_gather_bytes_per_step"]["observed_after"] == 0
     for m in ("exposed_comm_seconds_per_step", "step_seconds"):
         assert by[m]["verdict"] == "confirmed", (attempt, by[m])
