@@ -14,6 +14,7 @@ reduce-scatter's input, the all-reduce's tensor.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -212,7 +213,15 @@ class ProfileLink:
         return self.fit.min_bytes * (wire_factor(self.fit.collective, self.fit.group_size)
                                      or 1.0)
 
+    @functools.cached_property
+    def _scale(self) -> tuple[float, float, float]:
+        return self._compute_scale()
+
     def scale(self) -> tuple[float, float, float]:
+        """(s, low, high), computed once (`_compute_scale`)."""
+        return self._scale
+
+    def _compute_scale(self) -> tuple[float, float, float]:
         """(s, low, high): the profile's scale to the run's link and its range. The profile's
         slope over the run's sizes p (its secant) and its error come from its medians at the
         run's smallest and largest call; where p is not resolved (within Z errors of 0: a

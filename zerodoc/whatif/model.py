@@ -349,6 +349,7 @@ class StepModel:
         # a measured link profile (`linkprofile`, `--link-profile`): its shape prices the
         # calls beyond the run's largest; None: the fitted line is extended
         self.profile: LinkProfile | None = None
+        self._profile_links: dict = {}  # (collective, fit) -> ProfileLink, built once
 
     # --- the link -----------------------------------------------------------------------
     def link(self, coll: str, n: int) -> LinkFit | None:
@@ -395,7 +396,10 @@ class StepModel:
             f = self.link(coll, self.profile.group_size)
         if f is None or f.group_size <= 1:
             return None
-        return ProfileLink(f, self.profile.curves[coll], Z)
+        key = (coll, f)
+        if key not in self._profile_links:  # every priced call asks: one per fit
+            self._profile_links[key] = ProfileLink(f, self.profile.curves[coll], Z)
+        return self._profile_links[key]
 
     def beyond_sizes(self, ch: Changes) -> list[dict]:
         """Per collective whose calls after the change are larger (in wire bytes) than the
