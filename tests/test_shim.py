@@ -16,7 +16,7 @@ import torch.nn as nn
 import zerodoc
 from zerodoc import catalog
 from zerodoc.runlog import RunLogError, load_run, read_rank_log
-from tests.support.helpers import LiveDemo, run_demo
+from tests.support.helpers import LiveDemo, run_demo, wait_until
 from tests.support.promserver import require_binary
 
 
@@ -91,11 +91,26 @@ def test_counters_grow_and_match_the_run_log(live):
     assert b["step"] > a["step"]
     assert all(b[k] >= a[k] for k in a)
     assert sum(v for k, v in b.items() if k != "step") > sum(v for k, v in a.items() if k != "step")
-    # The counters equal the sum over the run log's steps up to the scraped step.
-    log = read_rank_log(live.run_dir / "rank-00000.jsonl")
-    upto = [s for s in log.steps if s.step <= b["step"]]
+    # The counters equal the sum over the run log's steps up to the scraped step. One scrape
+    # is not atomic with the training thread (a step can end between its samples: the
+    # counter then holds one step more than `zerodoc_last_step` says), and the run log
+    # trails the scrape: wait for a scrape whose step the log holds and whose counter
+    # equals the log's sum (a counter that never matches the log fails on the deadline).
     key = ("blocks.1", "forward", "all_gather")
-    assert b[key] == pytest.approx(sum(s.comm[key].exposed_seconds for s in upto), rel=1e-9)
+    last: dict = {}
+
+    def agrees():
+        c = exposed_total(scrape(live.endpoints[0]))
+        live.wait_steps(int(c["step"]) + 1)
+        log = read_rank_log(live.run_dir / "rank-00000.jsonl")
+        want = sum(s.comm[key].exposed_seconds for s in log.steps if s.step <= c["step"])
+        last["pair"] = (c["step"], c[key], want)
+        return c[key] == pytest.approx(want, rel=1e-9)
+
+    try:
+        wait_until(agrees, 60, "a scrape whose counter equals the run log's sum", interval=0.2)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last (step, served, run log): {last.get('pair')}") from None
 
 
 # --- run log ---------------------------------------------------------------------------------
