@@ -124,8 +124,9 @@ def _delay_fsdp2_pre_forward(seconds: float) -> None:
     forward) sleeps `seconds` first: framework time the shim cannot have made up."""
     import time
 
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from zerodoc.shim.hookpoints import fsdp2_param_group_class
 
+    FSDPParamGroup = fsdp2_param_group_class()  # the one place naming FSDP2's internals
     real = FSDPParamGroup.pre_forward
 
     def pre_forward(self, *args, **kwargs):

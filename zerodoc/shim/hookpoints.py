@@ -55,6 +55,8 @@ with torch 2.11 at world size 1, except `reset_peak_memory_stats` and `_record_m
 | FSDP1 `_runtime_utils._pre_backward_hook` queueing `_post_backward_final_callback` (root) | no (behaviour) | same for FSDP1 | 2.13 |
 | `ZeroRedundancyOptimizer._sync_params` | no | ZeRO-1 broadcast exposure window (instance-wrapped, CUDA only) | 2.13 |
 
+The demo worker's test-only `framework_delay_s` (tests/test_framework_totals.py, not the
+product) wraps `FSDPParamGroup.pre_forward` (class from `fsdp2_param_group_class()`; 2.13).
 `bench/gpu_check.py` (not the product) also relies on `torch.cuda._sleep` and on
 `FSDPParamGroup._all_gather_process_group` being a property (2.11/2.13, read) to re-enable
 FSDP2's all-gather at world size 1.

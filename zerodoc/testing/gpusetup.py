@@ -109,7 +109,12 @@ def _real_group(group):
 
 
 def make_slow_link_class():
-    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
+    from zerodoc.shim.hookpoints import fsdp2_comm_bases
+
+    AllGather, _rs = fsdp2_comm_bases()  # FSDP2's internals are named in hookpoints.py
+    if AllGather is None:
+        raise RuntimeError("this torch has no FSDP2 AllGather comm class (>= 2.8): "
+                           "cannot inject the device slow link")
 
     class DeviceSlowLink(AllGather):
         """FSDP2 all-gather comm: the unit's delay on the collective's stream, then NCCL."""
@@ -160,8 +165,9 @@ class _SizeTwoForShortcut:
 
 @contextlib.contextmanager
 def world_size_1_all_gathers():
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from zerodoc.shim.hookpoints import fsdp2_param_group_class
 
+    FSDPParamGroup = fsdp2_param_group_class()  # FSDP2's internals are named in hookpoints.py
     prop = FSDPParamGroup.__dict__.get("_all_gather_process_group")
     if not isinstance(prop, property):
         raise RuntimeError("FSDPParamGroup._all_gather_process_group is not a property in "
