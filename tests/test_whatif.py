@@ -1171,6 +1171,21 @@ def test_link_profile_noisy_sweep_is_made_monotone():
     assert prof.curves["all_gather"].median_s[:3] == pytest.approx((1e-3, 2.5e-3, 2.5e-3))
 
 
+def test_pooled_medians_carry_the_error_of_their_mean():
+    """A pooled value is the mean of k medians: its standard error is sqrt(sum se^2) / k,
+    not each median's own (review rev4 leftover); unpooled sizes keep theirs."""
+    from zerodoc.whatif.linkprofile import monotone, profile_from_dict
+
+    vals, ses = monotone([1.0, 3.0, 2.0, 4.0], [0.1, 0.3, 0.4, 0.2])
+    assert vals == [1.0, 2.5, 2.5, 4.0]
+    assert ses == pytest.approx([0.1, 0.25, 0.25, 0.2])  # sqrt(0.09 + 0.16) / 2
+    rows = [{"bytes": b, "median_s": t, "se_s": e} for b, t, e in
+            ((1e6, 1e-3, 1e-5), (2e6, 3e-3, 3e-5), (3e6, 2e-3, 4e-5), (4e6, 5e-3, 2e-5))]
+    prof = profile_from_dict({"kind": "zerodoc-link-profile", "schema": 1, "backend": "gloo",
+                              "group_size": 2, "host": "h", "collectives": {"all_gather": rows}})
+    assert prof.curves["all_gather"].se_s == pytest.approx((1e-5, 2.5e-5, 2.5e-5, 2e-5))
+
+
 def test_whatif_says_how_far_beyond_the_runs_sizes_it_extrapolates(tmp_path, capsys):
     run = "tests/data/scenarios/wrap-linear"
     assert cli.main(["whatif", run, "--merge", "blocks"]) == 0

@@ -27,12 +27,11 @@ WARMUP_ROUNDS = 2
 def _stats(xs: list[float]) -> dict:
     """Median, quartiles and the median's standard error (from the interquartile range:
     robust to the odd slow call), seconds."""
+    if len(xs) < 5:  # `zerodoc linkprobe --reps` asks for 5 or more
+        raise ValueError(f"{len(xs)} calls per size: too few for quartiles (5 or more)")
     xs = sorted(xs)
     med = statistics.median(xs)
-    if len(xs) >= 4:
-        q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
-    else:
-        q1, q3 = xs[0], xs[-1]
+    q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
     sd = (q3 - q1) / 1.349
     return {"median_s": med, "q1_s": q1, "q3_s": q3,
             "se_s": 1.2533 * sd / math.sqrt(len(xs)), "calls": len(xs)}
@@ -44,6 +43,9 @@ def measure(sizes_mb, reps: int, collectives, device=None) -> dict | None:
     import torch
     import torch.distributed as dist
 
+    if reps < 5:
+        raise ValueError(f"reps={reps}: 5 or more calls per size (the quartiles give the "
+                         "median's standard error)")
     n, rank = dist.get_world_size(), dist.get_rank()
     sync = (lambda: torch.cuda.synchronize(device)) if device is not None and \
         device.type == "cuda" else (lambda: None)

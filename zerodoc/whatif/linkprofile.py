@@ -93,18 +93,24 @@ class LinkProfile:
     curves: dict[str, Curve]
 
 
-def monotone(ys: list[float]) -> list[float]:
+def monotone(ys: list[float], es: list[float] | None = None):
     """The non-decreasing sequence nearest to `ys` in least squares (pool adjacent
     violators): a larger call does not take less time, and a median that says so is the
-    sweep's noise, which would otherwise give a negative increase beyond some size."""
-    blocks: list[list[float]] = []  # [sum, count]
-    for y in ys:
-        blocks.append([y, 1])
+    sweep's noise, which would otherwise give a negative increase beyond some size.
+    With `es` (the medians' standard errors): (values, their standard errors), a pooled
+    value being the mean of k medians, its error sqrt(sum of their errors squared) / k."""
+    blocks: list[list[float]] = []  # [sum, count, sum of squared errors]
+    for i, y in enumerate(ys):
+        blocks.append([y, 1, (es[i] ** 2) if es is not None else 0.0])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            s, c = blocks.pop()
+            s, c, v = blocks.pop()
             blocks[-1][0] += s
             blocks[-1][1] += c
-    return [s / c for s, c in blocks for _ in range(int(c))]
+            blocks[-1][2] += v
+    vals = [s / c for s, c, _v in blocks for _ in range(int(c))]
+    if es is None:
+        return vals
+    return vals, [math.sqrt(v) / c for _s, c, v in blocks for _ in range(int(c))]
 
 
 def _bad(path: str, why: str) -> UserError:
@@ -159,8 +165,8 @@ def profile_from_dict(doc, path: str = "profile") -> LinkProfile:
         pts.sort()
         if any(b1 <= b0 for (b0, _, _), (b1, _, _) in zip(pts, pts[1:])) or pts[0][0] <= 0:
             raise _bad(path, f"{name}: sizes must be > 0 and distinct")
-        curves[name] = Curve(name, n, tuple(p[0] for p in pts),
-                             tuple(monotone([p[1] for p in pts])), tuple(p[2] for p in pts))
+        med, se = monotone([p[1] for p in pts], [p[2] for p in pts])
+        curves[name] = Curve(name, n, tuple(p[0] for p in pts), tuple(med), tuple(se))
     return LinkProfile(path, str(doc.get("backend", "?")), n, str(doc.get("host", "?")),
                        curves)
 
