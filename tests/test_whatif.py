@@ -296,6 +296,48 @@ def test_framework_fit_recovers_the_injected_per_call_and_per_byte_parts():
     assert b["predicted"]["step_s"] - step_b == pytest.approx(6 * FW_CALL, rel=1e-6)
 
 
+def test_framework_beyond_the_runs_largest_unit_widens_only_the_high_end(capsys):
+    """A merge whose units move more bytes per call than the run's largest: the point stays
+    the fitted line's (here the truth: the injected parts are linear), the range's high end
+    reaches the run's framework time per byte for those units (FSDP2's copies into larger
+    fresh buffers cost more per byte inside a real step, docs/whatif.md), and the answer
+    says how far beyond it goes. Within the run's sizes nothing changes."""
+    snap, _ = synthetic(extra=_fw_per_unit)
+    m = fit(snap)
+    f = m.ranks[0].framework_fit
+    assert f.max_bytes == 8_000_000  # l3: 2M parameters, 4 bytes, per call
+    per_byte_avg = f.per_byte_avg_s
+    # the run's own framework time over its bytes: 0.4 ms per call + 1.5 ms per MB, averaged
+    calls_bytes = [(3, p * 4) for p in (100_000, 250_000, 500_000, 1_000_000, 2_000_000)]
+    want = sum(n * (FW_CALL + FW_BYTE * x) for n, x in calls_bytes) / \
+        sum(n * x for n, x in calls_bytes)
+    assert per_byte_avg == pytest.approx(want, rel=1e-9)
+    ch = Changes(merge=2)  # l0..l1 (3 MB per call), l2..l3 (12 MB: beyond the run's 8 MB)
+    a = answer(m, ch)
+    over = a["framework"]["beyond_run_sizes"]
+    assert over["largest_measured_bytes"] == 8_000_000
+    assert over["largest_predicted_bytes"] == pytest.approx(12_000_000)
+    assert over["ratio"] == pytest.approx(1.5)
+    point, hi = m.replay(ch).framework_s, m.replay(ch, bound=+2).framework_s
+    truth = 3 * (FW_CALL + FW_BYTE * 12e6) + 3 * (FW_CALL + FW_BYTE * 3e6) + \
+        3 * (FW_CALL + FW_BYTE * 4e5)  # (root) stays as it is: 0.4 MB per call
+    assert point == pytest.approx(truth, rel=1e-6)
+    # the high end prices the 12 MB unit at the run's average cost per byte (dearer than
+    # the line there: the run's small units carry the per-call part)
+    assert 3 * 12e6 * per_byte_avg > 3 * (FW_CALL + FW_BYTE * 12e6)
+    assert hi >= 3 * 12e6 * per_byte_avg + 3 * (FW_CALL + FW_BYTE * 3e6)
+    # within the run's sizes: no note, the high end the line's own
+    same = answer(m, Changes(reshard_after_forward=False))
+    assert same["framework"]["beyond_run_sizes"] is None
+    line_hi = sum(f.unit_seconds(3, 3 * x, bound=+2) for _n, x in calls_bytes)
+    assert m.replay(Changes(), bound=+2).framework_s == pytest.approx(line_hi, rel=1e-9)
+    from zerodoc.cli.whatif import render_text
+    text = render_text(a)
+    assert "framework: units up to 1.5x the run's largest (12.00 MB per call against " \
+        "8.00 MB): priced along the fitted line, the range's high end at the run's " \
+        f"framework time per byte ({per_byte_avg * 1e9:.2f} ms per MB" in text
+
+
 FW_TENSOR = 0.00002  # injected: 20 us per parameter tensor at each call
 TENSORS = {"(root)": 19, "l0": 2, "l1": 2, "l2": 4, "l3": 2}
 

@@ -233,6 +233,15 @@ def render_text(doc: dict) -> str:
     fw = doc.get("framework")
     if fw:
         lines.append(_framework_line(fw))
+        over = fw.get("beyond_run_sizes")
+        if over:
+            lines.append(
+                f"framework: units up to {over['ratio']:.1f}x the run's largest "
+                f"({over['largest_predicted_bytes'] / 1e6:.2f} MB per call against "
+                f"{over['largest_measured_bytes'] / 1e6:.2f} MB): priced along the fitted "
+                f"line, the range's high end at the run's framework time per byte "
+                f"({over['high_end_per_byte_s'] * 1e9:.2f} ms per MB; its cost per byte can "
+                f"grow past the run's sizes)")
     err = b["step_error"]
     lines += [
         "",

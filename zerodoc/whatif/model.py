@@ -87,6 +87,8 @@ class FrameworkFit:
     mean_tensors: float = 0.0
     cov_byte_tensor: float = 0.0
     tensor_note: str = ""
+    max_bytes: float = 0.0  # the run's largest unit, bytes per call: the fit's support
+    per_byte_avg_s: float = 0.0  # the run's framework time per byte over its units
 
     @property
     def per_tensor(self) -> bool:
@@ -107,8 +109,20 @@ class FrameworkFit:
         var = self.se_call_s ** 2 + (dx * self.se_per_byte_s) ** 2 + \
             (dt * self.se_per_tensor_s) ** 2 + 2 * dx * dt * self.cov_byte_tensor
         se = math.sqrt(max(0.0, var))
-        return calls * max(0.0, self.per_call_s + x * self.per_byte_s +
+        line = calls * max(0.0, self.per_call_s + x * self.per_byte_s +
                            t * self.per_tensor_s + bound * se)
+        if bound > 0 and self.max_bytes > 0 and x > self.max_bytes * 1.05:
+            # beyond the run's largest unit the line is an extrapolation, and the framework's
+            # cost per byte can grow there (FSDP2's copies into fresh 3 MB buffers cost 3-4x
+            # per byte what 2 MB ones did inside a training step, docs/whatif.md): the high
+            # end reaches the run's whole framework time per byte, every part of it scaled
+            # with the bytes
+            return max(line, calls * x * self.per_byte_avg_s)
+        return line
+
+    def beyond(self, nbytes_per_call: float) -> bool:
+        """Whether a unit of this many bytes per call lies beyond the run's largest."""
+        return self.max_bytes > 0 and nbytes_per_call > self.max_bytes * 1.05
 
 
 def _framework_points(units: list[UnitModel], per_unit: dict[str, float]) -> list:
@@ -223,7 +237,8 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
                                 max(0.0, total - measured), ranks_pooled,
                                 per_tensor_s=k * c, se_per_tensor_s=k * se_c,
                                 mean_tensors=mt, cov_byte_tensor=k * k * cov,
-                                tensor_note=note))
+                                tensor_note=note, max_bytes=max(x for x, *_ in pts),
+                                per_byte_avg_s=measured / sum(x * n for x, _y, n, _t in pts)))
     return out
 
 
@@ -508,6 +523,26 @@ class StepModel:
     def overhead_rank(self) -> RankModel:
         """The rank whose time outside the units is largest (the replay's)."""
         return max(self.ranks, key=outside_units_s)
+
+    def framework_beyond(self, ch: Changes) -> dict | None:
+        """Where the change's units move more bytes per call than the run's largest unit
+        (the replay's rank): the fitted line prices them, the range's high end the run's
+        framework time per byte (`FrameworkFit.unit_seconds`); None within the run's sizes
+        or without a per-unit fit."""
+        rm = self.overhead_rank()
+        f = rm.framework_fit
+        if f is None or f.max_bytes <= 0:
+            return None
+        reshard = self._reshard(ch)
+        top = 0.0
+        for u in self._units(rm, ch):
+            calls = _calls(u, reshard)
+            if calls > 0:
+                top = max(top, _bytes_moved(u, reshard) / calls)
+        if not f.beyond(top):
+            return None
+        return {"largest_measured_bytes": f.max_bytes, "largest_predicted_bytes": top,
+                "ratio": top / f.max_bytes, "high_end_per_byte_s": f.per_byte_avg_s}
 
     def framework_pricing(self) -> dict:
         """How the framework's time is priced (the replay's rank), for the answer."""
@@ -989,7 +1024,8 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
                       "comm_bytes": nominal,
                       "comm_wire_bytes": wire},
         "peak_note": peak_note,
-        "framework": model.framework_pricing(),
+        "framework": {**model.framework_pricing(), "beyond_run_sizes":
+                      model.framework_beyond(ch)},
         "units": [{"unit": n or "(root)", "exposed_change_s": d} for n, d in top if d],
         "links": [{"collective": f.collective, "group_size": f.group_size,
                    "latency_s": f.latency_s, "bandwidth_bytes_per_s": f.bandwidth,
