@@ -193,6 +193,7 @@ def evaluate(case: Case, a_dir: Path, b_dir: Path, window: int = WINDOW,
     per_step = predict(a_dir, case.changes, window, per_step_framework=True)["predicted"]
     framework = {"pricing": pred["framework"]["pricing"], "note": pred["framework"]["note"],
                  "a_s": pred["framework"]["measured_s"], "b_predicted_s": p["framework_s"],
+                 "b_range_s": p.get("framework_s_range"),
                  "b_predicted_per_step_s": per_step["framework_s"],
                  "b_s": b["framework"]["measured_s"],
                  "step_error_per_step_pricing": (per_step["step_s"] - bm["step_s"]) /
@@ -337,7 +338,10 @@ def table(r: dict) -> str:
              + (f"; other processes used {r['others_cpu_share'] * 100:.0f} % of the cores "
                 f"during the pair" if r.get("others_cpu_share") is not None else ""),
              *([f"framework ms per step: A {ms(fw['a_s']).strip()}, B predicted "
-                f"{ms(fw['b_predicted_s']).strip()} (priced {fw['pricing']}: {fw['note']}; "
+                f"{ms(fw['b_predicted_s']).strip()}"
+                + (f" (range {ms(fw['b_range_s'][0]).strip()}-{ms(fw['b_range_s'][1]).strip()})"
+                   if fw.get("b_range_s") else "")
+                + f" (priced {fw['pricing']}: {fw['note']}; "
                 f"priced per step {ms(fw['b_predicted_per_step_s']).strip()}, step error then "
                 f"{fw['step_error_per_step_pricing'] * 100:+.1f} %), B measured "
                 f"{ms(fw['b_s']).strip()}"] if fw else []),

@@ -326,6 +326,8 @@ def test_framework_beyond_the_runs_largest_unit_widens_only_the_high_end(capsys)
     # the line there: the run's small units carry the per-call part)
     assert 3 * 12e6 * per_byte_avg > 3 * (FW_CALL + FW_BYTE * 12e6)
     assert hi >= 3 * 12e6 * per_byte_avg + 3 * (FW_CALL + FW_BYTE * 3e6)
+    assert a["predicted"]["framework_s_range"] == pytest.approx(
+        [m.replay(ch, bound=-2).framework_s, hi])
     # within the run's sizes: no note, the high end the line's own
     same = answer(m, Changes(reshard_after_forward=False))
     assert same["framework"]["beyond_run_sizes"] is None

@@ -1019,6 +1019,7 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
                       "exposed_comm_s_range": [exp_lo, exp_hi],
                       "compute_s": p.compute_s, "comm_s": p.comm_s,
                       "overhead_s": p.overhead_s, "framework_s": p.framework_s,
+                      "framework_s_range": [lo.framework_s, hi.framework_s],
                       "peer_wait_s": p.peer_wait_s,
                       "arrival_wait_s": p.arrival_wait_s,
                       "comm_bytes": nominal,
