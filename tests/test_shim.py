@@ -29,7 +29,10 @@ def scrape(endpoint: str) -> str:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    with LiveDemo(tmp_path_factory.mktemp("live"), nprocs=2) as demo:
+    # one run-log interval for the whole job: the detail files keep every step (the
+    # counters test sums them from step 1; the default 100-step interval drops older ones)
+    with LiveDemo(tmp_path_factory.mktemp("live"), nprocs=2,
+                  attach={"run_log_every": 10**6, "run_log_every_seconds": 1e6}) as demo:
         demo.wait_steps(3)
         yield demo
 
@@ -103,6 +106,8 @@ def test_counters_grow_and_match_the_run_log(live):
         c = exposed_total(scrape(live.endpoints[0]))
         live.wait_steps(int(c["step"]) + 1)
         log = read_rank_log(live.run_dir / "rank-00000.jsonl")
+        assert log.steps and log.steps[0].step == 1, \
+            "the run log's detail no longer holds step 1: the sum cannot cover the counter"
         want = sum(s.comm[key].exposed_seconds for s in log.steps if s.step <= c["step"])
         last["pair"] = (c["step"], c[key], want)
         return c[key] == pytest.approx(want, rel=1e-9)
