@@ -20,6 +20,7 @@ from zerodoc.cli import main as cli
 from zerodoc.diagnosis.context import Context
 from zerodoc.testing.rulecases import snapshot_from_dict
 from zerodoc.planner import plan
+from zerodoc.cli.whatif import render_text
 from zerodoc.whatif import Changes, answer, fit, fit_links
 from zerodoc.whatif import summary as zerodoc_summary
 
@@ -296,48 +297,72 @@ def test_framework_fit_recovers_the_injected_per_call_and_per_byte_parts():
     assert b["predicted"]["step_s"] - step_b == pytest.approx(6 * FW_CALL, rel=1e-6)
 
 
-def test_framework_beyond_the_runs_largest_unit_widens_only_the_high_end(capsys):
-    """A merge whose units move more bytes per call than the run's largest: the point stays
-    the fitted line's (here the truth: the injected parts are linear), the range's high end
-    reaches the run's framework time per byte for those units (FSDP2's copies into larger
-    fresh buffers cost more per byte inside a real step, docs/whatif.md), and the answer
-    says how far beyond it goes. Within the run's sizes nothing changes."""
+def test_framework_beyond_the_runs_largest_unit_widens_only_the_high_end():
+    """A merge whose units make larger calls than any of the run's: the point stays the
+    fitted line's (here the truth: the injected parts are linear and noise-free, so the
+    line's own range is the point), the range's high end prices the bytes of a unit beyond
+    the run's largest call past the fit's largest unit at the run's average framework time
+    per byte (FSDP2's copies into larger fresh buffers cost more per byte inside a real step,
+    docs/whatif.md), and the answer says how far beyond it goes. Within the run's sizes
+    nothing changes."""
     snap, _ = synthetic(extra=_fw_per_unit)
     m = fit(snap)
     f = m.ranks[0].framework_fit
-    assert f.max_bytes == 8_000_000  # l3: 2M parameters, 4 bytes, per call
-    per_byte_avg = f.per_byte_avg_s
-    # the run's own framework time over its bytes: 0.4 ms per call + 1.5 ms per MB, averaged
-    calls_bytes = [(3, p * 4) for p in (100_000, 250_000, 500_000, 1_000_000, 2_000_000)]
-    want = sum(n * (FW_CALL + FW_BYTE * x) for n, x in calls_bytes) / \
-        sum(n * x for n, x in calls_bytes)
-    assert per_byte_avg == pytest.approx(want, rel=1e-9)
-    ch = Changes(merge=2)  # l0..l1 (3 MB per call), l2..l3 (12 MB: beyond the run's 8 MB)
+    sizes = [p * 4 for p in (100_000, 250_000, 500_000, 1_000_000, 2_000_000)]
+    line = [3 * (FW_CALL + FW_BYTE * x) for x in sizes]  # the truth per unit and step
+    # the run's own framework time over its bytes (3 calls of x per unit and step)
+    avg = sum(line) / sum(3 * x for x in sizes)
+    assert f.per_byte_avg_s == pytest.approx(avg, rel=1e-9)
+    assert f.max_call_bytes == f.max_bytes == 8_000_000
+    # within the run's sizes the range is the line's, which for a noise-free run is the truth
+    base_lo, base_hi = m.replay(Changes(), bound=-2), m.replay(Changes(), bound=+2)
+    assert base_lo.framework_s == pytest.approx(sum(line), rel=1e-6)
+    assert base_hi.framework_s == pytest.approx(sum(line), rel=1e-6)
+    ch = Changes(merge=2)  # (root) 0.4 MB, l0..l1 3 MB, l2..l3 12 MB per call (beyond 8 MB)
     a = answer(m, ch)
     over = a["framework"]["beyond_run_sizes"]
     assert over["largest_measured_bytes"] == 8_000_000
     assert over["largest_predicted_bytes"] == pytest.approx(12_000_000)
     assert over["ratio"] == pytest.approx(1.5)
-    point, hi = m.replay(ch).framework_s, m.replay(ch, bound=+2).framework_s
-    truth = 3 * (FW_CALL + FW_BYTE * 12e6) + 3 * (FW_CALL + FW_BYTE * 3e6) + \
-        3 * (FW_CALL + FW_BYTE * 4e5)  # (root) stays as it is: 0.4 MB per call
-    assert point == pytest.approx(truth, rel=1e-6)
-    # the high end prices the 12 MB unit at the run's average cost per byte (dearer than
-    # the line there: the run's small units carry the per-call part)
-    assert 3 * 12e6 * per_byte_avg > 3 * (FW_CALL + FW_BYTE * 12e6)
-    assert hi >= 3 * 12e6 * per_byte_avg + 3 * (FW_CALL + FW_BYTE * 3e6)
-    assert a["predicted"]["framework_s_range"] == pytest.approx(
-        [m.replay(ch, bound=-2).framework_s, hi])
-    # within the run's sizes: no note, the high end the line's own
-    same = answer(m, Changes(reshard_after_forward=False))
-    assert same["framework"]["beyond_run_sizes"] is None
-    line_hi = sum(f.unit_seconds(3, 3 * x, bound=+2) for _n, x in calls_bytes)
-    assert m.replay(Changes(), bound=+2).framework_s == pytest.approx(line_hi, rel=1e-9)
-    from zerodoc.cli.whatif import render_text
+    truth = [3 * (FW_CALL + FW_BYTE * x) for x in (4e5, 3e6, 12e6)]
+    point = m.replay(ch).framework_s
+    lo, hi = a["predicted"]["framework_s_range"]
+    assert point == pytest.approx(sum(truth), rel=1e-6)
+    assert lo == pytest.approx(point, rel=1e-6)
+    # the 12 MB unit: the line's point at the run's largest unit (8 MB), the 4 MB past it at
+    # the run's average price per byte (dearer than the line's: it carries the per-call part)
+    assert avg > FW_BYTE
+    high_12 = 3 * (FW_CALL + FW_BYTE * 8e6 + 4e6 * avg)
+    assert hi == pytest.approx(truth[0] + truth[1] + high_12, rel=1e-6)
     text = render_text(a)
     assert "framework: units up to 1.5x the run's largest (12.00 MB per call against " \
         "8.00 MB): priced along the fitted line, the range's high end at the run's " \
-        f"framework time per byte ({per_byte_avg * 1e9:.2f} ms per MB" in text
+        f"framework time per byte ({avg * 1e9:.2f} ms per MB" in text
+    # a change within the run's sizes: no note, the line's range (the truth)
+    same = answer(m, Changes(reshard_after_forward=False))
+    assert same["framework"]["beyond_run_sizes"] is None
+    assert same["predicted"]["framework_s_range"][1] == pytest.approx(
+        same["predicted"]["framework_s"], rel=1e-6)
+
+
+def test_framework_beyond_is_judged_by_the_largest_call_not_the_average():
+    """Reduce-scatters twice the all-gathers' bytes (fp32 gradients, bf16 parameters):
+    resharding off drops the backward all-gathers, so a unit's bytes per call on average
+    rise, but no call is larger than the run's: nothing is beyond (review rev5 S1)."""
+    def rs_double(d):
+        for row in d["ranks"][0]["comm"]:
+            if row[2] == "reduce_scatter":
+                row[4] *= 2
+        _fw_per_unit(d)
+
+    snap, _ = synthetic(extra=rs_double)
+    m = fit(snap)
+    a = answer(m, Changes(reshard_after_forward=False))
+    assert a["framework"]["beyond_run_sizes"] is None
+    assert a["predicted"]["framework_s_range"][1] == pytest.approx(
+        a["predicted"]["framework_s"], rel=1e-6)
+    assert answer(m, Changes(merge=2))["framework"]["beyond_run_sizes"]["ratio"] == \
+        pytest.approx(24e6 / 16e6)
 
 
 FW_TENSOR = 0.00002  # injected: 20 us per parameter tensor at each call
@@ -1216,18 +1241,22 @@ def test_link_profile_noisy_sweep_is_made_monotone():
 
 
 def test_pooled_medians_carry_the_error_of_their_mean():
-    """A pooled value is the mean of k medians: its standard error is sqrt(sum se^2) / k,
-    not each median's own (review rev4 leftover); unpooled sizes keep theirs."""
+    """A pooled value is the mean of k medians: its standard error is that of their mean,
+    sqrt(sum se^2) / k, and never below a size's own (review rev4 leftover, rev5); unpooled
+    sizes keep theirs."""
     from zerodoc.whatif.linkprofile import monotone, profile_from_dict
 
-    vals, ses = monotone([1.0, 3.0, 2.0, 4.0], [0.1, 0.3, 0.4, 0.2])
+    vals, ses = monotone([1.0, 3.0, 2.0, 4.0], [0.1, 0.3, 0.1, 0.2])
     assert vals == [1.0, 2.5, 2.5, 4.0]
-    assert ses == pytest.approx([0.1, 0.25, 0.25, 0.2])  # sqrt(0.09 + 0.16) / 2
+    # sqrt(0.09 + 0.01) / 2 = 0.158: the precise size takes it, the noisy one keeps 0.3
+    assert ses == pytest.approx([0.1, 0.3, math.sqrt(0.1) / 2, 0.2])
     rows = [{"bytes": b, "median_s": t, "se_s": e} for b, t, e in
-            ((1e6, 1e-3, 1e-5), (2e6, 3e-3, 3e-5), (3e6, 2e-3, 4e-5), (4e6, 5e-3, 2e-5))]
+            ((1e6, 1e-3, 1e-5), (2e6, 3e-3, 1e-5), (3e6, 2e-3, 4e-5), (4e6, 5e-3, 2e-5))]
     prof = profile_from_dict({"kind": "zerodoc-link-profile", "schema": 1, "backend": "gloo",
                               "group_size": 2, "host": "h", "collectives": {"all_gather": rows}})
-    assert prof.curves["all_gather"].se_s == pytest.approx((1e-5, 2.5e-5, 2.5e-5, 2e-5))
+    # pooled (1e-5, 4e-5): sqrt(1e-10 + 16e-10) / 2 = 2.06e-5 for the first, 4e-5 its own
+    assert prof.curves["all_gather"].se_s == pytest.approx(
+        (1e-5, math.sqrt(17e-10) / 2, 4e-5, 2e-5))
 
 
 def test_whatif_says_how_far_beyond_the_runs_sizes_it_extrapolates(tmp_path, capsys):

@@ -87,7 +87,8 @@ class FrameworkFit:
     mean_tensors: float = 0.0
     cov_byte_tensor: float = 0.0
     tensor_note: str = ""
-    max_bytes: float = 0.0  # the run's largest unit, bytes per call: the fit's support
+    max_bytes: float = 0.0  # the fit's largest unit (its bytes per call, as the fit's x)
+    max_call_bytes: float = 0.0  # the run's largest single call among the fit's units
     per_byte_avg_s: float = 0.0  # the run's framework time per byte over its units
 
     @property
@@ -96,10 +97,17 @@ class FrameworkFit:
         return not self.tensor_note
 
     def unit_seconds(self, calls: float, nbytes: float, bound: float = 0,
-                     tensors: float | None = None) -> float:
+                     tensors: float | None = None, largest_call: float | None = None) -> float:
         """A unit's framework time per step (`calls` per step moving `nbytes` in all, of
         `tensors` parameter tensors: None, not recorded, prices the fit's mean); `bound`
-        -Z / +Z: the low / high end (Z standard errors of the fit at its size)."""
+        -Z / +Z: the low / high end (Z standard errors of the fit at its size).
+        `largest_call`: the unit's largest single call, bytes; beyond the run's largest
+        (`beyond`) the line is an extrapolation, and the framework's cost per byte can grow
+        there (FSDP2's copies into fresh 3.16 MB buffers cost 2-3x per byte what 2.1 MB ones
+        did inside a training step, docs/whatif.md): the high end then prices the bytes past
+        the fit's largest unit at the run's average framework time per byte (per call, per
+        tensor and per byte together), from the line's point at that unit on (continuous
+        where the unit stops being beyond)."""
         if calls <= 0:
             return 0.0
         x = nbytes / calls
@@ -111,18 +119,15 @@ class FrameworkFit:
         se = math.sqrt(max(0.0, var))
         line = calls * max(0.0, self.per_call_s + x * self.per_byte_s +
                            t * self.per_tensor_s + bound * se)
-        if bound > 0 and self.max_bytes > 0 and x > self.max_bytes * 1.05:
-            # beyond the run's largest unit the line is an extrapolation, and the framework's
-            # cost per byte can grow there (FSDP2's copies into fresh 3 MB buffers cost 3-4x
-            # per byte what 2 MB ones did inside a training step, docs/whatif.md): the high
-            # end reaches the run's whole framework time per byte, every part of it scaled
-            # with the bytes
-            return max(line, calls * x * self.per_byte_avg_s)
+        if bound > 0 and largest_call is not None and self.beyond(largest_call):
+            at_max = self.per_call_s + self.max_bytes * self.per_byte_s + t * self.per_tensor_s
+            return max(line, calls * (at_max + (x - self.max_bytes) * self.per_byte_avg_s))
         return line
 
-    def beyond(self, nbytes_per_call: float) -> bool:
-        """Whether a unit of this many bytes per call lies beyond the run's largest."""
-        return self.max_bytes > 0 and nbytes_per_call > self.max_bytes * 1.05
+    def beyond(self, largest_call: float) -> bool:
+        """Whether a call of this many bytes is larger than any of the run's units made (as
+        `StepModel.beyond_sizes` judges the link's calls)."""
+        return self.max_call_bytes > 0 and largest_call > self.max_call_bytes * (1 + 1e-9)
 
 
 def _framework_points(units: list[UnitModel], per_unit: dict[str, float]) -> list:
@@ -226,7 +231,7 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
     widen = math.sqrt(max(1, len(pooled) - dof) / max(1, n_units - dof))
     se_a, se_b, se_c, cov = se_a * widen, se_b * widen, se_c * widen, cov * widen ** 2
     out: list[FrameworkFit | None] = []
-    for pts, (_units, _per_unit, total) in zip(per_rank, ranks):
+    for pts, (units_r, per_unit_r, total) in zip(per_rank, ranks):
         measured = sum(y * n for _x, y, n, _t in pts)
         line = sum(n * (a + b * x + c * (t or 0)) for x, _y, n, t in pts)
         if len(pts) < 3 or measured <= 0 or line <= 0:
@@ -238,6 +243,8 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
                                 per_tensor_s=k * c, se_per_tensor_s=k * se_c,
                                 mean_tensors=mt, cov_byte_tensor=k * k * cov,
                                 tensor_note=note, max_bytes=max(x for x, *_ in pts),
+                                max_call_bytes=max(_largest_call(u) for u in units_r
+                                                   if u.name in per_unit_r),
                                 per_byte_avg_s=measured / sum(x * n for x, _y, n, _t in pts)))
     return out
 
@@ -531,18 +538,14 @@ class StepModel:
         or without a per-unit fit."""
         rm = self.overhead_rank()
         f = rm.framework_fit
-        if f is None or f.max_bytes <= 0:
+        if f is None or f.max_call_bytes <= 0:
             return None
         reshard = self._reshard(ch)
-        top = 0.0
-        for u in self._units(rm, ch):
-            calls = _calls(u, reshard)
-            if calls > 0:
-                top = max(top, _bytes_moved(u, reshard) / calls)
+        top = max((_largest_call(u, reshard) for u in self._units(rm, ch)), default=0.0)
         if not f.beyond(top):
             return None
-        return {"largest_measured_bytes": f.max_bytes, "largest_predicted_bytes": top,
-                "ratio": top / f.max_bytes, "high_end_per_byte_s": f.per_byte_avg_s}
+        return {"largest_measured_bytes": f.max_call_bytes, "largest_predicted_bytes": top,
+                "ratio": top / f.max_call_bytes, "high_end_per_byte_s": f.per_byte_avg_s}
 
     def framework_pricing(self) -> dict:
         """How the framework's time is priced (the replay's rank), for the answer."""
@@ -690,7 +693,8 @@ class StepModel:
         f = rm.framework_fit
         if f is not None:
             return f.rest_s + sum(f.unit_seconds(_calls(u, reshard), _bytes_moved(u, reshard),
-                                                 bound, u.tensors) for u in units)
+                                                 bound, u.tensors, _largest_call(u, reshard))
+                                  for u in units)
         by_byte = rm.framework_per_byte_s * sum(_bytes_moved(u, reshard) for u in units)
         by_call = rm.framework_per_call_s * sum(_calls(u, reshard) for u in units)
         if bound < 0:
@@ -760,6 +764,13 @@ def _rows(u: UnitModel, reshard: bool):
 
 def _calls(u: UnitModel, reshard: bool) -> float:
     return sum(v[0] for _p, _c, v in _rows(u, reshard))
+
+
+def _largest_call(u: UnitModel, reshard: bool | None = None) -> float:
+    """The unit's largest single call, bytes (`reshard` None: as measured)."""
+    rows = ((p, c, v) for p, cs in u.comm.items() for c, v in cs.items()) if reshard is None \
+        else _rows(u, reshard)
+    return max((v[1] for _p, _c, v in rows if v[0] > 0), default=0.0)
 
 
 def _bytes_moved(u: UnitModel, reshard: bool | None = None) -> float:
