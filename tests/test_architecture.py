@@ -93,15 +93,24 @@ def test_package_top_level_holds_at_most_14_modules():
     assert len(top) <= 14, top
 
 
-PRIVATE_FSDP = re.compile(r"^\s*(?:from|import)\s+torch\.distributed\.(?:fsdp\._|_composable)",
-                          re.M)
+PRIVATE_FSDP = re.compile(
+    r"^\s*(?:from|import)\s+torch\.distributed\.(?:fsdp\._|_composable)"  # from/import x._y
+    r"|^\s*from\s+torch\.distributed(?:\.fsdp)?\s+import\s+[^#\n]*\b(?:_fully_shard|_composable)"
+    r"|import_module\(\s*[\"']torch\.distributed\.(?:fsdp\._|_composable)", re.M)
 
 
 def test_fsdp2_internals_are_imported_only_by_hookpoints():
     """FSDP's private modules are named in one place (zerodoc/shim/hookpoints.py, with the
-    versions checked); everything else, the demo and the GPU check's set-up included, goes
-    through its functions (they fail soft where a release moved them)."""
-    assert PRIVATE_FSDP.search("    from torch.distributed.fsdp._fully_shard._fsdp_api import X")
+    versions checked, beside the other hook points); everything else, the demo and the GPU
+    check's set-up included, goes through its functions."""
+    for line in ("    from torch.distributed.fsdp._fully_shard._fsdp_api import X",
+                 "from torch.distributed.fsdp import _fully_shard",
+                 "from torch.distributed import _composable as c",
+                 "m = importlib.import_module('torch.distributed.fsdp._fully_shard')"):
+        assert PRIVATE_FSDP.search(line), line
+    for line in ("from torch.distributed.fsdp import FSDPModule, fully_shard",
+                 "import torch.distributed.fsdp"):
+        assert not PRIVATE_FSDP.search(line), line
     found = sorted(str(p.relative_to(ROOT)) for d in ("zerodoc", "bench")
                    for p in (ROOT / d).rglob("*.py")
                    if p.name != "hookpoints.py" and PRIVATE_FSDP.search(p.read_text()))

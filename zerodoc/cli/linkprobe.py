@@ -36,8 +36,8 @@ def add_parser(sub) -> None:
                    metavar="MB,...", help="sizes per call in MB (the all-gather's output, the "
                    "reduce-scatter's input, the all-reduce's tensor), comma-separated")
     p.add_argument("--reps", type=int, default=15, metavar="N",
-                   help="calls per size and collective, 5 or more: the quartiles give each "
-                        "median's standard error (after 2 warm-up rounds)")
+                   help="calls per size and collective, 5 or more (each median's standard error "
+                        "comes from their quartiles; after 2 warm-up rounds)")
     p.add_argument("--collectives", default=",".join(PROBED), metavar="KIND,...",
                    help=f"which to measure, of {', '.join(PROBED)}")
     p.set_defaults(func=run)
@@ -71,8 +71,8 @@ def parse_args(args):
         raise UserError(f"--collectives: unknown {', '.join(bad) or '(none given)'} "
                         f"(known: {', '.join(PROBED)})")
     if not 5 <= args.reps <= 10000:
-        raise UserError(f"--reps must be between 5 and 10000 (fewer calls per size give no "
-                        f"quartiles for the median's standard error), not {args.reps}")
+        raise UserError(f"--reps must be between 5 and 10000 (the median's standard error "
+                        f"comes from the quartiles: 5 calls per size at least), not {args.reps}")
     if not 2 <= args.nprocs <= 1024:
         raise UserError(f"--nprocs must be between 2 and 1024, not {args.nprocs}")
     if not args.out.strip():

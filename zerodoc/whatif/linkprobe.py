@@ -28,7 +28,8 @@ def _stats(xs: list[float]) -> dict:
     """Median, quartiles and the median's standard error (from the interquartile range:
     robust to the odd slow call), seconds."""
     if len(xs) < 5:  # `zerodoc linkprobe --reps` asks for 5 or more
-        raise ValueError(f"{len(xs)} calls per size: too few for quartiles (5 or more)")
+        raise ValueError(f"{len(xs)} calls per size: 5 or more give the quartiles a "
+                         "median's standard error comes from")
     xs = sorted(xs)
     med = statistics.median(xs)
     q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
@@ -44,8 +45,8 @@ def measure(sizes_mb, reps: int, collectives, device=None) -> dict | None:
     import torch.distributed as dist
 
     if reps < 5:
-        raise ValueError(f"reps={reps}: 5 or more calls per size (the quartiles give the "
-                         "median's standard error)")
+        raise ValueError(f"reps={reps}: 5 or more calls per size (a median's standard "
+                         "error comes from their quartiles)")
     n, rank = dist.get_world_size(), dist.get_rank()
     sync = (lambda: torch.cuda.synchronize(device)) if device is not None and \
         device.type == "cuda" else (lambda: None)

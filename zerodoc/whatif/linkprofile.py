@@ -98,7 +98,9 @@ def monotone(ys: list[float], es: list[float] | None = None):
     violators): a larger call does not take less time, and a median that says so is the
     sweep's noise, which would otherwise give a negative increase beyond some size.
     With `es` (the medians' standard errors): (values, their standard errors), a pooled
-    value being the mean of k medians, its error sqrt(sum of their errors squared) / k."""
+    value being the mean of k medians, its error that of their mean (sqrt(sum of their
+    errors squared) / k) and never below the size's own (the pooling is the sweep's noise
+    showing: it does not make a noisy size more certain)."""
     blocks: list[list[float]] = []  # [sum, count, sum of squared errors]
     for i, y in enumerate(ys):
         blocks.append([y, 1, (es[i] ** 2) if es is not None else 0.0])
@@ -110,7 +112,8 @@ def monotone(ys: list[float], es: list[float] | None = None):
     vals = [s / c for s, c, _v in blocks for _ in range(int(c))]
     if es is None:
         return vals
-    return vals, [math.sqrt(v) / c for _s, c, v in blocks for _ in range(int(c))]
+    pooled = [math.sqrt(v) / c for _s, c, v in blocks for _ in range(int(c))]
+    return vals, [max(e, p) for e, p in zip(es, pooled)]
 
 
 def _bad(path: str, why: str) -> UserError:
