@@ -947,8 +947,21 @@ def _pair(real_runs, case, a_flags, b_flags, attempt):
     return _RUNS[(case, a_flags, attempt)], _RUNS[(case, b_flags, attempt)]
 
 
+def _load_explains(r: dict) -> bool:
+    """Whether the load's move of the compute from A to B (which none of the changes makes:
+    the host's) is larger than the miss beyond the bounds, so the pair does not tell the
+    model wrong (a CI run missed the slow-link case's step bound by 4.4 ms, 17.0 % against
+    15 %, with B's compute 16.4 ms per step under A's)."""
+    if r.get("compute_a_s") is None or r.get("compute_b_s") is None:
+        return False
+    step_miss = (abs(r["step_error"]) - r["step_bound"]) * r["b"]["step_s"]
+    exposed_miss = abs(r["exposed_error_s"]) - r["exposed_bound_s"]
+    return max(step_miss, exposed_miss) < abs(r["compute_b_s"] - r["compute_a_s"])
+
+
 def _case(real_runs, name: str):
-    """Evaluate a case of bench/whatif.py; on a missed bound, again on a fresh pair."""
+    """Evaluate a case of bench/whatif.py; on a missed bound, again on a fresh pair where the
+    compute moved by more than 15 % or by more than the miss (the load, not the model)."""
     from bench.whatif import BY_NAME, evaluate
 
     c = BY_NAME[name]
@@ -956,8 +969,10 @@ def _case(real_runs, name: str):
         a, b = _pair(real_runs, name, c.a, c.b, attempt)
         r = evaluate(c, a, b)
         r["attempt"] = attempt
-        if r["step_ok"] and r["exposed_ok"] or r["same_compute"]:
+        if r["step_ok"] and r["exposed_ok"]:
             break
+        if r["same_compute"] and not _load_explains(r):
+            break  # a miss the load's move of the compute does not explain: the model's
     return r, a, b
 
 
