@@ -27,10 +27,7 @@ WARMUP_ROUNDS = 2
 def _stats(xs: list[float]) -> dict:
     """Median, quartiles and the median's standard error (from the interquartile range:
     robust to the odd slow call), seconds."""
-    if len(xs) < 5:  # `zerodoc linkprobe --reps` asks for 5 or more
-        raise ValueError(f"{len(xs)} calls per size: 5 or more give the quartiles a "
-                         "median's standard error comes from")
-    xs = sorted(xs)
+    xs = sorted(xs)  # 5 or more (`measure` refuses fewer)
     med = statistics.median(xs)
     q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
     sd = (q3 - q1) / 1.349

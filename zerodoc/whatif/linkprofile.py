@@ -223,18 +223,12 @@ class ProfileLink:
                                      or 1.0)
 
     @functools.cached_property
-    def _scale(self) -> tuple[float, float, float]:
-        return self._compute_scale()
-
     def scale(self) -> tuple[float, float, float]:
-        """(s, low, high), computed once (`_compute_scale`)."""
-        return self._scale
-
-    def _compute_scale(self) -> tuple[float, float, float]:
-        """(s, low, high): the profile's scale to the run's link and its range. The profile's
-        slope over the run's sizes p (its secant) and its error come from its medians at the
-        run's smallest and largest call; where p is not resolved (within Z errors of 0: a
-        flat stretch of the sweep), the ratio would divide by noise and s stays 1."""
+        """(s, low, high), computed once per ProfileLink: the profile's scale to the run's
+        link and its range. The profile's slope over the run's sizes p (its secant) and its
+        error come from its medians at the run's smallest and largest call; where p is not
+        resolved (within Z errors of 0: a flat stretch of the sweep), the ratio would divide
+        by noise and s stays 1."""
         x0, x1 = self.x_min, self.x_max
         if x1 <= x0:  # one size in the run: nothing to compare
             return 1.0, 1.0, 1.0
@@ -271,7 +265,7 @@ class ProfileLink:
             return c.at_wire(x)
         ym, em = c.at_wire(xm)
         b, se_b = c.tail_slope()
-        s = self.scale()[0]
+        s = self.scale[0]
         if s > 0:
             b = max(b, self.fit.seconds_per_wire_byte / s)
         return ym + b * (x - xm), math.hypot(em, se_b * (x - xm))
@@ -281,7 +275,7 @@ class ProfileLink:
         y1, e1 = self.at(x)
         y0, e0 = self.at(self.x_max)
         d = y1 - y0
-        s, lo, hi = self.scale()
+        s, lo, hi = self.scale
         if not bound:
             return max(0.0, s * d)
         e = math.hypot(e0, e1) * abs(bound)

@@ -451,7 +451,7 @@ class StepModel:
                    "largest_measured_wire_bytes": x_max, "largest_predicted_wire_bytes": x,
                    "ratio": x / x_max, "priced_by": "line" if pl is None else "profile"}
             if pl is not None:
-                s, lo, hi = pl.scale()
+                s, lo, hi = pl.scale
                 row.update(profile_scale=s, profile_scale_range=[lo, hi],
                            beyond_profile=x > pl.curve.max_wire * (1 + 1e-9))
             out.append(row)
@@ -766,19 +766,22 @@ def _calls(u: UnitModel, reshard: bool) -> float:
     return sum(v[0] for _p, _c, v in _rows(u, reshard))
 
 
+def _rows_as(u: UnitModel, reshard: bool | None):
+    """`_rows`, or with `reshard` None the unit's rows as measured."""
+    if reshard is not None:
+        return _rows(u, reshard)
+    return ((p, c, v) for p, cs in u.comm.items() for c, v in cs.items())
+
+
 def _largest_call(u: UnitModel, reshard: bool | None = None) -> float:
     """The unit's largest single call, bytes (`reshard` None: as measured)."""
-    rows = ((p, c, v) for p, cs in u.comm.items() for c, v in cs.items()) if reshard is None \
-        else _rows(u, reshard)
-    return max((v[1] for _p, _c, v in rows if v[0] > 0), default=0.0)
+    return max((v[1] for _p, _c, v in _rows_as(u, reshard) if v[0] > 0), default=0.0)
 
 
 def _bytes_moved(u: UnitModel, reshard: bool | None = None) -> float:
     """Bytes per step of a unit's collectives (calls x bytes per call); `reshard` None: as
     measured."""
-    rows = ((p, c, v) for p, cs in u.comm.items() for c, v in cs.items()) if reshard is None \
-        else _rows(u, reshard)
-    return sum(v[0] * v[1] for _p, _c, v in rows)
+    return sum(v[0] * v[1] for _p, _c, v in _rows_as(u, reshard))
 
 
 def _slowest(per_rank: list[list[UnitModel]]) -> list[UnitModel]:
