@@ -4,6 +4,13 @@ alone (`zerodoc.whatif`), and print A measured, the prediction for B, B measured
 
     python bench/whatif.py [--steps 12] [--warmup 3] [--cases replay,reshard,merge,slowlink,prefetch]
                            [--keep DIR] [--json] [--no-link-profile]
+    python bench/whatif.py --refit DIR [DIR ...] [--steps 12] [--warmup 3]
+
+`--refit` runs nothing: it fits the model again to pairs kept earlier with `--keep` (each
+DIR holding N-CASE-a / N-CASE-b run directories) and prints, per pair, B's exposed time
+against the predicted range and the issue's bound, and how often the ranges held B (over
+all pairs, and over those whose compute moved by at most 15 % between A and B: the others
+measured two loads) and `zerodoc compare`'s verdicts: the ranges' calibration, measured.
 
 Before the pairs it measures a link profile on this host (`zerodoc linkprobe`, ~10 s; skip
 with --no-link-profile) and predicts each case both ways: with the run's fitted line alone
@@ -390,6 +397,79 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def kept_pairs(dirs: list[Path]) -> list[tuple[Case, Path, Path]]:
+    """The (case, A, B) run directories kept under `dirs` (`--keep`: N-CASE-a, N-CASE-b)."""
+    out = []
+    for d in dirs:
+        if not d.is_dir():
+            raise FileNotFoundError(f"{d}: no such directory")
+        for a in sorted(d.glob("*-a")):
+            case = BY_NAME.get(a.name[:-2].split("-", 1)[-1])
+            b = a.with_name(a.name[:-2] + "-b")
+            if case is not None and case.name != "replay" and b.is_dir():
+                out.append((case, a, b))
+    return out
+
+
+def refit(dirs: list[Path], window: int, as_json: bool = False) -> int:
+    """`--refit`: the model fitted again to kept pairs; per pair and in all, how often the
+    predicted ranges held B's measurement."""
+    try:
+        pairs = kept_pairs(dirs)
+    except FileNotFoundError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if not pairs:
+        print(f"no kept pairs (N-CASE-a / N-CASE-b) under {', '.join(map(str, dirs))}",
+              file=sys.stderr)
+        return 2
+    rows = []
+    for case, a, b in pairs:
+        try:
+            r = evaluate(case, a, b, window)
+        except Exception as e:  # one unreadable pair does not stop the rest
+            print(f"{a.parent.name}/{a.name}: not fitted ({type(e).__name__}: {e})",
+                  file=sys.stderr)
+            continue
+        r["pair"] = str(a)[:-2]
+        rows.append(r)
+    if as_json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    for r in rows:
+        lo, hi = r["predicted"]["exposed_comm_s_range"]
+        rule = r.get("rule") or {}
+        drift = 100 * (r["compute_b_s"] / r["compute_a_s"] - 1) if r["compute_a_s"] else 0.0
+        print(f"{r['pair'][-36:]:36} {r['case']:9} compute {drift:+6.1f} %  "
+              f"exposed B {r['b']['exposed_comm_s'] * 1e3:6.1f} ms, predicted "
+              f"{r['predicted']['exposed_comm_s'] * 1e3:6.1f} [{lo * 1e3:6.1f}, {hi * 1e3:6.1f}] "
+              f"{'in ' if r['exposed_in_range'] else 'OUT'}  bound "
+              f"{'ok  ' if r['exposed_ok'] else 'MISS'}  step {'in ' if r['in_range'] else 'OUT'}"
+              f"  {rule.get('code', '')} {rule.get('verdict', '-' if rule else '')}")
+    for label, sel in (("all pairs", rows),
+                       ("compute within 15 %", [r for r in rows if r["same_compute"]])):
+        if not sel:
+            continue
+        n = len(sel)
+        verdicts: dict = {}
+        for r in sel:
+            v = (r.get("rule") or {}).get("verdict")
+            if v:
+                verdicts[v] = verdicts.get(v, 0) + 1
+        half = sorted((r["predicted"]["exposed_comm_s_range"][1] -
+                       r["predicted"]["exposed_comm_s_range"][0]) / 2 /
+                      r["b"]["exposed_comm_s"] for r in sel if r["b"]["exposed_comm_s"])
+        held = sum(r["exposed_in_range"] for r in sel)
+        print(f"{label}: {n} pairs; B's exposed time in the range {held}, "
+              f"its step in the range {sum(r['in_range'] for r in sel)}, exposed within the "
+              f"issue's bound {sum(r['exposed_ok'] for r in sel)}, step within it "
+              f"{sum(r['step_ok'] for r in sel)}; compare: "
+              f"{', '.join(f'{k} {v}' for k, v in sorted(verdicts.items())) or 'no rule fired'}; "
+              f"the exposed range's half-width, median: "
+              f"{half[len(half) // 2] if half else float('nan'):.2f} of B's exposed time")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
@@ -399,6 +479,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-link-profile", action="store_true",
                     help="do not measure a link profile first (predict with the fitted line "
                          "only)")
+    ap.add_argument("--refit", nargs="+", metavar="DIR", default=None,
+                    help="run nothing: fit again to the pairs kept in these directories "
+                         "(--keep) and print how often the predicted ranges held B")
     ap.add_argument("--json", action="store_true",
                     help="print the results as JSON (per case: the errors, bounds, compute "
                          "drift, load per core and the `loaded` flag) instead of the tables")
@@ -408,6 +491,11 @@ def main(argv=None) -> int:
     if bad:
         print(f"unknown case(s) {bad}; known: {', '.join(BY_NAME)}", file=sys.stderr)
         return 2
+    if args.refit:
+        if args.steps - args.warmup < 2:
+            print("--steps must exceed --warmup by 2 or more", file=sys.stderr)
+            return 2
+        return refit([Path(d) for d in args.refit], args.steps - args.warmup, args.json)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(args.keep) if args.keep else Path(t)
         tmp.mkdir(parents=True, exist_ok=True)

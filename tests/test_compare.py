@@ -141,16 +141,18 @@ def test_coarse_wrap_and_slow_link_fixes_on_recorded_runs():
     # the recorded all-gathers' slope is hidden by the noise: the model prices the fixed link
     # at the per-byte cost it fitted (0, its error in the range) with the 50 ms delay per call
     # removed (the latency set to gloo-cpu's healthy 2 ms per call, the range down to 0: the
-    # range's low end is the "latency 0" one's, 44.5 ms, its high end 243 ms: widened by the
-    # misfit of the replay's exposed time and by the ranks' arrival spread the replay takes
-    # from the run itself, 46.3-241 ms before the spread was carried); before
+    # range's low end is the "latency 0" one's, its high end 294 ms: widened by the misfit of
+    # the replay's exposed time, by the ranks' arrival spread the replay takes from the run
+    # itself, and by the noise of the two runs' mean exposed times (this loaded recording's
+    # moves 33-57 ms from step to step: +/-51 ms, which takes the low end to 0; 44.5-243 ms
+    # before that was carried, 46.3-241 ms before the spread was); before
     # issue 22's fix it priced them at gloo-cpu's class figure (120 MB/s, the
     # healthy run's reached 142 MB/s) and missed: "observed 156 ms, predicted 169 ms-218 ms"
     ex, step = (next(e for e in f["effects"] if e["metric"] == m)
                 for m in ("exposed_comm_seconds_per_step", "step_seconds"))
     for e in (ex, step):
         assert e["lo"] <= e["observed_after"] <= e["hi"] and e["verdict"] == CONFIRMED, e
-    assert ex["reason"] == "observed 156 ms, inside 44.5 ms-243 ms"
+    assert ex["reason"] == "observed 156 ms, inside 0 s-294 ms"
     assert ex["value"] < ex["observed_after"]  # the point: the hidden slope priced at 0
     assert f["verdict"] == CONFIRMED
 

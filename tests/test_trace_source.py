@@ -100,6 +100,12 @@ def test_trace_and_live_agree_per_unit(pair):
             cdiff[key[1:]].append(abs(v - live_c[key]) - (0.10 * live_c[key] + 0.002))
         for key, v in cdiff.items():
             assert statistics.median(v) <= 0, (mode, rank, key, v)
+        # the window's exposed time per step (the what-if range's noise): the trace's own
+        # collectives of each step, summed
+        per_step = defaultdict(float)
+        for (step, *_key), (_n, _b, _s, exposed) in comm.items():
+            per_step[step] += exposed
+        assert w.exposed_times == pytest.approx([per_step[s] for s in sorted(steps)], abs=1e-6)
         live_steps = {s.step: s.step_seconds for s in logs[rank].steps if s.step in steps}
         total, live_total = sum(steps.values()), sum(live_steps.values())
         assert abs(total - live_total) <= 0.05 * live_total + 0.010, (rank, steps, live_steps)

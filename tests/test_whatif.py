@@ -11,6 +11,7 @@ import json
 from dataclasses import replace
 import math
 import re
+import statistics
 import subprocess
 import sys
 
@@ -691,9 +692,11 @@ def test_rules_time_predictions_are_the_models_answer_with_a_range(monkeypatch):
         base, pred = ans["baseline"][key], ans["predicted"][key]
         lo, hi = ans["predicted"][f"{key}_range"]
         assert e.value == pytest.approx(e.now + pred - base, rel=1e-5)
-        assert (e.lo, e.hi) == (pytest.approx(e.now + lo - base, rel=1e-5),
+        # (an exposed time below 0 is 0: the range's low end reaches it here, the check
+        # run's noise taken in)
+        assert (e.lo, e.hi) == (pytest.approx(max(0.0, e.now + lo - base), rel=1e-5),
                                 pytest.approx(e.now + hi - base, rel=1e-5))
-        assert e.lo < e.value < e.hi < e.now
+        assert e.lo <= e.value < e.hi < e.now
     assert f.effects[0].metric == "exposed_comm_seconds_per_step"
     assert "what-if (latency set to 2 ms, range from 0 ms (all_gather)):" in f.predicted
     assert "the model replays the run within" in f.predicted
@@ -908,6 +911,31 @@ def test_bench_states_the_load_per_case():
     assert others_share(None, (10.0, 110.0, 15.0)) is None
     shown = table(with_load(r, [0.3, 1.6, 2.0], cores=2, others=0.42))
     assert "other processes used 42 % of the cores during the pair" in shown
+
+
+def test_bench_refit_judges_kept_pairs_against_their_ranges(tmp_path, capsys):
+    """`bench/whatif.py --refit` fits kept pairs again (here the recorded per-linear run as
+    a merge case's A, the recorded block-wrapped one as its B) and reports B's measured
+    exposed time (read here through the source, not the bench) against the range."""
+    from pathlib import Path
+
+    from bench.whatif import main as bench
+    from zerodoc.sources import open_source
+
+    rec = Path(__file__).parent / "data" / "scenarios"
+    (tmp_path / "0-merge-a").symlink_to(rec / "wrap-linear")
+    (tmp_path / "0-merge-b").symlink_to(rec / "healthy-block")
+    (tmp_path / "1-nothing-a").mkdir()  # not a case: left alone
+    assert bench(["--refit", str(tmp_path), "--steps", "10", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    b = open_source(str(rec / "healthy-block"), window=9).snapshot()
+    exposed = max(w.exposed_seconds / w.steps for w in b.ranks.values())
+    line = next(ln for ln in out.splitlines() if "0-merge" in ln)
+    assert f"exposed B {exposed * 1e3:6.1f} ms" in line and "ZD002" in line
+    assert "all pairs: 1 pairs; B's exposed time in the range" in out
+    assert bench(["--refit", str(tmp_path / "1-nothing-a")]) == 2
+    assert "no kept pairs" in capsys.readouterr().err
+    assert bench(["--refit", str(tmp_path / "absent")]) == 2
 
 
 # --- against real runs: 2 gloo ranks of the demo, A measured, B predicted, B measured -----
@@ -1461,3 +1489,99 @@ def test_link_profile_of_another_backend_and_group_size_is_said(tmp_path, capsys
                        "bytes)"]
     assert main(["whatif", run, "--merge", "blocks", "--link-profile", str(p)]) == 0
     assert "measured on nccl, the run uses gloo" in capsys.readouterr().out
+
+
+# --- the range holds the noise of the run that checks it ----------------------------------
+
+SIGMA = 0.005  # injected: each step's exposed time moves by N(0, 5 ms), shared by its calls
+STEPS = 9
+
+
+def _noisy_run(errs: list[float]):
+    """The synthetic run measured over `len(errs)` steps whose exposed time (and step) moved
+    by `errs`: every call of step i took its share of errs[i] (15 calls per step), so the
+    run's aggregate calls carry the mean of `errs` and each rank's per-step figures the
+    errors themselves. Returns the snapshot and the noise-free exposed time per step."""
+    truth, _ = synthetic()
+    clean = answer(fit(truth), Changes(), memory=False)["measured"]["exposed_comm_s"]
+    shift = sum(errs) / len(errs)
+    snap, step = synthetic(link=lambda nb: call_s(nb) + shift / 15)
+    for w in snap.ranks.values():
+        w.step_times = [step - shift + e for e in errs]
+        w.exposed_times = [clean + e for e in errs]
+    return snap, clean
+
+
+def test_exposed_range_holds_a_check_runs_own_noise():
+    """Ground truth beneath: A and B are the same configuration, each measured over 9 steps
+    whose exposed time moves by N(0, 5 ms) per step. B's mean differs from A's by noise
+    alone (standard deviation 5 ms x sqrt(2 / 9) = 2.4 ms). The replay's exposed range
+    must hold B's mean about 95 % of the time (the standard deviation itself estimated
+    from A's 9 steps: ~92 %); the link fit alone cannot see noise that moves every call of
+    a step together (its residual is 0), and without the per-step figures (a source
+    without them) the range does not hold it."""
+    import random
+
+    inside = inside_blind = 0
+    widths = []
+    seeds = 200
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        ea = [rng.gauss(0, SIGMA) for _ in range(STEPS)]
+        eb = [rng.gauss(0, SIGMA) for _ in range(STEPS)]
+        snap, clean = _noisy_run(ea)
+        b_exposed = clean + sum(eb) / STEPS
+        a = answer(fit(snap), Changes(), memory=False)
+        lo, hi = a["predicted"]["exposed_comm_s_range"]
+        inside += lo <= b_exposed <= hi
+        widths.append(hi - lo)
+        assert a["noise"]["exposed_steps"] == STEPS
+        assert a["noise"]["exposed_s"] == pytest.approx(
+            math.sqrt(2) * statistics.stdev(ea) / math.sqrt(STEPS), rel=1e-9)
+        for w in snap.ranks.values():
+            w.exposed_times = []
+        blind = answer(fit(snap), Changes(), memory=False)
+        assert blind["noise"]["exposed_s"] is None
+        lo, hi = blind["predicted"]["exposed_comm_s_range"]
+        inside_blind += lo <= b_exposed <= hi
+    assert 0.88 <= inside / seeds <= 0.99, inside
+    assert inside_blind / seeds < 0.05, inside_blind
+    # the half-width: two standard errors of a difference of two means, about
+    # 2 x 5 ms x sqrt(2 / 9) = 4.7 ms (the standard deviation estimated from 9 steps)
+    assert statistics.median(widths) / 2 == pytest.approx(
+        2 * SIGMA * math.sqrt(2 / STEPS), rel=0.15)
+
+
+def test_whatif_text_says_what_noise_the_range_holds():
+    snap, _ = _noisy_run([0.004, -0.004, 0.002, -0.002, 0.0])
+    text = render_text(answer(fit(snap), Changes(), memory=False))
+    se = statistics.stdev([0.004, -0.004, 0.002, -0.002, 0.0]) / math.sqrt(5)
+    assert "noise in the range (means over 5 steps)" in text
+    assert "step +/-" in text and "% (this run's mean and a check run's), exposed " \
+           f"+/-{2 * math.sqrt(2) * se * 1e3:.1f} ms (the same two)" in text
+    for w in snap.ranks.values():
+        w.exposed_times = []
+    text = render_text(answer(fit(snap), Changes(), memory=False))
+    assert "none on the exposed time (the source has no per-step exposed figures)" in text
+
+
+@pytest.mark.parametrize("how", ["sliding", "running", "whole"])
+def test_run_log_windows_carry_each_sampled_steps_exposed_time(how):
+    """Every way a run directory is read gives the window's per-step exposed figures: those
+    of the step lines themselves (read here from the JSON, not through zerodoc's reader)."""
+    from pathlib import Path
+
+    from zerodoc.sources.rundir import RunDirSource
+
+    run = Path(__file__).parent / "data" / "scenarios" / "healthy-block"
+    window = None if how == "whole" else 6
+    src = RunDirSource(run, window, detail=how != "running")
+    snap = src.snapshot()
+    for rank, w in snap.ranks.items():
+        lines = [json.loads(s) for s in
+                 (run / f"rank-{rank:05d}.jsonl").read_text().splitlines()]
+        steps = [ln for ln in lines if ln.get("type") == "step"
+                 and w.first_step <= ln["step"] <= w.last_step]
+        want = [ln["exposed_s"] for ln in steps if ln.get("exposed_s") is not None]
+        assert len(want) == w.steps >= 5
+        assert w.exposed_times == pytest.approx(want, rel=1e-9, abs=1e-12), how

@@ -170,6 +170,9 @@ class RankWindow:
     memory: dict[str, int] = field(default_factory=dict)  # population -> bytes (latest)
     errors: dict[str, int] = field(default_factory=dict)  # hook -> count (cumulative)
     step_times: list[float] = field(default_factory=list)  # per step, when the source has them
+    # the exposed communication of each step that measured it (the sampled steps), when the
+    # source has it per step (run logs, profiler traces; not Prometheus or /metrics)
+    exposed_times: list[float] = field(default_factory=list)
     # Sources that know the totals without the per-unit detail (run-log step lines, a
     # Prometheus sum over units) set these, over the window's `steps`; None: from `compute`
     # / `comm` (see `compute_seconds`).

@@ -257,12 +257,25 @@ def render_text(doc: dict) -> str:
         f"{_mb(p['peak_bytes']):>14}",
         f"{'range':12}step {_range(p['step_s_range'])}, exposed "
         f"{_range(p['exposed_comm_s_range'])}",
+        _noise_line(doc["noise"]),
         f"peak memory: {doc['peak_note']}",
     ]
     if doc["units"]:
         lines.append("units whose exposed communication changes most: " + ", ".join(
             f"{u['unit']} {u['exposed_change_s'] * 1e3:+.1f} ms" for u in doc["units"]))
     return "\n".join(lines) + "\n"
+
+
+def _noise_line(n: dict) -> str:
+    """What of the measured means' own noise the range holds (`answer`'s "noise")."""
+    from ..whatif.model import Z
+
+    step = f"step +/-{n['step_rel'] * Z * 100:.1f} % (this run's mean and a check run's)"
+    if n["exposed_s"] is None:
+        return (f"{'':12}noise in the range: {step}; none on the exposed time (the source "
+                "has no per-step exposed figures)")
+    return (f"{'':12}noise in the range (means over {n['exposed_steps']} steps): {step}, "
+            f"exposed +/-{n['exposed_s'] * Z * 1e3:.1f} ms (the same two)")
 
 
 def run(args) -> int:

@@ -343,6 +343,7 @@ def window_from_steps(facts: RankFacts, steps: Iterable[StepRecord],
         w.step_times.append(s.step_seconds)
         if s.detail:
             _add_detail(w, s)
+            w.exposed_times.append(s.exposed_seconds)
         if s.detail_k:  # K in force: the newest step's (every step carries it since 11-27)
             w.detail_every = s.detail_k
         if s.memory:
@@ -411,9 +412,15 @@ def _scalars_from_totals(w: RankWindow, totals: list[StepTotals]) -> None:
     w.compute_total = _measured_total(totals, "compute_seconds")
     w.exposed_total = _measured_total(totals, "exposed_seconds")
     w.step_times = [t.step_seconds for t in totals]
+    w.exposed_times = exposed_times(totals)
     w.last_step_seconds = totals[-1].step_seconds
     w.max_step_seconds = max(w.step_times)
     w.updated_unix = totals[-1].end_unix
+
+
+def exposed_times(totals: list[StepTotals]) -> list[float]:
+    """The exposed communication of each step line that measured it (a sampled step)."""
+    return [t.exposed_seconds for t in totals if t.exposed_seconds is not None]
 
 
 def _measured_total(totals: list[StepTotals], attr: str) -> float | None:
@@ -619,6 +626,7 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
             else:
                 if len(inside) == w.steps:
                     w.step_times = [t.step_seconds for t in inside]
+                    w.exposed_times = exposed_times(inside)
                 if inside:
                     w.last_step_seconds = inside[-1].step_seconds
                     w.updated_unix = max(w.updated_unix, inside[-1].end_unix)

@@ -185,6 +185,7 @@ class _RankTotals:
          w.self_seconds, w.host_compute_seconds, checks, caught) = self.sums.tolist()
         w.launch_checks, w.launch_caught_up = int(round(checks)), int(round(caught))
         w.step_times = [float(s.scalars[0]) for s in self.steps]
+        w.exposed_times = [float(s.mvals[:, 3].sum()) for s in self.steps if s.detail]
         w.last_step_seconds = w.step_times[-1]
         w.max_step_seconds = max(w.step_times)
         w.updated_unix = last.end_unix

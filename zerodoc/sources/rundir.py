@@ -17,7 +17,7 @@ from ..model import LazyRankWindow, RankWindow, RunSnapshot
 from ..runlog import (
     DETAIL_DIR, RunFollower, RunLogError, load_run, log_window, rank_logs, read_rank_tail,
 )
-from ..runlog.reader import _latest, newest_k
+from ..runlog.reader import _latest, exposed_times, newest_k
 from ..thresholds import DEFAULT
 
 STALE_AFTER_S = DEFAULT.stale_after_seconds
@@ -82,6 +82,7 @@ class _Running:
             w.compute_total = w.compute_total * scale if scale else None
             w.exposed_total = w.exposed_total * scale if scale else None
         w.step_times = [t.step_seconds for t in self.steps]
+        w.exposed_times = exposed_times(self.steps)
         w.last_step_seconds = w.step_times[-1]
         w.max_step_seconds = max(w.step_times)
         w.updated_unix = self.steps[-1].end_unix

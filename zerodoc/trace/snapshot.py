@@ -327,14 +327,17 @@ def window_of(facts: RankFacts, res: RankResult, window: int | None) -> RankWind
         for k, v in s.unit_framework.items():
             if v > 0:
                 w.unit_framework[k] = w.unit_framework.get(k, 0.0) + v * US
+    step_exposed = dict.fromkeys((s.step for s in steps), 0.0)
     for c in res.collectives:
         if c.step not in keep:
             continue
         secs = max(0.0, c.done - c.issue) * US
         exposed = min(secs, max(0.0, c.exposed) * US)
+        step_exposed[c.step] += exposed
         hidden = secs - exposed if c.hidden is None else min(secs - exposed, c.hidden * US)
         w.comm.setdefault((c.unit, c.phase, c.collective), CommTotals()).add(
             CommTotals(1, c.nbytes, secs, exposed, hidden))
+    w.exposed_times = list(step_exposed.values())
     if res.device_type == "cuda":
         dev = w.device = DeviceTotals(kernels_outside_steps=res.comm_outside)
         for s in steps:

@@ -260,6 +260,9 @@ class RankModel:
     measured_step_s: float
     measured_exposed_s: float
     step_times: list[float]
+    # the exposed communication of each step that measured it (empty: the source has no
+    # per-step figures)
+    exposed_times: list[float] = field(default_factory=list)
     # the framework's time per unit, fitted per call + per byte (None: the run log has it
     # per step only, an older zerodoc: priced per byte of the step's total)
     framework_fit: FrameworkFit | None = None
@@ -950,7 +953,8 @@ def fit(snapshot: RunSnapshot, profile: LinkProfile | None = None) -> StepModel:
         rank_models.append(RankModel(
             r, unit_list, w.optimizer_seconds / steps, framework_s,
             (w.per_sampled_step(w.other_seconds) or 0.0) + other_compute,
-            w.self_seconds / steps, w.mean_step_seconds, w.exposed_seconds / steps, times))
+            w.self_seconds / steps, w.mean_step_seconds, w.exposed_seconds / steps, times,
+            list(w.exposed_times)))
         fw_inputs.append((unit_list, per_unit_fw, framework_s))
     for rm, f, (_u, per_unit_fw, _t) in zip(rank_models, fit_framework(fw_inputs), fw_inputs):
         rm.framework_fit = f
@@ -996,6 +1000,13 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
     # (`arrival_wait`): its match is partly by construction. So the range is widened by that
     # part too, as by the misfit it replaced (what the mean compute left unexplained).
     exp_misfit = abs(b_exp - measured_exposed) + base.arrival_wait_s
+    # ...and by the noise of the measured means, as the step's: this run's mean exposed time
+    # and that of a run that checks it (over as many steps, moving from step to step as this
+    # one's did) each carry it. The link fit's error cannot stand for this run's part: noise
+    # that moves every call of a step together leaves no residual.
+    exp_noise = exposed_noise(model)
+    exp_noise = None if exp_noise is None else math.sqrt(2) * exp_noise
+    exp_misfit += Z * (exp_noise or 0.0)
     step_lo = lo.step_s * (1 - rel)
     step_hi = hi.step_s * (1 + rel)
     p_exp = pred.exposed_s
@@ -1038,6 +1049,12 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
                       "arrival_wait_s": p.arrival_wait_s,
                       "comm_bytes": nominal,
                       "comm_wire_bytes": wire},
+        # the standard error of the difference between this run's mean and a check run's
+        # over as many steps (the range holds Z of them): the step's relative, the exposed
+        # time's in seconds (None: the source has no per-step exposed figures)
+        "noise": {"step_rel": noise, "exposed_s": exp_noise,
+                  "exposed_steps": min((len(rm.exposed_times) for rm in model.ranks),
+                                       default=0)},
         "peak_note": peak_note,
         "framework": {**model.framework_pricing(), "beyond_run_sizes":
                       model.framework_beyond(ch)},
@@ -1049,6 +1066,16 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
                   for f in model.links.values()],
         "link_model": link_model(model, ch),
     }
+
+
+def exposed_noise(model: StepModel) -> float | None:
+    """The standard error of a mean exposed time per step, the worst rank's: its figures'
+    standard deviation over the square root of their count (the steps that measured it).
+    None: no rank has two such figures (a source without them per step, or one sampled
+    step)."""
+    ses = [statistics.stdev(xs) / math.sqrt(len(xs))
+           for xs in (rm.exposed_times for rm in model.ranks) if len(xs) > 1]
+    return max(ses) if ses else None
 
 
 def link_model(model: StepModel, ch: Changes) -> dict:
