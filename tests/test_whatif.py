@@ -640,6 +640,33 @@ def test_prefetch_hides_all_gathers_behind_the_previous_unit():
         step - 15 * c + want_exposed, rel=1e-9)
 
 
+def test_prefetch_on_a_cpu_backend_the_step_range_holds_the_contention():
+    """On gloo / CPU the collectives are CPU work on the compute's cores: the 8 all-gathers
+    the prefetch hides (4 in forward, 4 in backward, 6 ms each: worked out by hand above)
+    can slow the compute by as much. A B whose compute took every hidden ms (full
+    contention) and one whose compute took none both fall in the step range; the point
+    keeps the measured compute. On a GPU (its own engines for the collectives) no such
+    term."""
+    units = (("(root)", 200_000),) + tuple((f"l{i}", 200_000) for i in range(4))
+    snap, step = synthetic(units)
+    a = answer(fit(snap), Changes(prefetch=1))
+    c = call_s(800_000)
+    p = a["predicted"]
+    assert a["contention_s"] == pytest.approx(8 * c, rel=1e-9)
+    lo, hi = p["step_s_range"]
+    assert lo <= p["step_s"] < p["step_s"] + 8 * c <= hi
+    assert hi == pytest.approx(p["step_s"] + 8 * c, rel=1e-9)  # noise-free: nothing else
+    assert "the step's high end holds 48.0 ms" in render_text(a)
+
+    def on_gpu(d):
+        d["run"]["device_type"] = "cuda"
+    gpu = answer(fit(synthetic(units, extra=on_gpu)[0]), Changes(prefetch=1))
+    assert gpu["contention_s"] == 0.0
+    assert gpu["predicted"]["step_s_range"][1] == pytest.approx(gpu["predicted"]["step_s"])
+    # a change that hides nothing more (the replay) adds none
+    assert answer(fit(snap), Changes())["contention_s"] == 0.0
+
+
 # --- the command ------------------------------------------------------------------------
 
 

@@ -258,6 +258,9 @@ def render_text(doc: dict) -> str:
         f"{'range':12}step {_range(p['step_s_range'])}, exposed "
         f"{_range(p['exposed_comm_s_range'])}",
         _noise_line(doc["noise"]),
+        *([f"{'':12}contention: on a CPU backend the communication the change newly hides "
+           f"takes the compute's cores: the step's high end holds "
+           f"{doc['contention_s'] * 1e3:.1f} ms of it"] if doc.get("contention_s") else []),
         f"peak memory: {doc['peak_note']}",
     ]
     if doc["units"]:
