@@ -1011,7 +1011,7 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
     # On a CPU backend the collectives are CPU work on the cores the compute runs on: the
     # communication a change newly hides behind the compute can slow that compute by as
     # much (contention; the point keeps the measured compute). The step's high end takes it.
-    contention = cpu_contention_s(model, base, hi)
+    contention = cpu_contention_s(model, hi, model.replay(bound=+Z))
     step_hi = hi.step_s * (1 + rel) + contention
     p_exp = pred.exposed_s
     exp_lo = max(0.0, lo.exposed_s - exp_misfit)
@@ -1053,10 +1053,11 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
                       "arrival_wait_s": p.arrival_wait_s,
                       "comm_bytes": nominal,
                       "comm_wire_bytes": wire},
+        # on a CPU backend: the communication the change newly hides, in the step's high end
+        "contention_s": contention,
         # the standard error of the difference between this run's mean and a check run's
         # over as many steps (the range holds Z of them): the step's relative, the exposed
         # time's in seconds (None: the source has no per-step exposed figures)
-        "contention_s": contention,
         "noise": {"step_rel": noise, "exposed_s": exp_noise,
                   "exposed_steps": min((len(rm.exposed_times) for rm in model.ranks),
                                        default=0)},
@@ -1079,9 +1080,10 @@ def hidden_s(r: Replay) -> float:
     return max(0.0, r.comm_s - (r.exposed_s - r.peer_wait_s))
 
 
-def cpu_contention_s(model: StepModel, base: Replay, changed: Replay) -> float:
+def cpu_contention_s(model: StepModel, changed: Replay, base: Replay) -> float:
     """On a CPU backend: the hidden communication the change adds to the replay's (what may
-    take the compute's cores); 0 on a device with its own engines for it."""
+    take the compute's cores), both priced alike (the range's high end); 0 on a device with
+    its own engines for it."""
     w = model.snapshot.any_rank
     if w is None or getattr(w.facts, "device_type", None) != "cpu":
         return 0.0
