@@ -433,6 +433,9 @@ def refit(dirs: list[Path], window: int, as_json: bool = False) -> int:
             continue
         r["pair"] = str(a)[:-2]
         rows.append(r)
+    if not rows:
+        print("no kept pair could be fitted (above)", file=sys.stderr)
+        return 2
     if as_json:
         print(json.dumps(rows, indent=1, default=str))
         return 0

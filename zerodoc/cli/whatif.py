@@ -271,14 +271,17 @@ def render_text(doc: dict) -> str:
 
 def _noise_line(n: dict) -> str:
     """What of the measured means' own noise the range holds (`answer`'s "noise")."""
-    from ..whatif.model import Z
-
-    step = f"step +/-{n['step_rel'] * Z * 100:.1f} % (this run's mean and a check run's)"
-    if n["exposed_s"] is None:
-        return (f"{'':12}noise in the range: {step}; none on the exposed time (the source "
-                "has no per-step exposed figures)")
-    return (f"{'':12}noise in the range (means over {n['exposed_steps']} steps): {step}, "
-            f"exposed +/-{n['exposed_s'] * Z * 1e3:.1f} ms (the same two)")
+    step = (f"step +/-{n['step_rel'] * n['step_t'] * 100:.1f} % (over {n['step_steps']} "
+            "steps)" if n["step_t"] else "none on the step (fewer than 2 step times)")
+    if n["exposed_s"] is not None:
+        exposed = (f"exposed +/-{n['exposed_s'] * n['exposed_t'] * 1e3:.1f} ms (over "
+                   f"{n['exposed_steps']} sampled steps)")
+    elif n["exposed_steps"]:
+        exposed = "none on the exposed time (one sampled step: no spread to measure)"
+    else:
+        exposed = "none on the exposed time (the source has no per-step exposed figures)"
+    return (f"{'':12}noise in the range (this run's mean and a check run's, about 95 %): "
+            f"{step}, {exposed}")
 
 
 def run(args) -> int:

@@ -391,6 +391,7 @@ def per_unit_from_samples(w: RankWindow, steps: list[StepRecord],
     w.detail_steps, w.detail_last_step = 0, 0
     for s in samples:
         _add_detail(w, s)
+    w.exposed_times = [s.exposed_seconds for s in samples]  # the figures the mean is from
     w.detail_every = k or w.detail_every  # the newest step's K, not the oldest sample's
     w.detail_before = before
     return w

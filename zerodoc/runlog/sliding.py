@@ -65,7 +65,7 @@ class _Step:
     (the framework's time per unit rides with the compute, keyed `_framework_key`)."""
 
     __slots__ = ("step", "end_unix", "scalars", "ckeys", "cvals", "mkeys", "mvals", "memory",
-                 "errors", "detail", "detail_k")
+                 "errors", "detail", "detail_k", "exposed")
 
     def __init__(self, s: StepRecord, ckeys: tuple, mkeys: tuple):
         self.step = s.step
@@ -81,6 +81,7 @@ class _Step:
         for t in s.comm.values():
             m += (t.count, t.bytes, t.seconds, t.exposed_seconds, t.hidden_seconds)
         self.mvals = np.array(m, np.float64).reshape(len(mkeys), 5)
+        self.exposed = float(self.mvals[:, 3].sum())  # the step's exposed communication
         self.memory = s.memory or None
         self.errors = s.errors or None
         self.detail = s.detail  # a sampled step (an unsampled one has no keys)
@@ -185,7 +186,7 @@ class _RankTotals:
          w.self_seconds, w.host_compute_seconds, checks, caught) = self.sums.tolist()
         w.launch_checks, w.launch_caught_up = int(round(checks)), int(round(caught))
         w.step_times = [float(s.scalars[0]) for s in self.steps]
-        w.exposed_times = [float(s.mvals[:, 3].sum()) for s in self.steps if s.detail]
+        w.exposed_times = [s.exposed for s in self.steps if s.detail]
         w.last_step_seconds = w.step_times[-1]
         w.max_step_seconds = max(w.step_times)
         w.updated_unix = last.end_unix
@@ -231,6 +232,7 @@ class _RankTotals:
                     CommTotals(int(r[0]), int(r[1]), r[2], r[3], r[4]))
         w.detail_steps = len(self.samples)
         w.detail_before = sum(1 for s in self.samples if s.step < w.first_step)
+        w.exposed_times = [s.exposed for s in self.samples]  # the figures the mean is from
 
 
 def new_records(steps: list[StepRecord], last_step: int | None) -> list[StepRecord]:

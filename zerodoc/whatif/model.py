@@ -986,27 +986,19 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
     measured_exposed = max(rm.measured_exposed_s for rm in model.ranks)
     b, p = base, pred
     misfit = abs(b.step_s - measured_step) / measured_step if measured_step else 0.0
-    # noise of the measured step: the standard error of the mean step time, relative
-    sems = []
-    for rm in model.ranks:
-        xs = rm.step_times
-        if len(xs) > 1 and rm.measured_step_s:
-            sems.append(statistics.stdev(xs) / math.sqrt(len(xs)) / rm.measured_step_s)
-    # A's mean and B's (the run the prediction is checked against) each carry that noise
-    noise = math.sqrt(2) * max(sems) if sems else 0.0
-    rel = misfit + Z * noise
-    b_exp = base.exposed_s
+    # The noise of the measured means (`measurement_noise`): this run's mean and that of a
+    # run that checks it each carry it. Added to the rest of the range, not combined with
+    # it: the range's ends also hold what a change sets as a range (`--latency 0ms..2ms`),
+    # which is no random error; where the link fit's error holds part of this run's noise
+    # (calls that move apart), the range is conservative.
+    nz = measurement_noise(model)
+    rel = misfit + nz["step_t"] * nz["step_rel"]
+    exp_noise = nz["exposed_t"] * (nz["exposed_s"] or 0.0)
     # The replay's exposed time holds the ranks' arrival spread measured from the run itself
     # (`arrival_wait`): its match is partly by construction. So the range is widened by that
     # part too, as by the misfit it replaced (what the mean compute left unexplained).
+    b_exp = base.exposed_s
     exp_misfit = abs(b_exp - measured_exposed) + base.arrival_wait_s
-    # ...and by the noise of the measured means, as the step's: this run's mean exposed time
-    # and that of a run that checks it (over as many steps, moving from step to step as this
-    # one's did) each carry it. The link fit's error cannot stand for this run's part: noise
-    # that moves every call of a step together leaves no residual.
-    exp_noise = exposed_noise(model)
-    exp_noise = None if exp_noise is None else math.sqrt(2) * exp_noise
-    exp_misfit += Z * (exp_noise or 0.0)
     step_lo = lo.step_s * (1 - rel)
     # On a CPU backend the collectives are CPU work on the cores the compute runs on: the
     # communication a change newly hides behind the compute can slow that compute by as
@@ -1014,8 +1006,8 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
     contention = cpu_contention_s(model, hi, model.replay(bound=+Z))
     step_hi = hi.step_s * (1 + rel) + contention
     p_exp = pred.exposed_s
-    exp_lo = max(0.0, lo.exposed_s - exp_misfit)
-    exp_hi = hi.exposed_s + exp_misfit
+    exp_lo = max(0.0, lo.exposed_s - exp_noise - exp_misfit)
+    exp_hi = hi.exposed_s + exp_noise + exp_misfit
     base_peak, base_note = model.peak_bytes() if memory else (None, "not asked")
     peak, peak_note = model.peak_bytes(ch) if memory else (None, "not asked")
     nominal, wire = model.traffic(ch)
@@ -1055,12 +1047,10 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
                       "comm_wire_bytes": wire},
         # on a CPU backend: the communication the change newly hides, in the step's high end
         "contention_s": contention,
-        # the standard error of the difference between this run's mean and a check run's
-        # over as many steps (the range holds Z of them): the step's relative, the exposed
-        # time's in seconds (None: the source has no per-step exposed figures)
-        "noise": {"step_rel": noise, "exposed_s": exp_noise,
-                  "exposed_steps": min((len(rm.exposed_times) for rm in model.ranks),
-                                       default=0)},
+        # `measurement_noise`: the standard error of the difference between this run's mean
+        # and a check run's (the step's relative, the exposed time's in seconds; None: fewer
+        # than 2 figures), the figures it is from and the quantile the range holds of it
+        "noise": nz,
         "peak_note": peak_note,
         "framework": {**model.framework_pricing(), "beyond_run_sizes":
                       model.framework_beyond(ch)},
@@ -1090,14 +1080,50 @@ def cpu_contention_s(model: StepModel, changed: Replay, base: Replay) -> float:
     return max(0.0, hidden_s(changed) - hidden_s(base))
 
 
-def exposed_noise(model: StepModel) -> float | None:
-    """The standard error of a mean exposed time per step, the worst rank's: its figures'
-    standard deviation over the square root of their count (the steps that measured it).
-    None: no rank has two such figures (a source without them per step, or one sampled
-    step)."""
-    ses = [statistics.stdev(xs) / math.sqrt(len(xs))
-           for xs in (rm.exposed_times for rm in model.ranks) if len(xs) > 1]
-    return max(ses) if ses else None
+# Student's t, 97.5 % point, by degrees of freedom: a standard error estimated from n
+# figures is held n - 1 degrees of freedom's quantile either side (about a 95 % interval, as
+# the ranges' Z = 2 elsewhere: from 60 on, 2)
+T975 = ((1, 12.71), (2, 4.30), (3, 3.18), (4, 2.78), (5, 2.57), (6, 2.45), (7, 2.36),
+        (8, 2.31), (9, 2.26), (10, 2.23), (12, 2.18), (15, 2.13), (20, 2.09), (30, 2.04),
+        (40, 2.02), (60, Z))
+
+
+def t975(df: int) -> float:
+    """The 97.5 % point of Student's t with `df` degrees of freedom (the table's entry at or
+    below it: never narrower than the truth)."""
+    return next((t for d, t in reversed(T975) if d <= df), T975[0][1])
+
+
+def _sem(xs: list[float]) -> float | None:
+    """The standard error of the mean of `xs`; None below 2 figures."""
+    n = len(xs)
+    if n < 2:
+        return None
+    m = math.fsum(xs) / n
+    return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (n - 1) / n)
+
+
+def measurement_noise(model: StepModel) -> dict:
+    """The noise of the measured means the prediction is checked against, from the worst
+    rank's own figures (the rank whose mean step, and the one whose mean exposed time, the
+    answer reports): per step its step time, per sampled step its exposed time. Each
+    standard error x sqrt(2) (this run's mean and a check run's over as many steps); the
+    range holds `*_t` of them. None / 0 steps: the source has no per-step figures."""
+    out = {}
+    for key, xs, mean in (
+            ("step", lambda rm: rm.step_times, lambda rm: rm.measured_step_s),
+            ("exposed", lambda rm: rm.exposed_times, lambda rm: rm.measured_exposed_s)):
+        rm = max(model.ranks, key=mean, default=None)
+        figs = xs(rm) if rm is not None else []
+        se = _sem(figs)
+        if key == "step":  # relative to the mean step
+            se = se / mean(rm) if se is not None and mean(rm) else None
+            out["step_rel"] = 0.0 if se is None else math.sqrt(2) * se
+        else:
+            out["exposed_s"] = None if se is None else math.sqrt(2) * se
+        out[f"{key}_steps"] = len(figs)
+        out[f"{key}_t"] = t975(len(figs) - 1) if len(figs) > 1 else 0.0
+    return out
 
 
 def link_model(model: StepModel, ch: Changes) -> dict:
