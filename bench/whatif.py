@@ -4,7 +4,7 @@ alone (`zerodoc.whatif`), and print A measured, the prediction for B, B measured
 
     python bench/whatif.py [--steps 12] [--warmup 3] [--cases replay,reshard,merge,slowlink,prefetch]
                            [--keep DIR] [--json] [--no-link-profile]
-    python bench/whatif.py --refit DIR [DIR ...] [--steps 12] [--warmup 3]
+    python bench/whatif.py --refit DIR [DIR ...] [--cases ...] [--steps 12] [--warmup 3]
 
 `--refit` runs nothing: it fits the model again to pairs kept earlier with `--keep` (each
 DIR holding N-CASE-a / N-CASE-b run directories) and prints, per pair, B's exposed time
@@ -411,11 +411,12 @@ def kept_pairs(dirs: list[Path]) -> list[tuple[Case, Path, Path]]:
     return out
 
 
-def refit(dirs: list[Path], window: int, as_json: bool = False) -> int:
-    """`--refit`: the model fitted again to kept pairs; per pair and in all, how often the
-    predicted ranges held B's measurement."""
+def refit(dirs: list[Path], window: int, as_json: bool = False,
+          cases: list[str] | None = None) -> int:
+    """`--refit`: the model fitted again to kept pairs (of `cases`; None: all); per pair and
+    in all, how often the predicted ranges held B's measurement."""
     try:
-        pairs = kept_pairs(dirs)
+        pairs = [p for p in kept_pairs(dirs) if cases is None or p[0].name in cases]
     except FileNotFoundError as e:
         print(e, file=sys.stderr)
         return 2
@@ -443,9 +444,10 @@ def refit(dirs: list[Path], window: int, as_json: bool = False) -> int:
         lo, hi = r["predicted"]["exposed_comm_s_range"]
         rule = r.get("rule") or {}
         drift = 100 * (r["compute_b_s"] / r["compute_a_s"] - 1) if r["compute_a_s"] else 0.0
+        pred = r["predicted"]["exposed_comm_s"]
         print(f"{r['pair'][-36:]:36} {r['case']:9} compute {drift:+6.1f} %  "
               f"exposed B {r['b']['exposed_comm_s'] * 1e3:6.1f} ms, predicted "
-              f"{r['predicted']['exposed_comm_s'] * 1e3:6.1f} [{lo * 1e3:6.1f}, {hi * 1e3:6.1f}] "
+              f"{pred * 1e3:6.1f} [{lo * 1e3:6.1f}, {hi * 1e3:6.1f}] "
               f"{'in ' if r['exposed_in_range'] else 'OUT'}  bound "
               f"{'ok  ' if r['exposed_ok'] else 'MISS'}  step {'in ' if r['in_range'] else 'OUT'}"
               f"  {rule.get('code', '')} {rule.get('verdict', '-' if rule else '')}")
@@ -483,8 +485,9 @@ def main(argv=None) -> int:
                     help="do not measure a link profile first (predict with the fitted line "
                          "only)")
     ap.add_argument("--refit", nargs="+", metavar="DIR", default=None,
-                    help="run nothing: fit again to the pairs kept in these directories "
-                         "(--keep) and print how often the predicted ranges held B")
+                    help="run nothing: fit again to the pairs (of --cases) kept in these "
+                         "directories (--keep) and print how often the predicted ranges "
+                         "held B")
     ap.add_argument("--json", action="store_true",
                     help="print the results as JSON (per case: the errors, bounds, compute "
                          "drift, load per core and the `loaded` flag) instead of the tables")
@@ -498,7 +501,8 @@ def main(argv=None) -> int:
         if args.steps - args.warmup < 2:
             print("--steps must exceed --warmup by 2 or more", file=sys.stderr)
             return 2
-        return refit([Path(d) for d in args.refit], args.steps - args.warmup, args.json)
+        return refit([Path(d) for d in args.refit], args.steps - args.warmup, args.json,
+                     names)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(args.keep) if args.keep else Path(t)
         tmp.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,6 @@ shown with every answer).
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field, replace
 
 from ..errors import UserError
