@@ -258,15 +258,27 @@ def render_text(doc: dict) -> str:
         f"{'range':12}step {_range(p['step_s_range'])}, exposed "
         f"{_range(p['exposed_comm_s_range'])}",
         _noise_line(doc["noise"]),
-        *([f"{'':12}contention: on a CPU backend the communication the change newly hides "
-           f"takes the compute's cores: the step's high end holds "
-           f"{doc['contention_s'] * 1e3:.1f} ms of it"] if doc.get("contention_s") else []),
+        *_contention_lines(doc),
         f"peak memory: {doc['peak_note']}",
     ]
     if doc["units"]:
         lines.append("units whose exposed communication changes most: " + ", ".join(
             f"{u['unit']} {u['exposed_change_s'] * 1e3:+.1f} ms" for u in doc["units"]))
     return "\n".join(lines) + "\n"
+
+
+def _contention_lines(doc: dict) -> list[str]:
+    """On gloo / CPU: what the step's range holds of the collectives' contention."""
+    out = []
+    if doc.get("contention_s"):
+        out.append(f"{'':12}contention: on a CPU backend the communication the change newly "
+                   f"hides takes the compute's cores: the step's high end holds "
+                   f"{doc['contention_s'] * 1e3:.1f} ms of it")
+    if doc.get("contention_removed_s"):
+        out.append(f"{'':12}contention: on a CPU backend the communication the change no "
+                   f"longer hides gives the compute its cores back: the step's low end "
+                   f"holds {doc['contention_removed_s'] * 1e3:.1f} ms of it")
+    return out
 
 
 def _noise_line(n: dict) -> str:

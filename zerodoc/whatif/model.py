@@ -607,16 +607,21 @@ class StepModel:
             def issue(j: int) -> None:
                 if j < len(seq) and j not in done:
                     g = gather_s(seq[j], phase)
-                    b = max(state["t"], state["ch"])
+                    if not g:  # nothing to gather (resharding off): nothing to wait for
+                        done[j] = starts_at[j] = state["t"]
+                        return
+                    b = max(state["t"], state["ch"])  # behind the channel's earlier calls
                     done[j] = b + g
                     starts_at[j] = b
-                    if g:
-                        state["ch"] = done[j]
+                    state["ch"] = done[j]
             starts_at: dict[int, float] = {}
             for i, u in enumerate(seq):
                 issue(i)
                 if done[i] > state["t"]:
-                    exposed[u.name] += done[i] - max(state["t"], starts_at[i])
+                    # the compute waits from now until the gather is done: behind the
+                    # channel's earlier calls (an asynchronous reduction) too, which the
+                    # run measures as this all-gather's wait
+                    exposed[u.name] += done[i] - state["t"]
                     state["t"] = done[i]
                 comm_total += done[i] - starts_at[i]
                 if not sync_unshard:
@@ -998,12 +1003,16 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
     # part too, as by the misfit it replaced (what the mean compute left unexplained).
     b_exp = base.exposed_s
     exp_misfit = abs(b_exp - measured_exposed) + base.arrival_wait_s
-    step_lo = lo.step_s * (1 - rel)
     # On a CPU backend the collectives are CPU work on the cores the compute runs on: the
     # communication a change newly hides behind the compute can slow that compute by as
-    # much (contention; the point keeps the measured compute). The step's high end takes it.
-    contention = cpu_contention_s(model, hi, model.replay(bound=+Z))
-    step_hi = hi.step_s * (1 + rel) + contention
+    # much, and what it no longer hides can speed it up by as much (contention; the point
+    # keeps the measured compute). The step's high / low end takes it.
+    added = removed = 0.0
+    if cpu_collectives(model):
+        added = max(0.0, hidden_s(hi) - hidden_s(model.replay(bound=+Z)))
+        removed = max(0.0, hidden_s(model.replay(bound=-Z)) - hidden_s(lo))
+    step_lo = max(0.0, lo.step_s * (1 - rel) - removed)
+    step_hi = hi.step_s * (1 + rel) + added
     p_exp = pred.exposed_s
     exp_lo = max(0.0, lo.exposed_s - exp_noise - exp_misfit)
     exp_hi = hi.exposed_s + exp_noise + exp_misfit
@@ -1044,8 +1053,10 @@ def answer(model: StepModel, ch: Changes, *, memory: bool = True) -> dict:
                       "arrival_wait_s": p.arrival_wait_s,
                       "comm_bytes": nominal,
                       "comm_wire_bytes": wire},
-        # on a CPU backend: the communication the change newly hides, in the step's high end
-        "contention_s": contention,
+        # on a CPU backend: the communication the change newly hides, in the step's high
+        # end; the communication it no longer hides, in its low end
+        "contention_s": added,
+        "contention_removed_s": removed,
         # `measurement_noise`: the standard error of the difference between this run's mean
         # and a check run's (the step's relative, the exposed time's in seconds; None: fewer
         # than 2 figures), the figures it is from and the quantile the range holds of it
@@ -1069,22 +1080,21 @@ def hidden_s(r: Replay) -> float:
     return max(0.0, r.comm_s - (r.exposed_s - r.peer_wait_s))
 
 
-def cpu_contention_s(model: StepModel, changed: Replay, base: Replay) -> float:
-    """On a CPU backend: the hidden communication the change adds to the replay's (what may
-    take the compute's cores), both priced alike (the range's high end); 0 on a device with
-    its own engines for it."""
+def cpu_collectives(model: StepModel) -> bool:
+    """The run's collectives are CPU work on the compute's cores: gloo on a CPU device. (Not
+    an NCCL run whose parameters sit on the CPU, offloaded: its device type reads "cpu" too,
+    but its collectives run on the GPU's engines.)"""
     w = model.snapshot.any_rank
-    if w is None or getattr(w.facts, "device_type", None) != "cpu":
-        return 0.0
-    return max(0.0, hidden_s(changed) - hidden_s(base))
+    return w is not None and getattr(w.facts, "device_type", None) == "cpu" and \
+        getattr(w.facts, "backend", None) == "gloo"
 
 
-# Student's t, 97.5 % point, by degrees of freedom: a standard error estimated from n
-# figures is held n - 1 degrees of freedom's quantile either side (about a 95 % interval, as
-# the ranges' Z = 2 elsewhere: from 60 on, 2)
-T975 = ((1, 12.71), (2, 4.30), (3, 3.18), (4, 2.78), (5, 2.57), (6, 2.45), (7, 2.36),
-        (8, 2.31), (9, 2.26), (10, 2.23), (12, 2.18), (15, 2.13), (20, 2.09), (30, 2.04),
-        (40, 2.02), (60, Z))
+# Student's t, 97.5 % point, by degrees of freedom, rounded up: a standard error estimated
+# from n figures is held n - 1 degrees of freedom's quantile either side (about a 95 %
+# interval, as the ranges' Z = 2 elsewhere: from 100 on, 2)
+T975 = ((1, 12.71), (2, 4.31), (3, 3.19), (4, 2.78), (5, 2.58), (6, 2.45), (7, 2.37),
+        (8, 2.31), (9, 2.27), (10, 2.23), (12, 2.18), (15, 2.14), (20, 2.09), (30, 2.05),
+        (40, 2.03), (60, 2.01), (100, Z))
 
 
 def t975(df: int) -> float:
