@@ -1814,3 +1814,15 @@ def test_sampled_runs_noise_comes_from_the_steps_the_mean_is_from(tmp_path, wind
     assert a["noise"]["exposed_steps"] == n
     assert a["noise"]["exposed_t"] == {3: 4.31, 2: 12.71, 1: 0.0}[n]
     assert (a["noise"]["exposed_s"] is None) == (n == 1)
+
+
+def test_step_range_never_below_zero():
+    """Two step times (t(1) = 12.71 standard errors): the noise dwarfs the step, and the
+    range's low end stops at 0 s (review rev7: -287 ms)."""
+    snap, step = synthetic()
+    for w in snap.ranks.values():
+        w.step_times = [step * 0.9, step * 1.1]
+    a = answer(fit(snap), Changes(merge=2), memory=False)
+    lo, hi = a["predicted"]["step_s_range"]
+    assert lo == 0.0 and hi > 2 * a["predicted"]["step_s"]
+    assert a["noise"]["step_t"] == 12.71
