@@ -156,12 +156,8 @@ def test_coarse_wrap_and_slow_link_fixes_on_recorded_runs():
     for e in (ex, step):
         assert e["lo"] <= e["observed_after"] <= e["hi"] and e["verdict"] == CONFIRMED, e
     assert ex["reason"] == "observed 135 ms, inside 0 s-221 ms"
-    from zerodoc.runlog import load_run as _load
-    from zerodoc.whatif import answer, fit
-    from zerodoc.whatif.model import Changes as _Ch
-    snap = _load(SCEN / "slow-link-50ms", window=None, stale_after_s=float("inf"),
-                 skip_warmup=True)
-    nz = answer(fit(snap), _Ch(), memory=False)["noise"]
+    from zerodoc.whatif import Changes, answer, fit
+    nz = answer(fit(recorded("slow-link-50ms").snapshot), Changes(), memory=False)["noise"]
     assert nz["exposed_steps"] == 9 and nz["exposed_t"] == 2.31
     assert nz["exposed_s"] * nz["exposed_t"] == pytest.approx(0.037, abs=0.001)
     assert ex["value"] < ex["observed_after"]  # the point: the hidden slope priced at 0

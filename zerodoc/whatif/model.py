@@ -1103,36 +1103,32 @@ def t975(df: int) -> float:
     return next((t for d, t in reversed(T975) if d <= df), T975[0][1])
 
 
-def _sem(xs: list[float]) -> float | None:
-    """The standard error of the mean of `xs`; None below 2 figures."""
+def _spread(xs: list[float]) -> tuple[float | None, float]:
+    """The standard error of the mean of `xs` x sqrt(2) (this run's mean and a check run's
+    over as many figures each carry it) and the t quantile a range holds of it; (None, 0)
+    below 2 figures."""
     n = len(xs)
     if n < 2:
-        return None
+        return None, 0.0
     m = math.fsum(xs) / n
-    return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (n - 1) / n)
+    se = math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (n - 1) / n)
+    return math.sqrt(2) * se, t975(n - 1)
 
 
 def measurement_noise(model: StepModel) -> dict:
     """The noise of the measured means the prediction is checked against, from the worst
     rank's own figures (the rank whose mean step, and the one whose mean exposed time, the
-    answer reports): per step its step time, per sampled step its exposed time. Each
-    standard error x sqrt(2) (this run's mean and a check run's over as many steps); the
-    range holds `*_t` of them. None / 0 steps: the source has no per-step figures."""
-    out = {}
-    for key, xs, mean in (
-            ("step", lambda rm: rm.step_times, lambda rm: rm.measured_step_s),
-            ("exposed", lambda rm: rm.exposed_times, lambda rm: rm.measured_exposed_s)):
-        rm = max(model.ranks, key=mean, default=None)
-        figs = xs(rm) if rm is not None else []
-        se = _sem(figs)
-        if key == "step":  # relative to the mean step
-            se = se / mean(rm) if se is not None and mean(rm) else None
-            out["step_rel"] = 0.0 if se is None else math.sqrt(2) * se
-        else:
-            out["exposed_s"] = None if se is None else math.sqrt(2) * se
-        out[f"{key}_steps"] = len(figs)
-        out[f"{key}_t"] = t975(len(figs) - 1) if len(figs) > 1 else 0.0
-    return out
+    answer reports): per step its step time (relative to its mean), per sampled step its
+    exposed time (`_spread`). None / 0 steps: the source has no per-step figures."""
+    by_step = max(model.ranks, key=lambda rm: rm.measured_step_s)
+    by_exposed = max(model.ranks, key=lambda rm: rm.measured_exposed_s)
+    step, step_t = _spread(by_step.step_times)
+    exposed, exposed_t = _spread(by_exposed.exposed_times)
+    mean = by_step.measured_step_s
+    return {"step_rel": step / mean if step is not None and mean else 0.0,
+            "step_steps": len(by_step.step_times), "step_t": step_t,
+            "exposed_s": exposed, "exposed_steps": len(by_exposed.exposed_times),
+            "exposed_t": exposed_t}
 
 
 def link_model(model: StepModel, ch: Changes) -> dict:
