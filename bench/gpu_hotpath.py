@@ -219,7 +219,7 @@ def main(argv=None) -> int:
 
     from zerodoc.shim import hookpoints as hp
     from zerodoc.shim import monitor as monmod
-    from zerodoc.shim.sampling import Sampler
+    from zerodoc.shim.sampler import Sampler
     from zerodoc.testing import simmonitor
 
     counter = Counter()

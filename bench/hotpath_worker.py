@@ -114,7 +114,7 @@ def main() -> None:
     import torch.distributed as dist
 
     import zerodoc
-    from zerodoc.demo.model import DemoConfig, batch, build, loss_fn
+    from zerodoc.demo.transformer import DemoConfig, batch, build, loss_fn
 
     torch.set_num_threads(1)
     import datetime

@@ -19,7 +19,7 @@ def main() -> None:
     import torch.distributed as dist
 
     import zerodoc
-    from zerodoc.demo.model import DemoConfig, batch, build, loss_fn
+    from zerodoc.demo.transformer import DemoConfig, batch, build, loss_fn
 
     spec = json.loads(sys.argv[1])
     torch.set_num_threads(1)

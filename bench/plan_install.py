@@ -27,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 
 import zerodoc  # noqa: E402
 from zerodoc.demo import frameworks  # noqa: E402
-from zerodoc.demo.model import DemoConfig, TinyTransformer, batch, loss_fn  # noqa: E402
+from zerodoc.demo.transformer import DemoConfig, TinyTransformer, batch, loss_fn  # noqa: E402
 
 dist.init_process_group("gloo")
 cfg = DemoConfig(blocks=4, hidden=64, heads=2, vocab=128, seq=16, batch=2)

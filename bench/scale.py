@@ -71,7 +71,7 @@ def since(t):
 def run_log_section(tmp: Path, units: int, log_steps: int) -> None:
     import tracemalloc
 
-    from zerodoc.model import CommTotals, RankWindow
+    from zerodoc.runmodel import CommTotals, RankWindow
     from zerodoc.runlog import RunLogWriter, log_window, read_rank_tail
     from zerodoc.runlog.replay import Replay
     from zerodoc.testing.synthetic import rank_facts, step_record

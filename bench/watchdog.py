@@ -78,7 +78,7 @@ def main() -> int:
     import zerodoc
     from zerodoc.demo import frameworks
     from zerodoc.demo.launch import free_port
-    from zerodoc.demo.model import DemoConfig, batch
+    from zerodoc.demo.transformer import DemoConfig, batch
     from zerodoc.shim.watchdog import Watchdog
 
     torch.set_num_threads(1)

@@ -42,7 +42,7 @@ def _worker(rank: int, wrap: str, steps: int, warmup: int, port: int, out: str) 
 
     warnings.filterwarnings("ignore", message=".*returned a view tensor")  # the demo's FSDPLinear
     sys.path.insert(0, str(ROOT))
-    from zerodoc.demo.model import DemoConfig, batch, build, loss_fn
+    from zerodoc.demo.transformer import DemoConfig, batch, build, loss_fn
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

@@ -311,7 +311,7 @@ SCENARIOS = {
 
 def _snapshot(ranks: dict, steps: int = 20):
     from tests.support.helpers import synthetic_facts
-    from zerodoc.model import CommTotals, RankWindow, RunSnapshot, UnitFacts
+    from zerodoc.runmodel import CommTotals, RankWindow, RunSnapshot, UnitFacts
 
     world = len(ranks)
     units = tuple(UnitFacts(name=u, params=2 * MIB, param_bytes=8 * MIB, gather_bytes=8 * MIB,

@@ -80,7 +80,7 @@ def floor(logs, unit, phase, coll, field):
 
 def _psi_and_block(model: dict | None = None) -> tuple[int, int, dict[str, int]]:
     """Parameter counts from the model itself, independently of zerodoc."""
-    from zerodoc.demo.model import DemoConfig, TinyTransformer
+    from zerodoc.demo.transformer import DemoConfig, TinyTransformer
 
     m = TinyTransformer(DemoConfig(**{**SMALL_MODEL, **(model or {})}))
     per_unit = {"embed": m.embed.weight.numel(), "head": m.head.weight.numel(),
@@ -430,7 +430,7 @@ def test_not_detected_without_deepspeed():
 def test_unit_grouping():
     import torch.nn as nn
 
-    from zerodoc.demo.model import DemoConfig, TinyTransformer
+    from zerodoc.demo.transformer import DemoConfig, TinyTransformer
     from zerodoc.shim.deepspeed import fetch_modules, group_name
 
     m = TinyTransformer(DemoConfig(**SMALL_MODEL))

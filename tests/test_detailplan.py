@@ -249,7 +249,7 @@ def test_fsdp1_sample_by_sample(tmp_path, gloo_world_1):
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     import zerodoc
-    from zerodoc.demo.model import Block, DemoConfig, TinyTransformer, batch, loss_fn
+    from zerodoc.demo.transformer import Block, DemoConfig, TinyTransformer, batch, loss_fn
     from zerodoc.testing.syncwatch import python_calls
     from tests.test_tiers import _steps
 
@@ -323,7 +323,7 @@ def test_fsdp1_a_foreign_wrapper_over_ours_does_not_charge_twice(tmp_path, gloo_
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     import zerodoc
-    from zerodoc.demo.model import Block, DemoConfig, TinyTransformer, batch, loss_fn
+    from zerodoc.demo.transformer import Block, DemoConfig, TinyTransformer, batch, loss_fn
     from zerodoc.shim.recorder import BACKWARD
 
     cfg = DemoConfig(blocks=3, hidden=32, seq=8, batch=2)
@@ -385,7 +385,7 @@ def test_a_plan_rebuilt_while_installed_takes_the_old_one_out_first(tmp_path, gl
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     import zerodoc
-    from zerodoc.demo.model import Block, DemoConfig, TinyTransformer, batch, loss_fn
+    from zerodoc.demo.transformer import Block, DemoConfig, TinyTransformer, batch, loss_fn
     from zerodoc.shim.recorder import Recorder
 
     cfg = DemoConfig(blocks=2, hidden=32, seq=8, batch=2)
@@ -435,7 +435,7 @@ def _ddp_run(tmp_path, framework: str, *, attach: bool, plan: bool = True,
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import zerodoc
-    from zerodoc.demo.model import DemoConfig, TinyTransformer, batch, loss_fn
+    from zerodoc.demo.transformer import DemoConfig, TinyTransformer, batch, loss_fn
     from zerodoc.shim import zero1
 
     cfg = DemoConfig(blocks=2, hidden=32, seq=8, batch=2)
@@ -534,7 +534,7 @@ def test_zero1_plan_rebuilt_over_another_tools_dist_counts_each_broadcast_once(
 
     import zerodoc
     from tests.test_tiers import _steps
-    from zerodoc.demo.model import DemoConfig, TinyTransformer, batch, loss_fn
+    from zerodoc.demo.transformer import DemoConfig, TinyTransformer, batch, loss_fn
 
     class Tool:  # another tool's pass-through wrapper of the module's `dist`
         def __init__(self, real):

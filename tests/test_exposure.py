@@ -132,7 +132,7 @@ def _expected_gather_bytes(n: int) -> dict[str, int]:
     """Unsharded fp32 bytes per unit, computed from the model independently of zerodoc."""
     import torch
 
-    from zerodoc.demo.model import DemoConfig, TinyTransformer
+    from zerodoc.demo.transformer import DemoConfig, TinyTransformer
     from tests.support.helpers import SMALL_MODEL
 
     m = TinyTransformer(DemoConfig(**SMALL_MODEL))

@@ -32,7 +32,7 @@ ODD_MODEL = {"hidden": 33, "heads": 3, "vocab": 256, "seq": 64}
 
 def expected_bytes(model: dict, group: int) -> dict[str, int]:
     """Padded unsharded fp32 bytes of each unit's flat parameter, from the model alone."""
-    from zerodoc.demo.model import DemoConfig, TinyTransformer
+    from zerodoc.demo.transformer import DemoConfig, TinyTransformer
 
     m = TinyTransformer(DemoConfig(**{**SMALL_MODEL, **model}))
     block = sum(p.numel() for p in m.blocks[0].parameters())
@@ -119,7 +119,7 @@ def test_slow_link_exposure_rises_by_delay_on_every_unit(full):
 def test_shard_grad_op_gathers_in_forward_only_padded(grad_op):
     _, logs = grad_op
     expected = expected_bytes(ODD_MODEL, 2)
-    from zerodoc.demo.model import Block
+    from zerodoc.demo.transformer import Block
 
     assert sum(p.numel() for p in Block(33, 3).parameters()) % 2 == 1  # padding happens
     for r, log in logs.items():
@@ -143,7 +143,7 @@ def test_shard_grad_op_gathers_in_forward_only_padded(grad_op):
 def test_no_shard_all_reduces_only(tmp_path):
     logs = run_demo(tmp_path, "no_shard", steps=3, model={"blocks": 2},
                     extra={"framework": "fsdp1-no-shard"})
-    from zerodoc.demo.model import DemoConfig, TinyTransformer
+    from zerodoc.demo.transformer import DemoConfig, TinyTransformer
 
     m = TinyTransformer(DemoConfig(**{**SMALL_MODEL, "blocks": 2}))
     numel = {"(root)": sum(p.numel() for n, p in m.named_parameters()

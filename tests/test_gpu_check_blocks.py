@@ -26,7 +26,7 @@ def test_b_blocks_run_without_zerodoc_and_a_keeps_its_schedule(gloo_world_1, tmp
                                                               detail):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from zerodoc.demo.model import DemoConfig, batch, build, loss_fn
+    from zerodoc.demo.transformer import DemoConfig, batch, build, loss_fn
 
     cfg = DemoConfig(blocks=4, hidden=32, seq=8, batch=2)
     mesh = init_device_mesh("cpu", (1,))

@@ -30,7 +30,7 @@ PLAIN = "text/plain"
 def fsdp2_monitor(tmp_path):
     """A real FSDP2 model (4 blocks + root) on a 1-rank gloo group in this process, with
     zerodoc attached and serving /metrics."""
-    from zerodoc.demo.model import DemoConfig, batch, build, loss_fn
+    from zerodoc.demo.transformer import DemoConfig, batch, build, loss_fn
 
     if dist.is_initialized():
         pytest.fail("a process group is already initialised in this test process")

@@ -24,7 +24,7 @@ from tests.support.helpers import ROOT, job_command, job_env
 # Bottom up: a module may import its own layer and the layers below it, never one above.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("base", frozenset({"version", "errors"})),
-    ("vocabulary", frozenset({"catalog", "thresholds", "model", "humanize", "sampling",
+    ("vocabulary", frozenset({"catalog", "thresholds", "runmodel", "humanize", "windowsamples",
                               "stalls", "unitstats", "planner"})),
     ("in the job", frozenset({"__init__", "shim", "exporter", "runlog", "integrations"})),
     ("analysis", frozenset({"trace", "sources", "diagnosis", "report", "compare", "whatif"})),
@@ -38,8 +38,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 LAYER_OF = {part: i for i, (_name, parts) in enumerate(LAYERS) for part in parts}
 TOP = len(LAYERS) - 1
 # What the shim may import: it runs inside every training rank.
-SHIM_MAY_IMPORT = frozenset({"version", "errors", "catalog", "thresholds", "model", "sampling",
-                             "stalls", "shim", "exporter", "runlog", "integrations"})
+SHIM_MAY_IMPORT = frozenset({"version", "errors", "catalog", "thresholds", "runmodel",
+                             "windowsamples", "stalls", "shim", "exporter", "runlog", "integrations"})
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -21,7 +21,7 @@ import pytest
 
 from zerodoc.cli import plan as plan_cli
 from zerodoc.errors import UserError
-from zerodoc.model import RankFacts, UnitFacts
+from zerodoc.runmodel import RankFacts, UnitFacts
 from zerodoc.planner import (GB, GIB, PRESETS, PlanInput, format_bytes, format_table,
                              max_params, parse_count, parse_size, plan, plan_to_dict)
 from zerodoc.runlog import RunLogWriter

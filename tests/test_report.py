@@ -206,7 +206,7 @@ def test_short_run_window_leaves_the_warm_up_step_out_and_says_so(capsys):
     --include-warmup keeps it."""
     from zerodoc.report import unit_rows
     from zerodoc.runlog import read_rank_log, window_from_steps
-    from zerodoc.model import RunSnapshot
+    from zerodoc.runmodel import RunSnapshot
 
     run = SCENARIOS / "healthy-block"
     r = report_in_process(capsys, str(run), "--json")
@@ -240,7 +240,7 @@ def test_interval_line_windows_leave_the_warm_up_step_out_too(tmp_path, capsys):
     written with detail files, its steps 2-10 folded by `window_from_steps`. All steps of a
     finished run (`--window 0`) come from its `total` line, which holds step 1: the warm-up
     line is taken off it (the same numbers)."""
-    from zerodoc.model import RunSnapshot
+    from zerodoc.runmodel import RunSnapshot
     from zerodoc.report import unit_rows
     from zerodoc.runlog import read_rank_log, window_from_steps
     from zerodoc.testing.synthetic import write_run
@@ -311,7 +311,7 @@ def test_unit_rows_of_units_no_fresh_rank_measured_are_null_not_zero():
     """The only rank with per-unit series is stale and the fresh one is coarse: no fresh
     rank measured any unit, so the unit rows say not measured (null), never 0.0 (review rev3
     S1: 0.0 for every unit)."""
-    from zerodoc.model import CommTotals, RankWindow, RunSnapshot
+    from zerodoc.runmodel import CommTotals, RankWindow, RunSnapshot
     from zerodoc.report import unit_rows
     from zerodoc.testing.synthetic import rank_facts, unit_names
 

@@ -20,7 +20,7 @@ from tests.support.helpers import ROOT, run_demo
 from zerodoc.diagnosis import RULES, Finding, Severity, diagnose
 from zerodoc.diagnosis.engine import order
 from zerodoc.testing.rulecases import load_case
-from zerodoc.model import RunSnapshot
+from zerodoc.runmodel import RunSnapshot
 from zerodoc.runlog import load_run
 from zerodoc.thresholds import Thresholds
 
@@ -245,7 +245,7 @@ def _slow_link_case(delay_s: float, compute_s: float, *, world: int = 2, speed: 
     (the 80-step demo that lost ZD005). Undelayed, the bytes move at `speed` x the link's
     expected figure (an idle host's loopback)."""
     from tests.support.helpers import synthetic_facts
-    from zerodoc.model import CommTotals, RankWindow, RunSnapshot, UnitFacts
+    from zerodoc.runmodel import CommTotals, RankWindow, RunSnapshot, UnitFacts
     from zerodoc.thresholds import LINK_BUSBW
 
     sizes = {"(root)": 2_099_200, **{f"blocks.{i}": block_bytes for i in range(blocks)}}

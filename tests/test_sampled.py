@@ -151,7 +151,7 @@ def test_at_scale_reader_counts_the_intervals_samples(sampled_run):
     w = RunDirSource(sampled_run, 20, detail=False).snapshot().ranks[0]
     raw = raw_steps(sampled_run, 0)
     assert w.steps == 20 and w.per_unit_steps == 6  # the closing interval: steps 1..60
-    from zerodoc.sampling import coverage
+    from zerodoc.windowsamples import coverage
 
     assert coverage(w) == ("per-unit: 6 steps with per-unit detail in the newest run-log "
                            "intervals (the window: 20 steps)")
@@ -321,7 +321,7 @@ def test_prometheus_unit_stats_divide_by_sampled_steps():
             seen.extend(exprs.values())
             return {k: [] for k in exprs}
 
-    from zerodoc.model import RunSnapshot
+    from zerodoc.runmodel import RunSnapshot
 
     src = Probe.__new__(Probe)
     src.timeout_s, src.lookback = 5.0, "5m"

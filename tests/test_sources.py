@@ -147,7 +147,7 @@ def test_framework_time_per_unit_from_the_scrape_sources(live):
     the run log's windows)."""
     from zerodoc.report import unit_rows
     from zerodoc.unitstats import unit_stats
-    from zerodoc.whatif.model import fit
+    from zerodoc.whatif.stepmodel import fit
 
     demo, prom = live
     for make, pause in ((lambda: EndpointsSource(demo.endpoints, window=None), 0.2),

@@ -14,7 +14,7 @@ import yaml
 from tests.support.promserver import require_binary
 from zerodoc.exporter import targets
 from zerodoc.cli.main import main
-from zerodoc.model import RankFacts
+from zerodoc.runmodel import RankFacts
 from zerodoc.runlog import RunLogWriter
 
 

@@ -20,7 +20,7 @@ from zerodoc.diagnosis import diagnose
 from zerodoc.humanize import nbytes
 from zerodoc.testing.rulecases import load_case
 from zerodoc.errors import UserError
-from zerodoc.model import RankFacts, UnitFacts
+from zerodoc.runmodel import RankFacts, UnitFacts
 from zerodoc.runlog import RunLogWriter, load_run
 
 DATA = Path(__file__).parent / "data" / "rules"

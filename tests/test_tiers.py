@@ -1,4 +1,4 @@
-"""Issue 19's tiers (zerodoc/shim/sampling.py): step-level numbers on every step, per-unit
+"""Issue 19's tiers (zerodoc/shim/sampler.py): step-level numbers on every step, per-unit
 detail on 1 step in K; outside detail steps zerodoc's per-unit hooks and comm wrappers are not
 entered at all; every rank samples the same steps; K adapts to the shim's own cost; the job's
 results are unchanged."""
@@ -16,8 +16,8 @@ import torch
 
 import zerodoc
 from zerodoc.runlog.writer import DETAIL_DIR, detail_names
-from zerodoc.shim import sampling
-from zerodoc.shim.sampling import Sampler
+from zerodoc.shim import sampler
+from zerodoc.shim.sampler import Sampler
 from zerodoc.testing.syncwatch import python_calls
 
 from tests.support.helpers import run_demo
@@ -65,13 +65,13 @@ def test_modes():
     assert fixed.header() == {"mode": "every", "every": 5, "budget": 0.002}
     for bad in ("sometimes", 0, -3, True, 2.5):
         with pytest.raises((TypeError, ValueError)):
-            sampling.parse(bad)
+            sampler.parse(bad)
 
 
 def test_k_from_the_own_cost():
     """K = ceil(own / (budget x median step)), as a power of two, clamped."""
     s = Sampler("adaptive", "k")
-    assert s.k == sampling.K_START
+    assert s.k == sampler.K_START
     step = 0.1
     # sampled steps cost 1.5 ms more thread time than the others: 1.5e-3 / (0.002 * 0.1)
     # = 7.5 -> 8
@@ -86,17 +86,17 @@ def test_k_from_the_own_cost():
     # nothing to pay: K comes down as the free samples replace the costly ones in the
     # sampler's memory (SAMPLES of them), to the floor (plain steps keep the baseline)
     ks = []
-    end = 80 + 4 * sampling.SAMPLES + 4
+    end = 80 + 4 * sampler.SAMPLES + 4
     for i in range(80, end):
         s.observe(i, step, 0.05, i % 4 == 0)
         ks.append(s.k)
     assert ks == sorted(ks, reverse=True) and ks[0] == 128
-    assert s.k == sampling.K_MIN == 2
+    assert s.k == sampler.K_MIN == 2
     # a cost that rises is seen within WINDOW samples, not when the memory turns over
-    for i in range(end, end + 4 * sampling.WINDOW):
+    for i in range(end, end + 4 * sampler.WINDOW):
         sampled = i % 4 == 0
         s.observe(i, step, 0.05 + (10.0 if sampled else 0.0), sampled)
-    assert s.k == sampling.K_MAX
+    assert s.k == sampler.K_MAX
 
 
 def test_a_cost_lost_in_the_steps_jitter_is_not_free():
@@ -122,7 +122,7 @@ def test_a_cost_lost_in_the_steps_jitter_is_not_free():
         sampled = i % 4 == 0
         q.observe(i, 0.1 + (1e-4 if sampled else 0.0), 0.05 + (1e-4 if sampled else 0.0),
                   sampled)
-    assert q.k == sampling.K_MIN and q.own_hi_s == pytest.approx(1e-4)
+    assert q.k == sampler.K_MIN and q.own_hi_s == pytest.approx(1e-4)
 
 
 @pytest.mark.parametrize("sigma, cost, steps", [(2e-3, 1.2e-3, 3000), (1e-2, 1e-2, 20000)])
@@ -136,7 +136,7 @@ def test_k_settles_near_the_true_cost_as_samples_accumulate(sigma, cost, steps):
     samples came: K 2-4 x the true one, and on some steps 4 x below it."""
     import random
 
-    k_true = sampling.pow2_ceil(cost / (sampling.BUDGET * 0.1))
+    k_true = sampler.pow2_ceil(cost / (sampler.BUDGET * 0.1))
     for seed in (1, 2, 3):
         rng = random.Random(seed)
         s = Sampler("adaptive", f"truth-{seed}")
@@ -239,7 +239,7 @@ def test_attach_option_and_environment(monkeypatch, tmp_path):
 def fsdp2(gloo_world_1):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from zerodoc.demo.model import DemoConfig, batch, build, loss_fn
+    from zerodoc.demo.transformer import DemoConfig, batch, build, loss_fn
 
     cfg = DemoConfig(blocks=4, hidden=32, seq=8, batch=2)
 
@@ -266,7 +266,7 @@ def _zerodoc_calls(fn) -> int:
 
 @pytest.mark.slow
 def test_unsampled_steps_enter_no_per_unit_hook(fsdp2, tmp_path):
-    from zerodoc.demo.model import DemoConfig, batch, loss_fn
+    from zerodoc.demo.transformer import DemoConfig, batch, loss_fn
 
     make, step = fsdp2
     model, opt = make()
@@ -371,7 +371,7 @@ def test_k_grows_with_a_costly_shim(fsdp2, tmp_path):
             i += 1
         per_step = 5e-4 * n_switch[0] / max(1, mon.totals.detail_steps - 1)
         assert mon.sampler.own_s >= 0.5 * per_step
-        assert mon.sampler.k > sampling.K_START
+        assert mon.sampler.k > sampler.K_START
         assert mon.sampler.k >= 0.25 * per_step / (0.002 * statistics_median(mon))
     finally:
         mon.close()

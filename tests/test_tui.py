@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.helpers import ROOT, run_demo, until, wait_until
 from zerodoc.diagnosis.findings import Finding, Severity
-from zerodoc.model import RunSnapshot
+from zerodoc.runmodel import RunSnapshot
 from zerodoc.runlog import load_run, read_rank_log, window_from_steps
 from zerodoc.sources import open_source
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from zerodoc.diagnosis.findings import Finding, Severity
-from zerodoc.model import RankFacts
+from zerodoc.runmodel import RankFacts
 from zerodoc.runlog import RunLogWriter
 from zerodoc.sources import open_source
 

@@ -15,7 +15,7 @@ import pytest
 from tests.support.helpers import wait_until
 
 from zerodoc.shim.config import AttachConfig
-from zerodoc.model import RankWindow
+from zerodoc.runmodel import RankWindow
 from zerodoc.shim.comm import HostTimer
 from zerodoc.shim.hookpoints import HookRegistry
 from zerodoc.shim.recorder import ALL_GATHER, BACKWARD, FORWARD, REDUCE_SCATTER, Recorder, \
@@ -225,7 +225,7 @@ def test_the_exporter_publishes_a_stall_only_while_it_lasts():
     from prometheus_client import CollectorRegistry, generate_latest
 
     from zerodoc.exporter.prometheus import ZerodocCollector
-    from zerodoc.model import RankFacts
+    from zerodoc.runmodel import RankFacts
 
     facts = RankFacts(rank=0, local_rank=0, world_size=2, local_world_size=2, node="n",
                       run_id="r", framework="fsdp2", framework_version="", torch_version="",

@@ -708,7 +708,7 @@ def test_contention_is_measured_against_the_replay_priced_alike():
         a = answer(m, ch, memory=False)
         assert a["contention_s"] == 0.0 and a["contention_removed_s"] == 0.0
     sync = answer(m, Changes(prefetch=0), memory=False)
-    from zerodoc.whatif.model import hidden_s
+    from zerodoc.whatif.stepmodel import hidden_s
     assert sync["contention_s"] == 0.0
     lo_base = hidden_s(m.replay(bound=-2.0))
     assert lo_base > 0 and sync["contention_removed_s"] == pytest.approx(lo_base, rel=1e-9)
@@ -741,7 +741,7 @@ def test_async_reductions_resharding_off_stay_hidden():
     a = answer(m, Changes(), memory=False)
     assert a["baseline"]["step_s"] == pytest.approx(step - 4 * c, rel=1e-9)  # as measured
     assert a["baseline"]["exposed_comm_s"] == pytest.approx(5 * c + c, rel=1e-9)
-    from zerodoc.whatif.model import hidden_s
+    from zerodoc.whatif.stepmodel import hidden_s
     assert hidden_s(m.replay()) == pytest.approx(4 * c, rel=1e-9)
 
 
@@ -827,7 +827,7 @@ def test_rules_time_predictions_are_the_models_answer_with_a_range(monkeypatch):
     import zerodoc.whatif
 
     def no_model(snapshot):
-        raise zerodoc.whatif.model.UserError("no rank with per-unit detail")
+        raise zerodoc.whatif.stepmodel.UserError("no rank with per-unit detail")
 
     monkeypatch.setattr(zerodoc.whatif, "fit", no_model)  # a run the model cannot take
     f = next(f for f in diagnose(snap) if f.code == "ZD005")
@@ -1170,7 +1170,7 @@ def test_real_run_replay_of_a_within_5_percent(real_runs):
     r, a, _ = _case(real_runs, "replay")
     assert abs(r["step_error"]) <= 0.05 and r["exposed_ok"], _brief(r)
     # the shim recorded each unit's parameter tensors: a block's own, the rest in the root
-    from zerodoc.demo.model import DemoConfig, TinyTransformer
+    from zerodoc.demo.transformer import DemoConfig, TinyTransformer
     from zerodoc.sources import open_source
 
     model = TinyTransformer(DemoConfig())
@@ -1273,7 +1273,7 @@ def test_per_tensor_fit_standard_errors_match_the_scatter_of_noisy_fits():
     import random
     import statistics
 
-    from zerodoc.whatif.model import _wls2
+    from zerodoc.whatif.stepmodel import _wls2
 
     rng = random.Random(1)
     x1 = [0.1e6, 0.25e6, 0.5e6, 1e6, 2e6, 0.4e6, 0.8e6, 1.5e6]
@@ -1298,7 +1298,7 @@ def test_per_tensor_part_needs_four_units_per_rank():
     the truth did not have, with a standard error of 0)."""
     import random
 
-    from zerodoc.whatif.model import UnitModel, fit_framework
+    from zerodoc.whatif.stepmodel import UnitModel, fit_framework
 
     rng = random.Random(0)
     noise = {k: rng.gauss(0, 0.1) for k in "abc"}
@@ -1755,7 +1755,7 @@ def test_t_quantiles_never_narrower_than_the_truth():
     """Against the published 97.5 % points of Student's t (4 decimals): never below them,
     under 0.02 above them on the tabulated degrees of freedom (rounded up; from 100 on, 2),
     and between them (the entry below: t falls with the degrees of freedom) under 0.05."""
-    from zerodoc.whatif.model import T975, t975
+    from zerodoc.whatif.stepmodel import T975, t975
 
     published = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469,
                  7: 2.3646, 8: 2.3060, 9: 2.2622, 10: 2.2281, 11: 2.2010, 12: 2.1788,

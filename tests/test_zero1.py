@@ -37,7 +37,7 @@ MINI = {"hidden": 64, "vocab": 2048, "seq": 64}
 
 def model_numbers(model: dict) -> tuple[int, int, int]:
     """(parameter tensors, parameters, fp32 bytes) of the demo model, from the model alone."""
-    from zerodoc.demo.model import DemoConfig, TinyTransformer
+    from zerodoc.demo.transformer import DemoConfig, TinyTransformer
 
     ps = list(TinyTransformer(DemoConfig(**{**SMALL_MODEL, **model})).parameters())
     n = sum(p.numel() for p in ps)

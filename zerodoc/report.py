@@ -14,8 +14,8 @@ from dataclasses import fields
 
 from .diagnosis import Finding, Severity
 from .humanize import nbytes, pct, rate, secs, table, value
-from .model import RunSnapshot, busbw
-from .sampling import every, next_sample, run_coverage, warmup_text
+from .runmodel import RunSnapshot, busbw
+from .windowsamples import every, next_sample, run_coverage, warmup_text
 from .thresholds import LINK_BUSBW, Thresholds
 
 SCHEMA = 1
@@ -196,7 +196,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         "trace_scope": scope(snap),
         "device": [{k: _r(v) if isinstance(v, float) else v for k, v in row.items()}
                    for row in device_rows(snap)],
-        "waiting": waiting(snap),  # rules waiting for sampled steps (zerodoc.sampling)
+        "waiting": waiting(snap),  # rules waiting for sampled steps (zerodoc.windowsamples)
         "notes": notes(snap),
     }
 

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from .catalog import RANK_TOTAL_UNIT  # a coarse rank's totals over units: no unit
-from .model import RankWindow, RunSnapshot, busbw
+from .runmodel import RankWindow, RunSnapshot, busbw
 
 
 FIELDS = ("count", "bytes", "seconds", "exposed", "hidden")

@@ -189,7 +189,7 @@ class LiveDemo:
 def synthetic_facts(rank: int, world: int, units: tuple, *, run_id: str,
                     device_type: str = "cuda", backend: str = "nccl"):
     """The RankFacts of one rank of a synthetic FSDP2 ZeRO-3 run (float32, one node)."""
-    from zerodoc.model import RankFacts
+    from zerodoc.runmodel import RankFacts
 
     return RankFacts(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
                      node="n1", run_id=run_id, framework="fsdp2", framework_version="x",

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ..humanize import value
-from ..model import RunSnapshot
+from ..runmodel import RunSnapshot
 from ..runlog import DEFAULT_ROOT
 
 HISTORY_NAME = ".zerodoc-history.jsonl"

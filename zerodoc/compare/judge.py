@@ -33,7 +33,7 @@ from ..diagnosis import BY_CODE, Context, Finding, diagnose
 from ..diagnosis.findings import Predicted
 from ..humanize import nbytes, value
 from ..diagnosis.observables import OBSERVABLES, config_facts, observe_all
-from ..model import RunSnapshot
+from ..runmodel import RunSnapshot
 from ..report import finding_dict, per_unit_coverage, unit_rows
 from ..thresholds import DEFAULT, Thresholds
 

@@ -40,7 +40,7 @@ class Built:
 
 def standard(model, opt) -> Built:
     """A plain torch loop: forward, loss, backward, optimizer step."""
-    from .model import loss_fn
+    from .transformer import loss_fn
 
     def train_step(x, y) -> float:
         loss = loss_fn(model(x), y)

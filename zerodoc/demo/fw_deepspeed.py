@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 
 from .frameworks import Built
-from .model import Block, DemoConfig, TinyTransformer, loss_fn
+from .transformer import Block, DemoConfig, TinyTransformer, loss_fn
 
 
 def _merge(base: dict, over: dict) -> dict:

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from .frameworks import Built, standard
-from .model import Block, TinyTransformer
+from .transformer import Block, TinyTransformer
 
 
 def _policy(wrap: str):

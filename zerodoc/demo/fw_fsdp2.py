@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .frameworks import Built, standard
-from .model import build as build_model
+from .transformer import build as build_model
 
 
 def build(cfg, spec: dict) -> Built:

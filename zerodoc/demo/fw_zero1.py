@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .frameworks import Built, standard
-from .model import TinyTransformer
+from .transformer import TinyTransformer
 
 
 def _ddp(cfg, spec: dict):

@@ -7,7 +7,7 @@ import sys
 import time
 
 from ..errors import UserError
-from ..model import RankWindow
+from ..runmodel import RankWindow
 from ..runlog import RunFollower, StepRecord, window_from_steps
 from .launch import Job
 
@@ -66,7 +66,7 @@ def _mib(b: int | None) -> str:
 
 def _every(detail) -> str:
     """The attach `detail` setting in words ("1 step in 4", "sampled steps")."""
-    from ..shim.sampling import parse
+    from ..shim.sampler import parse
 
     try:
         mode, k = parse(detail)

@@ -28,7 +28,7 @@ def run(spec: dict) -> int:
 
     import zerodoc
     from zerodoc.demo import frameworks
-    from zerodoc.demo.model import DemoConfig, batch
+    from zerodoc.demo.transformer import DemoConfig, batch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     for dotted in spec.get("break_hooks", ()):  # tests: simulate a missing hook point

@@ -15,7 +15,7 @@ effect. Plain Python: no torch, no Textual.
 
 from __future__ import annotations
 
-from ..model import RunSnapshot
+from ..runmodel import RunSnapshot
 from ..thresholds import DEFAULT, LINK_BUSBW, Thresholds
 from .context import Context, infer_link
 from .findings import Finding, Severity
@@ -46,11 +46,11 @@ def diagnose(snapshot: RunSnapshot, thresholds: Thresholds = DEFAULT, *,
 
     Raises `UserError` for an unknown link class; a rule that fails becomes a ZD000 INFO
     finding rather than an exception. Rules that need per-unit detail wait until the
-    active ranks have enough sampled steps (`zerodoc.sampling.MIN_SAMPLES`, `waiting`): a
+    active ranks have enough sampled steps (`zerodoc.windowsamples.MIN_SAMPLES`, `waiting`): a
     run that samples gives no per-unit findings before its first sample, never findings from
     zeros.
     """
-    from ..sampling import waiting_rules
+    from ..windowsamples import waiting_rules
     from .engine import evaluate
 
     if not snapshot.ranks:
@@ -65,7 +65,7 @@ def waiting(snapshot: RunSnapshot) -> dict | None:
     """What the rules wait for, or None: {"rules": [codes], "samples": sampled steps so far,
     "message": "per-unit detail after the first sampled step, about every K steps"}; the
     report and the TUI show it where findings would be."""
-    from ..sampling import next_sample, samples, waiting_rules
+    from ..windowsamples import next_sample, samples, waiting_rules
 
     fresh = list(Context(snapshot).active) if snapshot.ranks else []
     if not fresh:

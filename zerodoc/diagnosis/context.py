@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..catalog import RANK_TOTAL_UNIT
-from ..model import RankWindow, RunSnapshot, UnitFacts, busbw
+from ..runmodel import RankWindow, RunSnapshot, UnitFacts, busbw
 from ..thresholds import DEFAULT, LINK_BUSBW, Thresholds
 
 OFFLOAD_CONFIG_KEYS = ("offload", "cpu_offload", "offload_optimizer", "offload_param",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import RunSnapshot
+from ..runmodel import RunSnapshot
 from ..shim.guards import ATTACH_AFTER  # stdlib-only module: no torch
 
 

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from ..model import RunSnapshot
+from ..runmodel import RunSnapshot
 from .reader import RunLogInvalid, _take, log_window, rank_logs, read_rank_tail
 from .records import RankLog, RunLogError, StepRecord, StepTotals, step_from_dict
 from .scan import MAX_LINE, forward_lines, kind_of

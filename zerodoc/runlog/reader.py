@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..model import CommTotals, LazyRankWindow, RankFacts, RankWindow, RunSnapshot
-from ..sampling import MIN_WINDOW_SAMPLES
+from ..runmodel import CommTotals, LazyRankWindow, RankFacts, RankWindow, RunSnapshot
+from ..windowsamples import MIN_WINDOW_SAMPLES
 from .records import (
     SCALARS, SUMMED_SCALARS, RankLog, RunLogError, StepRecord, StepTotals, UnitsBlock,
     block_from_dict, check_header, facts_from_dict, rank_log_name, step_from_dict,

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import UserError
-from ..model import CommTotals, RankFacts, UnitFacts
+from ..runmodel import CommTotals, RankFacts, UnitFacts
 
 SCHEMA = 2
 READS = (1, 2)  # schemas this zerodoc reads

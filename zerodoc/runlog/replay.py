@@ -9,7 +9,7 @@ written. `python -m zerodoc.runlog.convert` uses it to rewrite schema-1 logs as 
 
 from __future__ import annotations
 
-from ..model import CommTotals, RankFacts, RankWindow
+from ..runmodel import CommTotals, RankFacts, RankWindow
 from .writer import RunLogWriter
 
 
@@ -46,7 +46,7 @@ class Replay:
             else:
                 t.add(CommTotals(*a))
         step_s = rec["step_s"]
-        if rec.get("detail") is not None:  # a log with sampled steps (zerodoc.sampling)
+        if rec.get("detail") is not None:  # a log with sampled steps (zerodoc.windowsamples)
             tot.detail_steps = (tot.detail_steps or 0) + (rec["detail"] is not False)
         tot.steps += 1
         tot.last_step = rec["step"]

@@ -18,8 +18,8 @@ from collections import deque
 
 import numpy as np
 
-from ..model import CommTotals, RankWindow
-from ..sampling import MIN_WINDOW_SAMPLES
+from ..runmodel import CommTotals, RankWindow
+from ..windowsamples import MIN_WINDOW_SAMPLES
 from .records import RankLog, StepRecord
 
 

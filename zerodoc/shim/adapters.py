@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import UnitFacts
+from ..runmodel import UnitFacts
 from . import hookpoints as hp
 
 

@@ -82,7 +82,7 @@ class AttachConfig:
     """Coarse mode: how many ranks, spread evenly over the job (rank 0 first), keep their
     per-unit series (0: none). Not given: $ZERODOC_METRICS_UNIT_RANKS, else 8."""
     detail: str | int = "adaptive"
-    """Per-unit detail (zerodoc/shim/sampling.py): "adaptive" (1 step in K, K chosen so the
+    """Per-unit detail (zerodoc/shim/sampler.py): "adaptive" (1 step in K, K chosen so the
     shim's own host time stays within 0.2 % of the median step), "every" (every step: short
     diagnostic runs), an int K (1 step in K) or "off" (step-level numbers only). Not given:
     $ZERODOC_DETAIL, else "adaptive". Fault injection (inject_latency_s) forces "every"."""
@@ -125,7 +125,7 @@ class AttachConfig:
         if not 0 <= self.stall_after_s < float("inf"):
             raise ValueError(f"zerodoc.attach(): stall_after_s must be a finite number >= 0 "
                              f"(0: no watchdog), not {self.stall_after_s!r}")
-        from .sampling import parse  # stdlib only: no torch import
+        from .sampler import parse  # stdlib only: no torch import
 
         parse(self.detail)
         for key in ("run_log_every", "run_log_queue"):

@@ -44,7 +44,7 @@ import sys
 import warnings
 from typing import Any
 
-from ..model import UnitFacts
+from ..runmodel import UnitFacts
 from .adapters import Adapter, AdapterFacts
 from .deepspeed_comm import _State, install_comm
 from .detailplan import DetailPlan, shadow_attr

@@ -1,6 +1,6 @@
 """The per-unit instrumentation of detail steps, built once and then only put in and taken out.
 
-A sample (issue 19's tiers, `sampling.py`) pays the install of the per-unit hooks and comm
+A sample (issue 19's tiers, `sampler.py`) pays the install of the per-unit hooks and comm
 wrappers at the end of the step before it and their removal at its own end. Everything that
 does not change between samples is built once (`DetailPlan`, at attach): the hook closures,
 the comm wrapper objects, which hook dict entries and which attributes to set. Installing is

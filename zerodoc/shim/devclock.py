@@ -155,7 +155,7 @@ class DeviceRecorder(Recorder):
         self.host_ms = host_clock(pool._factory)
         self.dev_off: float | None = None  # device - host ms (the collective timer's calibration)
         self._probes: list = []  # (segment start mark, host ms at its end): read back later
-        self.on = True  # marks only on detail steps (sampling.py); host clock always
+        self.on = True  # marks only on detail steps (sampler.py); host clock always
 
     # --- tiers: marks on detail steps only -----------------------------------------------
     def pause(self) -> None:

@@ -42,7 +42,7 @@ from .wiring import (
     DistProxy, dtype_name as _dtype_name, install_dist_proxy, install_forward_hooks,
     nbytes as _nbytes, torch_version, unit_facts_placeholder,
 )
-from ..model import UnitFacts
+from ..runmodel import UnitFacts
 
 ROOT_NAME = "(root)"
 # FSDP1 ShardingStrategy name -> equivalent ZeRO stage (0: plain data parallel).

@@ -31,7 +31,7 @@ from .slowlink import SlowLink
 from .recorder import (
     ALL_GATHER, ALL_REDUCE, BACKWARD, B_FRAMEWORK, REDUCE_SCATTER, Recorder, unit_bucket,
 )
-from ..model import UnitFacts
+from ..runmodel import UnitFacts
 from .adapters import Adapter, AdapterFacts
 from .wiring import (
     DistProxy, dtype_name as _dtype_name, install_dist_proxy, install_forward_hooks,

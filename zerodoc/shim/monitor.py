@@ -23,13 +23,13 @@ import torch.distributed as dist
 from ..version import __version__
 from ..catalog import STEP_BUCKETS
 from .config import AttachConfig
-from ..model import CommTotals, RankFacts, RankWindow
+from ..runmodel import CommTotals, RankFacts, RankWindow
 from ..runlog import DEFAULT_ROOT, RunLogWriter
 from . import adapters, faults, guards, memory
 from .guards import NullMonitor  # what attach() returns when it does not attach
 from . import hookpoints as hp
 from .comm import HostTimer
-from .sampling import Sampler, SeqCounter
+from .sampler import Sampler, SeqCounter
 from .wiring import torch_version
 from .recorder import (
     B_FRAMEWORK, B_OPTIMIZER, B_OTHER, B_WAIT, COLLECTIVES, FORWARD, OPTIMIZER, PHASES,
@@ -154,7 +154,7 @@ class Monitor:
         self._inject = inject
         self.run_dir = os.fspath(cfg.run_dir) if cfg.run_dir else \
             os.path.join(DEFAULT_ROOT, run_id())
-        # Tiers (sampling.py): seeded by the run id, the same on every rank. Fault injection
+        # Tiers (sampler.py): seeded by the run id, the same on every rank. Fault injection
         # lives beneath the comm wrappers: a run that injects is a diagnostic run, every step.
         self.sampler = Sampler("every" if inject > 0 else cfg.detail,
                                os.path.basename(os.path.normpath(self.run_dir)))

@@ -126,7 +126,7 @@ def install_forward_hooks(outer, inner, rec, timer, idx: int, registry: hp.HookR
 
 def unit_facts_placeholder(name: str) -> Any:
     """Facts of a unit whose private attributes could not be read (name kept)."""
-    from ..model import UnitFacts
+    from ..runmodel import UnitFacts
 
     return UnitFacts(name=name, params=0, param_bytes=0, gather_bytes=0, sharded_bytes=0,
                      reshard_after_forward=None, group_size=1)

@@ -57,7 +57,7 @@ from .wiring import (
     DistProxy, dtype_name as _dtype_name, install_dist_proxy, install_forward_hooks,
     nbytes as _nbytes, torch_version,
 )
-from ..model import UnitFacts
+from ..runmodel import UnitFacts
 
 UNIT_NAME = "(model)"
 UNIT = 0

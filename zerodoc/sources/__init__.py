@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import UserError
-from ..model import RunSnapshot
+from ..runmodel import RunSnapshot
 from ..runlog import latest_run
 from .endpoints import EndpointsSource, is_endpoint_spec, parse_endpoints, parse_exposition
 from .prometheus import PrometheusSource

@@ -27,7 +27,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import UserError
-from ..model import RankWindow, RunSnapshot
+from ..runmodel import RankWindow, RunSnapshot
 from ..runlog import missing
 from .samples import Cumulative, add_sample, facts_of, share_unit_facts, window_of
 from .rundir import STALE_AFTER_S

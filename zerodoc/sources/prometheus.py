@@ -55,7 +55,7 @@ from ..catalog import (
     UNIT_RANKS, UNIT_STAT,
 )
 from ..errors import UserError
-from ..model import CommTotals, LazyRankWindow, RankWindow, RunSnapshot
+from ..runmodel import CommTotals, LazyRankWindow, RankWindow, RunSnapshot
 from ..runlog import missing
 from ..unitstats import FIELDS, NONE, UNIT_FIELDS, Stat, UnitStats
 from .endpoints import fetch, why
@@ -541,7 +541,7 @@ def _unit_table(comm: dict, comp: dict, order: list[str], groups: dict,
     time per unit as aggregated over the ranks (`framework`: unit -> {min, median, mean,
     max, n}; a unit without it: unknown)."""
     framework = framework or {}
-    from ..model import busbw
+    from ..runmodel import busbw
 
     acc: dict[str, dict[str, list[float]]] = {}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from ..model import LazyRankWindow, RankWindow, RunSnapshot
+from ..runmodel import LazyRankWindow, RankWindow, RunSnapshot
 from ..runlog import (
     DETAIL_DIR, RunFollower, RunLogError, load_run, log_window, rank_logs, read_rank_tail,
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..catalog import CATALOG, RANK_LABELS, RANK_TOTAL_UNIT
-from ..model import CommTotals, RankFacts, RankWindow, UnitFacts
+from ..runmodel import CommTotals, RankFacts, RankWindow, UnitFacts
 
 
 

@@ -30,7 +30,7 @@ the compute) and `launch` ([unit compute segments checked, caught up by the devi
 per step too. A rank's `detail_steps` (fewer than its `steps`) makes a run that samples: the
 per-unit rows, `host_compute`, `launch`, `framework` and `unit_framework` (the framework's
 time per unit: `[unit, phase, seconds]` rows, part of `framework`) are then per sampled
-step and multiplied by `detail_steps` (zerodoc.sampling). Unit defaults: stored and gathered
+step and multiplied by `detail_steps` (zerodoc.windowsamples). Unit defaults: stored and gathered
 dtype bf16 (2 bytes), group size = world size, reshard after forward. Run defaults: NCCL on
 CUDA, FSDP2, ZeRO-3, one node, 80 GB devices.
 
@@ -44,7 +44,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..model import CommTotals, RankFacts, RankWindow, RunSnapshot, UnitFacts
+from ..runmodel import CommTotals, RankFacts, RankWindow, RunSnapshot, UnitFacts
 from ..thresholds import DEFAULT, Thresholds
 from ..diagnosis.findings import Finding, Severity
 
@@ -120,7 +120,7 @@ def _window(facts: RankFacts, r: dict) -> RankWindow:
     w.last_step_seconds = w.max_step_seconds = float(r.get("step", 0.0))
     w.optimizer_seconds = float(r.get("optimizer", 0.0)) * steps
     w.other_seconds = float(r.get("other", 0.0)) * steps
-    # `detail_steps`: per-unit detail on that many sampled steps only (zerodoc.sampling); the
+    # `detail_steps`: per-unit detail on that many sampled steps only (zerodoc.windowsamples); the
     # per-unit rows, host launch time, launch probe and framework time are per sampled step
     n = int(r["detail_steps"]) if "detail_steps" in r else steps
     if "detail_steps" in r:

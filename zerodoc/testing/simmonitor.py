@@ -62,7 +62,7 @@ def attach(sim, fsdp, opt, detail, run_dir: str, queue: list):
     from ..shim import adapters, cuda
     from ..shim import hookpoints as hp
     from ..shim.devclock import DeviceRecorder, EventPool
-    from ..shim.sampling import Sampler
+    from ..shim.sampler import Sampler
 
     names = [m.uname for m in fsdp.modules]
     cls = _adapter_class(fsdp, names)

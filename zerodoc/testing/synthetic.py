@@ -13,7 +13,7 @@ import math
 import os
 from pathlib import Path
 
-from ..model import RankFacts, UnitFacts
+from ..runmodel import RankFacts, UnitFacts
 from ..runlog import RunLogWriter
 from ..runlog.replay import Replay
 
@@ -46,7 +46,7 @@ def rank_facts(rank: int, world: int, units: int, *, run_id: str = "synthetic",
 
 
 def unsampled(rec: dict, k: int) -> dict:
-    """The record as the shim writes a step outside the sampled ones (zerodoc.sampling): no
+    """The record as the shim writes a step outside the sampled ones (zerodoc.windowsamples): no
     per-unit rows, per-unit-derived sums null, collective counts and bytes per kind, and the
     K in force (every step carries it)."""
     coll: dict[str, list[int]] = {}

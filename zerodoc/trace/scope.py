@@ -10,7 +10,7 @@ and the communication kernels counted by kind.
 
 from __future__ import annotations
 
-from ..model import RunSnapshot
+from ..runmodel import RunSnapshot
 
 TRACE_SOURCE = "profiler trace"
 CAN = ("the step breakdown per rank (compute, exposed communication, optimizer, other)",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..model import (CommTotals, DeviceTotals, RankFacts, RankWindow, RunSnapshot,
+from ..runmodel import (CommTotals, DeviceTotals, RankFacts, RankWindow, RunSnapshot,
                      UnitFacts)
 from .attribution import RankResult, attribute
 from .events import RankEvents

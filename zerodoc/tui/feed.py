@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..model import RankWindow, RunSnapshot, busbw
+from ..runmodel import RankWindow, RunSnapshot, busbw
 from ..thresholds import DEFAULT as DEFAULT_THRESHOLDS
 from ..humanize import duration
 from .history import History, Series

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ..model import RankWindow
+from ..runmodel import RankWindow
 from ..runlog import StepRecord
 
 

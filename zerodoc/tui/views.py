@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ..sampling import next_sample, run_coverage, run_warmup, samples
+from ..windowsamples import next_sample, run_coverage, run_warmup, samples
 from ..thresholds import DEFAULT as T
 from .. import humanize as fmt
 from .feed import Frame, UnitTotals

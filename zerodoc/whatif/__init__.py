@@ -3,6 +3,6 @@
 changed configuration (`model.answer`). docs/whatif.md says what the model includes."""
 
 from .linkfit import LinkFit, fit_links
-from .model import Changes, StepModel, answer, fit, summary
+from .stepmodel import Changes, StepModel, answer, fit, summary
 
 __all__ = ["Changes", "LinkFit", "StepModel", "answer", "fit", "fit_links", "summary"]

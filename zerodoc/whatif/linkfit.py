@@ -3,7 +3,7 @@ bandwidth, per collective kind and group size, by weighted least squares over th
 (bytes per call, seconds per call) points (one point per rank, unit and phase, weighted by
 its calls), with the residual spread as the uncertainty.
 
-Wire bytes are the nccl-tests bus convention (`zerodoc.model.busbw`): bytes x (n-1)/n for
+Wire bytes are the nccl-tests bus convention (`zerodoc.runmodel.busbw`): bytes x (n-1)/n for
 all-gather and reduce-scatter, x 2(n-1)/n for all-reduce, so a fitted bandwidth carries over
 to another group size.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..model import RunSnapshot, busbw
+from ..runmodel import RunSnapshot, busbw
 
 
 def wire_factor(collective: str, n: int) -> float:

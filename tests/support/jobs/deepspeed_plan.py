@@ -27,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 
 import zerodoc  # noqa: E402
 from zerodoc.demo import frameworks  # noqa: E402
-from zerodoc.demo.model import DemoConfig, batch  # noqa: E402
+from zerodoc.demo.transformer import DemoConfig, batch  # noqa: E402
 from zerodoc.runlog.writer import DETAIL_DIR, detail_names  # noqa: E402
 
 STEPS = 16

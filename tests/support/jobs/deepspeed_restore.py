@@ -19,7 +19,7 @@ import torch.distributed as dist  # noqa: E402
 
 import zerodoc  # noqa: E402
 from zerodoc.demo import frameworks  # noqa: E402
-from zerodoc.demo.model import DemoConfig, batch  # noqa: E402
+from zerodoc.demo.transformer import DemoConfig, batch  # noqa: E402
 
 RENAMED_MISSING = {"PartitionedParameterCoordinator.__all_gather_params_",
                    "DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads"}

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import zerodoc
 from zerodoc.demo import frameworks
-from zerodoc.demo.model import DemoConfig, batch
+from zerodoc.demo.transformer import DemoConfig, batch
 
 
 def fsdp1_checks(built):

@@ -40,7 +40,7 @@ def evaluate(ctx) -> list:
     for r, w in ctx.active.items():
         if w.facts.device_type != "cuda" or not w.launch_checks or w.compute_seconds <= 0:
             continue
-        dev = w.compute_seconds / w.steps  # the sampled steps' mean (zerodoc.sampling)
+        dev = w.compute_seconds / w.steps  # the sampled steps' mean (zerodoc.windowsamples)
         host = w.per_sampled_step(w.host_compute_seconds)  # launched on sampled steps only
         if host is None:
             continue

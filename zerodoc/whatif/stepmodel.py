@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..errors import UserError
-from ..model import RunSnapshot
+from ..runmodel import RunSnapshot
 from .linkfit import LinkFit, _wls, fit_links, wire_factor
 from .linkprofile import LinkProfile, ProfileLink
 

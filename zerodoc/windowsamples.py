@@ -10,7 +10,7 @@ and how that is worded (report, TUI, compare). Plain Python.
 
 from __future__ import annotations
 
-from .model import RankWindow, RunSnapshot
+from .runmodel import RankWindow, RunSnapshot
 
 # A window with unsampled steps and fewer sampled steps than this inside it takes its
 # per-unit figures from the newest this many samples (the ones before the window too), and

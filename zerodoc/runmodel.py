@@ -179,12 +179,12 @@ class RankWindow:
     compute_total: float | None = None
     exposed_total: float | None = None
     # Steps the per-unit `compute` / `comm` totals cover, when not the same steps as the rest:
-    # the sampled steps (only 1 in K steps records per-unit detail, zerodoc.sampling), or a
+    # the sampled steps (only 1 in K steps records per-unit detail, zerodoc.windowsamples), or a
     # run log read at scale (per-unit numbers of the latest interval, step totals of the last
     # `steps` steps). None: all `steps`. 0: no per-unit detail yet.
     detail_steps: int | None = None
     # How many of the `detail_steps` lie before `first_step` (a window with too few samples
-    # of its own takes the newest ones before it: zerodoc.sampling.MIN_WINDOW_SAMPLES).
+    # of its own takes the newest ones before it: zerodoc.windowsamples.MIN_WINDOW_SAMPLES).
     detail_before: int = 0
     detail_last_step: int = 0  # the newest step with per-unit detail (0: none / unknown)
     detail_every: int | None = None  # K: about 1 step in K is sampled (None: unknown)
