@@ -60,5 +60,5 @@ clean:
 # exporters/kubernetes/) from zerodoc/thresholds.py, and the Grafana dashboards (dashboards/).
 .PHONY: dashboards
 dashboards: $(VENV)/.installed
-	$(PY) -m zerodoc.ops.alerts
-	$(PY) -m zerodoc.ops.grafana.build
+	$(PY) -m zerodoc.cli.rules_gen
+	$(PY) -m zerodoc.cli.dashboards_gen

@@ -91,14 +91,14 @@ def load_groups(path: Path) -> list[dict]:
 
 def test_rule_files_are_up_to_date():
     stale = alerts.stale_files()
-    assert not stale, f"{stale} are stale: run `python -m zerodoc.ops.alerts` (make dashboards)"
+    assert not stale, f"{stale} are stale: run `python -m zerodoc.cli.rules_gen` (make dashboards)"
     assert not alerts.stale_prometheus_rule(), \
-        "exporters/kubernetes/zerodoc-prometheusrule.yaml is stale: python -m zerodoc.ops.alerts"
+        "exporters/kubernetes/zerodoc-prometheusrule.yaml is stale: python -m zerodoc.cli.rules_gen"
 
 
 @pytest.mark.slow
 def test_generator_check_mode_and_bad_input(tmp_path):
-    run = [sys.executable, "-m", "zerodoc.ops.alerts"]
+    run = [sys.executable, "-m", "zerodoc.cli.rules_gen"]
     assert subprocess.run(run + ["--check"], cwd=ROOT).returncode == 0
     r = subprocess.run(run + ["--out", str(tmp_path), "--k8s-out", "", "--check"], cwd=ROOT,
                        capture_output=True, text=True)

@@ -27,4 +27,4 @@ def test_metrics_doc_is_generated_from_the_catalog():
     from zerodoc.ops.metricsdoc import markdown
 
     doc = (ROOT / "docs" / "metrics.md").read_text()
-    assert doc == markdown(), "run: python -m zerodoc.catalog > docs/metrics.md"
+    assert doc == markdown(), "run: python -m zerodoc.cli.metrics_doc > docs/metrics.md"

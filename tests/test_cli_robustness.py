@@ -38,9 +38,9 @@ PRINTING = {
     "dashboards list": ["-m", "zerodoc", "dashboards", "list"],
     "export --list": ["-m", "zerodoc", "export", "--list"],
     "export DIR": ["-m", "zerodoc", "export", "{tmp}/export"],
-    "python -m zerodoc.ops.alerts": ["-m", "zerodoc.ops.alerts", "--out", "{tmp}/rules",
+    "python -m zerodoc.cli.rules_gen": ["-m", "zerodoc.cli.rules_gen", "--out", "{tmp}/rules",
                                  "--k8s-out", ""],
-    "python -m zerodoc.catalog": ["-m", "zerodoc.catalog"],
+    "python -m zerodoc.cli.metrics_doc": ["-m", "zerodoc.cli.metrics_doc"],
 }
 
 

@@ -113,16 +113,17 @@ def test_committed_json_is_up_to_date():
     from zerodoc.ops.grafana import build
 
     stale = build.stale_files()
-    assert not stale, f"{stale} are stale: run `python -m zerodoc.ops.grafana.build` (make dashboards)"
+    assert not stale, (f"{stale} are stale: run `python -m zerodoc.cli.dashboards_gen` "
+                       "(make dashboards)")
 
 
 @pytest.mark.slow
 def test_build_check_mode(tmp_path):
     pytest.importorskip("grafana_foundation_sdk", reason="needs the grafana extra (dev)")
-    r = subprocess.run([sys.executable, "-m", "zerodoc.ops.grafana.build", "--check", "--out",
+    r = subprocess.run([sys.executable, "-m", "zerodoc.cli.dashboards_gen", "--check", "--out",
                         str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 1 and "stale" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "zerodoc.ops.grafana.build", "--out", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "zerodoc.cli.dashboards_gen", "--out", str(tmp_path)],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and len(list(tmp_path.glob("*.json"))) == 4
 

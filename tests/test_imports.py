@@ -6,8 +6,9 @@ time (torch, Textual, Grafana tooling, trainer frameworks) stays where it belong
 The static checks read the source (every `import` statement, also those inside functions:
 a lazy import is still a dependency), so they run in the fast subset. The run-time checks
 start a fresh interpreter each (`slow`). The layers are docs/architecture.md's, bottom up.
-A `python -m zerodoc.X` alias (an `if __name__ == "__main__":` block, or a `__main__.py`)
-is a command line and counts with the commands at the top.
+An `if __name__ == "__main__":` block and a `__main__.py` count with the module or package
+they are in: a `python -m zerodoc.X` alias below the commands (the old names dropped at 0.x,
+issue 31) imports its `cli/` main upwards, in a circle with it, and fails here.
 """
 
 from __future__ import annotations
@@ -31,9 +32,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("terminal UI", frozenset({"tui"})),
     ("demo job", frozenset({"demo"})),
     ("operations", frozenset({"ops"})),
-    # `alerts` and `grafana`: only the thin aliases of the old `python -m` names
-    ("commands and test support", frozenset({"cli", "__main__", "testing", "alerts",
-                                             "grafana"})),
+    ("commands and test support", frozenset({"cli", "__main__", "testing"})),
 )
 LAYER_OF = {part: i for i, (_name, parts) in enumerate(LAYERS) for part in parts}
 TOP = len(LAYERS) - 1
@@ -49,15 +48,9 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def _is_main_block(node: ast.AST) -> bool:
-    t = getattr(node, "test", None)
-    return (isinstance(node, ast.If) and isinstance(t, ast.Compare)
-            and isinstance(t.left, ast.Name) and t.left.id == "__name__")
-
-
 def import_graph(root: Path, package: str = "zerodoc") -> dict[str, set[str]]:
     """module -> the package's modules it imports (a `from P import n` counts as P.n when n
-    is a module, else as P), leaving out `python -m` alias blocks."""
+    is a module, else as P): every import statement, in functions and `__main__` blocks too."""
     mods = {module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
     graph: dict[str, set[str]] = {}
     for mod, path in mods.items():
@@ -66,8 +59,6 @@ def import_graph(root: Path, package: str = "zerodoc") -> dict[str, set[str]]:
 
         def visit(node: ast.AST) -> None:
             for ch in ast.iter_child_nodes(node):
-                if _is_main_block(ch):
-                    continue
                 if isinstance(ch, ast.Import):
                     found.update(a.name for a in ch.names)
                 elif isinstance(ch, ast.ImportFrom):
@@ -134,8 +125,6 @@ def part(mod: str) -> str:
 
 
 def layer(mod: str) -> int:
-    if mod.endswith(".__main__"):
-        return TOP
     return LAYER_OF[part(mod)]
 
 
@@ -207,8 +196,9 @@ def test_import_hygiene(kind, name):
 
 
 def test_the_checks_find_what_they_look_for(tmp_path):
-    """The static checks can fail: a circle, an upward import and a shim reaching for the
-    TUI, planted in a throwaway package, are each reported."""
+    """The static checks can fail: a circle, an upward import, a shim reaching for the TUI
+    and a `python -m` alias below the commands (a `__main__` block, and a `__main__.py`, each
+    running a cli main), planted in a throwaway package, are each reported."""
     pkg = tmp_path / "zerodoc"
     for rel, text in {
         "__init__.py": "",
@@ -219,15 +209,24 @@ def test_the_checks_find_what_they_look_for(tmp_path):
         "shim/monitor.py": "def f():\n    from ..tui import app\n",  # lazy, still counted
         "tui/__init__.py": "",
         "tui/app.py": "",
-        "report.py": "if __name__ == '__main__':\n    from .cli import main\n",  # an alias
+        "runlog/__init__.py": "",
+        "runlog/convert.py": "if __name__ == '__main__':\n    from ..cli.convert import main\n",
+        "ops/alerts/__init__.py": "",
+        "ops/alerts/__main__.py": "from ...cli.rules_gen import main\n",
         "cli/__init__.py": "",
+        "cli/convert.py": "from ..runlog import convert\n",
+        "cli/rules_gen.py": "from ..ops import alerts\n",
     }.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_text(text)
     graph = import_graph(tmp_path)
-    assert no_circle(graph) == ["zerodoc.catalog <-> zerodoc.ops.cardinality"]
+    assert no_circle(graph) == ["zerodoc.catalog <-> zerodoc.ops.cardinality",
+                                "zerodoc.cli.convert <-> zerodoc.runlog.convert"]
     assert layers_only_downward(graph) == [
         "zerodoc.catalog (vocabulary) imports zerodoc.ops.cardinality (operations)",
+        "zerodoc.ops.alerts.__main__ (operations) imports zerodoc.cli.rules_gen "
+        "(commands and test support)",
+        "zerodoc.runlog.convert (in the job) imports zerodoc.cli.convert "
+        "(commands and test support)",
         "zerodoc.shim.monitor (in the job) imports zerodoc.tui.app (terminal UI)"]
     assert shim_imports_only_the_jobs_side(graph) == ["zerodoc.shim.monitor imports zerodoc.tui.app"]
-    assert graph["zerodoc.report"] == set()  # a `python -m` alias block is a command line

@@ -1,8 +1,8 @@
 """The metric catalog: every Prometheus series zerodoc exports, as data.
 
 One table drives the exporter (`zerodoc.exporter.prometheus`), the generated docs
-(`docs/metrics.md`, `python -m zerodoc.catalog`), the series budget (`zerodoc.ops.cardinality`:
-how many series a rank serves, per detail level) and the test that every PromQL expression
+(`docs/metrics.md`, `python -m zerodoc.cli.metrics_doc`), the series budget
+(`zerodoc.ops.cardinality`: how many series a rank serves, per detail level) and the test that every PromQL expression
 in `dashboards/` and `rules/` names a catalogued metric.
 
 Conventions: base units (seconds, bytes), cumulative counters for time and bytes so any
@@ -300,12 +300,3 @@ RULE_WINDOW = "job:zerodoc_recording_window:seconds"
 
 SCOPES = {"rank": "every rank", "unit": "every rank; coarse: per-rank total",
           "run": "rank 0 only", "server": "every rank, on `/metrics/exporter`"}
-
-
-if __name__ == "__main__":  # `python -m zerodoc.catalog > docs/metrics.md`: a thin alias
-    import sys
-
-    from .cli.main import guarded  # a closed pipe or Ctrl-C ends it quietly
-    from .cli.metrics_doc import main
-
-    sys.exit(guarded(main))

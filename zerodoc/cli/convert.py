@@ -1,4 +1,4 @@
-"""`python -m zerodoc.runlog.convert SRC_RUN_DIR DST_RUN_DIR [--every N]`: a schema-1 run
+"""`python -m zerodoc.cli.convert SRC_RUN_DIR DST_RUN_DIR [--every N]`: a schema-1 run
 directory rewritten as schema 2 (`zerodoc.runlog.convert`)."""
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ from pathlib import Path
 from ..runlog import convert
 from ..runlog.convert import convert_log
 from ..runlog.reader import rank_logs
+from .main import guarded
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=convert.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m zerodoc.cli.convert",
+                                 description=convert.__doc__.splitlines()[0])
     ap.add_argument("src")
     ap.add_argument("dst")
     ap.add_argument("--every", type=int, default=100, help="steps per interval line")
@@ -31,3 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         n = convert_log(p, dst, args.every)
         print(f"{p.name}: {n} steps")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(guarded(main))  # a closed pipe or Ctrl-C ends it quietly

@@ -1,4 +1,4 @@
-"""`python -m zerodoc.ops.grafana.build`: write (or --check) zerodoc's Grafana dashboards
+"""`python -m zerodoc.cli.dashboards_gen`: write (or --check) zerodoc's Grafana dashboards
 (`make dashboards`). The generator is `zerodoc.ops.grafana.build`."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 from ..ops.grafana.build import DASHBOARDS_DIR, render_all, stale_files
+from .main import guarded
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zerodoc.ops.grafana.build",
+    p = argparse.ArgumentParser(prog="python -m zerodoc.cli.dashboards_gen",
                                 description="Generate zerodoc's Grafana dashboards (JSON).")
     p.add_argument("--out", default=str(DASHBOARDS_DIR), help="output directory")
     p.add_argument("--check", action="store_true", help="exit 1 if the files are stale")
@@ -19,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.check:
         stale = stale_files(a.out)
         for name in stale:
-            print(f"stale: {Path(a.out) / name} (run `python -m zerodoc.ops.grafana.build`)",
+            print(f"stale: {Path(a.out) / name} (run `python -m zerodoc.cli.dashboards_gen`)",
                   file=sys.stderr)
         return 1 if stale else 0
     out = Path(a.out)
@@ -28,3 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / name).write_text(text)
         print(f"wrote {out / name}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(guarded(main))  # a closed pipe or Ctrl-C ends it quietly

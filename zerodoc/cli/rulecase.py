@@ -1,4 +1,4 @@
-"""`python -m zerodoc.testing.rulecases RUN_DIR [CODE]`: a rule case skeleton (JSON) from a
+"""`python -m zerodoc.cli.rulecase RUN_DIR [CODE]`: a rule case skeleton (JSON) from a
 real run, to edit into tests/data/rules/ (the format: `zerodoc.testing.rulecases`)."""
 
 from __future__ import annotations
@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+from .main import guarded
+
 
 def main(argv: list[str] | None = None) -> int:
     from ..errors import UserError
@@ -14,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..testing.rulecases import case_from_snapshot
 
     p = argparse.ArgumentParser(
-        prog="python -m zerodoc.testing.rulecases",
+        prog="python -m zerodoc.cli.rulecase",
         description="Print a rule case skeleton (JSON) from a real run directory, every step "
                     "of its newest segment, to edit into tests/data/rules/.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (rank-*.jsonl)")
@@ -28,3 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(case_from_snapshot(snap, args.code), indent=1))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(guarded(main))  # a closed pipe or Ctrl-C ends it quietly

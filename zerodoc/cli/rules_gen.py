@@ -1,5 +1,5 @@
-"""`python -m zerodoc.ops.alerts`: write (or --check) zerodoc's Prometheus rule files and the
-PrometheusRule manifest (`make dashboards`). The generator is `zerodoc.ops.alerts`."""
+"""`python -m zerodoc.cli.rules_gen`: write (or --check) zerodoc's Prometheus rule files and
+the PrometheusRule manifest (`make dashboards`). The generator is `zerodoc.ops.alerts`."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from ..ops.alerts import (
     write_prometheus_rule, write_rules,
 )
 from ..thresholds import LINK_BUSBW, Thresholds
+from .main import guarded
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m zerodoc.ops.alerts",
+    p = argparse.ArgumentParser(prog="python -m zerodoc.cli.rules_gen",
                                 description="Generate zerodoc's Prometheus rule files.")
     p.add_argument("--out", default=None,
                    help="output directory (default: rules/ of zerodoc's operations files)")
@@ -42,14 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         if a.k8s_out is None:
             a.k8s_out = str(resources.kubernetes_dir())
     except Exception as e:  # UserError / ValueError / ResourcesMissing: one line, no traceback
-        print(f"zerodoc.ops.alerts: error: {e}", file=sys.stderr)
+        print(f"zerodoc.cli.rules_gen: error: {e}", file=sys.stderr)
         return 2
     if a.check:
         stale = [str(Path(a.out) / n) for n in stale_files(a.out, t, opts)]
         if a.k8s_out and stale_prometheus_rule(a.k8s_out, t, opts):
             stale.append(str(Path(a.k8s_out) / PROMETHEUS_RULE_FILE))
         for name in stale:
-            print(f"stale: {name} (run `python -m zerodoc.ops.alerts`)",
+            print(f"stale: {name} (run `python -m zerodoc.cli.rules_gen`)",
                   file=sys.stderr)
         return 1 if stale else 0
     paths = write_rules(a.out, t, opts)
@@ -58,3 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(guarded(main))  # a closed pipe or Ctrl-C ends it quietly

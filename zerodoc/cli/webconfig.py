@@ -1,4 +1,4 @@
-"""`python -m zerodoc.exporter.webconfig hash-password | check FILE`: a password hash for
+"""`python -m zerodoc.cli.webconfig hash-password | check FILE`: a password hash for
 `basic_auth_users`, or a web configuration checked. The configuration itself is
 `zerodoc.exporter.webconfig`'s."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 from ..exporter.webconfig import ENV, WebConfigError, hash_password, load
+from .main import guarded
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     import getpass
 
     p = argparse.ArgumentParser(
-        prog="python -m zerodoc.exporter.webconfig",
+        prog="python -m zerodoc.cli.webconfig",
         description="Print a password hash for basic_auth_users of the web configuration "
         f"(${ENV}), or check a configuration file.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -53,3 +54,7 @@ def main(argv: list[str] | None = None) -> int:
               "(pip install 'zerodoc[web]', or --scheme pbkdf2-sha256)", file=sys.stderr)
         return 2
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(guarded(main))  # a closed pipe or Ctrl-C ends it quietly

@@ -18,7 +18,7 @@ node_exporter and friends), so the same file and secrets work for zerodoc:
 It is named by `$ZERODOC_WEB_CONFIG_FILE`, never passed from code. YAML needs PyYAML; without
 it the file may be written as JSON. bcrypt hashes need the `bcrypt` package (`pip install
 'zerodoc[web]'`); `$pbkdf2-sha256$` hashes (passlib's format) are checked with the standard
-library. `python -m zerodoc.exporter.webconfig hash-password` prints either.
+library. `python -m zerodoc.cli.webconfig hash-password` prints either.
 
 Not supported, and refused with a clear error rather than served weaker than asked:
 `cipher_suites`, `curve_preferences`, `prefer_server_cipher_suites`, and the client auth types
@@ -35,7 +35,6 @@ import hmac
 import json
 import os
 import ssl
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -456,10 +455,3 @@ class Authenticator:
             return False
         self._tokens -= 1.0
         return True
-
-
-if __name__ == "__main__":  # a thin alias of the command in zerodoc.cli.webconfig
-    from ..cli.main import guarded
-    from ..cli.webconfig import main
-
-    sys.exit(guarded(main))

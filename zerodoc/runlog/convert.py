@@ -1,6 +1,6 @@
 """Rewrite a schema-1 run directory as schema 2, through the real writer.
 
-    python -m zerodoc.runlog.convert SRC_RUN_DIR DST_RUN_DIR [--every N]
+    python -m zerodoc.cli.convert SRC_RUN_DIR DST_RUN_DIR [--every N]
 
 Each rank's step records are replayed (`zerodoc.runlog.replay.Replay`): the per-step
 totals, interval and total lines and the detail files are what the shim would have written
@@ -11,7 +11,6 @@ without one (a killed job) does not. Used to regenerate tests/data/scenarios.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from ..errors import UserError
@@ -46,9 +45,3 @@ def convert_log(src: Path, dst_dir: Path, every: int) -> int:
             writer.write(rec)
     rep.close(end=ended)
     return n
-
-
-if __name__ == "__main__":  # a thin alias of the command in zerodoc.cli.convert
-    from ..cli.convert import main
-
-    sys.exit(main())

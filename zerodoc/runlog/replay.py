@@ -4,7 +4,7 @@ log being converted), through the real writer and the same bookkeeping the monit
 `Replay` folds each full step record into cumulative totals exactly as the shim's
 `Monitor._end_step` does (same order of additions), hands the record to `RunLogWriter`
 and, when an interval is due, the totals: the result is the run log the job would have
-written. `python -m zerodoc.runlog.convert` uses it to rewrite schema-1 logs as schema 2.
+written. `python -m zerodoc.cli.convert` uses it to rewrite schema-1 logs as schema 2.
 """
 
 from __future__ import annotations

@@ -34,13 +34,12 @@ step and multiplied by `detail_steps` (zerodoc.windowsamples). Unit defaults: st
 dtype bf16 (2 bytes), group size = world size, reshard after forward. Run defaults: NCCL on
 CUDA, FSDP2, ZeRO-3, one node, 80 GB devices.
 
-`python -m zerodoc.testing.rulecases RUN_DIR` prints a case skeleton from a real run.
+`python -m zerodoc.cli.rulecase RUN_DIR` prints a case skeleton from a real run.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,10 +214,3 @@ def case_from_snapshot(snap: RunSnapshot, code: str = "ZD000") -> dict:
     if snap.stalls:
         out["stalls"] = {str(r): s for r, s in sorted(snap.stalls.items())}
     return out
-
-
-if __name__ == "__main__":  # a thin alias of the command in zerodoc.cli.rulecase
-    from ..cli.main import guarded  # a closed pipe or Ctrl-C ends it quietly
-    from ..cli.rulecase import main
-
-    sys.exit(guarded(main))

@@ -1,7 +1,7 @@
 """zerodoc's Grafana dashboards, built as code and committed as JSON in `dashboards/`.
 
-    python -m zerodoc.ops.grafana.build          # regenerate dashboards/*.json (`make dashboards`)
-    python -m zerodoc.ops.grafana.build --check  # exit 1 if the committed JSON is stale
+    python -m zerodoc.cli.dashboards_gen          # regenerate dashboards/*.json (`make dashboards`)
+    python -m zerodoc.cli.dashboards_gen --check  # exit 1 if the committed JSON is stale
 
 Needs the `grafana` extra (grafana-foundation-sdk pinned to the Grafana 11.6 line). The
 queries use the recording rules of `rules/zerodoc-recording.yml` (`zerodoc.ops.alerts`) and the
@@ -11,7 +11,6 @@ catalogued series; panel thresholds come from `zerodoc.thresholds`.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from grafana_foundation_sdk.builders import dashboard as db
@@ -308,10 +307,3 @@ def stale_files(out_dir: str | Path = DASHBOARDS_DIR, t: Thresholds = DEFAULT) -
     out_dir = Path(out_dir)
     return [name for name, text in render_all(t).items()
             if not (out_dir / name).exists() or (out_dir / name).read_text() != text]
-
-
-if __name__ == "__main__":  # a thin alias of the command in zerodoc.cli.dashboards_gen
-    from ...cli.dashboards_gen import main
-    from ...cli.main import guarded  # a closed pipe or Ctrl-C ends it quietly
-
-    sys.exit(guarded(main))

@@ -2,7 +2,7 @@
 
 Every panel gets the `${datasource}` variable as its data source, a unit, and where a
 threshold exists in `zerodoc.thresholds`, that threshold (drawn as a line on time series).
-Imported only when dashboards are generated (`python -m zerodoc.ops.grafana.build`).
+Imported only when dashboards are generated (`python -m zerodoc.cli.dashboards_gen`).
 """
 
 from __future__ import annotations
