@@ -118,6 +118,9 @@ class RankFacts:
     metrics_endpoint: str | None = None  # "host:port" the rank serves /metrics on
     hooks: dict[str, str] = field(default_factory=dict)  # hook point -> "ok" | reason missing
     config: dict[str, object] = field(default_factory=dict)
+    # the job identity every rank derives alike (zerodoc/shim/jobid.py); None: a log from
+    # before it was written
+    job_id: str | None = None
 
     def unit(self, name: str) -> UnitFacts | None:
         for u in self.units:

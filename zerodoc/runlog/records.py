@@ -264,6 +264,7 @@ def check_facts(d: dict) -> None:
               "device_type", "backend", "param_dtype", "reduce_dtype"):
         _str(d.get(k), k, optional=k not in ("node", "run_id"))
     _str(d.get("metrics_endpoint"), "metrics_endpoint", optional=True, limit=300)
+    _str(d.get("job_id"), "job_id", optional=True)  # absent in logs before 2026-11-29
     units = d.get("units")
     if not isinstance(units, list) or len(units) > MAX_UNITS:
         raise ValueError(f"units must be a list of at most {MAX_UNITS:,}")

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, fields
 
 from ..exporter import detail
+from .sampler import CAP, FLOOR_S  # stdlib only: no torch import
 
 DEFAULT_PORT = 9730
 
@@ -82,10 +83,20 @@ class AttachConfig:
     """Coarse mode: how many ranks, spread evenly over the job (rank 0 first), keep their
     per-unit series (0: none). Not given: $ZERODOC_METRICS_UNIT_RANKS, else 8."""
     detail: str | int = "adaptive"
-    """Per-unit detail (zerodoc/shim/sampler.py): "adaptive" (1 step in K, K chosen so the
-    shim's own host time stays within 0.2 % of the median step), "every" (every step: short
+    """Per-unit detail (zerodoc/shim/sampler.py): "adaptive" (steps 2 and 3, then 1 step in
+    K, K chosen so the shim's own host time stays within 0.2 % of the median step, lowered
+    to give a sample every `detail_floor_s` within `detail_cap`), "every" (every step: short
     diagnostic runs), an int K (1 step in K) or "off" (step-level numbers only). Not given:
     $ZERODOC_DETAIL, else "adaptive". Fault injection (inject_latency_s) forces "every"."""
+    detail_floor_s: float = FLOOR_S
+    """Adaptive detail: a sampled step at least about every this many seconds (K no larger
+    than the largest power of two with K x the median step <= this; about a scrape
+    interval), within `detail_cap`. 0: no time floor. Not given: $ZERODOC_DETAIL_FLOOR_S,
+    else 15."""
+    detail_cap: float = CAP
+    """Adaptive detail: the shim's own time on sampled steps (its estimate's upper bound),
+    as a fraction of the step time, that the time floor never pushes past (0.01: 1 %). Not
+    given: $ZERODOC_DETAIL_CAP, else 0.01."""
     stall_after_s: float = 120.0
     """Watchdog: a rank with no progress for this long (and no step for 3x its slowest step)
     records where it is stuck, once per stall; 0 turns the watchdog thread off. Also
@@ -128,6 +139,18 @@ class AttachConfig:
         from .sampler import parse  # stdlib only: no torch import
 
         parse(self.detail)
+        v = self.detail_floor_s
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            _bad("detail_floor_s", "a number of seconds (0: no time floor)", v)
+        if not 0 <= v < float("inf"):
+            raise ValueError(f"zerodoc.attach(): detail_floor_s must be a finite number of "
+                             f"seconds >= 0 (0: no time floor), not {v!r}")
+        v = self.detail_cap
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            _bad("detail_cap", "a fraction of the step time, e.g. 0.01 for 1 %", v)
+        if not 0 < v <= 1:
+            raise ValueError(f"zerodoc.attach(): detail_cap must be a fraction of the step "
+                             f"time in (0, 1], e.g. 0.01 for 1 %, not {v!r}")
         for key in ("run_log_every", "run_log_queue"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -172,6 +195,10 @@ class AttachConfig:
             options["inject_latency_s"] = from_env(os.environ)
         if "detail" not in options and os.environ.get("ZERODOC_DETAIL", ""):
             options["detail"] = os.environ["ZERODOC_DETAIL"]
+        for key, var, default in (("detail_floor_s", "ZERODOC_DETAIL_FLOOR_S", FLOOR_S),
+                                  ("detail_cap", "ZERODOC_DETAIL_CAP", CAP)):
+            if key not in options:
+                options[key] = _env_seconds(var, default)
         options = detail.options_from_env(options)
         if os.environ.get("ZERODOC_DISABLE", "") not in ("", "0"):
             options["enabled"] = False

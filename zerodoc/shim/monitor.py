@@ -25,7 +25,7 @@ from ..catalog import STEP_BUCKETS
 from .config import AttachConfig
 from ..runmodel import CommTotals, RankFacts, RankWindow
 from ..runlog import DEFAULT_ROOT, RunLogWriter
-from . import adapters, faults, guards, memory
+from . import adapters, faults, guards, jobid, memory
 from .guards import NullMonitor  # what attach() returns when it does not attach
 from . import hookpoints as hp
 from .comm import HostTimer
@@ -64,30 +64,6 @@ def _rank_info() -> tuple[int, int, int, int]:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return rank, local_rank, world, local_world
-
-
-def _launcher_start() -> str:
-    """Start time of the launcher (parent) process: the same for every rank it started."""
-    ppid = os.getppid()
-    try:
-        with open(f"/proc/{ppid}/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        start = btime + ticks / os.sysconf("SC_CLK_TCK")
-        return time.strftime("%Y%m%d-%H%M%S", time.localtime(start)) + f"-{ppid}"
-    except (OSError, ValueError, IndexError, StopIteration):
-        return f"ppid{ppid}"
-
-
-def run_id() -> str:
-    for var in ("ZERODOC_RUN_ID", "TORCHELASTIC_RUN_ID"):
-        v = os.environ.get(var, "")
-        if v and v != "none":
-            return v
-    if "RANK" in os.environ:  # launched: siblings share the launcher
-        return _launcher_start()
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
 class Monitor:
@@ -152,12 +128,16 @@ class Monitor:
             self.timer = HostTimer(self.rec, self.registry, cfg.completion_callbacks)
         info = self.adapter.facts()
         self._inject = inject
+        # One job identity every rank derives alike (jobid.py): the default run directory's
+        # name and the sampler's seed.
+        self.job_id = jobid.job_id(registry=self.registry)
         self.run_dir = os.fspath(cfg.run_dir) if cfg.run_dir else \
-            os.path.join(DEFAULT_ROOT, run_id())
-        # Tiers (sampler.py): seeded by the run id, the same on every rank. Fault injection
-        # lives beneath the comm wrappers: a run that injects is a diagnostic run, every step.
-        self.sampler = Sampler("every" if inject > 0 else cfg.detail,
-                               os.path.basename(os.path.normpath(self.run_dir)))
+            os.path.join(DEFAULT_ROOT, self.job_id)
+        # Tiers (sampler.py): seeded by the job identity, the same on every rank. Fault
+        # injection lives beneath the comm wrappers: a run that injects is a diagnostic run,
+        # every step.
+        self.sampler = Sampler("every" if inject > 0 else cfg.detail, self.job_id,
+                               floor_s=cfg.detail_floor_s, cap=cfg.detail_cap)
         self.seq = SeqCounter(self.registry)
         self._install_root_hook()
         self._undo += self.adapter.install_always(self.rec, self.timer)
@@ -221,6 +201,7 @@ class Monitor:
             units=tuple(info.units),
             device_capacity_bytes=self.capacity, started_unix=time.time(), pid=os.getpid(),
             metrics_endpoint=self.endpoint, hooks=dict(self.registry.status),
+            job_id=self.job_id,
             config={**cfg.as_dict(), "zerodoc_version": __version__, **extra,
                     **({"attach_warnings": problems} if problems else {})},
         )
@@ -675,42 +656,34 @@ class Monitor:
 
     def _end_step(self) -> None:
         now = perf_counter()
-        detail = self._detail_on
-        if not detail:
+        if not self._detail_on:
             self._end_lean(now)
             return
+        # a detail step from here on (a step without detail ends in `_end_lean`)
         device = self.timer.device
         self.timer.collect()  # CUDA: read back finished events (never blocks)
-        # GPU: the collectives read back outside a detail step wait for the next one (the
-        # previous sample's tail): a step without detail carries no per-unit rows.
-        acc, comm = self.rec.drain(now, keep_comm=device and not detail)
+        acc, comm = self.rec.drain(now, keep_comm=False)
         host = None
         checks = caught = 0
         if device:  # bucket times from the device clock; the host's are launches
             host = acc
-            if detail:
-                acc, checks, caught = self.rec.take_device()
+            acc, checks, caught = self.rec.take_device()
             self._step_event(self.step_index + 1)
         start = self._step_start if self._step_start is not None else self._t_attach
         step_s = now - start
         self._step_start = now
         self.step_index += 1
         tot = self.totals
-        if detail:
-            compute_rows, comm_rows, host_s, framework_rows, framework_s = self._fold(
-                acc, comm, host, checks, caught)
-            tot.detail_steps += 1
-            # This step's collectives by kind (on a GPU the rows read back are not all this
-            # step's: its count alone, from sequence numbers).
-            kinds: dict | None = None if device else {}
-            for (_u, _p, c), a in (comm.items() if kinds is not None else ()):
-                k = kinds.setdefault(COLLECTIVES[c], [0, 0])
-                k[0] += a[0]
-                k[1] += a[1]
-        else:
-            tot.optimizer_seconds += acc[B_OPTIMIZER]
-            compute_rows, comm_rows, host_s, kinds = [], [], 0.0, None
-            framework_rows, framework_s = [], None
+        compute_rows, comm_rows, host_s, framework_rows, framework_s = self._fold(
+            acc, comm, host, checks, caught)
+        tot.detail_steps += 1
+        # This step's collectives by kind (on a GPU the rows read back are not all this
+        # step's: its count alone, from sequence numbers).
+        kinds: dict | None = None if device else {}
+        for (_u, _p, c), a in (comm.items() if kinds is not None else ()):
+            k = kinds.setdefault(COLLECTIVES[c], [0, 0])
+            k[0] += a[0]
+            k[1] += a[1]
         coll = self.seq.step(kinds)
 
         mem = self._memory(now)
@@ -732,26 +705,21 @@ class Monitor:
         if self._writer is not None:
             rec = {
                 "type": "step", "step": self.step_index, "end_unix": tot.updated_unix,
-                "detail": detail, "step_s": step_s, "optimizer_s": acc[B_OPTIMIZER],
+                "detail": True, "step_s": step_s, "optimizer_s": acc[B_OPTIMIZER],
                 "self_s": self_s, "compute": compute_rows, "comm": comm_rows, "mem": mem,
                 # K in force on every step (not only sampled ones): a sampled step's K goes
                 # stale when adaptive K rises after it (readers take the newest)
                 "detail_k": self.sampler.k,
+                "framework_s": framework_s, "framework": framework_rows,
+                "other_s": acc[B_OTHER], "wait_s": acc[B_WAIT],
+                "compute_s": sum([r[2] for r in compute_rows]),
+                "exposed_s": sum([a[3] for a in comm.values()]),
             }
-            if detail:
-                rec.update(framework_s=framework_s, framework=framework_rows,
-                           other_s=acc[B_OTHER],
-                           wait_s=acc[B_WAIT], compute_s=sum([r[2] for r in compute_rows]),
-                           exposed_s=sum([a[3] for a in comm.values()]))
-            else:  # per-unit-derived: not measured on this step (null, never 0)
-                rec.update(framework_s=None, other_s=None, wait_s=None, compute_s=None,
-                           exposed_s=None)
             if coll is not None:
                 rec["coll"] = coll
             if host is not None:  # GPU: compute rows are device time; launches kept apart
-                if detail:
-                    rec["host_compute_s"] = host_s
-                    rec["launch"] = [checks, caught]
+                rec["host_compute_s"] = host_s
+                rec["launch"] = [checks, caught]
                 if self._device_step is not None:
                     rec["device_step_s_for"], rec["device_step_s"] = self._device_step
                     self._device_step = None
@@ -763,7 +731,7 @@ class Monitor:
                     self._writer.write_units(tot)
             except (OSError, ValueError) as e:
                 self.registry.error("runlog", e)
-        self._tiers(detail, step_s)
+        self._tiers(True, step_s)
         self._pending_self_s = perf_counter() - now
         if self.step_index == 1:
             self._first_step_end()

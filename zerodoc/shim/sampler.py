@@ -2,16 +2,53 @@
 1 step in K gets the per-unit hooks and comm wrappers, installed at its start and removed at
 its end (outside sampled steps they are not entered at all).
 
-Position. Step `s` is sampled when ``mix(seed, s) mod K == 0``, `mix` a 64-bit integer hash
-and `seed` derived from the run id (never the rank): the position is pseudo-random, so it
-cannot alias with gradient accumulation, logging or checkpoint cycles, and it is the same on
-every rank for the same K. In adaptive mode K is a power of two, so the steps sampled at
-K = 2^b are a subset of those sampled at 2^a (a < b): ranks whose own cost led them to
-different K still sample nested sets, and every step the rank with the largest K samples is
-sampled on all ranks (the steps cross-rank per-unit comparisons use). Steps 1 and 2 (warm-up)
-are always sampled, so per-unit detail is there from the start.
+Schedule (adaptive mode, the default). Step 1 is warm-up (lazy initialisation, allocator
+growth; every reader leaves it out) and is never sampled; steps 2 and 3 (FIRST) always are,
+so per-unit detail is there right after the warm-up. From step 4 on, 1 step in K, K a power
+of two, positioned in aligned blocks: in every block of K consecutive steps (steps
+b x K .. b x K + K - 1) exactly one is sampled, which one chosen by hashes of (seed, level,
+block): at each level j = 1 .. log2 K one hash bit picks the half of the block of 2^j steps
+that holds its sample (`block_sample`). So
+- the position within a block is pseudo-random: it cannot alias with gradient accumulation,
+  logging or checkpoint cycles;
+- the steps sampled at K = 2^b are a subset of those sampled at 2^a (a < b): the sample of
+  a block of 2^b steps is the sample of one of its sub-blocks of 2^a;
+- consecutive samples are at most 2K - 1 steps apart (K on average).
 
-Adaptive K. After each step the monitor reports the step's wall time, the training
+What every rank shares. `seed` comes from the job identity (`jobid.py`: the same string on
+every rank and node, never the rank), so ranks with the same K sample the same steps. Each
+rank sets its own K from its own measurements (below; no collective is ever added to the
+training path), so K may differ between ranks; the nesting makes every step that the rank
+with the largest K samples a sampled step on every rank: the steps cross-rank per-unit
+comparisons use. Steps 2 and 3 are sampled on every rank, and while every rank has the
+same K (the usual case: K is a power of two, so small differences in the measured cost or
+step time land on the same K) every rank samples exactly the same steps.
+
+Adaptive K is the largest of what the cost bound and the cap allow, at most what the time
+floor allows:
+
+    K = clamp(max(K_cap, min(K_cost, K_floor)), K_MIN, K_MAX)
+    K_cost  = pow2_ceil(own_hi / (BUDGET x median step))    the cost bound (0.2 %)
+    K_cap   = pow2_ceil(own_hi / (cap x median step))        the hard cap (1 %)
+    K_floor = pow2_floor(floor_s / median step)              a sample every floor_s (15 s)
+
+The floor brings samples to slow jobs (a 2.5 s step with K = 32 samples once in 80 s, and a
+20-step window then often holds none; with the floor of 15 s K is 4), but never below what
+keeps the estimated own cost, at its upper bound, within the cap: a sampled step that costs
+more than cap x K steps keeps K up. K_MIN = 2 holds over the floor too (steps longer than
+floor_s / 2 are sampled every other step, not every step): plain steps keep the cost
+estimate's baseline current. Until the first cost estimate (below) K is
+min(K_START, K_floor): the cap is not known yet, and while K is low the estimate comes soon
+(ESTIMATE_FROM = 3 sampled steps with a baseline of two plain ones; from 2, the median of
+two excesses is their mean, and one unlucky pair read as free: K fell to K_MIN).
+`floor_s = 0`: no floor (K from the cost bound alone).
+
+Fixed K (an int, any K >= 2): step 1 is not sampled either; then one step in every aligned
+block of K steps, at `mix(seed, block) mod K` within it (a fixed rate, not 1 in K on
+average: a 12-step run with K = 2 has 5 or 6 samples, whatever the seed). "every" samples
+every step, step 1 included (the demo's and diagnostic runs' mode).
+
+The own cost. After each step the monitor reports the step's wall time, the training
 thread's CPU time (`time.thread_time()`) and the process's (`time.process_time()`, all its
 threads; one read of each per step end). The shim's own cost of a sampled step is the larger
 of two excesses over the unsampled steps (past warm-up): of the training thread's CPU time
@@ -39,11 +76,9 @@ cost that the steps' jitter hides does not read as "free" (on a noisy CPU step t
 estimate is often <= 0, and K fell to 1: detail on every step, the budget exceeded), and with
 few samples K is high but comes down as they accumulate. A rise in the cost is seen sooner:
 the bound is at least the median excess of the last WINDOW samples (the long memory lowers K
-slowly, never holds it below what recent samples cost).
-Then ``K = ceil(own_hi / (budget x median step))``, rounded up to a power of two, clamped
-to [K_MIN, K_MAX]: at least 2, so that steps without detail keep coming and keep the
-baseline of the estimate current (`detail="every"` is K = 1). Until two sampled steps with a
-baseline (two unsampled steps before them) were seen, K stays at K_START.
+slowly, never holds it below what recent samples cost). K is recomputed at each sampled
+step's end (and, until the first estimate, at every step's end: the floor from the step
+times so far).
 """
 
 from __future__ import annotations
@@ -54,14 +89,18 @@ import zlib
 from collections import deque
 
 BUDGET = 0.002  # the shim's own host time on sampled steps, as a fraction of the median step
+CAP = 0.01  # the hard cap the time floor never pushes the own cost past (fraction of a step)
+FLOOR_S = 15.0  # a sample at least every this many seconds (about a scrape interval)
 K_START = 8
 K_MIN = 2  # adaptive: plain steps keep coming (the baseline of the cost estimate)
 K_MAX = 1024
-WARMUP = 2  # steps always sampled (and left out of the cost medians)
+WARMUP = 1  # adaptive: steps never sampled and left out of the cost medians (warm-up)
+FIRST = (2, 3)  # adaptive: always sampled (detail right after the warm-up)
 WINDOW = 15  # recent steps the median step is taken over (x 2); recent samples (a rise)
 BASE = 64  # recent unsampled steps: a sampled step's baseline, and the steps' jitter
 SAMPLES = 128  # sampled steps' excesses kept (the cost's median and its bound)
 OWN_SPREAD = 8  # from this many excesses kept, their own spread may widen the bound
+ESTIMATE_FROM = 3  # excesses before the first estimate (the median of 2 is their mean)
 MASK = (1 << 64) - 1
 
 
@@ -129,14 +168,31 @@ def pow2_ceil(x: float) -> int:
     return 1 if x <= 1 else 1 << math.ceil(math.log2(x))
 
 
-class Sampler:
-    """Decides, before each step, whether it gets per-unit detail."""
+def pow2_floor(x: float) -> int:
+    """The largest power of two <= x (1 below 2)."""
+    return 1 if x < 2 else 1 << int(math.log2(x))
 
-    def __init__(self, detail, run_id: str, budget: float = BUDGET):
+
+def block_sample(seed: int, block: int, bits: int) -> int:
+    """The sampled step of aligned block `block` of 2^bits steps: from the top level down,
+    one hash bit of (seed, level j, the block of 2^j steps reached so far) picks the half
+    that holds the sample. The sample of a block is the sample of one of its halves, down to
+    single steps: the steps sampled at 2^b are a subset of those at 2^a (a < b)."""
+    pos = block << bits
+    for j in range(bits, 0, -1):
+        pos |= (mix(seed, ((pos >> j) << 6) | j) & 1) << (j - 1)
+    return pos
+
+
+class Sampler:
+    """Decides, before each step, whether it gets per-unit detail. `job_id`: the job
+    identity (`jobid.py`), the same on every rank: the positions' seed."""
+
+    def __init__(self, detail, job_id: str, budget: float = BUDGET,
+                 floor_s: float = FLOOR_S, cap: float = CAP):
         self.mode, fixed = parse(detail)
-        self.k = fixed if fixed is not None else K_START
-        self.budget = budget
-        self.seed = seed_of(run_id)
+        self.budget, self.floor_s, self.cap = budget, floor_s, cap
+        self.seed = seed_of(job_id)
         self._base_cpu: deque = deque(maxlen=BASE)  # unsampled steps: the baseline
         self._base_out: deque = deque(maxlen=BASE)  # the second clock (process CPU)
         self._xs_cpu: deque = deque(maxlen=SAMPLES)  # sampled steps' excesses over it
@@ -144,25 +200,53 @@ class Sampler:
         self._steps: deque = deque(maxlen=2 * WINDOW)
         self.own_s: float | None = None  # the latest estimate of a sampled step's own cost
         self.own_hi_s: float | None = None  # its upper bound, which K is set from
+        self._k = 0
+        self._set_k(fixed if fixed is not None else K_START)
+
+    @property
+    def k(self) -> int:
+        """K in force: about 1 step in K is sampled (a power of two in adaptive mode)."""
+        return self._k
+
+    @k.setter
+    def k(self, k: int) -> None:
+        self._set_k(k)
+
+    def _set_k(self, k: int) -> int:
+        if k != self._k:
+            self._k = k
+            self._bits = k.bit_length() - 1  # log2 K (adaptive)
+            self._block = (-1, 0)  # (block, its sampled step) at this K, once computed
+        return k
 
     def header(self) -> dict:
-        """The run header's `sampling` (docs/gpus.md, "Tiers")."""
+        """The run header's `sampling` (docs/gpus.md, "Tiers"): the floor and cap are in
+        force in adaptive mode only (null otherwise)."""
         if self.mode in ("adaptive", "off"):
-            return {"mode": self.mode, "every": None, "budget": self.budget}
-        return {"mode": "every", "every": self.k, "budget": self.budget}
+            on = self.mode == "adaptive"
+            return {"mode": self.mode, "every": None, "budget": self.budget,
+                    "floor_s": self.floor_s if on else None, "cap": self.cap if on else None}
+        return {"mode": "every", "every": self.k, "budget": self.budget, "floor_s": None,
+                "cap": None}
 
     def due(self, step: int) -> bool:
         """Is step `step` (1-based) a detail step?"""
         mode = self.mode
-        if mode == "every":
-            return True
-        if mode == "off":
-            return False
         if mode == "adaptive":
             if step <= WARMUP:
+                return False
+            if step in FIRST:
                 return True
-            return mix(self.seed, step) & (self.k - 1) == 0
-        return mix(self.seed, step) % self.k == 0
+            block = step >> self._bits  # one block's sample computed once (log2 K hashes)
+            if block != self._block[0]:
+                self._block = (block, block_sample(self.seed, block, self._bits))
+            return step == self._block[1]
+        if mode == "every":
+            return True
+        if mode == "off" or step <= WARMUP:
+            return False
+        k = self._k  # fixed K: one step in every aligned block of K, at a hashed place
+        return step % k == mix(self.seed, step // k) % k
 
     def observe(self, step: int, step_s: float, cpu_s: float, sampled: bool,
                 proc_s: float | None = None) -> None:
@@ -177,27 +261,31 @@ class Sampler:
         if not sampled:
             bc.append(cpu_s)
             bo.append(out)
-            return
-        if len(bc) < 2:  # no baseline yet
-            return
-        med = statistics.median
-        self._xs_cpu.append(cpu_s - med(bc))
-        self._xs_out.append(out - med(bo))
-        self.adapt()
+        elif len(bc) >= 2:  # a baseline to take the excess over
+            med = statistics.median
+            self._xs_cpu.append(cpu_s - med(bc))
+            self._xs_out.append(out - med(bo))
+        if sampled or self.own_hi_s is None:
+            self.adapt()
 
     def adapt(self) -> int:
-        xc, xo = self._xs_cpu, self._xs_out
-        if len(xc) < 2 or not self._steps:
+        """K from the cost estimate, the cap and the time floor (module docstring)."""
+        if not self._steps:
             return self.k
+        step = statistics.median(self._steps)
+        if step <= 0:
+            return self.k
+        floor = pow2_floor(self.floor_s / step) if self.floor_s > 0 else K_MAX
+        xc, xo = self._xs_cpu, self._xs_out
+        if len(xc) < ESTIMATE_FROM:  # no estimate yet: the start value, or the floor's
+            return self._set_k(max(K_MIN, min(K_START, floor)))
         med = statistics.median
         self.own_s = max(0.0, med(xc), med(xo))
         own_hi = max(0.0, excess_hi(xc, self._base_cpu), excess_hi(xo, self._base_out))
         self.own_hi_s = own_hi
-        step = med(self._steps)
-        if step <= 0:
-            return self.k
-        self.k = max(K_MIN, min(K_MAX, pow2_ceil(own_hi / (self.budget * step))))
-        return self.k
+        k_cost = pow2_ceil(own_hi / (self.budget * step))
+        k_cap = pow2_ceil(own_hi / (self.cap * step))
+        return self._set_k(max(K_MIN, min(K_MAX, max(k_cap, min(k_cost, floor)))))
 
 
 class SeqCounter:
