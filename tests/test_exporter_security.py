@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
+import bcrypt  # the dev extra: missing is a failure, not a skip
 import pytest
 
 from tests.support import tlsutil
@@ -27,7 +28,6 @@ from zerodoc.exporter import server, sidecar, webconfig
 from zerodoc.exporter.webconfig import WebConfigError
 from zerodoc.shim.hookpoints import HookRegistry
 
-bcrypt = pytest.importorskip("bcrypt")
 
 # passlib's documentation examples (passlib.hash.pbkdf2_digest; passlib front page)
 PASSLIB_VECTORS = [

@@ -16,6 +16,7 @@ import threading
 import socket
 import subprocess
 
+import bcrypt  # the dev extra: missing is a failure, not a skip
 import pytest
 
 from tests.support.helpers import gauge_registry, job_command, job_env, pids_gone, wait_until
@@ -23,8 +24,6 @@ from zerodoc.exporter import limits, sidecar, webconfig
 from zerodoc.exporter.page import Page
 
 pytestmark = pytest.mark.slow  # every test starts a sidecar process
-
-bcrypt = pytest.importorskip("bcrypt")
 
 
 def web_config(tmp_path):

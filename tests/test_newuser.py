@@ -221,7 +221,6 @@ def test_attach_before_fully_shard_is_no_false_all_clear(runs, capsys):
 
 
 async def test_tui_shows_the_early_run_as_ended_with_no_data(runs):
-    pytest.importorskip("textual")
     from zerodoc.sources import open_source
     from zerodoc.tui.app import ZerodocApp
     from zerodoc.testing.textshot import screen_text

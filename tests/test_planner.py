@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import json
 import subprocess
@@ -373,8 +372,6 @@ def _plan_inproc(*argv) -> tuple[int, str]:
 
 
 def _zerodoc(*argv):
-    if importlib.util.find_spec("zerodoc.cli.demo") is None:  # another component's module
-        pytest.skip("zerodoc.cli.demo not written yet: `python -m zerodoc` cannot start")
     return subprocess.run([sys.executable, "-m", "zerodoc", *argv], capture_output=True,
                           text=True, timeout=60)
 

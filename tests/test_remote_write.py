@@ -172,7 +172,6 @@ def test_report_reads_the_central_server(fleet, capsys):
 
 
 async def test_the_tui_reads_the_central_server(fleet):
-    pytest.importorskip("textual")
     from tests.test_tui import SIZE, app_text, first_frame
     from zerodoc.diagnosis import diagnose
     from zerodoc.sources import open_source

@@ -150,7 +150,6 @@ def test_plan_table_unit_shows_the_numbers_of_a_small_model(capsys):
 
 def test_report_and_tui_show_the_same_headroom_in_the_same_unit():
     """GB in the report and GiB in the TUI for the same headroom."""
-    pytest.importorskip("textual")
     from zerodoc import humanize as fmt
 
     for n in (25_800_000_000, 3_145_728, 999_000, 123_456_789_012):
@@ -234,7 +233,6 @@ def test_report_with_no_steps_is_no_data_and_fails_fail_on(tmp_path, capsys):
 
 def test_bandwidth_unit_is_chosen_by_size():
     """The TUI's Units table showed "0.01" under "busbw GB/s" for every CPU unit."""
-    pytest.importorskip("textual")
     from zerodoc.humanize import rate
     from zerodoc import humanize as fmt
 

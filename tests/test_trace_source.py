@@ -254,7 +254,6 @@ def test_report_cli_on_traces(tmp_path_factory, capsys):
 
 @pytest.mark.slow
 def test_tui_on_traces(tmp_path_factory):
-    pytest.importorskip("textual")
     import asyncio
 
     from zerodoc.tui.app import ZerodocApp
