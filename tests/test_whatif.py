@@ -1072,13 +1072,15 @@ def test_bench_refit_judges_kept_pairs_against_their_ranges(tmp_path, capsys):
 
 # --- against real runs: 2 gloo ranks of the demo, A measured, B predicted, B measured -----
 # bench/whatif.py runs the same cases and prints them as a table (docs/whatif.md). The model
-# predicts B at A's load; on this shared machine the load moves between runs, and a pair
-# whose unit compute differs by more than 15 % (bench/whatif.py's `same_compute`: none of
-# these changes alters the compute) measured two loads, not two configurations. Such a pair
-# that misses is replaced by a fresh one (A and B back to back), up to ATTEMPTS pairs; a
-# pair with matched compute that misses fails the test at once, and the bounds are never
-# loosened.
-ATTEMPTS = 4
+# predicts B at A's load; on this shared machine the load moves between runs. A pair that
+# misses is run again at most once, and only when other processes took more than OTHERS_MAX
+# (5 %) of the cores during A or during B (bench/whatif.py `timed_pair`: /proc/stat less the
+# runs' own CPU time, measured outside the pair): the two ranks keep both cores busy, so such
+# work lengthens a run's steps by about s / (1 - s), 5.3 % at 5 %, a third of the 15 % step
+# bound, where a quiet host measures 0-1 %. Never on the pair's own compute: its move from A
+# to B is partly the change's own effect (the slow link's timer thread, docs/whatif.md), so a
+# systematic miss would pass. The second pair is judged whatever its load, and the bounds are
+# never loosened.
 
 
 @pytest.fixture(scope="module")
@@ -1088,52 +1090,110 @@ def real_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("whatif-runs")
     made = {"n": 0}
 
-    def run(flags: tuple[str, ...]):
+    def run(flags: tuple[str, ...], _side: str = ""):
         made["n"] += 1
         return demo_run(tmp / f"run{made['n']}", flags, steps=12)  # the last 9 read
 
     return run
 
 
-_RUNS: dict = {}  # (case, demo flags, attempt) -> run directory
+_PAIRS: dict = {}  # (case, attempt) -> (A, B, other processes' share of the cores)
 
 
 def _pair(real_runs, case, a_flags, b_flags, attempt):
     """A case's A and B, run back to back (a B measured minutes after its A compares two
-    loads of this shared host, not two configurations)."""
-    for flags in (a_flags, b_flags):
-        if (case, flags, attempt) not in _RUNS:
-            _RUNS[(case, flags, attempt)] = real_runs(flags)
-    return _RUNS[(case, a_flags, attempt)], _RUNS[(case, b_flags, attempt)]
+    loads of this shared host, not two configurations), with the others' load during them."""
+    from bench.whatif import timed_pair
+
+    if (case, attempt) not in _PAIRS:
+        _PAIRS[(case, attempt)] = timed_pair(real_runs, a_flags, b_flags)
+    return _PAIRS[(case, attempt)]
 
 
-def _load_explains(r: dict) -> bool:
-    """Whether the load's move of the compute from A to B (which none of the changes makes:
-    the host's) is larger than the miss beyond the bounds, so the pair does not tell the
-    model wrong (a CI run missed the slow-link case's step bound by 4.4 ms, 17.0 % against
-    15 %, with B's compute 16.4 ms per step under A's)."""
-    if r.get("compute_a_s") is None or r.get("compute_b_s") is None:
-        return False
-    step_miss = (abs(r["step_error"]) - r["step_bound"]) * r["b"]["step_s"]
-    exposed_miss = abs(r["exposed_error_s"]) - r["exposed_bound_s"]
-    return max(step_miss, exposed_miss) < abs(r["compute_b_s"] - r["compute_a_s"])
+def _judged(real_runs, case, a_flags, b_flags, judge):
+    """`judge(A, B)` -> (held, result) on a fresh pair; a pair that missed while other
+    processes took more than OTHERS_MAX of the cores is replaced once, and the second pair's
+    result stands. Returns (result, A, B, {pair: 1 or 2, others_cpu_share: per pair})."""
+    from bench.whatif import OTHERS_MAX
+
+    shares = []
+    for attempt in (0, 1):
+        a, b, others = _pair(real_runs, case, a_flags, b_flags, attempt)
+        shares.append(others)
+        held, result = judge(a, b)
+        if held or others is None or others <= OTHERS_MAX:
+            break
+    return result, a, b, {"pair": attempt + 1, "others_cpu_share": shares}
 
 
 def _case(real_runs, name: str):
-    """Evaluate a case of bench/whatif.py; on a missed bound, again on a fresh pair where the
-    compute moved by more than 15 % or by more than the miss (the load, not the model)."""
+    """Evaluate a case of bench/whatif.py on a real pair (`_judged`: once more on a fresh
+    pair where it missed under other processes' load)."""
     from bench.whatif import BY_NAME, evaluate
 
     c = BY_NAME[name]
-    for attempt in range(ATTEMPTS):
-        a, b = _pair(real_runs, name, c.a, c.b, attempt)
+
+    def judge(a, b):
         r = evaluate(c, a, b)
-        r["attempt"] = attempt
-        if r["step_ok"] and r["exposed_ok"]:
-            break
-        if r["same_compute"] and not _load_explains(r):
-            break  # a miss the load's move of the compute does not explain: the model's
-    return r, a, b
+        return r["step_ok"] and r["exposed_ok"], r
+
+    r, a, b, load = _judged(real_runs, name, c.a, c.b, judge)
+    return {**r, **load}, a, b
+
+
+def test_a_missed_pair_is_run_again_once_and_only_under_others_load(monkeypatch):
+    """The re-run rule on a scripted host: /proc/stat samples (wall s, busy CPU s, the runs'
+    own CPU s) before A, between, after B, 10 s per run, and a judge that reports each
+    pair's result. A miss on a quiet host (others 0 %) stands, however far B's compute
+    moved; a miss with others at 30 % during B (A quiet: the larger share counts) gets one
+    more pair, whose miss stands even under load (no third); a pair that held under load
+    is not run again."""
+    import os
+
+    import bench.whatif as bench
+
+    cores = os.cpu_count() or 1
+
+    def host(*pairs):  # per pair (others' share during A, during B); 10 s per run
+        t, busy, own, out = 0.0, 0.0, 0.0, []
+        for shares in pairs:
+            out.append((t, busy, own))
+            for share in shares:  # the runs' own 1.5 s of CPU, and the others'
+                t, own, busy = t + 10, own + 1.5, busy + 1.5 + share * 10 * cores
+                out.append((t, busy, own))
+            t += 5  # the judging between pairs
+        return iter(out)
+
+    def scripted(case, samples, results):
+        calls = []
+        monkeypatch.setattr(bench, "cpu_sample", lambda: next(samples, None) or pytest.fail(
+            f"{case}: a run beyond the pairs the rule allows"))
+
+        def run(flags, side):
+            calls.append(side)
+            return f"{case}-{len(calls)}"
+
+        def judge(a, b):
+            r = next(results)
+            return r["held"], r
+
+        try:
+            return _judged(run, case, ("--a",), ("--b",), judge), calls
+        finally:
+            for k in [k for k in _PAIRS if k[0] == case]:
+                del _PAIRS[k]
+
+    drifted = {"held": False, "compute_a_s": 0.1, "compute_b_s": 0.2}  # B's compute +100 %
+    (r, a, b, load), calls = scripted("quiet", host((0.0, 0.0)), iter([drifted]))
+    assert calls == ["a", "b"] and r is drifted and load == {"pair": 1,
+                                                           "others_cpu_share": [0.0]}
+    missed = [{"held": False, "n": 1}, {"held": False, "n": 2}, {"held": True, "n": 3}]
+    (r, a, b, load), calls = scripted("loaded", host((0.0, 0.3), (0.4, 0.1)), iter(missed))
+    assert calls == ["a", "b", "a", "b"] and r["n"] == 2 and (a, b) == ("loaded-3", "loaded-4")
+    assert load["pair"] == 2 and load["others_cpu_share"] == pytest.approx([0.3, 0.4])
+    (r, _, _, load), calls = scripted("held", host((0.5, 0.5)), iter([{"held": True}]))
+    assert calls == ["a", "b"] and load["pair"] == 1
+    assert bench.OTHERS_MAX == 0.05  # the threshold the comment above the real runs argues
 
 
 def _brief(r: dict) -> str:
@@ -1142,7 +1202,8 @@ def _brief(r: dict) -> str:
             f"{r['exposed_bound_s'] * 1e3:.1f} ms), A {r['a']}, predicted "
             f"{r['predicted']['step_s']:.4f} / {r['predicted']['exposed_comm_s']:.4f}, "
             f"B {r['b']}, compute A {r['compute_a_s']:.4f} B {r['compute_b_s']:.4f}, "
-            f"pair {r.get('attempt', 0) + 1}")
+            f"pair {r.get('pair', 1)}, other processes' share of the cores per pair "
+            f"{r.get('others_cpu_share')}")
 
 
 def _compare(a, b) -> dict:
@@ -1196,29 +1257,21 @@ def test_real_run_slow_link_removed(real_runs):
 def test_real_run_zd003_prediction_confirmed_by_compare(real_runs):
     """ZD003 on the demo (ZeRO-3, block wrap): its fix, reshard after forward off, run for
     real; `zerodoc compare` finds the fix applied and the model's step time and exposed
-    communication inside their ranges. A pair that misses with the compute moved by the load
-    is replaced, as above; here "moved" is also by more than the miss itself: the ranges
-    are narrower than the 15 % screen (a CI run missed the step's range by 0.4 ms with B's
-    compute 4.2 ms per step above A's, which the model keeps)."""
-    from bench.whatif import BY_NAME, evaluate
-
+    communication inside their ranges. A pair that misses under other processes' load is
+    run again once, as above (`_judged`)."""
     timed = ("exposed_comm_seconds_per_step", "step_seconds")
-    for attempt in range(ATTEMPTS):
-        a, b = _pair(real_runs, "zd003", (), ("--no-reshard-after-forward",), attempt)
+
+    def judge(a, b):
         doc = _compare(a, b)
         f = next(x for x in doc["fixes"] if x["code"] == "ZD003")
         assert f["applied"], f
         by = _timed(f)
-        miss = max(max(by[m]["lo"] - by[m]["observed_after"],
-                       by[m]["observed_after"] - by[m]["hi"], 0.0) for m in timed)
-        if miss == 0.0:
-            break
-        r = evaluate(BY_NAME["reshard"], a, b)
-        if r["same_compute"] and miss > abs(r["compute_b_s"] - r["compute_a_s"]):
-            break  # a miss the load's move of the compute does not explain: the model's
+        return all(by[m]["lo"] <= by[m]["observed_after"] <= by[m]["hi"] for m in timed), by
+
+    by, _, _, load = _judged(real_runs, "zd003", (), ("--no-reshard-after-forward",), judge)
     assert by["backward_all_gather_bytes_per_step"]["observed_after"] == 0
-    for m in ("exposed_comm_seconds_per_step", "step_seconds"):
-        assert by[m]["verdict"] == "confirmed", (attempt, by[m])
+    for m in timed:
+        assert by[m]["verdict"] == "confirmed", (load, by[m])
 
 
 def test_unit_stats_carry_the_framework_time_per_unit():
