@@ -182,11 +182,15 @@ def test_report_says_how_many_sampled_steps(sampled_run):
     import json
 
     text = report_of(sampled_run, 30)
-    assert "per-unit: 3 sampled steps of 30 (about 1 step in 10 is sampled)" in text
-    assert "Per unit (per step, mean over ranks; per-unit: 3 sampled steps of 30)" in text
+    assert "per-unit: 3 sampled steps of 30 (steps 40, 50, 60) (about 1 step in 10 is " \
+        "sampled)" in text
+    assert "Per unit (per step, mean over ranks; per-unit: 3 sampled steps of 30 (steps 40, " \
+        "50, 60))" in text
     text = report_of(sampled_run, 20)
-    assert "per-unit: the newest 3 sampled steps (up to step 60; 2 inside the window of 20)" \
-        in text
+    # the sample from before the window names its step and its age (issue 31)
+    assert "per-unit: the newest 3 sampled steps (from steps 40, 50, 60; step 40 before the " \
+        "window (41-60), " in text
+    assert " s before step 60; 2 inside the window of 20)" in text
     doc = json.loads(report_of(sampled_run, 30, "json"))
     pu = doc["window"]["per_unit"]
     assert (pu["sampled"], pu["detail_steps"], pu["steps"], pu["every"]) == (True, 3, 30, 10)
@@ -220,7 +224,8 @@ def test_rules_wait_for_the_first_sample_and_say_when(tmp_path):
     assert w["samples"] == 0 and "ZD004" in w["rules"] and "ZD007" not in w["rules"]
     assert w["message"] == "per-unit detail after the first sampled step, about every 10 steps"
     text = report_of(run, 20)
-    assert "waiting for samples: ZD001, ZD002" in text
+    assert "not evaluated: 0 sampled steps in the window; ZD001, ZD002" in text
+    assert "9 rules not evaluated" in text.split("Findings: ")[1].splitlines()[0]
     assert "no per-unit numbers yet: per-unit detail after the first sampled step, about " \
         "every 10 steps" in text
     assert "nothing the rules know of is wrong" not in text
@@ -263,7 +268,9 @@ async def test_tui_says_when_the_next_sample_is_due_then_shows_it(tmp_path):
         assert all(c == "-" for _k, cells in table.rows for c in cells[2:9])  # no zeros
         assert due in table.caption
         assert app.frame.waiting and "ZD004" in app.frame.waiting["rules"]
-        assert "Waiting for samples" in screen_text(app)
+        shown = screen_text(app)
+        assert "not evaluated: 0 sampled steps in the window" in shown
+        assert "not an all-clear" in shown and "No findings" not in shown
         append_steps(run, ranks=2, units=4, first_step=9, count=4, end_unix=time.time())
         await until(pilot, lambda: app.frame.snapshot.ranks[0].last_step == 12,
                     what="step 12")
@@ -272,7 +279,7 @@ async def test_tui_says_when_the_next_sample_is_due_then_shows_it(tmp_path):
         heads = {h.label: h for h in views.headlines(app.frame, views.MEAN)}
         assert heads["Exposed comm"].value != "-"
         assert "per-unit: the newest 1 sampled step" not in heads["Exposed comm"].detail
-        assert "per-unit: 1 sampled step of 11" in heads["Exposed comm"].detail  # 2-12
+        assert "per-unit: 1 sampled step of 11 (steps 10)" in heads["Exposed comm"].detail
         assert app.frame.units[0]["layers.0"].compute_seconds == pytest.approx(
             raw_compute([raw_steps(run, 0)[10]], 1))
         close_run(run)
@@ -354,8 +361,8 @@ def test_compare_says_how_many_sampled_steps_each_side_has(sampled_run, tmp_path
         main(["compare", str(every), str(sampled_run), "--window", "30"])
     text = out.getvalue()
     # the every-step run's window leaves its warm-up step out (29 steps, issue 20 item 10)
-    assert "29 steps) -> run run (fsdp2, 2 ranks, 30 steps; per-unit: 3 sampled steps of 30)" \
-        in text.splitlines()[0]
+    assert "29 steps) -> run run (fsdp2, 2 ranks, 30 steps; per-unit: 3 sampled steps of 30 " \
+        "(steps 40, 50, 60))" in text.splitlines()[0]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         main(["compare", str(every), str(sampled_run), "--window", "30", "--json"])
@@ -435,4 +442,5 @@ def test_k_in_force_is_the_newest_steps_not_the_newest_samples(tmp_path):
     assert load_run(lean, 20).ranks[0].detail_every == 128
     text = report_of(run, 20)
     assert "about 1 step in 128 is sampled" in text and "1 step in 10 " not in text, text
-    assert "up to step 30" in text  # the newest sample is named
+    # the samples are named, with their age (issue 31)
+    assert "(from steps 10, 20, 30, all before the window (51-70), the newest " in text

@@ -14,7 +14,8 @@ from dataclasses import fields
 
 from .diagnosis import Finding, Severity
 from .humanize import nbytes, pct, rate, secs, table, value
-from .runmodel import RunSnapshot, busbw
+from .measures import exposed_summary, live_text
+from .runmodel import RunSnapshot
 from .windowsamples import every, next_sample, run_coverage, warmup_text
 from .thresholds import LINK_BUSBW, Thresholds
 
@@ -43,13 +44,15 @@ def finding_dict(f: Finding) -> dict:
 
 def unit_rows(snap: RunSnapshot) -> list[dict]:
     """Per unit, per step, mean over the fresh ranks (all ranks when every one is stale)."""
+    from .measures import unit_busbw
     from .unitstats import unit_stats
 
     ranks = _fresh(snap)
     first = snap.any_rank
     if first is None:
         return []
-    stats = unit_stats(snap, ranks).units if ranks else {}
+    stats_all = unit_stats(snap, ranks) if ranks else None
+    stats = stats_all.units if ranks else {}
     rows = []
     for u in first.facts.units:
         st = stats.get(u.name, {})
@@ -73,9 +76,9 @@ def unit_rows(snap: RunSnapshot) -> list[dict]:
             "all_gather_seconds_per_step": _r(a["ag_s"]),
             "all_gather_exposed_seconds_per_step": _r(a["ag_e"]),
             "all_gather_exposed_fraction": _r(a["ag_e"] / a["ag_s"]) if a["ag_s"] else None,
+            # one definition with the TUI's and Prometheus's (zerodoc.measures)
             "all_gather_busbw_bytes_per_second":
-                _r(busbw(a["ag_b"] / a["ag_s"], "all_gather", u.group_size))
-                if a["ag_s"] else None,
+                _r(unit_busbw(stats_all, u.name, u.group_size)) if a["ag_s"] else None,
             "compute_forward_seconds_per_step": _r(a["fwd"]),
             "compute_backward_seconds_per_step": _r(a["bwd"]),
             "reduce_scatter_seconds_per_step": _r(a["rs_s"]),
@@ -116,7 +119,11 @@ def per_unit_coverage(snap: RunSnapshot) -> dict:
 
 def step_rows(snap: RunSnapshot) -> list[dict]:
     """The step breakdown per rank, per step: step = compute + exposed comm + optimizer +
-    framework + other (+ zerodoc's own time, which is not shown)."""
+    framework + other (+ zerodoc's own time, which is not shown). Under sampling compute,
+    exposed comm and framework are the sampled steps' means, the rest every window step's
+    (`breakdown_steps` says so)."""
+    from .measures import exposed_per_step
+
     rows = []
     for r, w in sorted(snap.ranks.items()):
         n = w.steps or 1
@@ -130,7 +137,7 @@ def step_rows(snap: RunSnapshot) -> list[dict]:
             "first_step": w.first_step, "last_step": w.last_step,
             "step_seconds": _r(w.step_seconds / n),
             "compute_seconds": _r(w.compute_seconds / n) if m else None,
-            "exposed_comm_seconds": _r(w.exposed_seconds / n) if m else None,
+            "exposed_comm_seconds": _r(exposed_per_step(w)),
             "optimizer_seconds": _r(w.optimizer_seconds / n),
             "framework_seconds": _r(framework),
             "other_seconds": _r(w.other_seconds / n),
@@ -198,7 +205,44 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
                    for row in device_rows(snap)],
         "waiting": waiting(snap),  # rules waiting for sampled steps (zerodoc.windowsamples)
         "notes": notes(snap),
+        # added within schema 1 (issue 31): exposed communication per step under each
+        # definition (zerodoc.measures), which steps the step breakdown's parts come from,
+        # "LIVE: still being written (step 37, last write 2 s ago)" (None: finished)
+        "exposed_comm": exposed_summary(snap, _fresh(snap), _context(snap, thresholds, link)),
+        "breakdown_steps": breakdown_steps(snap),
+        "live": live_text(snap, generated_unix),
     }
+
+
+def _context(snap: RunSnapshot, thresholds: Thresholds, link: str | None):
+    """The rules' view of the run (link-attributable figures), None when it has no data."""
+    from .diagnosis import Context
+    from .errors import UserError
+
+    try:
+        return Context(snap, thresholds, link=link) if snap.ranks else None
+    except UserError:
+        return None
+
+
+def breakdown_steps(snap: RunSnapshot) -> dict | None:
+    """Which steps the step breakdown's parts come from, when not all from the same ones:
+    {"every_step": [columns], "sampled_steps": [columns], "text"}; None when every step has
+    per-unit detail (the parts add up over the same steps)."""
+    from .windowsamples import run_coverage
+
+    ranks = _fresh(snap)
+    cov = run_coverage(snap, ranks)
+    if cov is None:
+        return None
+    w = [snap.ranks[r] for r in ranks]
+    first = min((x.first_step for x in w), default=0)
+    last = max((x.last_step for x in w), default=0)
+    return {"every_step": ["step_seconds", "optimizer_seconds", "other_seconds"],
+            "sampled_steps": ["compute_seconds", "exposed_comm_seconds", "framework_seconds"],
+            "text": f"step, optimizer and other: every step of the window ({first}-{last}); "
+                    f"compute, exposed comm and framework: the means of the sampled steps "
+                    f"named above, so the parts need not add up to the step"}
 
 
 def notes(snap: RunSnapshot) -> list[str]:
@@ -303,6 +347,8 @@ def _header(rep: dict) -> list[str]:
     wtxt = (f"last {req} steps" if req else "all steps") + \
         f" ({win['steps']} steps, {win['first_step']}-{win['last_step']}{warm})"
     lines = ["zerodoc report: " + " | ".join(bits), f"source: {rep['source']}; window: {wtxt}"]
+    if rep.get("live"):
+        lines.append(f"{rep['live']}: its numbers may still move")
     pu = win.get("per_unit") or {}
     if pu.get("text"):
         lines.append(pu["text"] + (f" (about 1 step in {pu['every']} is sampled)"
@@ -341,6 +387,12 @@ def _ranges(ranks: list[int]) -> str:
 def _summary(rep: dict) -> str:
     c = rep["summary"]["counts"]
     parts = [f"{n} {s}" for s, n in c.items() if n]
+    wait = rep.get("waiting")
+    if wait:  # never a bare "none" when rules did not run (issue 31)
+        parts.append(f"{len(wait['rules'])} rule{'s' if len(wait['rules']) != 1 else ''} "
+                     "not evaluated")
+        return ("none from the rules that ran; " if not c or not any(c.values()) else "") + \
+            ", ".join(parts)
     return ", ".join(parts) if parts else "none"
 
 
@@ -355,8 +407,8 @@ def _no_findings(rep: dict) -> str:
         return ("no findings in what the traces show (steps, collectives, ranks); they show no "
                 "per-unit detail (see Profiler traces below)")
     if rep.get("waiting"):
-        return "no findings yet from the step-level rules; the per-unit rules are waiting " \
-            "(see above): not an all-clear"
+        return (f"no findings from the rules that ran; {', '.join(rep['waiting']['rules'])} "
+                "were not evaluated (see above): not an all-clear")
     return "no findings: nothing the rules know of is wrong"
 
 
@@ -364,9 +416,7 @@ def _waiting(rep: dict) -> str | None:
     w = rep.get("waiting")
     if not w:
         return None
-    return (f"waiting for samples: {', '.join(w['rules'])} need per-unit detail "
-            f"({w['samples']} sampled step{'s' if w['samples'] != 1 else ''} so far); "
-            f"{w['message']}")
+    return f"{w.get('text') or ', '.join(w['rules']) + ' not evaluated'}; {w['message']}"
 
 
 def _unit_title(rep: dict) -> str:
@@ -416,8 +466,32 @@ def render_text(rep: dict) -> str:
         lines += ["  " + x for x in table(*_unit_table(rep))]
     lines += ["", "Step breakdown (per step)"]
     lines += ["  " + x for x in table(STEP_HEAD, [_step_cells(s) for s in rep["steps"]])]
+    lines += ["  " + x for x in _breakdown_notes(rep)]
     lines += _trace_lines(rep)
     return "\n".join(lines) + "\n"
+
+
+def exposed_text(e: dict | None) -> str | None:
+    """'exposed comm per step: 61.7 ms mean over ranks, 62.7 ms worst rank (all
+    collectives); 58 ms link-attributable (...): over ...' — each definition named beside its
+    number (zerodoc.measures); None before any rank measured it."""
+    if not e or e.get("mean_over_ranks") is None:
+        return None
+    d = e["definitions"]
+    out = (f"exposed comm per step: {secs(e['mean_over_ranks'])} mean over ranks, "
+           f"{secs(e['worst_rank'])} worst rank ({d['mean_over_ranks'].split(',')[0]})")
+    if e.get("link_attributable") is not None:
+        out += (f"; {secs(e['link_attributable'])} {d['link_attributable']} (per unit the rank "
+                f"that waited least: what ZD006 grades and compare observes)")
+    return out + f"; over {e['covers']}"
+
+
+def _breakdown_notes(rep: dict) -> list[str]:
+    out = [exposed_text(rep.get("exposed_comm"))]
+    b = rep.get("breakdown_steps")
+    if b:
+        out.append(b["text"])
+    return [x for x in out if x]
 
 
 def _trace_lines(rep: dict) -> list[str]:
@@ -470,6 +544,7 @@ def render_markdown(rep: dict) -> str:
     lines += ["", "## Step breakdown (per step)", "", _md_row(STEP_HEAD),
               _md_row(["---"] * len(STEP_HEAD))]
     lines += [_md_row(_step_cells(s)) for s in rep["steps"]]
+    lines += ["", *[f"{x}  " for x in _breakdown_notes(rep)]] if _breakdown_notes(rep) else []
     extra = _trace_lines(rep)
     if extra:
         lines += ["", "## Profiler traces", "", "```", *extra[1:], "```"]

@@ -218,6 +218,7 @@ def render_text(doc: dict) -> str:
     lines = [
         f"what-if for {doc['source']}: {doc['ranks']} ranks, {doc['steps']} steps with "
         f"per-unit detail; per step, per rank (the worst rank's)",
+        *([doc["live"] + ": its numbers may still move"] if doc.get("live") else []),
         f"model: {sem['framework']}, {'synchronous' if sem['sync_unshard'] else 'asynchronous'}"
         f" unshard (prefetch {sem['prefetch']}), reshard after forward "
         f"{'on' if sem['reshard_after_forward'] else 'off'}, reductions "
@@ -249,6 +250,10 @@ def render_text(doc: dict) -> str:
         f"{'measured':12}{_ms(m['step_s']):>12}{_ms(m['exposed_comm_s']):>16}{'':>14}",
         f"{'replayed':12}{_ms(b['step_s']):>12}{_ms(b['exposed_comm_s']):>16}"
         f"{_mb(b['peak_bytes']):>14}",
+        f"{'':12}measured: the worst rank's means; exposed comm: all collectives "
+        f"({doc['covers']}), not the link-attributable part ZD006 grades"
+        if doc.get("covers") else None,
+        f"{'':12}replayed: the step model's replay of the measured configuration",
         f"check: the replay of the measured configuration is "
         f"{'n/a' if err is None else f'{err * 100:+.1f} %'} off the measured step",
         "",
@@ -264,7 +269,7 @@ def render_text(doc: dict) -> str:
     if doc["units"]:
         lines.append("units whose exposed communication changes most: " + ", ".join(
             f"{u['unit']} {u['exposed_change_s'] * 1e3:+.1f} ms" for u in doc["units"]))
-    return "\n".join(lines) + "\n"
+    return "\n".join(x for x in lines if x is not None) + "\n"
 
 
 def _contention_lines(doc: dict) -> list[str]:
@@ -314,6 +319,11 @@ def run(args) -> int:
     profile = link_profile_option(args)
     doc = answer(fit(snap, profile), ch)
     doc["source"] = source.description
+    from ..measures import covers, live_text
+
+    # what the measured numbers cover, and whether the run is still being written (issue 31)
+    doc["covers"] = covers(snap)
+    doc["live"] = live_text(snap)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:

@@ -63,9 +63,11 @@ def diagnose(snapshot: RunSnapshot, thresholds: Thresholds = DEFAULT, *,
 
 def waiting(snapshot: RunSnapshot) -> dict | None:
     """What the rules wait for, or None: {"rules": [codes], "samples": sampled steps so far,
-    "message": "per-unit detail after the first sampled step, about every K steps"}; the
-    report and the TUI show it where findings would be."""
-    from ..windowsamples import next_sample, samples, waiting_rules
+    "in_window": of them inside the window, "message": "per-unit detail after the first
+    sampled step, about every K steps", "text": "not evaluated: 0 sampled steps in the
+    window (2 before it: steps 2, 30); ZD010 need 3"}; the report and the TUI show it where
+    findings would be, never an all-clear."""
+    from ..windowsamples import in_window, next_sample, not_evaluated, samples, waiting_rules
 
     fresh = list(Context(snapshot).active) if snapshot.ranks else []
     if not fresh:
@@ -74,4 +76,5 @@ def waiting(snapshot: RunSnapshot) -> dict | None:
     if not codes:
         return None
     return {"rules": codes, "samples": samples(snapshot, fresh),
-            "message": next_sample(snapshot)}
+            "in_window": min(in_window(snapshot.ranks[r]) for r in fresh),
+            "message": next_sample(snapshot), "text": not_evaluated(snapshot, fresh)}

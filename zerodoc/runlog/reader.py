@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..runmodel import CommTotals, LazyRankWindow, RankFacts, RankWindow, RunSnapshot
-from ..windowsamples import MIN_WINDOW_SAMPLES
+from ..windowsamples import MIN_WINDOW_SAMPLES, set_sample_steps
 from .records import (
     SCALARS, SUMMED_SCALARS, RankLog, RunLogError, StepRecord, StepTotals, UnitsBlock,
     block_from_dict, check_header, facts_from_dict, rank_log_name, step_from_dict,
@@ -375,16 +375,26 @@ def _add_framework(w: RankWindow, fw: dict) -> None:
 
 
 def per_unit_from_samples(w: RankWindow, steps: list[StepRecord],
-                          least: int = MIN_WINDOW_SAMPLES) -> RankWindow:
+                          least: int = MIN_WINDOW_SAMPLES, skip_warmup: bool = True) -> RankWindow:
     """A window with unsampled steps and fewer than `least` sampled ones takes its per-unit
     totals from the newest `least` sampled steps of `steps` (the records before it too);
     `detail_before` says how many of them lie before the window. (A window whose every step
-    is sampled keeps its own, however short.)"""
-    if w.steps == 0 or w.per_unit_steps >= least or w.per_unit_steps == w.steps:
+    is sampled keeps its own, however short.) With `skip_warmup` the warm-up step 1 is never
+    one of them when the window does not hold it: always sampled, its compile and first
+    all-gathers would stand for the run (issue 31: three "newest samples" 1, 2 and 30 hid a
+    straggler that --window 0 showed). `sample_steps` (windowsamples.sample_steps) names
+    the steps the per-unit numbers come from and when each ended."""
+    if w.steps == 0:
         return w
-    samples = [s for s in steps if s.detail and s.step <= w.last_step][-least:]
+    own = [s for s in steps if s.detail and w.first_step <= s.step <= w.last_step]
+    if w.per_unit_steps >= least or w.per_unit_steps == w.steps:
+        set_sample_steps(w, own)
+        return w
+    samples = [s for s in steps if s.detail and s.step <= w.last_step
+               and not (skip_warmup and s.step == 1 and w.first_step > 1)][-least:]
     before = sum(1 for s in samples if s.step < w.first_step)
     if not before:
+        set_sample_steps(w, own)
         return w
     k = w.detail_every
     w.compute, w.comm, w.unit_framework = {}, {}, {}
@@ -394,6 +404,7 @@ def per_unit_from_samples(w: RankWindow, steps: list[StepRecord],
     w.exposed_times = [s.exposed_seconds for s in samples]  # the figures the mean is from
     w.detail_every = k or w.detail_every  # the newest step's K, not the oldest sample's
     w.detail_before = before
+    set_sample_steps(w, samples)
     return w
 
 
@@ -537,7 +548,7 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
         left_out = skip_warmup and len(steps) >= 2 and steps[0].step == 1
         w = window_from_steps(facts, steps[1:] if left_out else steps)
         w.warmup_left_out = 1 if left_out else None
-        per_unit_from_samples(w, det[1:] if left_out else det)
+        per_unit_from_samples(w, det[1:] if left_out else det, skip_warmup=skip_warmup)
         w.memory = _latest(log, "memory") or w.memory
         return w
     intervals = [b for b in log.blocks if b.kind == "interval"]

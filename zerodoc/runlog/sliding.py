@@ -19,7 +19,7 @@ from collections import deque
 import numpy as np
 
 from ..runmodel import CommTotals, RankWindow
-from ..windowsamples import MIN_WINDOW_SAMPLES
+from ..windowsamples import MIN_WINDOW_SAMPLES, set_sample_steps
 from .records import RankLog, StepRecord
 
 
@@ -98,7 +98,9 @@ class _RankTotals:
         self.steps: deque[_Step] = deque()
         self.evictions = 0
         self.last_step: int | None = None  # newest step number taken from the log
-        self.samples: deque[_Step] = deque(maxlen=MIN_WINDOW_SAMPLES)  # newest sampled steps
+        # the newest sampled steps (one more than needed: the warm-up step 1 among them is
+        # left out of a window that does not hold it, `_usable`)
+        self.samples: deque[_Step] = deque(maxlen=MIN_WINDOW_SAMPLES + 1)
         self.sampled = 0  # sampled steps inside the window
         self._interned: dict[tuple, tuple] = {}
         self._reset()
@@ -206,7 +208,9 @@ class _RankTotals:
         # the newest sample's (older logs)
         w.detail_every = next((s.detail_k for s in reversed(self.steps) if s.detail_k),
                               newest.detail_k if newest else None)
-        if self.sampled < min(MIN_WINDOW_SAMPLES, w.steps) and len(self.samples) > self.sampled:
+        set_sample_steps(w, [s for s in self.steps if s.detail])
+        if self.sampled < min(MIN_WINDOW_SAMPLES, w.steps) and \
+                len(self._usable(w)) > self.sampled:
             self._from_samples(w)
         for s in reversed(self.steps):  # latest non-empty, as window_from_steps does
             if s.memory:
@@ -219,20 +223,28 @@ class _RankTotals:
         return w
 
 
+    def _usable(self, w: RankWindow) -> list[_Step]:
+        """The newest MIN_WINDOW_SAMPLES samples a window may take: not the warm-up step 1
+        when the window does not hold it (as `reader.per_unit_from_samples`)."""
+        return [s for s in self.samples if not (self.skip_warmup and s.step == 1
+                                                and w.first_step > 1)][-MIN_WINDOW_SAMPLES:]
+
     def _from_samples(self, w: RankWindow) -> None:
         """Per-unit totals of the newest MIN_WINDOW_SAMPLES sampled steps, those before the
         window too (a window with fewer samples of its own; `detail_before` says so)."""
+        samples = self._usable(w)
         w.comm = {}
         w.compute, w.unit_framework = _split(
-            [k for s in self.samples for k in s.ckeys],
-            [v for s in self.samples for v in s.cvals.tolist()])
-        for s in self.samples:
+            [k for s in samples for k in s.ckeys],
+            [v for s in samples for v in s.cvals.tolist()])
+        for s in samples:
             for k, r in zip(s.mkeys, s.mvals.tolist()):
                 w.comm.setdefault(k, CommTotals()).add(
                     CommTotals(int(r[0]), int(r[1]), r[2], r[3], r[4]))
-        w.detail_steps = len(self.samples)
-        w.detail_before = sum(1 for s in self.samples if s.step < w.first_step)
-        w.exposed_times = [s.exposed for s in self.samples]  # the figures the mean is from
+        w.detail_steps = len(samples)
+        w.detail_before = sum(1 for s in samples if s.step < w.first_step)
+        w.exposed_times = [s.exposed for s in samples]  # the figures the mean is from
+        set_sample_steps(w, samples)
 
 
 def new_records(steps: list[StepRecord], last_step: int | None) -> list[StepRecord]:
