@@ -1,10 +1,13 @@
 """Suite-wide settings and the `slow` mark.
 
-Per-unit detail on every step (attach option `detail`, issue 19's tiers): the tests and
-recorded scenarios check per-unit truth step by step, and a short run that exists to be
-diagnosed forces detail on every step. Tests about sampling pass `detail=` to attach() (an
-explicit option wins over $ZERODOC_DETAIL) or set the variable themselves; subprocess ranks
-inherit the environment.
+Per-unit detail (attach option `detail`, issue 19's tiers): the suite runs what users run,
+the default (adaptive: per-unit detail on sampled steps). No suite-wide $ZERODOC_DETAIL
+(issue 31: it hid the default from every test): a test whose subject needs every step's
+per-unit numbers (a profiler or a floor held against each step) passes `detail="every"` to
+attach() itself, with the reason beside it (and $ZERODOC_DETAIL from the caller's shell is
+dropped, so a run of the suite always tests the default); `zerodoc demo` forces it for its own runs, and a
+slow link injected (`inject_latency_s`) forces it too. `tests/support/helpers.detail_steps`
+gives a run log's sampled steps (the others have no per-unit rows: not measured, not zero).
 
 `slow` marks every test that starts another process: a multi-process demo job, Prometheus,
 Alertmanager, promtool, a CLI in a subprocess, a fresh venv. `make test-fast` runs
@@ -21,7 +24,8 @@ import os
 
 import pytest
 
-os.environ.setdefault("ZERODOC_DETAIL", "every")
+# The default whatever the caller's shell holds (subprocess ranks inherit the environment).
+os.environ.pop("ZERODOC_DETAIL", None)
 
 # Test modules whose every test (or module fixture) starts processes.
 SLOW_MODULES = frozenset({

@@ -4,7 +4,7 @@ all-gather / reduce-scatter."""
 
 from __future__ import annotations
 
-from tests.support.helpers import run_demo
+from tests.support.helpers import detail_steps, run_demo
 from tests.test_exposure import UNITS, _expected_gather_bytes
 
 
@@ -17,7 +17,7 @@ def test_hsdp_all_reduce_is_measured_per_unit(tmp_path):
         assert f.mesh_shape == (2, 2) and f.mesh_dim_names == ("replicate", "shard")
         assert f.hooks["_fsdp_collectives.dist (HSDP all-reduce)"] == "ok"
         units = {u.name: u for u in f.units}
-        for s in log.steps:
+        for s in detail_steps(log):
             for unit in UNITS:
                 assert units[unit].group_size == 2 and units[unit].replicate_size == 2
                 ag = s.comm[(unit, "forward", "all_gather")]
@@ -33,4 +33,4 @@ def test_hsdp_all_reduce_is_measured_per_unit(tmp_path):
 def test_plain_fsdp_has_no_all_reduce(tmp_path):
     logs = run_demo(tmp_path, "flat", nprocs=2, steps=2)
     assert "_fsdp_collectives.dist (HSDP all-reduce)" not in logs[0].facts.hooks
-    assert not any(coll == "all_reduce" for s in logs[0].steps for (_, _, coll) in s.comm)
+    assert not any(coll == "all_reduce" for s in detail_steps(logs[0]) for (_, _, coll) in s.comm)

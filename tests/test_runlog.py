@@ -115,8 +115,11 @@ def test_the_queue_is_bounded_and_the_writer_counts_what_it_cannot_take(tmp_path
 def test_interval_lines_equal_the_sum_of_the_steps(tmp_path):
     """A real 2-rank gloo job, an interval every 5 steps, full detail kept: every interval
     line's per-unit totals (from the shim's cumulative totals) equal the sum of the per-step
-    records over the same steps (from its per-step rows), and the total line the whole run."""
-    logs = run_demo(tmp_path, "iv", nprocs=2, steps=8, attach={"run_log_every": 5})
+    records over the same steps (from its per-step rows), and the total line the whole run.
+    Per-unit detail on every step: each interval, the warm-up step's own too, then has
+    per-unit rows to sum (sampled, the warm-up step has none)."""
+    logs = run_demo(tmp_path, "iv", nprocs=2, steps=8,
+                    attach={"run_log_every": 5, "detail": "every"})
     for log in logs.values():
         assert [s.step for s in log.steps] == list(range(1, 9))
         intervals = [b for b in log.blocks if b.kind == "interval"]

@@ -114,11 +114,21 @@ def run_demo(tmp: Path, name: str, *, nprocs: int = 2, steps: int = 8, model: di
     return {r: read_rank_log(run_dir / f"rank-{r:05d}.jsonl") for r in range(nprocs)}
 
 
+def detail_steps(log: RankLog, skip: int = 0) -> list:
+    """The steps after `skip` warm-up steps that have per-unit detail. In the default
+    (adaptive) detail only sampled steps do: the others carry no per-unit rows, which is
+    "not measured", never zeros. Fails where none does (a check over no step checks nothing)."""
+    out = [s for s in log.steps if s.step > skip and s.detail]
+    assert out, f"rank {log.facts.rank}: no step after step {skip} has per-unit detail"
+    return out
+
+
 def per_step(log: RankLog, unit: str, phase: str, coll: str, field: str,
              skip: int = 2) -> list[float]:
-    """One number per step (after `skip` warm-up steps) for a unit/phase/collective."""
+    """One number per detail step (after `skip` warm-up steps) for a unit/phase/collective:
+    0 where a detail step has no such call."""
     out = []
-    for s in log.steps[skip:]:
+    for s in detail_steps(log, skip):
         t = s.comm.get((unit, phase, coll))
         out.append(getattr(t, field) if t is not None else 0.0)
     return out
@@ -206,10 +216,15 @@ def profiled_demo(tmp_factory, name: str, *, model: dict, attach: dict | None = 
                   nprocs: int = 2, steps: int = 8, gzip: bool = False) -> tuple:
     """A demo run with the shim attached and the PyTorch profiler recording steps 4-7
     (ProfilerStep#3-#6), one trace per rank. Returns (run logs, trace dir). Runs once per
-    test session and name, so several test modules can check the same run."""
+    test session and name, so several test modules can check the same run.
+
+    Per-unit detail on every step: the profiler witnesses each call of steps 4-7, and the
+    live numbers it is held against exist only on detail steps (the default samples few of
+    8 steps, maybe none of 4-7; a sampled step is measured by the same code)."""
     if name not in _PROFILED:
         tmp = tmp_factory.mktemp(name)
         traces = tmp / "traces"
+        attach = {"detail": "every", **(attach or {})}
         logs = run_demo(tmp, "run", nprocs=nprocs, steps=steps, model=model, attach=attach,
                         extra={"profile": {"dir": str(traces), "wait": 2, "warmup": 1,
                                            "active": 4, "gzip": gzip}})
