@@ -339,3 +339,25 @@ def test_many_small_units_are_latency_bound_not_a_slow_link():
     bw = sum(v.busbw * v.seconds for v in big) / sum(v.seconds for v in big)
     assert ctx.t.slow_link_busbw_fraction <= bw / ctx.link_busbw < \
         ctx.t.slow_link_costly_busbw_fraction and ctx.sync
+
+
+# --- which change a rule's prediction was made for (`applied`, zerodoc compare) ----------
+
+
+def test_a_rule_accepts_only_the_fix_its_prediction_was_made_for():
+    """ZD004 predicts for prefetching (the step model: async unshard, prefetch one deeper)
+    and accepted ZD003's fix, resharding off, as its own; ZD006 predicts for a doubled
+    micro-batch and accepted a stage or link change. Neither does now; each still takes its
+    own fix. An unknown prefetch before (an older run log) is no change."""
+    from zerodoc.diagnosis import BY_CODE
+
+    zd003, zd004, zd006 = (BY_CODE[c].applied for c in ("ZD003", "ZD004", "ZD006"))
+    reshard_off = ({"stage": "zero3", "resharded_unit_fraction": 1.0},
+                   {"stage": "zero2", "resharded_unit_fraction": 0.0})
+    assert zd003(*reshard_off) == "stage zero3 -> zero2"
+    assert zd004(*reshard_off) is None and zd006(*reshard_off) is None
+    assert zd006({"simulated_link_latency_s": 0.05}, {"simulated_link_latency_s": 0.0}) is None
+    assert zd004({"prefetch_forward": 0}, {"prefetch_forward": 4}) == "prefetch forward 0 -> 4 units"
+    assert zd004({"prefetch_forward": None}, {"prefetch_forward": 4}) is None
+    assert zd004({"synchronous_all_gathers": True}, {"synchronous_all_gathers": False}) == \
+        "all-gathers synchronous -> asynchronous"

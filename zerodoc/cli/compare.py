@@ -14,8 +14,12 @@ def add_parser(sub) -> None:
         "host:port[,...], a Prometheus URL or PyTorch profiler traces) and show what changed in the configuration and "
         "in the measurements, and, for each finding of BEFORE whose fix shows in AFTER's "
         "configuration, the predicted effect against the observed one with a verdict "
-        "(inside or outside the predicted range: confirmed / missed; by size and direction "
-        "where only those are predicted: confirmed, partly, not confirmed, made worse). Outcomes are appended to a history "
+        "(confirmed, partly, not confirmed, missed, made worse, or inconclusive with the "
+        "reason: a predicted range that holds the value before, a change within the runs' "
+        "noise, a run still being written; not judged when another change than the one "
+        "predicted for was applied). Changes are judged against the runs' own noise (each "
+        "run's per-step spread); with no configuration change a change beyond it is the "
+        "environment's, never better or worse. Outcomes are appended to a history "
         "file beside the run directories, which `zerodoc report` and the TUI read back. "
         "Exit status: 0, or 1 with --fail-on-worse when a fix made things worse or the step "
         "got slower, 2 on bad input.",
@@ -36,7 +40,10 @@ def add_parser(sub) -> None:
                    help="treat this finding's fix as applied although the configuration "
                         "does not show it (repeatable), e.g. ZD006 after a bigger micro-batch")
     p.add_argument("--noise", type=float, default=0.05, metavar="FRACTION",
-                   help="relative change below which a measurement counts as unchanged")
+                   help="the floor for what the runs give no per-step spread of (counts, "
+                        "bytes, memory): a relative change within it counts as unchanged; "
+                        "times are judged against the runs' own per-step noise (a run "
+                        "without per-step figures: a stated floor of 15 %%)")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="override a threshold for both diagnoses (repeatable)")
     p.add_argument("--link", default=None, metavar="CLASS",

@@ -7,8 +7,9 @@ Every judged fix appends one JSON line to a small history file beside the run di
 
 `annotate()` reads it for `zerodoc report` and the TUI: when a rule's fix, on runs of the same
 model (framework and parameter count), did less (or more) than predicted in each of the last
-compares (at least `MIN_AGREE` of them), the finding says so, with the last prediction and
-outcome: "last time on this run: predicted X, got Y". Plain Python; a history file that
+conclusive compares (at least `MIN_AGREE` of them; an inconclusive or not judged outcome is
+recorded, with its reason, but makes no pattern), the finding says so, with the last
+prediction and outcome: "last time on this run: predicted X, got Y". Plain Python; a history file that
 cannot be read is ignored, never an error.
 """
 
@@ -52,7 +53,13 @@ def model_key(snap: RunSnapshot) -> str | None:
     return f"{w.facts.framework}:{sum(u.params for u in w.facts.units)}"
 
 
-def _side(ratio: float | None, verdict: str | None) -> str:
+# verdicts that say nothing of the prediction's size: recorded, never part of a pattern
+OPEN = ("inconclusive", "not judged")
+
+
+def _side(ratio: float | None, verdict: str | None) -> str | None:
+    if verdict in OPEN:
+        return None
     if ratio is None:
         return "as" if verdict == "confirmed" else "less"
     if ratio < LESS:
@@ -63,7 +70,9 @@ def _side(ratio: float | None, verdict: str | None) -> str:
 
 
 def entries_of(doc: dict, model: str | None) -> list[dict]:
-    """History lines for a compare document: each applied fix's main effect."""
+    """History lines for a compare document: each applied fix's main effect, with its
+    verdict, why (`reason`: an inconclusive or not judged one says why) and the runs' noise
+    it was judged against; `side` None for an inconclusive or not judged outcome."""
     out = []
     now = round(time.time(), 3)
     for f in doc.get("fixes", ()):
@@ -76,7 +85,9 @@ def entries_of(doc: dict, model: str | None) -> list[dict]:
                     "direction": e["direction"], "now": e["now"], "value": e["value"],
                     "observed_before": e["observed_before"],
                     "observed_after": e["observed_after"], "ratio": e["ratio"],
-                    "verdict": f["verdict"], "side": _side(e["ratio"], e["verdict"]),
+                    "verdict": f["verdict"], "effect_verdict": e["verdict"],
+                    "reason": e.get("reason"), "noise": e.get("noise"),
+                    "side": _side(e["ratio"], e["verdict"]),
                     "before": doc["before"]["source"], "after": doc["after"]["source"]})
     return out
 
@@ -126,7 +137,8 @@ def record(path: Path | None, doc: dict, before: RunSnapshot) -> int:
 def note(entries: list[dict], code: str, model: str | None) -> dict | None:
     """The history note for one finding, or None when the recent outcomes do not all
     differ from the prediction the same way."""
-    mine = [e for e in entries if e.get("code") == code and e.get("model") == model]
+    mine = [e for e in entries if e.get("code") == code and e.get("model") == model
+            and e.get("side") is not None]  # inconclusive outcomes make no pattern
     recent = mine[-RECENT:]
     if len(recent) < MIN_AGREE:
         return None

@@ -91,8 +91,33 @@ def _head(doc: dict) -> list[str]:
         return (f"run {s['run_id'] or '?'} ({s['framework'] or '?'}, {s['world_size'] or '?'} "
                 f"ranks, {s['window']['steps']} steps{sampled})")
     return [f"zerodoc compare: {one(doc['before'])} -> {one(doc['after'])}",
-            f"before: {doc['before']['source']}",
-            f"after:  {doc['after']['source']}"]
+            f"before: {doc['before']['source']}{_live(doc, 'before')}",
+            f"after:  {doc['after']['source']}{_live(doc, 'after')}"]
+
+
+def _live(doc: dict, name: str) -> str:
+    """" (LIVE: still being written, N steps so far; ...)" for a run not ended."""
+    r = (doc.get("runs") or {}).get(name) or {}
+    if not r.get("live"):
+        return ""
+    return (f"  (LIVE: still being written, {r['steps_so_far']} steps so far; its numbers "
+            f"will move and the verdicts are inconclusive)")
+
+
+def _noise_cell(m: dict) -> str:
+    """"+/-12 ms" (measured from the runs' per-step spread) or "+/-5% floor" (not
+    measured: a stated floor)."""
+    if m.get("noise") is None:
+        return "-"
+    if m.get("noise_measured"):
+        return f"+/-{fmt(m['metric'], m['noise'])}"
+    frac = m["noise"] / abs(m["before"]) if m.get("before") else None
+    return f"+/-{pct(frac)} floor" if frac is not None else "floor"
+
+
+def _not_judged(f: dict) -> str:
+    why = f" ({f['reason']})" if f.get("reason") else ""
+    return f"{f['code']} {f['name']} ({'still present' if f['still_present'] else 'gone'}){why}"
 
 
 def _units_line(u: dict) -> str:
@@ -127,13 +152,18 @@ def render_text(doc: dict) -> str:
     lines += ["  " + x for x in table(("fact", "before", "after"),
                                        [(c["fact"], _fact(c["before"]), _fact(c["after"]))
                                         for c in changed], numbers_right=False)] if changed else []
-    lines += ["", "Measurements (per step, link-attributable; noise floor "
-              f"{pct(doc['noise_fraction'])}):"]
+    lines += ["", "Measurements (per step, link-attributable; a change within the runs' noise, "
+              "from each run's per-step spread where measured, else a stated floor, is "
+              "no change):"]
     rows = [(label(m["metric"]), fmt(m["metric"], m["before"]), fmt(m["metric"], m["after"]),
-             f"{_pct_change(m['change_fraction'])} {m['judgement'] or ''}".strip())
+             f"{_pct_change(m['change_fraction'])} {m['judgement'] or ''}".strip(),
+             _noise_cell(m))
             for m in _shown(doc)]
-    lines += ["  " + x for x in table(("metric", "before", "after", "change"), rows,
+    lines += ["  " + x for x in table(("metric", "before", "after", "change", "noise"), rows,
                                        numbers_right=False)]
+    env = (doc.get("environment") or {}).get("text")
+    if env:
+        lines.append(f"  Environment: {env}")
     lines += ["", f"Units: {_units_line(doc['units'])}"]
     urows = _unit_rows(doc["units"])
     if urows:
@@ -147,6 +177,8 @@ def render_text(doc: dict) -> str:
         lines.append(f"  {f['code']} {f['name']}: {f['verdict'].upper()} "
                      f"(applied: {f['applied']}; finding "
                      f"{'still present' if f['still_present'] else 'gone'})")
+        if f.get("reason"):
+            lines.append(f"    {f['reason']}")
         if f["effects"]:
             lines += ["    " + x for x in table(("effect", "predicted", "observed", "verdict"),
                                                  [_effect_cells(e) for e in f["effects"]],
@@ -156,8 +188,7 @@ def render_text(doc: dict) -> str:
     rest = [f for f in doc["fixes"] if not f["applied"]]
     if rest:
         lines += ["", "Not applied (the fix does not show in the configuration):"]
-        lines += [f"  {f['code']} {f['name']} ({'still present' if f['still_present'] else 'gone'})"
-                  for f in rest]
+        lines += [f"  {_not_judged(f)}" for f in rest]
     fd = doc["findings"]
     lines += ["", f"Findings: resolved {', '.join(fd['resolved']) or 'none'}; new "
               f"{', '.join(fd['new']) or 'none'}; persisting {', '.join(fd['persisting']) or 'none'}"]
@@ -171,12 +202,15 @@ def _md(cells) -> str:
 def render_markdown(doc: dict) -> str:
     head = _head(doc)
     lines = [f"## {head[0]}", "", f"- {head[1]}", f"- {head[2]}", ""]
+    env = (doc.get("environment") or {}).get("text")
     applied = [f for f in doc["fixes"] if f["applied"]]
     if applied:
         lines += ["### Fixes applied: predicted vs observed", ""]
         for f in applied:
             lines += [f"**{f['code']} `{f['name']}`: {f['verdict']}** (applied: {f['applied']}; "
                       f"finding {'still present' if f['still_present'] else 'gone'})", ""]
+            if f.get("reason"):
+                lines += [f"_{f['reason']}_", ""]
             if f["effects"]:
                 lines += [_md(("effect", "predicted", "observed", "verdict")), _md(["---"] * 4)]
                 lines += [_md(_effect_cells(e)) for e in f["effects"]]
@@ -190,20 +224,23 @@ def render_markdown(doc: dict) -> str:
         lines += [_md((f"`{c['fact']}`", _fact(c["before"]), _fact(c["after"]))) for c in changed]
     else:
         lines.append("No fact changed.")
-    lines += ["", "### Measurements (per step)", "", _md(("metric", "before", "after", "change")),
-              _md(["---"] * 4)]
+    lines += ["", "### Measurements (per step)", "",
+              _md(("metric", "before", "after", "change", "noise")), _md(["---"] * 5)]
     lines += [_md((label(m["metric"]), fmt(m["metric"], m["before"]),
                    fmt(m["metric"], m["after"]),
-                   f"{_pct_change(m['change_fraction'])} {m['judgement'] or ''}".strip()))
+                   f"{_pct_change(m['change_fraction'])} {m['judgement'] or ''}".strip(),
+                   _noise_cell(m)))
               for m in _shown(doc)]
+    if env:
+        lines += ["", f"Environment: {env}"]
     fd = doc["findings"]
     lines += ["", f"Units: {_units_line(doc['units'])}  ",
               f"Findings: resolved {', '.join(fd['resolved']) or 'none'}; new "
               f"{', '.join(fd['new']) or 'none'}; persisting "
               f"{', '.join(fd['persisting']) or 'none'}"]
-    rest = [f"{f['code']}" for f in doc["fixes"] if not f["applied"]]
+    rest = [_not_judged(f) for f in doc["fixes"] if not f["applied"]]
     if rest:
-        lines.append(f"  \nNot applied: {', '.join(rest)}")
+        lines.append(f"  \nNot applied: {'; '.join(rest)}")
     return "\n".join(lines) + "\n"
 
 

@@ -141,15 +141,15 @@ def evaluate(ctx) -> list:
 
 
 def applied(before: dict, after: dict) -> str | None:
-    """The fix shows as more prefetching, asynchronous all-gathers where they were
-    synchronous, or fewer units resharded after forward."""
+    """The fix its prediction was made for shows: more prefetching, or asynchronous
+    all-gathers where they were synchronous. Fewer units resharded after forward is ZD003's
+    fix (all units) or this rule's late-block advice, which the facts cannot tell apart and
+    the step model does not predict: not accepted here, so `zerodoc compare` does not judge
+    a prefetch prediction against a resharding change (it says so: "not judged")."""
     for key in ("prefetch_forward", "prefetch_backward"):
-        b, a = before.get(key) or 0, after.get(key) or 0
-        if a > b:
+        b, a = before.get(key), after.get(key)
+        if b is not None and a is not None and a > b:  # unknown on a side: not a change
             return f"{key.replace('_', ' ')} {b} -> {a} units"
     if before.get("synchronous_all_gathers") and after.get("synchronous_all_gathers") is False:
         return "all-gathers synchronous -> asynchronous"
-    b, a = before.get("resharded_unit_fraction"), after.get("resharded_unit_fraction")
-    if b and a is not None and a < b:
-        return f"share of units resharded after forward {pct(b)} -> {pct(a)}"
     return None
