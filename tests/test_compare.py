@@ -379,7 +379,7 @@ def test_compare_reads_live_endpoints(tmp_path):
     assert doc["runs"]["after"]["live"] and not doc["runs"]["before"]["live"]
     assert count["observed_after"] == 10 and count["verdict"] == INCONCLUSIVE
     assert count["verdict_as_it_stands"] == CONFIRMED
-    assert count["reason"].startswith("inconclusive: AFTER is still being written (")
+    assert count["reason"].startswith("AFTER is still being written (")
 
 
 def test_tui_feed_findings_carry_the_history_note(tmp_path, monkeypatch):
@@ -646,6 +646,7 @@ def test_two_fixes_applied_at_once_are_not_judged_one_by_one():
     for code, other in (("ZD003", "ZD004"), ("ZD004", "ZD003")):
         f = _fix(doc, code)
         assert f["applied_by"] == "facts" and f["verdict"] == NOT_JUDGED, f
+        assert f["reason"].startswith("not judged: the applied changes are ")
         assert f"({other}'s fix)" in f["reason"] and f["reason"].endswith(" alone")
         judged = [e for e in f["effects"] if e["verdict"] not in (UNKNOWN, "cannot judge on CPU")]
         assert judged and all(e["verdict"] == NOT_JUDGED for e in judged)
@@ -692,8 +693,8 @@ def test_a_run_still_being_written_is_flagged_and_its_verdicts_inconclusive(tmp_
     assert doc["runs"]["before"]["live"] is False and doc["summary"]["live"]
     f = _fix(doc, "ZD002")
     assert f["applied_by"] == "facts" and f["verdict"] == INCONCLUSIVE
-    why = "inconclusive: AFTER is still being written (10 steps so far)"
-    assert f["reason"] == why
+    why = "AFTER is still being written (10 steps so far)"
+    assert f["reason"] == f"inconclusive: {why}"
     for e in f["effects"]:
         assert e["verdict"] == INCONCLUSIVE and e["reason"].startswith(why + "; as it stands: ")
     count = next(e for e in f["effects"] if e["metric"] == "all_gathers_per_step")

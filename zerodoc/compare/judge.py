@@ -357,8 +357,8 @@ def _fix(f: Finding, before: Side, after: Side, declared: set[str], noise: dict,
                          f"{others}, the prediction was for {entry['predicted_for']}")
         return entry
     effects = [_judge_effect(e, before, after, noise) for e in f.effects]
-    why = (f"not judged: the applied changes are {reason} and {others}, the prediction "
-           f"was for {entry['predicted_for']} alone") if others else live
+    why = (f"the applied changes are {reason} and {others}, the prediction was for "
+           f"{entry['predicted_for']} alone") if others else live
     for e in effects if why else ():
         if e["verdict"] in (UNKNOWN, CANNOT_JUDGE):
             continue
@@ -368,7 +368,8 @@ def _fix(f: Finding, before: Side, after: Side, declared: set[str], noise: dict,
                              else "")
     entry["effects"] = effects
     entry["verdict"] = overall(effects) if effects else UNKNOWN
-    entry["reason"] = why
+    # the fix's reason names its verdict (the effects' sit beside theirs)
+    entry["reason"] = why and f"{'not judged' if others else INCONCLUSIVE}: {why}"
     return entry
 
 
@@ -396,7 +397,7 @@ def _environment(measurements: list[dict], configured: bool) -> dict:
 def _live_reason(runs: dict) -> str | None:
     bits = [f"{name.upper()} is still being written ({r['steps_so_far']} steps so far)"
             for name, r in runs.items() if r["live"]]
-    return "inconclusive: " + " and ".join(bits) if bits else None
+    return " and ".join(bits) or None
 
 
 def compare(before: Side, after: Side, *, applied: set[str] | frozenset = frozenset(),
