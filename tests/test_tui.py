@@ -48,9 +48,13 @@ WINDOW = 20
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> Path:
-    """A real 2-rank demo run (FSDP2 on gloo), 8 steps, cleanly ended."""
+    """A real 2-rank demo run (FSDP2 on gloo), 8 steps, cleanly ended. Per-unit detail on
+    every step: these tests hold the TUI's tables and sliding windows to the run log step by
+    step (each step's raw per-unit rows); the default mode's sampled steps are held to the
+    report and to a witness from the raw lines in tests/test_one_number.py and
+    tests/test_tui_sampled.py."""
     tmp = tmp_path_factory.mktemp("tui")
-    run_demo(tmp, "rec", nprocs=2, steps=8)
+    run_demo(tmp, "rec", nprocs=2, steps=8, attach={"detail": "every"})
     return tmp / "rec"
 
 

@@ -200,11 +200,17 @@ class ZerodocApp(App):
         self.query_one("#tabs", TabbedContent).active = name
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        """Show the view and focus its table; a view without one (Overview) takes the focus
+        off the pane left behind: a focused widget in a hidden pane makes TabbedContent
+        switch back to it (`1` / `o` from Findings stayed on Findings, issue 31)."""
         self._render_active()
         pane = event.pane
         for table in pane.query(ZTable):
             table.focus()
             break
+        else:
+            if self.focused is not None and pane not in self.focused.ancestors:
+                self.set_focus(None)
 
     def action_sort(self) -> None:
         view = self.active_view

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from ..measures import EXPOSED_ALL, exposed_per_step
 from ..windowsamples import next_sample, run_coverage, run_warmup, samples
 from ..thresholds import DEFAULT as T
 from .. import humanize as fmt
@@ -119,10 +120,13 @@ def unit_values(frame: Frame, scope: Scope) -> dict[str, dict[str, float | None]
         return _rank_unit_values(frame, ranks)
     if not ranks:
         return {}
+    from ..measures import unit_busbw
     from ..unitstats import unit_stats
 
     stats = unit_stats(frame.snapshot, ranks)
     how = "mean" if scope == MEAN else "max"
+    facts = frame.snapshot.ranks[ranks[0]].facts
+    groups, world = {u.name: u.group_size for u in facts.units}, facts.world_size
     out = {}
     for name in stats.order:
         st = stats.units.get(name, {})
@@ -137,7 +141,8 @@ def unit_values(frame: Frame, scope: Scope) -> dict[str, dict[str, float | None]
             "ag_bytes": agg("ag_bytes"), "ag_seconds": agg("ag_seconds"),
             "ag_exposed_seconds": agg("ag_exposed_seconds"),
             "ag_exposed_fraction": agg("ag_exposed_fraction"),
-            "ag_busbw": agg("ag_busbw", worst="min"),
+            "ag_busbw": unit_busbw(stats, name, groups.get(name, world),
+                                   "min" if how == "max" else "mean"),
             "compute_seconds": agg("compute_seconds"), "rs_seconds": agg("rs_seconds"),
             "ar_seconds": agg("ar_seconds"), "ar_exposed_seconds": agg("ar_exposed_seconds"),
         }
@@ -278,7 +283,7 @@ def rank_table(frame: Frame, sort: str = "rank", reverse: bool = False) -> Table
             "rank": r, "node": w.facts.node, "last_step": w.last_step if n else None,
             "step_ms": w.mean_step_seconds if n else None,
             "compute_ms": comp.get(r),
-            "exposed_ms": w.exposed_seconds / n if n and w.unit_detail else None,
+            "exposed_ms": exposed_per_step(w),
             "exposed_pct": w.exposed_fraction if n and w.unit_detail else None,
             "ratio": w.comm_compute_ratio if n and w.unit_detail else None,
             "vs_median": comp[r] / med if r in comp and med > 0 else None,
@@ -317,6 +322,14 @@ def _where(f) -> str:
     return " · ".join(parts) or "run"
 
 
+def not_evaluated_text(waiting: dict) -> str:
+    """'not evaluated: 0 sampled steps in the window ...; ZD010 needs 3; per-unit detail about
+    every 8 steps: next sample in about 5 steps' (`zerodoc.diagnosis.waiting`), where the
+    Findings and the Overview would show findings."""
+    what = waiting.get("text") or f"{', '.join(waiting['rules'])} not evaluated"
+    return f"{what}; {waiting['message']}"
+
+
 def finding_key(i: int, f) -> str:
     return f"{i}:{f.code}"
 
@@ -328,10 +341,53 @@ def finding_table(frame: Frame) -> Table:
     return Table(FINDING_COLUMNS, rows, cap)
 
 
+# Evidence a threshold grades where the names differ (threshold stem -> evidence key); any
+# other threshold `X_warn` / `X_crit` grades the evidence `X` or `..._X`.
+GRADED_ALIASES = {"ZD010": {"straggler_ratio": ("compute_ratio",),
+                            "exposed_fraction": ("peer_wait_fraction",)},
+                  "ZD005": {"exposed_fraction": ("exposed_beyond_link_fraction",)},
+                  # graded on the avoidable part (docs/rules.md, "avoidable"), shown beside
+                  # the exposed fraction it is part of
+                  "ZD004": {"exposed_fraction": ("all_gather_exposed_fraction",
+                                                 "all_gather_avoidable_fraction")},
+                  "ZD003": {"exposed_fraction": ("all_gather_avoidable_fraction",)}}
+
+
+def graded_on(f) -> str | None:
+    """The figures a finding's severity was graded on, beside their thresholds, as the TUI
+    shows them next to the severity: 'comm compute ratio 1.17, avoidable comm compute ratio
+    0.42; threshold warn 0.5, crit 1.0'. None: no threshold names an evidence figure."""
+    alias = GRADED_ALIASES.get(f.code, {})
+    stems: dict[str, list[str]] = {}
+    for k in f.threshold:
+        stem = k.removesuffix("_warn").removesuffix("_crit")
+        if stem != k:
+            stems.setdefault(stem, []).append(k)
+    parts = []
+    for stem, keys in stems.items():
+        figs = [(ek, ev) for ek, ev in f.evidence.items()
+                if isinstance(ev, (int, float)) and not isinstance(ev, bool)
+                and (ek in alias.get(stem, ()) or ek == stem or ek.endswith("_" + stem))]
+        if not figs:
+            continue
+        lim = ", ".join(f"{k.rsplit('_', 1)[1]} {fmt.evidence_value(k, f.threshold[k])}"
+                        for k in keys)
+        shown = ", ".join(f"{fmt.label(ek)} {fmt.evidence_value(ek, ev)}" for ek, ev in figs)
+        parts.append(f"{shown}; threshold {lim}")
+    return " · ".join(parts) or None
+
+
+def severity_text(f) -> str:
+    """'WARNING (compute ratio 1.30; threshold warn 1.25)': the severity with the figure it
+    was graded on (issue 31), or the bare severity."""
+    g = graded_on(f)
+    return f"{f.severity.name} ({g})" if g else f.severity.name
+
+
 def finding_detail(f) -> list[tuple[str, str]]:
     """(label, text) lines: what, evidence, threshold, fix, predicted effect, the what-if of
     the fix from the step model (rules ZD002-ZD005, `extra["whatif"]`)."""
-    lines = [("", f"{f.severity.name} {f.code} {f.name}"), ("", f.title)]
+    lines = [("", f"{severity_text(f)} {f.code} {f.name}"), ("", f.title)]
     for k, v in f.evidence.items():
         lines.append(("evidence", f"{fmt.label(k)} = {fmt.evidence_value(k, v)}"))
     for k, v in f.threshold.items():
@@ -353,6 +409,16 @@ def finding_detail(f) -> list[tuple[str, str]]:
     if f.doc:
         lines.append(("docs", f.doc))
     return lines
+
+
+def live_banner(frame: Frame | None, now: float | None = None) -> str | None:
+    """'LIVE: still being written (step 37, last write 2 s ago)' (`zerodoc.measures`) for the
+    title of every view, None for a finished run or a recorded trace."""
+    if frame is None or not frame.snapshot.ranks or recorded_trace(frame):
+        return None
+    from ..measures import live_text
+
+    return live_text(frame.snapshot, now)
 
 
 def stopped_banner(frame: Frame | None) -> str | None:
@@ -455,9 +521,13 @@ def headlines(frame: Frame, scope: Scope) -> list[Headline]:
         return out
     sampled = _sampled_text(frame, scope)
     ef = _agg([ws[r].exposed_fraction for r in measured], scope)
-    ex = _agg([ws[r].exposed_seconds / ws[r].steps for r in measured], scope)
+    ex = _agg([exposed_per_step(ws[r]) for r in measured], scope)
+    # the definition beside the number: all collectives (the report's step breakdown), not
+    # ZD006's link-attributable part (zerodoc.measures)
+    how = {MEAN: "mean over ranks", WORST: "worst rank"}.get(scope, f"rank {scope}")
     out.append(Headline("Exposed comm", fmt.percent(ef),
-                        f"of step time · {fmt.duration(ex)}/step the compute waited{sampled}",
+                        f"of step time · {fmt.duration(ex)}/step the compute waited "
+                        f"({EXPOSED_ALL}, {how}){sampled}",
                         _level(ef, T.exposed_fraction_warn, T.exposed_fraction_crit)))
     ratio = _agg([ws[r].comm_compute_ratio for r in measured], scope)
     comp = _agg([ws[r].compute_seconds / ws[r].steps for r in measured], scope)
@@ -536,6 +606,34 @@ def headroom_per_rank(frame: Frame) -> list[tuple[int, int | None, int | None, f
         cap = w.memory.get("capacity") or w.facts.device_capacity_bytes
         out.append((r, head, cap, head / cap if head is not None and cap else None))
     return out
+
+
+SPARK_BARS = "▁▂▃▄▅▆▇█"
+
+
+def spark_cells(values: list[float | None], width: int) -> str:
+    """A sparkline as text, one cell per step (more steps than cells: consecutive steps
+    share a cell, their largest value), newest at the right. A step without a value (an
+    unsampled step's exposed comm or compute) is a blank cell: a gap, never the previous
+    sample repeated (issue 31); a cell of steps none of which has one is blank too."""
+    width = max(1, width)
+    n = len(values)
+    if n == 0:
+        return ""
+    per = -(-n // width)  # steps per cell
+    cells = []
+    start = n - per * (-(-n // per))  # the oldest cell may hold fewer steps
+    for i in range(start, n, per):
+        got = [v for v in values[max(0, i):i + per] if v is not None]
+        cells.append(max(got) if got else None)
+    got = [v for v in cells if v is not None]
+    lo, hi = (min(got), max(got)) if got else (0.0, 0.0)
+    top = len(SPARK_BARS) - 1
+
+    def bar(v: float) -> str:  # scaled from the smallest to the largest, as Sparkline did
+        return SPARK_BARS[round((v - lo) / (hi - lo) * top) if hi > lo else top // 2]
+
+    return "".join(" " if v is None else bar(v) for v in cells)
 
 
 def sparkline_series(frame: Frame, scope: Scope) -> dict[str, list[float]]:

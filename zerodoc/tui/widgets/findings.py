@@ -39,8 +39,7 @@ class FindingsView(Vertical):
         if frame.diagnose_error:
             cap += f" · {frame.diagnose_error}"
         if frame.waiting:
-            cap += f" · waiting for samples ({', '.join(frame.waiting['rules'])}): " \
-                f"{frame.waiting['message']}"
+            cap += f" · {views.not_evaluated_text(frame.waiting)}"
         self.query_one("#findings-caption", Static).update(Text(cap))
         t = self.query_one(ZTable)
         t.show(table)
@@ -74,9 +73,8 @@ class FindingsView(Vertical):
             msg = ("No findings: nothing crossed a threshold in this window."
                    if frame.snapshot.ranks else "Waiting for ranks to report…")
             if frame.snapshot.ranks and frame.waiting:
-                msg = (f"No step-level finding so far. Waiting for samples: "
-                       f"{', '.join(frame.waiting['rules'])} need per-unit detail; "
-                       f"{frame.waiting['message']}.")
+                msg = (f"No finding from the rules that ran; not an all-clear: "
+                       f"{views.not_evaluated_text(frame.waiting)}.")
             detail.update(Text(msg, style="dim"))
             return
         grid = RichTable.grid(padding=(0, 2))
@@ -87,6 +85,9 @@ class FindingsView(Vertical):
         head.append(f" {found.severity.name} ", style=SEVERITY_STYLES.get(found.severity.name, ""))
         head.append(f" {found.code} ", style="bold")
         head.append(found.name, style="dim")
+        graded = views.graded_on(found)
+        if graded:  # the severity with the figure it was graded on
+            head.append(f"  ({graded})", style="bold")
         grid.add_row("", head)
         grid.add_row("", Text(found.title, style="bold"))
         for label, text in lines[2:]:
@@ -94,3 +95,4 @@ class FindingsView(Vertical):
             # (e.g. `set_modules_to_forward_prefetch([next_block])` in a fix).
             grid.add_row(Text(label, style=LABEL_STYLES.get(label, "")), Text(text))
         detail.update(grid)
+

@@ -7,7 +7,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Label, Sparkline, Static
+from textual.widgets import Label, Static
 
 from ... import humanize as fmt
 from .. import views
@@ -19,31 +19,44 @@ SEVERITY_STYLES = {"CRITICAL": "bold white on red", "ERROR": "bold red", "WARNIN
 
 
 class SparkRow(Horizontal):
-    """A label, a sparkline and the latest value."""
+    """A label, a sparkline (`views.spark_cells`: one cell per step, a step without a value
+    a gap) and the latest value; a sampled series says how many steps it has."""
 
     DEFAULT_CSS = """
     SparkRow { height: 1; }
     SparkRow > .spark-label { width: 14; color: $text-muted; }
-    SparkRow > Sparkline { width: 1fr; height: 1; }
-    SparkRow > .spark-value { width: 30; padding-left: 2; }
+    SparkRow > .spark-cells { width: 1fr; height: 1; color: $success; }
+    SparkRow > .spark-value { width: 48; padding-left: 2; }
     """
 
     def __init__(self, title: str, **kw):
         super().__init__(**kw)
         self.title = title
+        self.data: list[float | None] = []
 
     def compose(self) -> ComposeResult:
         yield Label(self.title, classes="spark-label")
-        yield Sparkline([], summary_function=max)
+        yield Static("", classes="spark-cells")
         yield Label("-", classes="spark-value")
 
-    def set(self, data: list[float]) -> None:
-        self.query_one(Sparkline).data = [x for x in data if x is not None]
+    def set(self, data: list[float | None]) -> None:
+        self.data = list(data)
+        self._draw()
         shown = [x for x in data if x is not None]
         text = f"last {fmt.duration(shown[-1])}" if shown else "-"
         if len(shown) > 1:
             text += f", max {fmt.duration(max(shown))}"
+        if shown and len(shown) < len(data):
+            text += f" ({len(shown)} sampled of {len(data)})"
         self.query_one(".spark-value", Label).update(Text(text))
+
+    def _draw(self) -> None:
+        cells = self.query_one(".spark-cells", Static)
+        width = cells.size.width or max(10, self.size.width - 48) or 60
+        cells.update(Text(views.spark_cells(self.data, width)))
+
+    def on_resize(self, _event) -> None:
+        self._draw()
 
 
 class Overview(Vertical):
@@ -114,8 +127,8 @@ def _top_finding(frame: Frame) -> Text:
         if not frame.snapshot.ranks:
             return Text("Waiting for ranks to report…", style="dim")
         if frame.waiting:
-            return Text(f"Waiting for samples  {frame.waiting['message']} (no step-level "
-                        "finding so far; the per-unit rules run then)", style="yellow")
+            return Text(f"No finding from the rules that ran, not an all-clear  "
+                        f"{views.not_evaluated_text(frame.waiting)}", style="yellow")
         if views.trace_scope(frame):  # as the report says it
             return Text("No findings in what the traces show (steps, collectives, ranks); "
                         "they show no per-unit detail (Profiler traces below)", style="green")
@@ -125,6 +138,9 @@ def _top_finding(frame: Frame) -> Text:
     t.append(f" {f.severity.name} ", style=SEVERITY_STYLES.get(f.severity.name, ""))
     t.append(f" {f.code} ", style="bold")
     t.append(f.title)
+    graded = views.graded_on(f)
+    if graded:  # the figure the severity was graded on
+        t.append(f"  ({graded})", style="dim")
     more = len(frame.findings) - 1
     t.append(f"   (+{more} more, press 3)" if more else "   (press 3 for evidence and fix)",
              style="dim")

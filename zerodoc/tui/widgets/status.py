@@ -19,6 +19,9 @@ class TitleBar(Static):
     def show(self, description: str, frame: Frame | None) -> None:
         t = Text()
         t.append("zerodoc", style="bold")
+        live = views.live_banner(frame)
+        if live:  # numbers that may still move: said first, on every view (issue 31)
+            t.append(f"  {live}", style="bold green")
         t.append(f"  {description}")
         w = frame.snapshot.any_rank if frame else None
         if w is not None:
