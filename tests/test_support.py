@@ -90,3 +90,15 @@ def test_no_test_keeps_a_program_in_a_string():
                         for c in ast.walk(node.func.value)):
                 found.append(f"{path.name}:{node.lineno}")
     assert not found, f"programs kept in strings: {found} (make them tests/support/jobs/)"
+
+
+def test_the_suite_runs_the_default_detail():
+    """Issue 31: no suite-wide $ZERODOC_DETAIL (it once set "every" for every test, and the
+    default was never run end to end); the caller's own is dropped too. A job attached with
+    no option, as a user's, gets the default, adaptive detail: sampled steps."""
+    import os
+
+    from zerodoc.shim.config import AttachConfig
+
+    assert "ZERODOC_DETAIL" not in os.environ
+    assert AttachConfig.from_options().detail == "adaptive"
