@@ -365,7 +365,10 @@ def test_demo_loop_confirms_the_wrap_fix(tmp_path):
 def test_compare_reads_live_endpoints(tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(SCEN / "wrap-linear", runs / "wrap-linear")
-    with LiveDemo(tmp_path, steps=10**6) as demo:
+    # every step's per-unit detail: the endpoints' window is the few steps between two
+    # scrapes, which holds a sampled step (the all-gather count judged here) only by chance
+    # under the default's sampling (a sample every ~15 s)
+    with LiveDemo(tmp_path, steps=10**6, attach={"detail": "every"}) as demo:
         demo.wait_steps(4)
         out = zerodoc("compare", str(runs / "wrap-linear"), ",".join(demo.endpoints),
                       "--json", "--no-history", timeout=120)

@@ -91,7 +91,7 @@ def half_width(metric: str, before: float | None, noise: dict, floor: float,
                 f"+/-{f * 100:g} %", "measured": False}
 
     if metric not in TIMES:
-        return floor_of(floor, "it does not vary from step to step")
+        return floor_of(floor, "no per-step figures of it: it moves with the configuration")
     if metric == "step_seconds" and noise.get("step"):
         return {**_keep(noise["step"]), "measured": True}
     if metric == "exposed_comm_seconds_per_step" and noise.get("exposed"):
