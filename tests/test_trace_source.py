@@ -330,8 +330,10 @@ def test_rank_from_the_file_name(tmp_path, capsys):
 def test_fsdp1_and_zero1_traces_match_the_live_counts_and_bytes(tmp_path, framework):
     """FSDP1 names no unit in its annotations: the trace's `unit-k` is the k-th unit FSDP1
     gathers in forward, which for this model is the live shim's k-th unit. ZeRO-1 (DDP +
-    ZeroRedundancyOptimizer) is one unit, "(model)". Counts and bytes per step: exactly."""
-    logs = run_demo(tmp_path, "run", nprocs=2, steps=5, extra={
+    ZeroRedundancyOptimizer) is one unit, "(model)". Counts and bytes per step: exactly.
+    Per-unit detail on every step: the trace holds every call of steps 4-5, and the live
+    numbers exist on detail steps only (the default may sample neither of them)."""
+    logs = run_demo(tmp_path, "run", nprocs=2, steps=5, attach={"detail": "every"}, extra={
         "framework": framework,
         "profile": {"dir": str(tmp_path / "traces"), "wait": 2, "warmup": 1, "active": 2}})
     src = open_traces(str(tmp_path / "traces"), window=None, progress=False)
