@@ -108,3 +108,23 @@ async def test_a_findings_severity_comes_with_the_figure_it_was_graded_on(tmp_pa
         text = " ".join(screen_text(app).split())
         assert f"{top.severity.name} {top.code} {top.name} (compute ratio 1.30; threshold " \
             "warn 1.25" in text
+
+
+async def test_no_findings_from_samples_before_the_window_is_not_an_all_clear(tmp_path):
+    """The Overview and Findings say where the per-unit rules read from when no sample is
+    in the window (rules that find nothing: an empty diagnosis), never "nothing crossed a
+    threshold in this window"."""
+    from tests.test_window_samples import write
+
+    run = write(tmp_path / "run", {1, 2, 12, 23, 30}, straggler=None)
+    app = ZerodocApp(open_source(str(run), window=20), refresh=None, diagnose=lambda s: [])
+    async with app.run_test(size=(200, 40)) as pilot:
+        await _opened(app, pilot)
+        want = "No findings; the per-unit rules read sampled steps 12, 23, 30 from before " \
+            "the window, none inside the window: not an all-clear for it"
+        for key in ("1", "3"):
+            await pilot.press(key)
+            await pilot.pause()
+            text = " ".join(screen_text(app).split())
+            assert want in text, key
+            assert "nothing crossed a threshold" not in text

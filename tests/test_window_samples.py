@@ -172,3 +172,25 @@ async def test_a_run_still_being_written_is_flagged_everywhere(tmp_path):
     assert "LIVE" not in cli("report", str(run))
     assert json.loads(cli("report", str(run), "--json"))["live"] is None
     assert "LIVE" not in cli("whatif", str(run))
+
+
+def test_no_findings_from_samples_before_the_window_is_not_an_all_clear(tmp_path):
+    """A window with no sample of its own whose per-unit rules read the newest 3 from before
+    it: nothing found is said as such, not as "nothing wrong" (issue 31: a healthy run never
+    gets an all-clear without a sample in its window). Rendered from the real snapshot with
+    no findings, as a run whose rules find nothing would be."""
+    from zerodoc.report import build_report, render_text
+    from zerodoc.thresholds import DEFAULT
+
+    run = write(tmp_path / "run", {1, 2, 12, 23, 30}, straggler=None)
+    snap = snapshots(run)["sliding"]
+    text = render_text(build_report(snap, [], source="run", thresholds=DEFAULT, link=None,
+                                    window=20))
+    assert "nothing the rules know of is wrong" not in text
+    assert "no findings; the per-unit rules read sampled steps from before the window (see " \
+        "above), none inside it: not an all-clear for the window" in text
+    # with a sample inside the window, nothing found is an all-clear
+    inside = write(tmp_path / "inside", {1, 2, 12, 23, 40}, straggler=None)
+    text = render_text(build_report(snapshots(inside)["sliding"], [], source="run",
+                                    thresholds=DEFAULT, link=None, window=20))
+    assert "no findings: nothing the rules know of is wrong" in text

@@ -409,6 +409,12 @@ def _no_findings(rep: dict) -> str:
     if rep.get("waiting"):
         return (f"no findings from the rules that ran; {', '.join(rep['waiting']['rules'])} "
                 "were not evaluated (see above): not an all-clear")
+    pu = rep["window"].get("per_unit") or {}
+    if pu.get("sampled") and pu.get("detail_steps") and \
+            pu.get("before_window") == pu.get("detail_steps"):
+        # no sample inside the window: its per-unit rules read older steps (issue 31)
+        return ("no findings; the per-unit rules read sampled steps from before the window "
+                "(see above), none inside it: not an all-clear for the window")
     return "no findings: nothing the rules know of is wrong"
 
 

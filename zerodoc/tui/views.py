@@ -322,6 +322,20 @@ def _where(f) -> str:
     return " · ".join(parts) or "run"
 
 
+def samples_before_only(frame: Frame) -> str | None:
+    """'sampled steps 12, 23, 30 from before the window' when every per-unit figure of the
+    fresh ranks comes from before the window (none inside it), else None."""
+    from ..windowsamples import sample_steps, step_list
+
+    ws = [frame.snapshot.ranks[r] for r in frame.fresh_ranks if frame.snapshot.ranks[r].steps]
+    if not ws or not all(w.sampled and w.per_unit_steps and w.detail_before == w.per_unit_steps
+                         for w in ws):
+        return None
+    got = sample_steps(ws[0])
+    return f"sampled steps {step_list(s for s, _ in got)} from before the window" if got \
+        else "sampled steps from before the window"
+
+
 def not_evaluated_text(waiting: dict) -> str:
     """'not evaluated: 0 sampled steps in the window ...; ZD010 needs 3; per-unit detail about
     every 8 steps: next sample in about 5 steps' (`zerodoc.diagnosis.waiting`), where the

@@ -72,6 +72,10 @@ class FindingsView(Vertical):
         if found is None:
             msg = ("No findings: nothing crossed a threshold in this window."
                    if frame.snapshot.ranks else "Waiting for ranks to report…")
+            old = views.samples_before_only(frame) if frame.snapshot.ranks else None
+            if old:  # no sample inside the window: not an all-clear for it (issue 31)
+                msg = (f"No findings; the per-unit rules read {old}, none inside the "
+                       "window: not an all-clear for it.")
             if frame.snapshot.ranks and frame.waiting:
                 msg = (f"No finding from the rules that ran; not an all-clear: "
                        f"{views.not_evaluated_text(frame.waiting)}.")

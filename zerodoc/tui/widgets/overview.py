@@ -132,6 +132,10 @@ def _top_finding(frame: Frame) -> Text:
         if views.trace_scope(frame):  # as the report says it
             return Text("No findings in what the traces show (steps, collectives, ranks); "
                         "they show no per-unit detail (Profiler traces below)", style="green")
+        old = views.samples_before_only(frame)
+        if old:  # no sample inside the window: not an all-clear for it (issue 31)
+            return Text(f"No findings; the per-unit rules read {old}, none inside the window: "
+                        "not an all-clear for it", style="yellow")
         return Text("No findings: nothing crossed a threshold in this window.", style="green")
     f = frame.findings[0]
     t = Text("Top finding  ")
