@@ -4,8 +4,9 @@ Why: when exposed collectives take as long as the compute, the step is limited b
 network, not the accelerator; throughput scales with the link instead of the hardware.
 The compute-to-exposed-communication ratio is the number to watch, not whether it fits.
 
-Evidence: exposed communication (all collectives, link-attributable) per step, compute per
-step, their ratio; for synchronous collectives, the part the link baseline does not explain.
+Evidence: exposed communication (all collectives, link-attributable: per unit and phase the
+rank that waited least, zerodoc.measures; the title says so beside the figure) per step,
+compute per step, their ratio; for synchronous collectives, the part the link baseline does not explain.
 Severity: WARNING / ERROR on the avoidable ratio (comm_compute_ratio_warn / _crit). With
 synchronous collectives (gloo: the link explains part of the time) the raw ratio still scales
 it: INFO between comm_compute_ratio_warn and _crit, WARNING at or above comm_compute_ratio_crit
@@ -56,7 +57,8 @@ def evaluate(ctx) -> list:
     return [finding(
         CODE, NAME, severity,
         f"exposed communication {what}is {shown:.2f}x the compute "
-        f"({secs(avoidable if what else exposed)} vs {secs(compute)} per step)"
+        f"({secs(avoidable if what else exposed)} vs {secs(compute)} per step, "
+        f"{'link-attributable' if views else 'median rank'})"
         + ("" if views else "; ranks' totals: no per-unit detail yet"),
         evidence={"exposed_comm_seconds_per_step": r6(exposed),
                   "avoidable_comm_seconds_per_step": r6(avoidable),
