@@ -33,7 +33,8 @@ def _env_seconds(name: str, default: float) -> float:
 @dataclass(kw_only=True)
 class AttachConfig:
     run_dir: str | None = None
-    """Run log directory. Default: $ZERODOC_RUN_DIR, else ./zerodoc-runs/<run id>/."""
+    """Run log directory. Default: $ZERODOC_RUN_DIR, else ./zerodoc-runs/<job id>/ (the job
+    identity every rank derives alike: zerodoc/shim/jobid.py)."""
     port: int | bool | None = None
     """Prometheus base port (rank serves base + LOCAL_RANK). None: $ZERODOC_PORT or 9730;
     0: any free port; False: no HTTP server."""
