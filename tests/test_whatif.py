@@ -822,7 +822,7 @@ def test_rules_time_predictions_are_the_models_answer_with_a_range(monkeypatch):
         assert e.lo < e.value < e.hi < e.now
     assert f.effects[0].metric == "exposed_comm_seconds_per_step"
     assert "what-if (latency set to 2 ms, range from 0 ms (all_gather)):" in f.predicted
-    assert "the model replays the run within" in f.predicted
+    assert "each from the model's replay of the run (its step within" in f.predicted
 
     import zerodoc.whatif
 

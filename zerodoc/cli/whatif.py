@@ -26,8 +26,9 @@ def add_parser(sub) -> None:
         "Exit status: 0, 2 on bad input.",
         formatter_class=DefaultsHelpFormatter)
     p.add_argument("source", metavar="SOURCE", help="the measured run")
-    p.add_argument("--window", type=int, default=0, metavar="STEPS",
-                   help="steps of the run to fit to (the last N; 0: all)")
+    p.add_argument("--window", type=int, default=20, metavar="STEPS",
+                   help="steps of the run to fit to (the last N; 0: all). The default is "
+                   "report's, TUI's and compare's: one run, one window, the same numbers")
     from .options import add_warmup_argument
 
     add_warmup_argument(p)

@@ -1164,7 +1164,9 @@ def profile_differs(model: StepModel) -> list[str]:
 
 def summary(ans: dict) -> str:
     """One line of an answer for a finding or the TUI: "step 721 ms -> 659 ms (620-700 ms),
-    exposed comm 208 ms -> 163 ms (150-176 ms); replay of the run within 0.5 %"."""
+    exposed comm 208 ms -> 163 ms (150-176 ms); each from the model's replay of the run (its step
+    within 0.5 % of the measured)": the left-hand figures are the replay's, not the measured
+    ones (issue 31: one number per quantity, or its definition named beside it)."""
     from ..humanize import secs
 
     def rng(lo: float, hi: float) -> str:
@@ -1172,7 +1174,9 @@ def summary(ans: dict) -> str:
 
     b, p = ans["baseline"], ans["predicted"]
     err = b.get("step_error")
-    replay = "" if err is None else f"; the model replays the run within {abs(err) * 100:.1f} %"
+    replay = "; each from the model's replay of the run" if err is None else \
+        f"; each from the model's replay of the run (its step within {abs(err) * 100:.1f} % of " \
+        "the measured)"
     return (f"step {secs(b['step_s'])} -> {secs(p['step_s'])} ({rng(*p['step_s_range'])}), "
             f"exposed comm {secs(b['exposed_comm_s'])} -> {secs(p['exposed_comm_s'])} "
             f"({rng(*p['exposed_comm_s_range'])}){replay}")
