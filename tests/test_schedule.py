@@ -255,6 +255,21 @@ def test_job_identity_from_the_default_groups_store(gloo_world_1):
     assert a == jobid.job_id({"RANK": "0"}) == jobid.from_store(hp.default_store(), "other")
 
 
+def test_a_missing_store_hook_point_fails_soft(monkeypatch):
+    """The private store lookup gone (a torch that moved it): reported once as a missing hook
+    point, and the identity comes from the next source."""
+    from zerodoc.shim import hookpoints as hp
+
+    def gone():
+        raise AttributeError("_get_default_store")
+    monkeypatch.setattr(hp, "default_store", gone)
+    monkeypatch.setattr(jobid, "_launcher_start", lambda ppid: f"20261129-070000-{ppid}")
+    reg = hp.HookRegistry()
+    assert jobid.job_id({"RANK": "0"}, reg) == f"20261129-070000-{os.getppid()}"
+    assert "distributed_c10d._get_default_store" in reg.status
+    assert reg.status["distributed_c10d._get_default_store"] != "ok"
+
+
 def _header(**extra) -> dict:
     return {"type": "header", "rank": 0, "local_rank": 0, "world_size": 1,
             "local_world_size": 1, "node": "n", "run_id": "r", "framework": "fsdp2",
