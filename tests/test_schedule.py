@@ -25,14 +25,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import zerodoc
 from zerodoc.runlog import RunLogError
 from zerodoc.runlog.records import facts_from_dict
 from zerodoc.shim import jobid, sampler
 from zerodoc.shim.config import AttachConfig
 from zerodoc.shim.sampler import Sampler
 
-from tests.support.helpers import job_command, job_env, wait_until
+from tests.support.helpers import job_command, job_env
 
 
 def run(s: Sampler, steps, step_s, cost_s, cpu_s=None, seed=0):
