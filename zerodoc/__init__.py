@@ -22,7 +22,7 @@ def attach(model, optimizer=None, **options):
             sharding (one holding none of the model's parameters is warned about). Without
             one, call ``monitor.step()`` at the end of each step.
         run_dir: where this rank's run log goes (default: ``$ZERODOC_RUN_DIR`` or
-            ``./zerodoc-runs/<run id>/``, one folder per run).
+            ``./zerodoc-runs/<job id>/``, one folder per run).
         port: Prometheus base port; each rank serves ``/metrics`` on ``port + LOCAL_RANK``.
             ``None``: ``$ZERODOC_PORT`` or 9730; ``0``: any free port; ``False``: no HTTP server.
         host: address to bind (default ``127.0.0.1``).

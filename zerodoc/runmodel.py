@@ -205,6 +205,10 @@ class RankWindow:
     # later steps (a log written before the warm-up interval line, or all steps from a
     # `total` line), so it cannot be taken out. The front ends say so.
     warmup_kept: bool = False
+    # The sampled steps the per-unit numbers come from, ((step, end_unix), ...) oldest first
+    # (the run-log readers set it: zerodoc.windowsamples.set_sample_steps); None: unknown (a
+    # source without per-step records: interval lines read at scale, Prometheus, endpoints).
+    sample_steps: tuple | None = None
 
     # --- derived numbers everyone wants -----------------------------------------------
     @property

@@ -62,14 +62,14 @@ def every(snap: RunSnapshot) -> int | None:
 
 def set_sample_steps(w: RankWindow, records) -> None:
     """Name the sampled steps a window's per-unit numbers come from (the readers call it):
-    `w.sample_steps`, ((step, end_unix), ...) oldest first. Unknown (absent) where a source
+    `w.sample_steps`, ((step, end_unix), ...) oldest first. Unknown (None) where a source
     has no per-step records (interval lines read at scale, Prometheus)."""
     w.sample_steps = tuple((int(s.step), float(s.end_unix)) for s in records)
 
 
 def sample_steps(w: RankWindow) -> tuple | None:
     """((step, end_unix), ...) the window's per-unit numbers come from, or None: unknown."""
-    return getattr(w, "sample_steps", None)
+    return w.sample_steps
 
 
 def in_window(w: RankWindow) -> int:

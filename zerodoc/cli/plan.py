@@ -22,7 +22,7 @@ examples:
   zerodoc plan --params 70B -N 64 --device-memory 80GB --headroom 30GB
   zerodoc plan --params 6.7B -N 8 --micro-batch 8 --seq-len 2048 --hidden 4096 \\
       --layers 32 --checkpointing --device-memory 40GiB --units gib
-  zerodoc plan --run zerodoc-runs/<run id> --json
+  zerodoc plan --run zerodoc-runs/<job id> --json
 
 sizes need a unit: GB/MB (decimal, 10^9/10^6 bytes) or GiB/MiB (binary, 2^30/2^20 bytes).
 optimizer presets (bytes per parameter: params / grads / optimizer K):
