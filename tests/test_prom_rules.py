@@ -41,7 +41,12 @@ def prom_rules(tmp_path_factory):
                                                         link="gloo-cpu"))[alerts.RECORDING_FILE])
     sd = tmp / "sd"
     sd.mkdir()
-    with LiveDemo(tmp, name="rules-run", env={"ZERODOC_FILE_SD_DIR": str(sd)}) as demo:
+    # Per-unit detail on every step: these tests hold the recording rules against the raw
+    # series over a 5 s window, per unit; with sampled detail such a window can hold no
+    # sampled step, and both paths then read 0 (nothing to compare, and a fallback that gave
+    # nothing would pass)
+    with LiveDemo(tmp, name="rules-run", env={"ZERODOC_FILE_SD_DIR": str(sd)},
+                  attach={"detail": "every"}) as demo:
         with PromServer(tmp, file_sd=[str(sd / "*.json")], rule_files=[str(rules)]) as prom:
             sel = 'run_id="rules-run"'
             prom.wait_for(f"zerodoc_run_info{{{sel}}}", min_results=2, timeout=60)
@@ -160,9 +165,11 @@ def _settled() -> float:
     return time.time() - 5.0
 
 
-def _report(src: PrometheusSource, snap) -> tuple[str, str]:
+def _report(src: PrometheusSource, snap, at: float) -> tuple[str, str]:
+    """Text and JSON of the report generated at `at` (the snapshots' instant: a live run's
+    "last write N s ago" is then the same in both)."""
     rep = build_report(snap, diagnose(snap), source=src.description, thresholds=DEFAULT,
-                       link=None, window=src.window, generated_unix=0.0)
+                       link=None, window=src.window, generated_unix=at)
     return render_text(rep), render_json(rep)
 
 
@@ -191,7 +198,7 @@ def test_per_rank_figures_come_from_the_rank_level_series(prom_rules, window):
         for f in ("compute_total", "exposed_total"):
             a, b = getattr(w, f), getattr(ref.ranks[r], f)
             assert a > 0 and math.isclose(a, b, rel_tol=1e-9), (r, f, a, b)
-    got, want = _report(src, snap), _report(src, ref)
+    got, want = _report(src, snap, at), _report(src, ref, at)
     assert got[0] == want[0]
     assert got[1] == want[1]
 
