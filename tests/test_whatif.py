@@ -1215,14 +1215,22 @@ def _compare(a, b) -> dict:
 
 
 def _timed(fix: dict) -> dict:
-    """The model's effects of a judged fix: exposed comm and step, each with its range,
-    judged by it (confirmed exactly when the observed value is inside)."""
+    """The model's effects of a judged fix: exposed comm and step, each with its range, and
+    compare's verdict as the range allows (issue 31: a verdict that can fail): inside a
+    range that excludes the value before, confirmed; inside one that holds it, confirmed
+    only beyond the runs' noise the predicted way, else inconclusive (it cannot tell a win
+    from no change); outside, missed, or inconclusive within the noise."""
     by = {e["metric"]: e for e in fix["effects"]}
     for metric in ("exposed_comm_seconds_per_step", "step_seconds"):
         e = by[metric]
         assert e["lo"] is not None and e["lo"] < e["value"] < e["hi"], e
         inside = e["lo"] <= e["observed_after"] <= e["hi"]
-        assert e["verdict"] == ("confirmed" if inside else "missed"), e
+        holds_before = e["lo"] <= e["observed_before"] <= e["hi"]
+        allowed = ({"confirmed"} if inside and not holds_before else
+                   {"confirmed", "inconclusive"} if inside else {"missed", "inconclusive"})
+        assert e["verdict"] in allowed, e
+        if e["verdict"] == "inconclusive":
+            assert e["reason"], e
     return by
 
 
@@ -1254,11 +1262,13 @@ def test_real_run_slow_link_removed(real_runs):
 
 
 @pytest.mark.slow
-def test_real_run_zd003_prediction_confirmed_by_compare(real_runs):
+def test_real_run_zd003_prediction_holds_and_compare_judges_it(real_runs):
     """ZD003 on the demo (ZeRO-3, block wrap): its fix, reshard after forward off, run for
-    real; `zerodoc compare` finds the fix applied and the model's step time and exposed
-    communication inside their ranges. A pair that misses under other processes' load is
-    run again once, as above (`_judged`)."""
+    real; `zerodoc compare` finds the fix applied, B's step time and exposed communication
+    lie inside the model's ranges, and compare's verdicts are what those ranges allow
+    (`_timed`: "confirmed" only where the range excludes A's value or the change is beyond
+    the noise; before issue 31 inside was always "confirmed"). A pair that misses under
+    other processes' load is run again once, as above (`_judged`)."""
     timed = ("exposed_comm_seconds_per_step", "step_seconds")
 
     def judge(a, b):
@@ -1271,7 +1281,7 @@ def test_real_run_zd003_prediction_confirmed_by_compare(real_runs):
     by, _, _, load = _judged(real_runs, "zd003", (), ("--no-reshard-after-forward",), judge)
     assert by["backward_all_gather_bytes_per_step"]["observed_after"] == 0
     for m in timed:
-        assert by[m]["verdict"] == "confirmed", (load, by[m])
+        assert by[m]["lo"] <= by[m]["observed_after"] <= by[m]["hi"], (load, by[m])
 
 
 def test_unit_stats_carry_the_framework_time_per_unit():
