@@ -19,16 +19,12 @@ here independently of zerodoc's readers, for what the report says its figures co
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import ROOT
+from tests.support import defaultmode as dm
 from zerodoc.cli.main import main as zerodoc_main
-from zerodoc.demo.launch import _die_with_parent, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -36,31 +32,6 @@ SCRIPT = Path(__file__).parent / "newuser" / "train_gpt2.py"
 RANKS = 2
 STEPS = 50
 SLOW_MS = 40.0
-GLOO_EXIT_ABORT = -6  # SIGABRT in gloo's teardown after a clean end (tests/test_newuser.py)
-
-
-def launch(run_dir: Path, *args: str, timeout: float = 600) -> None:
-    """The script on RANKS local processes as torchrun starts them, zerodoc's defaults."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ZERODOC_")}
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(RANKS),
-                LOCAL_WORLD_SIZE=str(RANKS), OMP_NUM_THREADS="1", ZERODOC_RUN_DIR=str(run_dir),
-                ZERODOC_PORT="0", PYTHONUNBUFFERED="1")
-    base["PYTHONPATH"] = os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")])
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), "--steps", str(STEPS), *args],
-                              env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True, preexec_fn=_die_with_parent)
-             for r in range(RANKS)]
-    try:
-        errs = [p.communicate(timeout=timeout)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, err in zip(procs, errs):
-        assert p.returncode == 0 or (p.returncode == GLOO_EXIT_ABORT
-                                     and "Traceback" not in err), err[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +39,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for name, args in (("healthy", ()), ("slow", ("--slow-link-ms", str(SLOW_MS)))):
         out[name] = tmp_path_factory.mktemp(name)
-        launch(out[name], *args)
+        dm.launch(SCRIPT, out[name], RANKS, "--steps", str(STEPS), *args)
     return out
 
 
@@ -86,27 +57,12 @@ def report_text(run_dir: Path, capsys, *flags: str) -> str:
     return capsys.readouterr().out
 
 
-def log_records(run_dir: Path, rank: int) -> list[dict]:
-    """A rank's run log, read line by line here (not through zerodoc's readers)."""
-    path = run_dir / f"rank-{rank:05d}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def sampled_steps(run_dir: Path, rank: int) -> list[int]:
-    return [r["step"] for r in log_records(run_dir, rank)
-            if r.get("type") == "step" and r.get("detail")]
-
-
-def header(run_dir: Path, rank: int) -> dict:
-    return next(r for r in log_records(run_dir, rank) if r.get("type") == "header")
-
-
 def test_the_runs_are_in_the_default_mode(runs):
     """The subject: adaptive sampling (no option, no variable), some steps without detail."""
     for run in runs.values():
         for rank in range(RANKS):
-            assert header(run, rank)["config"]["sampling"]["mode"] == "adaptive"
-            steps = sampled_steps(run, rank)
+            assert dm.header(run, rank)["config"]["sampling"]["mode"] == "adaptive"
+            steps = dm.sampled_steps(run, rank)
             assert 0 < len(steps) < STEPS - 1, steps
 
 
@@ -141,22 +97,8 @@ def test_no_all_clear_without_a_sample_in_the_window(runs, capsys, window):
     rules that saw no sampled step of the window: where a rank's window (read from its run
     log here) holds no sampled step, the report either says which rules were not evaluated,
     or takes the newest samples from before the window and names their steps; it never says
-    'nothing the rules know of is wrong'."""
+    'nothing the rules know of is wrong' (tests/support/defaultmode.py)."""
     run = runs["healthy"]
-    rep = report_json(run, capsys, "--window", str(window))
-    text = report_text(run, capsys, "--window", str(window))
-    first = STEPS - window + 1
-    inside = {r: [s for s in sampled_steps(run, r) if s >= max(first, 2)] for r in range(RANKS)}
-    if all(inside.values()):
-        return  # every rank sampled inside the window: an all-clear may stand
-    assert "nothing the rules know of is wrong" not in text, text
-    per_unit = rep["window"]["per_unit"]
-    if rep["waiting"]:  # not evaluated: the rules are named, in the text too
-        assert rep["waiting"]["rules"] and "not evaluated" in text, text
-    else:  # the newest samples from before the window, named with their steps
-        fewest = min(range(RANKS), key=lambda r: len(inside[r]))
-        newest = sampled_steps(run, fewest)[-per_unit["detail_steps"]:]
-        assert per_unit["before_window"] > 0, per_unit
-        for s in newest:
-            assert str(s) in per_unit["text"], (newest, per_unit["text"])
-        assert per_unit["text"] in text
+    dm.check_no_all_clear_without_a_sample(
+        run, report_json(run, capsys, "--window", str(window)),
+        report_text(run, capsys, "--window", str(window)), window)
