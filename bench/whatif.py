@@ -22,8 +22,8 @@ a LOADED HOST flag where it passed 1 per core during the pair (the pair's own tw
 about 1 per core: above it other work shared the cores, the runs queued for the CPU, and the
 comparison measures the host, not the model), the other processes' share of the cores during
 A and during B, the larger (from /proc/stat less the runs' own CPU time: it does not lag as
-the load average does; LOADED HOST as well above OTHERS_MAX, 5 %), the drift of the unit compute from A to B (none of the changes alters the compute:
-a drift is the host's), and the ranks' arrival spread in the exposed time (A's, B predicted,
+the load average does; LOADED HOST as well above OTHERS_MAX, 5 %), the drift of the unit
+compute from A to B (none of the changes alters the compute: a drift is the host's), and the ranks' arrival spread in the exposed time (A's, B predicted,
 B's own).
 
 Each run leaves its first `--warmup` steps out (the first steps after step 1 still carry
@@ -273,7 +273,9 @@ def run_cases(names: list[str], steps: int, tmp: Path, window: int = WINDOW,
 # (`timed_pair`) measured the host as well as the configurations: the two ranks keep both
 # cores busy, so other work taking a share s of them lengthens a run's steps by about
 # s / (1 - s), and 5 % (5.3 % longer steps) is a third of the 15 % step bound, while a quiet
-# host measures 0-1 % (docs/whatif.md). The tests run such a pair that missed again, once.
+# host measures 0 % (a reshard pair on 2026-11-29 06:44 UTC, load average 1.1 on 2 cores:
+# 0.0 %; docs/whatif.md, 2026-11-25: 0 % for every pair). The tests run such a pair that
+# missed again, once.
 OTHERS_MAX = 0.05
 
 
@@ -327,8 +329,9 @@ def with_load(r: dict, load: list[float], cores: int | None = None,
     `loaded` (above 1 per core during the pair: other work shared the cores, the runs queued
     for the CPU, and the comparison measures the host, not the model), `others_cpu_share`
     (`timed_pair`: the other processes' share of the cores during A or B, the larger, which
-    the lagging load average can miss; above OTHERS_MAX: `others_loaded`) and `compute_drift` (B's unit compute / A's - 1: the model
-    keeps A's compute, none of the changes alters it, so a drift is the host's)."""
+    the lagging load average can miss; above OTHERS_MAX: `others_loaded`) and
+    `compute_drift` (B's unit compute / A's - 1: the model keeps A's compute, none of the
+    changes alters it, so a drift is the host's)."""
     cores = cores or os.cpu_count() or 1
     per_core = max(load) / cores if load else None
     a, b = r.get("compute_a_s"), r.get("compute_b_s")

@@ -1077,10 +1077,10 @@ def test_bench_refit_judges_kept_pairs_against_their_ranges(tmp_path, capsys):
 # (5 %) of the cores during A or during B (bench/whatif.py `timed_pair`: /proc/stat less the
 # runs' own CPU time, measured outside the pair): the two ranks keep both cores busy, so such
 # work lengthens a run's steps by about s / (1 - s), 5.3 % at 5 %, a third of the 15 % step
-# bound, where a quiet host measures 0-1 %. Never on the pair's own compute: its move from A
-# to B is partly the change's own effect (the slow link's timer thread, docs/whatif.md), so a
-# systematic miss would pass. The second pair is judged whatever its load, and the bounds are
-# never loosened.
+# bound, where a quiet host measures 0 % (bench/whatif.py OTHERS_MAX). Never on the pair's
+# own compute: its move from A to B is partly the change's own effect (the slow link's timer
+# thread, docs/whatif.md), so a systematic miss would pass. The second pair is judged
+# whatever its load, and the bounds are never loosened.
 
 
 @pytest.fixture(scope="module")
