@@ -23,8 +23,8 @@ about 1 per core: above it other work shared the cores, the runs queued for the 
 comparison measures the host, not the model), the other processes' share of the cores during
 A and during B, the larger (from /proc/stat less the runs' own CPU time: it does not lag as
 the load average does; LOADED HOST as well above OTHERS_MAX, 5 %), the drift of the unit
-compute from A to B (none of the changes alters the compute: a drift is the host's), and the ranks' arrival spread in the exposed time (A's, B predicted,
-B's own).
+compute from A to B (none of the changes alters the compute: a drift is the host's), and
+the ranks' arrival spread in the exposed time (A's, B predicted, B's own).
 
 Each run leaves its first `--warmup` steps out (the first steps after step 1 still carry
 start-up work: a 1.4 s step 2 against 0.45 s later was seen), so the model and the
