@@ -14,6 +14,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.support.helpers import SMALL_MODEL, pids_gone, until, wait_until
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
@@ -54,9 +56,16 @@ def wait_for(cond, timeout: float, what: str, job: Job) -> None:
         raise
 
 
-def test_killed_rank_is_named_and_the_waiting_ranks_with_it(tmp_path):
+# "off": every step is one without per-unit detail (the default mode's usual step: no zerodoc
+# wrapper on the stack), where the survivors' failure is placed from the traceback's frames
+# alone (Watchdog.failed; it named no collective there before, issue 31)
+@pytest.mark.parametrize("detail", [None, "off"], ids=["default", "no-detail-step"])
+def test_killed_rank_is_named_and_the_waiting_ranks_with_it(tmp_path, detail):
     run = tmp_path / "killed"
-    job = Job(RANKS, spec(run), log_dir=str(run / "logs")).start()
+    sp = spec(run)
+    if detail is not None:
+        sp["attach"]["detail"] = detail
+    job = Job(RANKS, sp, log_dir=str(run / "logs")).start()
     try:
         wait_for(lambda: sum(r.get("type") == "step" for r in lines_of(run, 1)) >= 4, 180,
                  "rank 1's 4th step", job)

@@ -283,11 +283,8 @@ class Watchdog:
                 out["in_collective_s"] = round(max(0.0, now - coll["t0"]), 3)
         elif pos["unit"] is None and not getattr(self.m, "_detail_on", True):
             # A step without per-unit detail: the frames say where (module, param group)
-            found = self._frames_position(frames_by_thread.get(self.thread_id))
-            if found is not None:
-                out.update(unit=found["unit"], running_unit=found["unit"],
-                           phase=found["phase"], collective=found["collective"],
-                           **{"in": "collective" if found["collective"] else "compute"})
+            frame = frames_by_thread.get(self.thread_id)
+            self._place_by_frames(out, _chain(frame) if frame is not None else [])
         if out["collective"] == "" and pos["in"] != "collective":
             gpu = self._gpu_collective()
             if gpu is not None:
@@ -295,13 +292,18 @@ class Watchdog:
                            **{"in": "gpu collective"})
         return out
 
-    def _frames_position(self, frame) -> dict | None:
-        if frame is None:
-            return None
+    def _place_by_frames(self, out: dict, frames: list) -> None:
+        """A step without per-unit detail (no zerodoc wrapper on the stack, the recorder
+        knows nothing): `out` placed from the frames alone (`_from_frames`: the unit's module
+        or param group, the phase, a torch.distributed collective), where they show one."""
         objs = getattr(self, "_objs", None)
         if objs is None:
             objs = self._objs = unit_objects(getattr(self.m, "adapter", None))
-        return _from_frames(_chain(frame), objs, self.m.unit_names)
+        found = _from_frames(frames, objs, self.m.unit_names) if frames else None
+        if found is not None:
+            out.update(unit=found["unit"], running_unit=found["unit"], phase=found["phase"],
+                       collective=found["collective"],
+                       **{"in": "collective" if found["collective"] else "compute"})
 
     def stuck(self, now: float, progress: float, step: int, slowest: float) -> dict:
         frames = {tid: f for tid, f in sys._current_frames().items()
@@ -342,6 +344,10 @@ class Watchdog:
                        **{"in": "collective"})
             if found["t0"] is not None:
                 out["since_unix"] = self._unix(found["t0"], now)
+        elif pos["unit"] is None and not getattr(self.m, "_detail_on", True):
+            # a step without per-unit detail (the default mode's usual step): the
+            # traceback's frames say where, as a stall's do (`_locate`)
+            self._place_by_frames(out, frames)
         self.current = None
         self._write(out)
         return out
