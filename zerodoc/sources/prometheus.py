@@ -449,8 +449,11 @@ class PrometheusSource:
     def _raw_exprs(self, rng) -> dict:
         """The per-unit stats' queries over every rank's raw per-unit series."""
         # per step of the steps the per-unit counters cover: the sampled ones where the
-        # ranks count them, else every step
-        steps = f"on (rank) group_left () ({rng(_DETAIL)} or {rng(_STEPS)})"
+        # ranks count them (a rank with none in the window has no divisor: its per-step
+        # figures are absent, not 0, and it is not counted among the ranks), else every step
+        detail = rng(_DETAIL)
+        steps = (f"on (rank) group_left () (({detail} > 0) or "
+                 f"({rng(_STEPS)} unless on (rank) {detail}))")
         per = {f: f"({rng(_COMM[a])}) / {steps}" for f, a in
                (("count", "count"), ("bytes", "bytes"), ("seconds", "seconds"),
                 ("exposed", "exposed_seconds"))}
@@ -491,6 +494,8 @@ class PrometheusSource:
                 vals.setdefault(key, {})[(f, a)] = v
         out = UnitStats(ranks=ranks)
         for key, d in vals.items():
+            if not any((f, "mean") in d for f in FIELDS):
+                continue  # no rank measured it in the window (0/0: no sampled step), not 0
             n = int(d.get(("n", ""), 0))
             out.comm[key] = {f: Stat(d.get((f, "min"), d.get((f, "median"), 0.0)),
                                      d.get((f, "median"), d.get((f, "mean"), 0.0)),
