@@ -21,18 +21,15 @@ reshards after forward is all-gathered twice per step (forward, backward), a roo
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from tests.support import defaultmode as dm
 from tests.support.helpers import ROOT, detail_steps
 from zerodoc.cli.main import main as zerodoc_main
-from zerodoc.demo.launch import _die_with_parent, free_port
 from zerodoc.runlog import read_rank_log
 from zerodoc.exporter.targets import run_targets
 
@@ -41,34 +38,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 SCRIPT = Path(__file__).parent / "newuser" / "train_mixer.py"
 README = ROOT / "README.md"
 RANKS = 2
-GLOO_EXIT_ABORT = -6  # SIGABRT in gloo's teardown after a clean end (see below)
 
 
 def launch(run_dir: Path, *args: str, timeout: float = 300) -> list[tuple[int, str]]:
-    """Run the script on RANKS local processes the way torchrun starts them; returns
-    (exit code, stderr) per rank."""
-    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                WORLD_SIZE=str(RANKS), LOCAL_WORLD_SIZE=str(RANKS), OMP_NUM_THREADS="1",
-                ZERODOC_RUN_DIR=str(run_dir), ZERODOC_PORT="0", PYTHONUNBUFFERED="1")
-    base["PYTHONPATH"] = os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")])
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), *args],
-                              env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True, preexec_fn=_die_with_parent)
-             for r in range(RANKS)]
-    try:
-        errs = [p.communicate(timeout=timeout)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    out = [(p.returncode, e) for p, e in zip(procs, errs)]
-    for code, err in out:
-        # gloo can abort at interpreter teardown when ranks exit at different moments,
-        # after everything (our end record included) was written; anything else is a failure.
-        assert code == 0 or (code == GLOO_EXIT_ABORT and "Traceback" not in err), err[-3000:]
-    return out
+    """Run the script on RANKS local processes the way torchrun starts them (gloo can abort
+    at interpreter teardown when ranks exit at different moments, after everything, our end
+    record included, was written: tests/support/defaultmode.launch allows that, nothing
+    else); returns (exit code, stderr) per rank."""
+    return dm.launch(SCRIPT, run_dir, RANKS, *args, timeout=timeout)
 
 
 def report(run_dir: Path, capsys, *flags: str) -> tuple[int, str]:

@@ -82,7 +82,7 @@ def guarded(func, *args) -> int:
     """Run a command line entry point so that a closed pipe and Ctrl-C end it quietly.
 
     The one mechanism every zerodoc command line goes through (`zerodoc ...` and the
-    `python -m zerodoc.<generator>` tools): the command's own `finally` blocks run (stopping
+    `python -m zerodoc.cli.<generator>` tools): the command's own `finally` blocks run (stopping
     child processes), then no traceback is printed. After a broken pipe stdout is pointed at
     /dev/null, so the interpreter's last flush cannot complain either.
     """
