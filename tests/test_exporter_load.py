@@ -432,3 +432,22 @@ def test_a_silent_client_is_still_cut_off(start):
     wait_for(lambda: srv.active == 0, what="released")
     s.close()
     assert get(srv) == 200
+
+
+def test_a_step_without_detail_renders_the_page_anew():
+    """Issue 31: in the default mode most steps fold no per-unit detail (the monitor's fold
+    count stays), yet their step-level series move (zerodoc_last_step, the step histogram,
+    memory): a step end must change the collector's stamp, or a scrape right after it is
+    served the page of an earlier step for up to the page's max age."""
+    from types import SimpleNamespace
+
+    from zerodoc.exporter.prometheus import ZerodocCollector
+
+    m = SimpleNamespace(close_signal=None, watchdog=None, registry=None, _folds=3,
+                        step_index=10)
+    coll = ZerodocCollector(m)
+    before = coll.stamp()
+    m.step_index = 11  # a step without detail ended: nothing folded
+    assert coll.stamp() != before
+    again = coll.stamp()
+    assert coll.stamp() == again  # nothing happened: the cached page may be served

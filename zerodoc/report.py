@@ -208,7 +208,10 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
         # added within schema 1 (issue 31): exposed communication per step under each
         # definition (zerodoc.measures), which steps the step breakdown's parts come from,
         # "LIVE: still being written (step 37, last write 2 s ago)" (None: finished)
-        "exposed_comm": exposed_summary(snap, _fresh(snap), _context(snap, thresholds, link)),
+        # rounded as every figure of the document is (the same run read two ways, e.g. rank
+        # series or sums over units, agrees number for number)
+        "exposed_comm": {k: _r(v) if isinstance(v, float) else v for k, v in exposed_summary(
+            snap, _fresh(snap), _context(snap, thresholds, link)).items()},
         "breakdown_steps": breakdown_steps(snap),
         "live": live_text(snap, generated_unix),
     }

@@ -75,11 +75,15 @@ class ZerodocCollector:
 
     def stamp(self) -> tuple:
         """Changes whenever the page must be rendered anew rather than served as it was (a
-        step end, the close, a stall starting or ending, a counted error); cheap."""
+        step end, the close, a stall starting or ending, a counted error); cheap. A step end
+        is the step index: the fold count moves on detail steps only, and a page keyed by it
+        alone froze every step-level series (zerodoc_last_step, the step histogram, memory)
+        between samples in the default mode (issue 31)."""
         m = self.m
         wd = getattr(m, "watchdog", None)
         errors = getattr(getattr(m, "registry", None), "errors", None) or {}
-        return (getattr(m, "_folds", None), self.closing.closed_unix,
+        return (getattr(m, "step_index", None), getattr(m, "_folds", None),
+                self.closing.closed_unix,
                 None if wd is None else (wd.count, wd.current is None),
                 sum(errors.values()))
 
