@@ -89,7 +89,18 @@ def test_counters_grow_and_match_the_run_log(live):
         return tot
 
     a = exposed_total(scrape(live.endpoints[0]))
-    live.wait_steps(int(a["step"]) + 2)
+    # the per-unit counters grow on sampled steps only (the default's detail steps): wait
+    # for one after the scraped step, then for a step past it (the page is rendered anew at
+    # every step end)
+    sampled: list = []
+
+    def sampled_after() -> bool:
+        log = read_rank_log(live.run_dir / "rank-00000.jsonl")
+        sampled[:] = [s.step for s in log.steps if s.detail and s.step > a["step"]]
+        return bool(sampled)
+
+    wait_until(sampled_after, 120, "a sampled step after the first scrape", interval=0.3)
+    live.wait_steps(sampled[0] + 1)
     b = exposed_total(scrape(live.endpoints[0]))
     assert b["step"] > a["step"]
     assert all(b[k] >= a[k] for k in a)
