@@ -1079,10 +1079,10 @@ def test_bench_refit_judges_kept_pairs_against_their_ranges(tmp_path, capsys):
 # pair's own compute: its move from A to B is partly the change's own effect (the slow link's
 # timer thread, docs/whatif.md). A systematic miss fails: both pairs miss. Why once whatever
 # the load (measured, 2026-11-29): two full-suite runs on a clean clone each had one pair of
-# the five miss with the others' share at 1.2 % and 0.9 % (ZD003's step 20 % under its range's low end;
-# the slow link's step +18.4 % against 15 %) while the same tests alone held 5 of 5: a miss
-# the load criterion (re-run only above OTHERS_MAX, 5 %) could not see; a random miss of
-# probability p now fails with p^2.
+# the five miss with the others' share at 1.2 % and 0.9 % (ZD003's step 20 % under its
+# range's low end; the slow link's step +18.4 % against 15 %) while the same tests alone held
+# 5 of 5: a miss the load criterion (re-run only above OTHERS_MAX, 5 %) could not see; a
+# random miss of probability p now fails with p^2.
 
 
 @pytest.fixture(scope="module")
