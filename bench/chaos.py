@@ -36,6 +36,12 @@ below the kernel's and the interpreter's share of that. Both depend on the reque
 so at 100 requests/s per rank every request wakes the server from idle, and that wake-up
 (scheduler, cold caches) is a large part of what a request costs.
 
+Fault rows (`--only faults`, issue 32) come from the modules `bench/chaos_<area>.py`
+(sidecar, auth, runlog, stops, ddp), each a function `rows(tmp)` that injects its faults into
+real processes and says, per fault, what zerodoc said or did, the training slowdown where a
+job ran, the records lost, and a note (how long /metrics took to come back, who was named).
+A module that fails is a row that says so, never a missing row.
+
 Hostile-file and disk-full rows use `zerodoc.testing.hostile` (the hostile-input makers of
 issue 20 item 15) when this build has it; without it they are listed as not run.
 """
@@ -578,6 +584,43 @@ def run_measured(cmd: list[str], timeout: float) -> tuple[int, str, str, float]:
         return p.returncode, fo.read(), fe.read(), ru.ru_maxrss / 1024
 
 
+# ------------------------------------------------------------------------------ faults side
+FAULT_AREAS = ("sidecar", "auth", "runlog", "stops", "ddp")
+
+
+def fault_rows(tmp: Path) -> list:
+    """The rows of each `bench/chaos_<area>.py` module (issue 32's faults), in area order; a
+    module that is missing or fails gives one row saying so."""
+    import importlib
+
+    rows = []
+    for area in FAULT_AREAS:
+        t0 = time.monotonic()
+        d = tmp / f"faults-{area}"
+        d.mkdir(parents=True, exist_ok=True)
+        try:
+            got = importlib.import_module(f"bench.chaos_{area}").rows(d)
+        except Exception as e:  # noqa: BLE001 - a row that says so, not a lost table
+            got = [{"fault": f"{area}: all rows", "said": f"not run: {type(e).__name__}: "
+                    f"{e}"[:160], "slowdown": None, "lost": None, "note": ""}]
+        for r in got:
+            r.setdefault("area", area)
+            r.setdefault("seconds", (time.monotonic() - t0) / max(1, len(got)))
+        rows += got
+    return rows
+
+
+def fault_table(rows: list) -> str:
+    lines = ["| area | fault | what zerodoc said or did | training slowdown | records lost | "
+             "note |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        slow = (f"{(r['slowdown'] - 1) * 100:+.1f} %" if r.get("slowdown") is not None
+                else "n/a")
+        lines.append(f"| {r['area']} | {r['fault']} | {r['said']} | {slow} | "
+                     f"{fmt(r.get('lost'), 'd')} | {r.get('note') or ''} |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------ table
 def fmt(v, spec: str, none: str = "n/a") -> str:
     if v is None or (isinstance(v, float) and v != v):
@@ -645,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve /metrics from a sidecar process: auto (the default: with "
                         "basic auth), on, off ($ZERODOC_EXPORTER_SIDECAR in the jobs)")
     p.add_argument("--only", nargs="*", default=None,
-                   help="load kinds to run: scrape slow conns wrong right files floor")
+                   help="kinds to run: scrape slow conns wrong right files floor faults")
     # the load generator's own arguments (bench/chaos.py runs itself)
     p.add_argument("--load", help=argparse.SUPPRESS)
     p.add_argument("--ports", help=argparse.SUPPRESS)
@@ -671,11 +714,15 @@ def main(argv: list[str] | None = None) -> int:
     rows += r
     if a.only is None or "files" in a.only:
         rows += hostile_rows(a, tmp)
+    faults = fault_rows(tmp) if a.only is None or "faults" in a.only else []
     if a.json:
-        print(json.dumps({"rows": rows, "controls": spreads, "floor": floor, "credential": cred,
-                          "cpus": os.cpu_count()}, indent=1, default=str))
+        print(json.dumps({"rows": rows, "faults": faults, "controls": spreads, "floor": floor,
+                          "credential": cred, "cpus": os.cpu_count()}, indent=1, default=str))
     else:
-        print(table(rows, spreads, floor, cred))
+        if rows:
+            print(table(rows, spreads, floor, cred))
+        if faults:
+            print("\n" + fault_table(faults))
     return 0
 
 
