@@ -115,6 +115,6 @@ def live_text(snap: RunSnapshot, now: float | None = None) -> str | None:
     if not got["live"]:
         return None
     newest = max((w.updated_unix for w in snap.ranks.values()), default=0.0)
-    age = f", last write {duration(max(0.0, (time.time() if now is None else now) - newest))} ago" \
-        if newest else ""
+    now = time.time() if now is None else now
+    age = f", last write {duration(max(0.0, now - newest))} ago" if newest else ""
     return f"LIVE: still being written (step {got['steps_so_far']}{age})"
