@@ -450,18 +450,35 @@ def test_the_sidecar_exits_at_the_end_of_the_ranks_pipe(tmp_path):
         ls.close()
 
 
-def test_the_rank_learns_of_its_sidecars_exit_from_the_pipe(tmp_path):
-    """A sidecar killed under the rank: the publisher, asleep on the pipe, wakes at its EOF,
-    reports the exit once (no polling) and ends."""
-    errors = []
+def test_a_killed_sidecar_is_said_once_and_started_again(tmp_path):
+    """A sidecar killed under the rank: the publisher, asleep on the pipe, wakes at its EOF
+    within a second (no polling), reaps it, says why once (the signal, no traceback), and
+    starts a new one on the same socket: the port answers again, the counts go on."""
+    import time
+
+    exits, errors = [], []
     srv = sidecar.SidecarServer("127.0.0.1", 0, Page(registry(), stamp=lambda: 1, max_age_s=1),
-                                socket.AF_INET, web_config(tmp_path), on_error=errors.append)
+                                socket.AF_INET, web_config(tmp_path), on_error=errors.append,
+                                on_sidecar=exits.append)
     srv.start()
     try:
-        wait_until(lambda: served(srv.server_address[1]), 10, "a page")
-        srv.proc.send_signal(signal.SIGKILL)
-        wait_until(lambda: not srv.thread.is_alive(), 10, "the publisher ended")
-        assert [str(e) for e in errors] == ["/metrics sidecar exited (-9)"]
+        port = srv.server_address[1]
+        wait_until(lambda: served(port), 10, "a page")
+        wait_until(lambda: srv.stats.requests["ok"] >= 1, 10, "the first sidecar's count")
+        first = srv.proc
+        first.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        wait_until(lambda: exits, 5, "the exit seen")
+        assert time.monotonic() - t0 < 1.0
+        assert [type(e).__name__ for e in exits] == ["SidecarExit"]
+        said = str(exits[0])
+        assert "SIGKILL" in said and "restarted at once" in said and "Traceback" not in said
+        assert pids_gone([first.pid]) and first.returncode == -signal.SIGKILL  # reaped
+        assert srv.proc is not first and srv.proc.poll() is None
+        assert wait_until(lambda: served(port), 10, "the new sidecar's page")[0] == \
+            "HTTP/1.0 200 OK"
+        wait_until(lambda: srv.stats.requests["ok"] >= 2, 10, "the counts carried on")
+        assert srv.exits == 1 and errors == []
     finally:
         srv.shutdown()
         srv.server_close()

@@ -55,20 +55,43 @@ def defer_accept(listener: socket.socket) -> bool:
     return True
 
 
+def head_end(data: bytes) -> int:
+    """Where the request head at the start of `data` ends (the index after its empty line),
+    -1 while it is not whole. Lines end in CRLF or a bare LF, as the standard library's
+    parser reads them (a client sending bare LFs is answered, not left to its deadline)."""
+    i = data.find(b"\n")
+    while i >= 0:
+        j = i + 1
+        if data[j:j + 1] == b"\n":
+            return j + 1
+        if data[j:j + 2] == b"\r\n":
+            return j + 2
+        i = data.find(b"\n", j)
+    return -1
+
+
+def looks_like_http(data: bytes) -> bool:
+    """`data` (a connection's first bytes) can begin an HTTP/1 request: a method's letters.
+    Not so a TLS ClientHello on the plain port (0x16), SSLv2 (0x80), binary noise: those
+    are answered 400 at once instead of waiting for a line end that never comes."""
+    return bool(data) and data[:1].isalpha() and data[:1].isupper()
+
+
 def parse_head(data: bytes) -> tuple[str, str, dict[str, str]] | None:
     """(method, path, headers by lower-cased name) of a complete, well-formed HTTP/1.x
     request head at the start of `data`; None for anything else (left to the full parser)."""
-    end = data.find(b"\r\n\r\n")
+    end = head_end(data)
     if end < 0 or end > MAX_HEAD:
         return None
-    lines = data[:end].decode("iso-8859-1").split("\r\n")
+    lines = [ln[:-1] if ln.endswith("\r") else ln
+             for ln in data[:end].decode("iso-8859-1").split("\n")[:-2]]
     words = lines[0].split()
     if len(words) != 3 or not words[2].startswith("HTTP/1.") or len(lines) > MAX_HEADERS + 1:
         return None
     headers = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
-        if not sep or not name or name[0] in " \t" or name != name.strip() or "\n" in line:
+        if not sep or not name or name[0] in " \t" or name != name.strip() or "\r" in line:
             return None  # folded, bare or odd lines: the full parser decides
         headers[name.lower()] = value.strip()
     return words[0], words[1], headers
@@ -84,6 +107,10 @@ def canned(status: str, headers, body: str) -> bytes:
     data = body.encode()
     return response_head(status, list(headers) + [
         ("Content-Type", "text/plain; charset=utf-8")], len(data)) + data
+
+
+NOT_HTTP = canned("400 Bad Request", [], "400 not an HTTP/1 request (this port speaks "
+                  "HTTP/1.x: TLS to a plain port, or HTTP/2?)\n")
 
 
 class Handoff(io.RawIOBase):
@@ -115,6 +142,8 @@ class Loop:
         self._wake_r.setblocking(False)
         self._stopping = self._closed = False
         self._ep = select.epoll()
+        self._alone = select.poll()  # the wake-up pair alone (out of descriptors: a pause)
+        self._alone.register(self._wake_r.fileno(), select.POLLIN)
         self._watched: dict[int, tuple] = {}  # fd -> (socket, callback): waiting to be read
         self.waits = 0  # connections accepted before their request arrived (watched)
 
@@ -146,7 +175,7 @@ class Loop:
         backoff = False
         while not self._stopping:
             if backoff:  # the listener stays readable: wait on the wake-up pair alone
-                select.select([self._wake_r], [], [], BACKOFF_S)
+                self._alone.poll(BACKOFF_S * 1000)  # poll, never select: fds >= 1024
                 self._drain()
                 backoff = False
                 fds = [listening]

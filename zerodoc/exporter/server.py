@@ -38,6 +38,7 @@ import ssl
 import sys
 import threading
 import warnings
+import weakref
 from http.server import HTTPServer
 
 from .prometheus import (  # first: it configures prometheus_client  # isort: skip
@@ -47,10 +48,11 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 
 from . import sidecar, webconfig  # noqa: E402
 from .fastpath import (  # noqa: E402
-    READ_MAX, SEND_FLAGS, Handoff, Loop, canned, defer_accept, parse_head, response_head,
+    NOT_HTTP, READ_MAX, SEND_FLAGS, Handoff, Loop, canned, defer_accept, looks_like_http,
+    parse_head, response_head,
 )
 from .limits import (  # noqa: E402
-    LIMITED_RESPONSE, Deadlines, Limits, Stats, Workers, name_thread, refuse,
+    LIMITED_RESPONSE, Deadlines, Limits, Stats, Workers, error_outcome, name_thread, refuse,
 )
 from .page import Page, PageHandler  # noqa: E402
 from .webconfig import Authenticator, WebConfig, WebConfigError  # noqa: E402
@@ -67,7 +69,7 @@ class _Handler(PageHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         verdict = self.server.authorize(self.headers.get("Authorization"),
-                                        self.client_address[0])
+                                        self.client_address[0], self.request.fileno())
         if verdict == "unauthorized":
             self._refuse(401, "401 Unauthorized\n", ("WWW-Authenticate", 'Basic realm="zerodoc"'))
         elif verdict == "rate_limited":  # answered without a password check
@@ -87,6 +89,12 @@ class _Handler(PageHandler):
         prefix = self.server.prefixes.pop(self.request.fileno(), None)
         if prefix is not None:  # the accepting loop read these bytes already (fastpath.py)
             self.rfile = io.BufferedReader(Handoff(prefix, self.connection))
+
+    def send_error(self, code: int, message=None, explain=None) -> None:
+        """The standard library's error answer (400, 414, 431, 501: a request not parsed),
+        counted: every answer is (`zerodoc_exporter_requests_total`)."""
+        super().send_error(code, message, explain)
+        self.server.stats.count(error_outcome(code))
 
     def _refuse(self, code: int, text: str, header: tuple[str, str]) -> None:
         self.send_response(code)
@@ -127,6 +135,7 @@ class MetricsServer(HTTPServer):
         self._workers = Workers(self._handle, self.stats, self.limits.worker_idle_s)
         self._deadlines = Deadlines(self.stats)
         self.prefixes: dict[int, bytes] = {}  # fd -> bytes read by the loop, for the handler
+        self.tickets: dict[int, object] = {}  # fd -> its place among credentials to check
         self.address_family = _family(host, port)
         # The page is served from a `Page` (page.py: rendered at most once a second or per
         # step end, unchanged families and gzip reused).
@@ -155,9 +164,26 @@ class MetricsServer(HTTPServer):
     def active(self) -> int:
         return self._active
 
-    def authorize(self, header: str | None, client: str) -> str:
-        """"ok", "unauthorized" or "rate_limited" (webconfig.Authenticator.verdict)."""
-        return "ok" if self._auth is None else self._auth.header_verdict(header, client)
+    def authorize(self, header: str | None, client: str, fd: int) -> str:
+        """"ok", "unauthorized" or "rate_limited" (webconfig.Authenticator), on a worker: a
+        new credential waits up to `webconfig.CHECK_WAIT_S` for its turn to be checked (in
+        the place the loop took for it, if it did: `tickets`)."""
+        if self._auth is None:
+            return "ok"
+        return self._auth.header_verdict(header, client, webconfig.CHECK_WAIT_S,
+                                         self.tickets.pop(fd, None))
+
+    def _authorize_now(self, header: str | None, client: str, fd: int) -> str | None:
+        """`authorize` on the accepting loop, which cannot wait: None when a new credential
+        waits for its turn (its place kept under the connection's descriptor for a worker)."""
+        if self._auth is None:
+            return "ok"
+        ticket = object()
+        got = self._auth.header_attempt(header, client, ticket)
+        if got != "wait":
+            return got
+        self.tickets[fd] = ticket
+        return None
 
     # --- the accepting loop (fastpath.py) ------------------------------------------------
     def serve_forever(self, poll_interval: float = 0.5) -> None:  # noqa: ARG002
@@ -185,7 +211,8 @@ class MetricsServer(HTTPServer):
         if over:
             self.stats.count("over_capacity")
             refuse(request)
-        elif self._auth is not None and self._auth.refuse_early(client_address[0]):
+        elif self._tls is not None and self._auth is not None and \
+                self._auth.refuse_early(client_address[0]):  # spares a flood the handshake
             self._release()
             self.stats.count("rate_limited")
             refuse(request, LIMITED_RESPONSE)
@@ -226,13 +253,21 @@ class MetricsServer(HTTPServer):
             return
         head = parse_head(data)
         path = head[1] if head else ""
-        if head is None or head[0] != "GET" or ("?" in path and "name[]" in path):
-            self._workers.submit(request, client_address, data, key)  # the full parser's
+        if head is None and not looks_like_http(data):  # no line end will come: answer now
+            if key is not None:
+                self._deadlines.done(key)
+            self._reply(request, NOT_HTTP, "bad_request")
+            return
+        verdict = None if head is None or head[0] != "GET" or \
+            ("?" in path and "name[]" in path) else \
+            self._authorize_now(head[2].get("authorization"), client_address[0],
+                                request.fileno())
+        if verdict is None:  # the full parser's, or a credential waiting for its check
+            self._workers.submit(request, client_address, data, key)
             return
         if key is not None:
             self._deadlines.done(key)
         headers = head[2]
-        verdict = self.authorize(headers.get("authorization"), client_address[0])
         out = self._answers.get(verdict)
         page = None
         if out is None:
@@ -271,6 +306,16 @@ class MetricsServer(HTTPServer):
             except Exception as e:  # noqa: BLE001 - the connection is done: report, go on
                 self.on_error(e)
 
+    def _reply(self, request, answer: bytes, outcome: str) -> None:
+        """On the loop: a small canned answer, the connection's end, counted."""
+        try:
+            request.send(answer, SEND_FLAGS)
+        except OSError:
+            outcome = "client_gone"
+        self._release()
+        request.close()
+        self.stats.count(outcome)
+
     def _arrived(self, request, client_address, key: int) -> None:
         """On the loop: a connection that waited for its request is readable."""
         try:
@@ -306,6 +351,9 @@ class MetricsServer(HTTPServer):
         finally:
             self._deadlines.done(key)
             self.prefixes.pop(request.fileno(), None)
+            ticket = self.tickets.pop(request.fileno(), None)
+            if ticket is not None:  # not a GET after all, or gone: its place goes
+                self._auth.leave(ticket)
             self.shutdown_request(request)
             self._release()
 
@@ -377,12 +425,29 @@ def _candidate_ports(base: int, local_rank: int, local_world: int):
     yield 0
 
 
+_SERVING: "weakref.WeakSet[MetricsServer]" = weakref.WeakSet()  # this process's
+
+
+def _in_forked_child() -> None:
+    """A process forked from the rank (a DataLoader worker) does not hold the port: it is
+    freed when the rank goes, not seconds later when its workers do."""
+    for server in list(_SERVING):
+        try:
+            server.socket.close()
+        except OSError:
+            pass
+
+
+os.register_at_fork(after_in_child=_in_forked_child)
+
+
 def start(host: str, port: int, registry, cfg: WebConfig | None = None,
           on_error=None, limits: Limits | None = None, stamp=None) -> MetricsServer:
     """Bind and serve on a daemon thread (raises OSError when the port cannot be bound).
     `stamp`: a cheap callable whose value changes when the page must be rendered anew (then
     the page is rendered at most once per `PAGE_MAX_AGE_S` otherwise); None: every scrape."""
     server = MetricsServer(host, port, registry, cfg, on_error, limits, stamp)
+    _SERVING.add(server)
 
     def accept() -> None:
         name_thread("zd-metrics")
@@ -394,9 +459,17 @@ def start(host: str, port: int, registry, cfg: WebConfig | None = None,
 
 def _start_sidecar(host: str, port: int, registry, cfg, on_error, monitor, stamp):
     """The sidecar server (sidecar.py) bound on `port` (raises OSError when it cannot be
-    bound), or None with a warning when the sidecar process cannot start."""
+    bound), or None with a warning when the sidecar process cannot start (or no folder for
+    its pages can be written: /dev/shm and the temporary directory full or read-only).
+    What happens to the sidecar later (its exits, each restarted; a connection that failed
+    in it; its pages moved off a full folder) is counted under
+    zerodoc_errors_total{hook="sidecar"} and said once."""
+    def on_sidecar(e: Exception) -> None:
+        monitor.registry.error("sidecar", e)
+
     page = Page(registry, stamp=stamp, max_age_s=PAGE_MAX_AGE_S)
-    srv = sidecar.SidecarServer(host, port, page, _family(host, port), cfg, on_error=on_error)
+    srv = sidecar.SidecarServer(host, port, page, _family(host, port), cfg, on_error=on_error,
+                                on_sidecar=on_sidecar)
     srv.own_page = Page(ServerCollector(monitor, srv.stats))
     try:
         srv.start()
