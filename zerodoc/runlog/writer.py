@@ -320,10 +320,12 @@ class RunLogWriter:
         self._put(("units", snap, final))
 
     def close(self, steps: int, totals=None, timeout: float = 5.0,
-              failed: bool = False, interrupted: bool = False) -> None:
+              failed: bool = False, interrupted: bool = False,
+              terminated: bool = False) -> None:
         """Final interval / total lines (from `totals`), the `end` record (`"failed": true`
         when an exception ended the training: not a clean close; `"interrupted": true` when
-        the user stopped it: a clean close), then stop the thread;
+        the user stopped it, `"terminated": true` when a SIGTERM did: a clean close), then
+        stop the thread;
         waits at most `timeout` seconds for a slow filesystem (what is not written by then is
         lost, and the job goes on)."""
         if self._closed:
@@ -337,6 +339,8 @@ class RunLogWriter:
             end["failed"] = True
         elif interrupted:
             end["interrupted"] = True
+        elif terminated:
+            end["terminated"] = True
         self._put(("end", end))
         self._closed = True
         try:

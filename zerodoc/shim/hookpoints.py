@@ -122,6 +122,30 @@ other point is instance-scoped and undone on close:
 
 Never used: DeepSpeed's comms logger (`deepspeed.comm.comm.timed_op`, `comms_logger`): it
 synchronises the device after every op.
+
+Stack points (`STACK_POINTS`, below): functions of the frameworks that are never hooked, only
+recognised on a Python stack by module and `co_qualname` (a frame's code, Python >= 3.11; the
+bare function name before), so that a stall or a failure on a step without per-unit detail
+(no zerodoc wrapper on the stack: the default's usual step) is placed by what the stack shows:
+the collective being issued or waited on, the phase. Nothing runs at any step; the watchdog
+reads them from a stuck thread's frames or a failure's traceback, and a renamed function only
+stops matching (the placement falls back to the unit's frame and "compute").
+`stack_points_missing()` says which ones the installed releases lack (a test checks none).
+
+| stack point (module: function)                           | means                     | checked |
+|----------------------------------------------------------|---------------------------|---------|
+| `fsdp._fully_shard._fsdp_param_group`: `FSDPParamGroup.unshard`, `.wait_for_unshard` | an all-gather issued / waited on (async unshard: the wait is `Work.wait()`, C++, no `torch.distributed` frame) | 2.13 |
+| `fsdp._fully_shard._fsdp_param_group`: `FSDPParamGroup.pre_forward` / `.pre_backward` | the framework's hook of a unit, forward / backward | 2.13 |
+| `fsdp._fully_shard._fsdp_param_group`: `FSDPParamGroup.post_backward` | a reduce-scatter issued (and the wait for the previous one) | 2.13 |
+| `fsdp._fully_shard._fsdp_collectives`: `foreach_all_gather`, `foreach_all_gather_copy_out` / `foreach_reduce` | all-gather / reduce-scatter | 2.13 |
+| `fsdp._fully_shard._fsdp_state`: `FSDPState._root_post_backward_final_callback` | end of backward: waits for the last reduce-scatters | 2.13 |
+| `fsdp._runtime_utils` (FSDP1): `_unshard`, `_pre_forward_unshard` / `_reduce_grad` / `_reduce_grad_no_shard` | all-gather / reduce-scatter / all-reduce (unit: the frame's `handle`) | 2.13 |
+| `fsdp._runtime_utils` (FSDP1): `_pre_forward`, `_pre_backward_hook`, `_post_backward_hook`, `_post_backward_final_callback` | the framework's hooks, forward / backward | 2.13 |
+| `fsdp._flat_param` (FSDP1): `FlatParamHandle.unshard`, `._all_gather_flat_param` | all-gather | 2.13 |
+| `deepspeed.runtime.zero.partitioned_param_coordinator`: `PartitionedParameterCoordinator.fetch_sub_module` | a stage-3 fetch (all-gather) of the frame's `current_submodule`, phase from its `forward` | 0.19.8 |
+| `deepspeed.runtime.zero.partition_parameters`: `AllGatherHandle.wait`, `AllGatherCoalescedHandle.wait` | the wait of a stage-3 all-gather | 0.19.8 |
+| `deepspeed.runtime.zero.stage3`: `DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads` | stage-3 gradient reduce-scatter | 0.19.8 |
+| `deepspeed.runtime.zero.stage_1_and_2`: `DeepSpeedZeroOptimizer.reduce_ipg_grads`, `.average_tensor` | stage 1/2 gradient reduction | 0.19.8 |
 """
 
 from __future__ import annotations
@@ -133,6 +157,103 @@ from typing import Any
 log = logging.getLogger("zerodoc")
 
 CHECKED_TORCH_VERSIONS = ("2.13.0",)
+
+_FSDP2 = "torch.distributed.fsdp._fully_shard."
+_FSDP1 = "torch.distributed.fsdp."
+_DSZ = "deepspeed.runtime.zero."
+
+# (module, function qualname) -> (collective or "", phase or ""): the stack points (table
+# above). "" phase: the phase of the stack around it (a `backward` frame or not).
+STACK_POINTS: dict[tuple[str, str], tuple[str, str]] = {
+    (_FSDP2 + "_fsdp_param_group", "FSDPParamGroup.unshard"): ("all_gather", ""),
+    (_FSDP2 + "_fsdp_param_group", "FSDPParamGroup.wait_for_unshard"): ("all_gather", ""),
+    (_FSDP2 + "_fsdp_param_group", "FSDPParamGroup.pre_forward"): ("", "forward"),
+    (_FSDP2 + "_fsdp_param_group", "FSDPParamGroup.pre_backward"): ("", "backward"),
+    (_FSDP2 + "_fsdp_param_group", "FSDPParamGroup.post_backward"):
+        ("reduce_scatter", "backward"),
+    (_FSDP2 + "_fsdp_collectives", "foreach_all_gather"): ("all_gather", ""),
+    (_FSDP2 + "_fsdp_collectives", "foreach_all_gather_copy_out"): ("all_gather", ""),
+    (_FSDP2 + "_fsdp_collectives", "foreach_reduce"): ("reduce_scatter", "backward"),
+    (_FSDP2 + "_fsdp_state", "FSDPState._root_post_backward_final_callback"):
+        ("reduce_scatter", "backward"),
+    (_FSDP1 + "_runtime_utils", "_unshard"): ("all_gather", ""),
+    (_FSDP1 + "_runtime_utils", "_pre_forward_unshard"): ("all_gather", "forward"),
+    (_FSDP1 + "_runtime_utils", "_reduce_grad"): ("reduce_scatter", "backward"),
+    (_FSDP1 + "_runtime_utils", "_reduce_grad_no_shard"): ("all_reduce", "backward"),
+    (_FSDP1 + "_runtime_utils", "_pre_forward"): ("", "forward"),
+    (_FSDP1 + "_runtime_utils", "_pre_backward_hook"): ("", "backward"),
+    (_FSDP1 + "_runtime_utils", "_post_backward_hook"): ("", "backward"),
+    (_FSDP1 + "_runtime_utils", "_post_backward_final_callback"): ("", "backward"),
+    (_FSDP1 + "_flat_param", "FlatParamHandle.unshard"): ("all_gather", ""),
+    (_FSDP1 + "_flat_param", "FlatParamHandle._all_gather_flat_param"): ("all_gather", ""),
+    (_DSZ + "partitioned_param_coordinator", "PartitionedParameterCoordinator.fetch_sub_module"):
+        ("all_gather", ""),
+    (_DSZ + "partition_parameters", "AllGatherHandle.wait"): ("all_gather", ""),
+    (_DSZ + "partition_parameters", "AllGatherCoalescedHandle.wait"): ("all_gather", ""),
+    (_DSZ + "stage3", "DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads"):
+        ("reduce_scatter", "backward"),
+    (_DSZ + "stage_1_and_2", "DeepSpeedZeroOptimizer.reduce_ipg_grads"):
+        ("reduce_scatter", "backward"),
+    (_DSZ + "stage_1_and_2", "DeepSpeedZeroOptimizer.average_tensor"):
+        ("reduce_scatter", "backward"),
+}
+# a stack point's frame local naming the unit it works for (beside `self`), and the local
+# giving the phase (DeepSpeed's `fetch_sub_module(current_submodule, forward)`)
+STACK_UNIT_LOCALS = ("self", "handle", "current_submodule", "state")
+STACK_PHASE_LOCAL = "forward"
+# modules whose frames are the framework's own code (its hooks), not the model's compute
+FRAMEWORK_MODULES = ("torch.distributed.fsdp.", "torch.distributed._composable.fsdp.",
+                     "deepspeed.runtime.zero.")
+
+
+def stack_point(frame) -> tuple[str, str] | None:
+    """The (collective, phase) a frame's function stands for (`STACK_POINTS`), or None."""
+    code = frame.f_code
+    mod = frame.f_globals.get("__name__", "")
+    return STACK_POINTS.get((mod, getattr(code, "co_qualname", code.co_name))) \
+        or STACK_POINTS.get((mod, code.co_name))
+
+
+def stack_points_missing() -> list[str]:
+    """The stack points the installed torch (and DeepSpeed, where the job has it) do not
+    have: "module: qualname" each. A module that does not import is skipped (DeepSpeed not
+    installed), a function gone from a module that does is listed."""
+    import importlib
+    import inspect
+
+    out: list[str] = []
+    for mod_name, qual in STACK_POINTS:
+        try:
+            obj = importlib.import_module(mod_name)
+        except Exception:  # noqa: BLE001 - not installed: nothing to place
+            continue
+        for part in qual.split("."):
+            if part.startswith("__") and not part.endswith("__"):
+                part = f"_{type(obj).__name__ if not inspect.isclass(obj) else obj.__name__}{part}"
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if not any(getattr(getattr(f, "__code__", None), "co_qualname", qual) == qual
+                   for f in _wrapped(obj)):
+            out.append(f"{mod_name}: {qual}")
+    return out
+
+
+def _wrapped(fn) -> list:
+    """`fn` and the functions it wraps (`__wrapped__`, or a closure's function: DeepSpeed's
+    `instrument_w_nvtx` keeps no `__wrapped__`), outermost first."""
+    out, seen = [], set()
+    while fn is not None and id(fn) not in seen and len(out) < 8:
+        seen.add(id(fn))
+        out.append(fn)
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None:
+            cells = getattr(fn, "__closure__", None) or ()
+            inner = next((c.cell_contents for c in cells
+                          if callable(getattr(c, "cell_contents", None))
+                          and hasattr(c.cell_contents, "__code__")), None)
+        fn = inner
+    return out
 
 
 class HookRegistry:

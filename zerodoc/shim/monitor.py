@@ -14,6 +14,7 @@ import bisect
 import os
 import socket
 import sys
+import threading
 import time
 import warnings
 from time import perf_counter, process_time, thread_time
@@ -25,7 +26,7 @@ from ..catalog import STEP_BUCKETS
 from .config import AttachConfig
 from ..runmodel import CommTotals, RankFacts, RankWindow
 from ..runlog import DEFAULT_ROOT, RunLogWriter
-from . import adapters, faults, guards, jobid, memory
+from . import adapters, faults, guards, jobid, memory, signals
 from .guards import NullMonitor  # what attach() returns when it does not attach
 from . import hookpoints as hp
 from .comm import HostTimer
@@ -38,6 +39,7 @@ from .recorder import (
 
 
 MEMORY_READ_S = 1.0  # memory populations re-read at most this often between walk steps
+TERM_WAIT_S = 5.0  # a SIGTERM's recording delays the end of the process at most this long
 
 
 def attach(model, optimizer=None, **options):
@@ -225,6 +227,8 @@ class Monitor:
         guards.register(self)
         # A job that forgets close() still ends its run log and removes its target.
         atexit.register(self._at_exit)
+        # A SIGTERM (preemption, the scheduler) is recorded before the process ends by it.
+        self._undo_signal = signals.install(self._terminated)
 
     def _config_warning(self, msg: str) -> None:
         """A problem of the user's set-up on this node: warned once per node (local rank 0),
@@ -481,7 +485,9 @@ class Monitor:
         (a "failed" stall record; the "end" that follows says `"failed": true`): not a clean
         close, so the file_sd target stays and the scrapers are not told of a close.
         `interrupted=True` (or a KeyboardInterrupt propagating: Ctrl-C) is a clean close of
-        a run the user stopped: the "end" record says `"interrupted": true`."""
+        a run the user stopped: the "end" record says `"interrupted": true`; so is an
+        uncaught KeyboardInterrupt at interpreter exit (`_at_exit`). A SIGTERM records a
+        "terminated" end before the process ends by it (`_terminated`, signals.py)."""
         self._shutdown(undo=True, exc=sys.exc_info()[1], interrupted=interrupted)
 
     def _at_exit(self) -> None:
@@ -493,6 +499,9 @@ class Monitor:
         if self._closed:
             return
         exc = guards.uncaught_exception()
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C outside a try/finally: a clean stop
+            self._shutdown(undo=False, exc=exc)
+            return
         if exc is not None:
             self._record_failure(exc)
             self._closed = True
@@ -504,6 +513,27 @@ class Monitor:
                     self.registry.error("runlog", e)
             return
         self._shutdown(undo=False)
+
+    def _terminated(self, signum: int, frame) -> None:
+        """The SIGTERM handler's recording (signals.py passes the signal on after it): where
+        the rank was (a "terminated" stall record, watchdog.py) and an end marked
+        `"terminated": true`, written by a helper thread joined for at most TERM_WAIT_S, so a
+        lock the interrupted main thread holds (the run log's queue) delays the end of the
+        process by that much at most, never blocks it."""
+        if self._closed:
+            return
+
+        def record() -> None:
+            try:
+                self.watchdog.stop()
+                self.watchdog.signalled(signals.name(signum), frame)
+                self._shutdown(undo=False, terminated=True)
+            except Exception as e:  # noqa: BLE001 - the process is ending
+                self.registry.error("close", e)
+
+        t = threading.Thread(target=record, name="zerodoc-sigterm", daemon=True)
+        t.start()
+        t.join(TERM_WAIT_S)
 
     def _record_failure(self, exc: BaseException | None) -> bool:
         """Stop the watchdog; if `exc` ended the training, record where (zerodoc/shim/
@@ -520,13 +550,15 @@ class Monitor:
         return True
 
     def _shutdown(self, undo: bool, exc: BaseException | None = None,
-                  interrupted: bool = False) -> None:
+                  interrupted: bool = False, terminated: bool = False) -> None:
         if self._closed:
             return
         failed = self._record_failure(exc)
         interrupted = not failed and (interrupted or isinstance(exc, KeyboardInterrupt))
         self._closed = True
         guards.unregister(self)
+        if getattr(self, "_undo_signal", None) is not None:
+            self._undo_signal()  # main thread only (a no-op elsewhere: the handler stays inert)
         try:
             atexit.unregister(self._at_exit)
         except Exception:  # noqa: BLE001
@@ -543,7 +575,7 @@ class Monitor:
         if self._writer is not None:
             try:
                 self._writer.close(self.step_index, self.totals, failed=failed,
-                                   interrupted=interrupted)
+                                   interrupted=interrupted, terminated=terminated)
             except OSError as e:
                 self.registry.error("runlog", e)
         if self._server is not None:

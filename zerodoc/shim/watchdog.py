@@ -20,7 +20,15 @@ the exporter; when progress comes back it writes a "resumed" record.
 When `Monitor.close()` runs while an exception propagates (a collective raised because a
 peer died: gloo's "Connection reset by peer"), `failed()` records where from the traceback;
 the "end" record that follows is then not a clean close (sources leave the rank out of
-`RunSnapshot.ended_ranks`).
+`RunSnapshot.ended_ranks`). A SIGTERM (signals.py) has `signalled()` record where the
+training thread was (a "terminated" record, then an end marked `"terminated": true`: a clean
+close of a run stopped from outside, which ZD013 names as such).
+
+On a step without per-unit detail (no zerodoc wrapper on the stack) a stall, a failure or a
+signal is placed by the stack's frames alone (`_from_frames`): the unit's module, param group
+or handle as a frame's `self` (or a framework function's `handle` / `current_submodule`), and
+the framework's own functions (hookpoints.STACK_POINTS: FSDP2's `wait_for_unshard`, FSDP1's
+`_unshard`, DeepSpeed's `fetch_sub_module`, ...) for the collective and the phase.
 
 Records (run log, docs/report.md "Stalls")::
 
@@ -30,6 +38,8 @@ Records (run log, docs/report.md "Stalls")::
     {"type": "stall", "state": "resumed", "rank", "step", "since_unix", "resumed_unix",
      "stalled_s"}
     {"type": "stall", "state": "failed", "rank", "step", "since_unix", "error", "in",
+     "unit", "phase", "collective", "stack"}
+    {"type": "stall", "state": "terminated", "rank", "step", "since_unix", "signal", "in",
      "unit", "phase", "collective", "stack"}
 
 Nothing here signals, raises into or synchronises the job; every error is counted
@@ -44,6 +54,7 @@ import time
 import traceback
 from time import perf_counter
 
+from .hookpoints import FRAMEWORK_MODULES, STACK_PHASE_LOCAL, STACK_UNIT_LOCALS, stack_point
 from .recorder import (
     B_FRAMEWORK, B_OPTIMIZER, B_OTHER, B_WAIT, COLLECTIVES, PHASES, bucket_unit,
 )
@@ -105,7 +116,8 @@ _DIST_CALLS = {
 
 def unit_objects(adapter) -> dict[int, int]:
     """id() of the objects that stand for a unit on a Python stack (its module, its FSDP2
-    param groups, its FSDP1 handle) -> unit index. Built once; read by the watchdog."""
+    param groups, its FSDP1 handle; DeepSpeed stage 3: the modules it fetches for) -> unit
+    index. Built once; read by the watchdog."""
     out: dict[int, int] = {}
     for u in getattr(adapter, "units", None) or ():
         idx = getattr(u, "index", None)
@@ -115,37 +127,66 @@ def unit_objects(adapter) -> dict[int, int]:
                     *(getattr(u, "groups", None) or ())):
             if obj is not None:
                 out[id(obj)] = idx
+    for attr in ("fetch_unit", "group_module_unit"):  # DeepSpeed: id(module) -> unit
+        out.update({k: v for k, v in (getattr(adapter, attr, None) or {}).items()
+                    if isinstance(k, int) and isinstance(v, int)})
     return out
+
+
+def _unit_in(frame, objs: dict[int, int]) -> int | None:
+    """The unit a frame works for: its `self`, or a framework function's `handle` (FSDP1),
+    `current_submodule` (DeepSpeed's fetch) or `state` (FSDP1: the FSDP module) local."""
+    names = frame.f_code.co_varnames
+    local = None
+    for key in STACK_UNIT_LOCALS:
+        if key in names:
+            local = local if local is not None else frame.f_locals
+            obj = local.get(key)
+            if obj is not None and id(obj) in objs:
+                return objs[id(obj)]
+    return None
 
 
 def _from_frames(frames: list, objs: dict[int, int], names: list[str]) -> dict | None:
     """Where the training thread is, from its Python frames alone (a step without per-unit
-    detail: the hooks are not installed, the recorder knows nothing): the innermost frame
-    whose `self` is a unit's module / param group / handle, the phase (a `backward` frame
-    outside it), and a torch.distributed collective inside it, if any. Free on the hot path:
-    read by the watchdog thread only once a stall is seen."""
-    unit = coll = None
-    backward = False
+    detail: the hooks are not installed, the recorder knows nothing), innermost first: the
+    innermost frame working for a unit (`_unit_in`); at or inside it, the collective issued
+    or waited on (a torch.distributed call, or a framework function known to do one:
+    hookpoints.STACK_POINTS, e.g. FSDP2's `wait_for_unshard`, whose wait is a C++
+    `Work.wait()` with no frame of its own) and whether the framework's own code runs there
+    (a stack point, or any frame of its modules: `FRAMEWORK_MODULES`);
+    the phase from a framework function that says it, else from a `backward` frame outside.
+    Free on the hot path: read by the watchdog thread only once a stall is seen, or from a
+    failure's traceback."""
+    unit = coll = phase = None
+    framework = backward = False
     for fr in reversed(frames):  # innermost first
         try:
             name = fr.f_code.co_name
             mod = str(fr.f_globals.get("__name__", ""))
-            if coll is None and unit is None and name in _DIST_CALLS \
-                    and mod.startswith("torch.distributed"):
-                coll = _DIST_CALLS[name]
+            point = stack_point(fr)
             if unit is None:
-                me = fr.f_locals.get("self") if "self" in fr.f_code.co_varnames else None
-                if me is not None and id(me) in objs:
-                    unit = objs[id(me)]
+                if coll is None and name in _DIST_CALLS and mod.startswith("torch.distributed"):
+                    coll = _DIST_CALLS[name]
+                if point is not None:
+                    coll = coll or point[0] or None
+                framework = framework or point is not None or mod.startswith(FRAMEWORK_MODULES)
+                unit = _unit_in(fr, objs)
+            if point is not None and phase is None:
+                flag = fr.f_locals.get(STACK_PHASE_LOCAL) \
+                    if STACK_PHASE_LOCAL in fr.f_code.co_varnames else None
+                phase = point[1] or ({True: "forward", False: "backward"}.get(flag)
+                                     if isinstance(flag, bool) else None)
             if name in ("backward", "_engine_run_backward") and mod.startswith("torch"):
                 backward = True
                 break
         except Exception:  # noqa: BLE001 - a frame we cannot read
             continue
-    if unit is None:
-        return None
-    return {"unit": _unit_name(names, unit), "collective": coll or "",
-            "phase": "backward" if backward else "forward"}
+    if unit is None and coll is None and phase is None and not backward:
+        return None  # nothing on the stack says where
+    return {"unit": _unit_name(names, unit) if unit is not None else None,
+            "collective": coll or "", "framework": framework,
+            "phase": phase or ("backward" if backward else "forward")}
 
 
 def _chain(frame) -> list:
@@ -294,16 +335,20 @@ class Watchdog:
 
     def _place_by_frames(self, out: dict, frames: list) -> None:
         """A step without per-unit detail (no zerodoc wrapper on the stack, the recorder
-        knows nothing): `out` placed from the frames alone (`_from_frames`: the unit's module
-        or param group, the phase, a torch.distributed collective), where they show one."""
+        knows nothing): `out` placed from the frames alone (`_from_frames`: the unit's module,
+        param group or handle, the phase, the collective, the framework's own code), where
+        they show one."""
         objs = getattr(self, "_objs", None)
         if objs is None:
             objs = self._objs = unit_objects(getattr(self.m, "adapter", None))
         found = _from_frames(frames, objs, self.m.unit_names) if frames else None
         if found is not None:
-            out.update(unit=found["unit"], running_unit=found["unit"], phase=found["phase"],
+            unit = found["unit"] or out.get("unit")
+            out.update(unit=unit, running_unit=unit, phase=found["phase"],
                        collective=found["collective"],
-                       **{"in": "collective" if found["collective"] else "compute"})
+                       **{"in": "collective" if found["collective"] else
+                          "framework" if found["framework"] else
+                          "compute" if found["unit"] else out.get("in")})
 
     def stuck(self, now: float, progress: float, step: int, slowest: float) -> dict:
         frames = {tid: f for tid, f in sys._current_frames().items()
@@ -327,26 +372,37 @@ class Watchdog:
 
     def failed(self, exc: BaseException) -> dict:
         """Where the rank was when `exc` ended its training (called from close())."""
-        now = self.clock()
         frames = []
         tb = exc.__traceback__
         while tb is not None:
             frames.append(tb.tb_frame)
             tb = tb.tb_next
+        err = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:500]
+        return self._final("failed", frames, error=err)
+
+    def signalled(self, signal_name: str, frame) -> dict:
+        """Where the training thread was when a signal stopped the run (SIGTERM: the
+        handler's `frame`, monitor.py `_terminated`): a "terminated" record."""
+        return self._final("terminated", _chain(frame) if frame is not None else [],
+                           signal=signal_name)
+
+    def _final(self, state: str, frames: list, **what) -> dict:
+        """The last record of a run that ended on `frames` (outermost first): "failed" or
+        "terminated", placed as a stall is (`_locate`)."""
+        now = self.clock()
         pos = self._position()
         found, lines = _describe(frames, self.m.unit_names)
-        out = {"type": "stall", "state": "failed", "rank": self.m.rank,
+        out = {"type": "stall", "state": state, "rank": self.m.rank,
                "step": self.m.step_index + 1, "since_unix": round(self.wall(), 3),
-               "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[:500],
-               **pos, "collective": "", "stack": lines}
+               **what, **pos, "collective": "", "stack": lines}
         if found is not None:
             out.update(collective=found["collective"], unit=found["unit"] or pos["unit"],
                        **{"in": "collective"})
             if found["t0"] is not None:
                 out["since_unix"] = self._unix(found["t0"], now)
         elif pos["unit"] is None and not getattr(self.m, "_detail_on", True):
-            # a step without per-unit detail (the default mode's usual step): the
-            # traceback's frames say where, as a stall's do (`_locate`)
+            # a step without per-unit detail (the default mode's usual step): the frames
+            # say where, as a stall's do (`_locate`)
             self._place_by_frames(out, frames)
         self.current = None
         self._write(out)

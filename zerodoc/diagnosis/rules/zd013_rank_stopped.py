@@ -12,12 +12,17 @@ clean closes (`snapshot.ended_ranks`), the stale ranks, each rank's last step. T
 that stopped first is, in order: a rank stuck or failed *outside* a collective (it is what
 the others wait for); else a rank that left no trace at all (no record and no clean close:
 the process died, or hangs holding the interpreter lock) and made no step since the others
-stopped; else the rank stuck in a collective since the earliest time. Ranks stuck or failed
+stopped; else the rank stuck in a collective since the earliest time. A rank stopped by a
+signal (SIGTERM: a preemption, the scheduler, a kill; its watchdog's "terminated" record and
+an end marked `"terminated": true`) ranks with those outside a collective, by time, and is
+named as terminated, not as killed or crashed. Ranks stuck or failed
 inside a collective are the ones left waiting. Every rank silent at the same last step (no
 record, no clean close) is the whole job stopping at once (killed, preempted, its "end"
-records lost with it): named as such (`whole_job`), with no rank first (`rank` None).
+records lost with it): named as such (`whole_job`), with no rank first (`rank` None); every
+rank terminated by a signal is the job stopped from outside (INFO, `whole_job`).
 Severity: CRITICAL when a rank is stuck, failed or stale; WARNING when the only sign is a
-missing clean close after every rank reached the same last step.
+missing clean close after every rank reached the same last step; INFO when every rank
+recorded a SIGTERM.
 Fix: look at that rank first: its own output, the kernel log (OOM killer), its Python stack
 (`py-spy dump --pid PID`) if it still runs; the waiting ranks are symptoms.
 """
@@ -35,6 +40,7 @@ TIER = 0
 EXPLAINS = ("ZD004", "ZD006", "ZD010")  # the waits of a stuck run look like exposure
 
 ACTIVE = ("stuck", "failed")
+SIGNALLED = "terminated"  # the watchdog's record of a SIGTERM (watchdog.py `signalled`)
 
 
 def _where(s: dict) -> str:
@@ -51,6 +57,13 @@ def _where(s: dict) -> str:
     return f"{unit} ({phase}, {what})"
 
 
+def _how(s: dict) -> str:
+    """How a rank stopped, as the head says it."""
+    if s.get("state") == SIGNALLED:
+        return f"terminated by {s.get('signal') or 'a signal'}"
+    return "failed" if s.get("state") == "failed" else "stuck"
+
+
 def _frame(s: dict) -> str | None:
     stack = s.get("stack") or []
     return stack[-1] if stack else None
@@ -63,8 +76,10 @@ def evaluate(ctx) -> list:
         return []
     ended = set(snap.ended_ranks)
     current = {r: s for r, s in snap.stalls.items() if r in ranks and s.get("state") in ACTIVE}
+    signalled = {r: s for r, s in snap.stalls.items()
+                 if r in ranks and s.get("state") == SIGNALLED}
     stale = {r for r in snap.stale_ranks if r in ranks and r not in ended}
-    silent = [r for r in ranks if r not in ended and r not in current]
+    silent = [r for r in ranks if r not in ended and r not in current and r not in signalled]
 
     def last_seen(r: int) -> float:
         w = ranks[r]
@@ -80,9 +95,10 @@ def evaluate(ctx) -> list:
 
     gone = [r for r in silent if stopped_silently(r)]
     if not current and not gone:
-        return []
-    outside = sorted((r for r, s in current.items() if not s.get("collective")),
-                     key=lambda r: (float(current[r].get("since_unix") or 0.0), r))
+        return _all_terminated(ranks, signalled)
+    known = {**signalled, **current}  # the record of each rank that left one
+    outside = sorted([*(r for r, s in current.items() if not s.get("collective")), *signalled],
+                     key=lambda r: (float(known[r].get("since_unix") or 0.0), r))
     inside = sorted((r for r, s in current.items() if s.get("collective")),
                     key=lambda r: (int(current[r].get("step") or 0),
                                    float(current[r].get("since_unix") or 0.0), r))
@@ -96,12 +112,11 @@ def evaluate(ctx) -> list:
     waiting = sorted(r for r in inside if r != first)
     also = sorted(r for r in [*outside, *gone] if r != first)
 
-    if first in current:
-        s = current[first]
+    if first in known:
+        s = known[first]
         state = s["state"]
         where = _where(s)
-        head = (f"rank {first} stopped first: {'failed' if state == 'failed' else 'stuck'} in "
-                f"{where}, step {s.get('step', '?')}")
+        head = (f"rank {first} stopped first: {_how(s)} in {where}, step {s.get('step', '?')}")
         if state == "stuck" and s.get("stalled_s") is not None:
             head += f", no progress for {secs(float(s['stalled_s']))} when seen"
     elif whole:
@@ -127,18 +142,17 @@ def evaluate(ctx) -> list:
     only_unclosed = (not current and not stale and
                      len({ranks[r].last_step for r in ranks}) == 1)
     severity = Severity.WARNING if only_unclosed else Severity.CRITICAL
+    own = known.get(first, {})
     evidence = {
         "rank": None if whole else first, "state": state,
-        "step": current[first].get("step") if first in current else ranks[first].last_step + 1,
+        "step": own.get("step") if first in known else ranks[first].last_step + 1,
         "last_step": ranks[first].last_step,
-        "since_unix": float(current[first].get("since_unix") or 0.0) if first in current
+        "since_unix": float(own.get("since_unix") or 0.0) if first in known
         else last_seen(first),
-        "in": current[first].get("in") if first in current else None,
-        "unit": current[first].get("unit") if first in current else None,
-        "phase": current[first].get("phase") if first in current else None,
-        "collective": (current[first].get("collective") or None) if first in current else None,
-        "frame": _frame(current[first]) if first in current else None,
-        "error": current[first].get("error") if first in current else None,
+        "in": own.get("in"), "unit": own.get("unit"), "phase": own.get("phase"),
+        "collective": own.get("collective") or None,
+        "frame": _frame(own) if first in known else None,
+        "error": own.get("error"), "signal": own.get("signal"),
         "waiting_ranks": waiting,
         "waiting": [{"rank": r, "state": current[r]["state"], "step": current[r].get("step"),
                      "unit": current[r].get("unit"), "phase": current[r].get("phase"),
@@ -150,7 +164,12 @@ def evaluate(ctx) -> list:
         "stale_ranks": sorted(stale),
         "whole_job": whole,
     }
-    if first in current:
+    if first in signalled:
+        fix = (f"Look at who stopped rank {first}: it was {_how(own)} in {_where(own)} (a "
+               "preemption, the scheduler's stop or time limit, a kill: the scheduler's record "
+               "of the job says which); the other ranks only failed or waited after it. Resume "
+               "from the last checkpoint.")
+    elif first in current:
         fix = (f"Look at rank {first} first: it is stuck in {_where(current[first])}"
                + (f" at {evidence['frame']}" if evidence["frame"] else "")
                + f"; dump its Python stack (`py-spy dump --pid PID`, pid in its run log "
@@ -172,3 +191,25 @@ def evaluate(ctx) -> list:
         fix=fix, ranks=tuple(sorted(ranks)) if whole else (first,),
         units=(evidence["unit"],) if evidence["unit"] else (),
         cost_seconds_per_step=0.0)]
+
+
+def _all_terminated(ranks: dict, signalled: dict) -> list:
+    """Every rank recorded a SIGTERM and closed: the job was stopped from outside, as a
+    whole (INFO: a preemption or a time limit is routine, but the run did not finish)."""
+    if not ranks or set(signalled) != set(ranks):
+        return []
+    last = max(ranks[r].last_step for r in ranks)
+    sig = sorted({str(s.get("signal") or "a signal") for s in signalled.values()})
+    head = (f"the whole job was terminated by {', '.join(sig)} after step {last}: every one of "
+            f"its {len(ranks)} ranks recorded it and closed its run log (a preemption, the "
+            "scheduler's stop or time limit, a kill)")
+    first = min(signalled, key=lambda r: (float(signalled[r].get("since_unix") or 0.0), r))
+    return [finding(
+        CODE, NAME, Severity.INFO, head,
+        evidence={"rank": None, "state": SIGNALLED, "step": last + 1, "last_step": last,
+                  "signal": sig[0] if len(sig) == 1 else sig,
+                  "since_unix": float(signalled[first].get("since_unix") or 0.0),
+                  "waiting_ranks": [], "waiting": [], "also_stopped_ranks": [],
+                  "ended_ranks": sorted(ranks), "stale_ranks": [], "whole_job": True},
+        fix="The scheduler's record of the job says who stopped it; resume from the last "
+            "checkpoint.", ranks=tuple(sorted(ranks)), cost_seconds_per_step=0.0)]
