@@ -182,10 +182,11 @@ class Sidecar:
             if self.dirty:  # counts not yet written: not later than STATS_EVERY_S from now
                 nearest = min(nearest, self.written + STATS_EVERY_S)
             for fd, _ev in self.ep.poll(max(0.0, min(1.0, nearest - now))):
+                newest = next(reversed(self.conns), None)
                 try:
                     self._dispatch(fd)
                 except Exception as e:  # noqa: BLE001 - one connection never ends the sidecar
-                    self._fault(self.conns.get(fd), e)
+                    self._fault(self._culprit(fd, newest), e)
             now = time.monotonic()
             for c in [c for c in self.conns.values() if c.deadline <= now]:
                 self._count("timed_out")
@@ -218,6 +219,14 @@ class Sidecar:
                 self._write(c)
             else:
                 self._read(c)
+
+    def _culprit(self, fd: int, newest: int | None) -> "_Conn | None":
+        """The connection a fault came from: the one woken, or (the listener woken: a fault
+        while a new connection was first read) the one accepted last in this wake."""
+        if fd != self.listener.fileno():
+            return self.conns.get(fd)
+        last = next(reversed(self.conns), None)
+        return self.conns[last] if last is not None and last != newest else None
 
     def _fault(self, c: "_Conn | None", e: Exception) -> None:
         """A fault of zerodoc's while serving one connection (a request nobody foresaw): that
