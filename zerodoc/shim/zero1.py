@@ -338,10 +338,11 @@ class DDPAdapter(Adapter):
         self._t_compute_end = None
 
     def _install_comm_hook(self) -> None:
+        """DDP's comm hook: ours, registered once at attach (DDP allows one, for good). It
+        does DDP's default all-reduce, or the user's hook registered after attach
+        (`_take_registrations`), timing the bucket while `active` (a detail step)."""
         reg, ddp = self.registry, self.ddp
         if getattr(self, "_comm_hook_ours", False):
-            # DDP keeps a comm hook for good (no removal): ours, registered at the first
-            # detail step, stays and times only while `active` (a detail step)
             return
         if getattr(ddp, "_comm_hooks", None):
             reg.missing("DistributedDataParallel.register_comm_hook",
@@ -349,20 +350,78 @@ class DDPAdapter(Adapter):
             return
         pg = ddp.process_group
         size = pg.size()
-        timer = self.timer
-        if timer.device:
-            hook = self._device_hook(pg, size)
-            try:
-                ddp.register_comm_hook(None, hook)
-                self._comm_hook_ours = True
-                reg.ok("DistributedDataParallel.register_comm_hook")
-            except Exception as e:
-                reg.missing("DistributedDataParallel.register_comm_hook", repr(e))
-            return
+        device = self.timer.device
+        default = self._device_hook(pg, size) if device else self._host_hook(pg, size)
+        chained = self._chained_device_hook(pg) if device else self._chained_host_hook()
+        self._user_hook: tuple | None = None  # (hook, state) the user registered after attach
 
         def hook(state, bucket):
-            # What DDP does without a hook (torch's default_hooks.allreduce_hook):
-            # average = divide, then sum-all-reduce; bitwise the same gradients.
+            user = self._user_hook
+            return default(state, bucket) if user is None else chained(user, bucket)
+
+        try:
+            ddp.register_comm_hook(None, hook)
+        except Exception as e:
+            reg.missing("DistributedDataParallel.register_comm_hook", repr(e))
+            return
+        self._comm_hook_ours = True
+        reg.ok("DistributedDataParallel.register_comm_hook")
+        self._take_registrations(hook)
+
+    def _take_registrations(self, ours) -> None:
+        """A user's `register_comm_hook` after attach would meet torch's "can only be called
+        once" (the C++ reducer keeps its first hook for good): the DDP instance's
+        `register_comm_hook` is shadowed so that the call does what torch's does (its own
+        checks, the logger's hook name, `_comm_hooks`) and puts the user's hook behind ours,
+        which then runs it in place of the default and times its future. Torch's rules stay:
+        a second registration is refused as torch refuses it. A built-in (C++) hook cannot run
+        behind a Python one: `_register_builtin_comm_hook` raises, naming zerodoc and the way
+        out. Both stay after `close()`, as our hook does."""
+        ddp = self.ddp
+
+        def register_comm_hook(state: object, hook) -> None:
+            self._register_user_hook(ours, state, hook)
+
+        def _register_builtin_comm_hook(comm_hook_type) -> None:
+            raise RuntimeError(BUILTIN_HOOK_REFUSED.format(comm_hook_type))
+
+        register_comm_hook.__doc__ = type(ddp).register_comm_hook.__doc__
+        ddp.register_comm_hook = register_comm_hook
+        ddp._register_builtin_comm_hook = _register_builtin_comm_hook
+
+    def _register_user_hook(self, ours, state: object, hook) -> None:
+        if self._user_hook is not None:  # torch's rule, unchanged by zerodoc
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be "
+                               "called once.")
+        ddp = self.ddp
+        check = getattr(ddp, "_check_comm_hook", None)
+        if check is not None:
+            check(hook)  # torch's checks of the hook; a mistake raises as without zerodoc
+        try:
+            ddp.logger._set_comm_hook_name(hook.__qualname__)
+        except Exception as e:  # noqa: BLE001 - DDP's logging only
+            self.registry.error("ddp.user_comm_hook", e)
+        hooks = getattr(ddp, "_comm_hooks", None)
+        if isinstance(hooks, list):  # what DDP's Python reducer (compiled autograd) calls
+            hooks[:] = [(hook, state) if h is ours else (h, s) for h, s in hooks]
+        self._user_hook = (hook, state)
+
+    def _timed(self, t_issue: float, nbytes: int, fut, value):
+        """Book one bucket issued at `t_issue`, done when `fut` completes; the future DDP
+        gets holds `value(fut)`."""
+        entry = [t_issue, nbytes, None]
+        self._buckets.append(entry)
+
+        def done(f):
+            entry[2] = perf_counter()
+            return value(f)
+        return fut.then(done)
+
+    def _host_hook(self, pg, size: int):
+        """What DDP does without a hook (torch's default_hooks.allreduce_hook): average =
+        divide, then sum-all-reduce; bitwise the same gradients."""
+
+        def hook(state, bucket):
             t_issue = perf_counter()
             tensor = bucket.buffer()
             tensor.div_(size)
@@ -371,22 +430,32 @@ class DDPAdapter(Adapter):
                 work = DelayedWork(work, self.slow_link_s)  # simulated slow link
             fut = work.get_future()
             if not self.active:
-                return fut.then(lambda f: f.value()[0])
-            entry = [t_issue, _nbytes(tensor), None]
-            self._buckets.append(entry)
+                return fut.then(_first)
+            return self._timed(t_issue, _nbytes(tensor), fut, _first)
+        return hook
 
-            def done(f):
-                entry[2] = perf_counter()
-                return f.value()[0]
-            return fut.then(done)
+    def _chained_host_hook(self):
+        """The user's hook in place of the default; on a detail step its future is timed
+        like ours (bytes: the bucket's, before whatever the hook does with them; the
+        simulated slow link does not delay it). A failure of zerodoc's own part leaves the
+        user's hook running untimed; the user's hook's own errors reach DDP unchanged."""
 
-        try:
-            ddp.register_comm_hook(None, hook)
-            self._comm_hook_ours = True
-            reg.ok("DistributedDataParallel.register_comm_hook")
-        except Exception as e:
-            reg.missing("DistributedDataParallel.register_comm_hook", repr(e))
-
+        def chained(user, bucket):
+            fn, state = user
+            if not self.active:
+                return fn(state, bucket)
+            try:
+                nbytes, t_issue = _nbytes(bucket.buffer()), perf_counter()
+            except Exception as e:  # noqa: BLE001 - the user's hook runs regardless
+                self.registry.error("ddp.user_comm_hook", e)
+                return fn(state, bucket)
+            fut = fn(state, bucket)
+            try:
+                return self._timed(t_issue, nbytes, fut, _value)
+            except Exception as e:  # noqa: BLE001 - not a future: DDP says so
+                self.registry.error("ddp.user_comm_hook", e)
+                return fut
+        return chained
 
     def _device_hook(self, pg, size: int):
         """The comm hook on CUDA: DDP's default all-reduce, its device time recorded by
@@ -406,6 +475,51 @@ class DDPAdapter(Adapter):
                 return f.value()[0]
             return work.get_future().then(done)
         return hook
+
+    def _chained_device_hook(self, pg):
+        """The user's hook on CUDA, timed as `_device_hook` times the default (bytes: the
+        bucket's; the group: DDP's)."""
+        timer = self.timer
+
+        def chained(user, bucket):
+            fn, state = user
+            h = None
+            if self.active:
+                try:
+                    h = timer.issue(UNIT, ALL_REDUCE, _nbytes(bucket.buffer()), pg)
+                except Exception as e:  # noqa: BLE001 - the user's hook runs regardless
+                    self.registry.error("ddp.user_comm_hook", e)
+            fut = fn(state, bucket)
+            if h is None:
+                return fut
+
+            def done(f):
+                timer.done(h)
+                return f.value()
+            try:
+                return fut.then(done)
+            except Exception as e:  # noqa: BLE001 - not a future: DDP says so
+                self.registry.error("ddp.user_comm_hook", e)
+                return fut
+        return chained
+
+
+BUILTIN_HOOK_REFUSED = (
+    "zerodoc: DDP allows one comm hook and zerodoc's, registered at zerodoc.attach(), holds "
+    "it; a built-in C++ hook ({}) cannot run behind it. Register its Python equivalent with "
+    "register_comm_hook (torch.distributed.algorithms.ddp_comm_hooks.default_hooks: "
+    "allreduce_hook, fp16_compress_hook, bf16_compress_hook), which zerodoc runs in its place, "
+    "or register the built-in before zerodoc.attach() (zerodoc then leaves the comm hook to "
+    "it and does not time the gradient buckets).")
+
+
+def _first(f):
+    """The value of an all-reduce's future: the list of its one tensor."""
+    return f.value()[0]
+
+
+def _value(f):
+    return f.value()
 
 
 class Zero1Adapter(DDPAdapter):
