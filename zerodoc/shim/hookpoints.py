@@ -86,8 +86,10 @@ ZeRO-1 / DDP (`zerodoc/shim/zero1.py`):
 | hook point                          | public? | what for                                  | checked |
 |-------------------------------------|---------|-------------------------------------------|---------|
 | `torch.nn.parallel.DistributedDataParallel` (`.module`, `.process_group`) | yes | detect, facts | 2.13 |
-| `DistributedDataParallel.register_comm_hook` | yes | time each gradient bucket's all-reduce (issue -> future done) | 2.13 |
-| `DistributedDataParallel._comm_hooks` | no    | do not stack on a user's comm hook        | 2.13    |
+| `DistributedDataParallel.register_comm_hook` | yes | time each gradient bucket's all-reduce (issue -> future done); shadowed on the instance after ours is in, so a user's later hook runs behind ours (the C++ reducer takes one hook, once) | 2.13 |
+| `DistributedDataParallel._comm_hooks` | no    | do not stack on a user's comm hook; a later user's hook replaces ours there (what the Python reducer calls) | 2.13 |
+| `DistributedDataParallel._check_comm_hook`, `.logger._set_comm_hook_name` | no | what torch's `register_comm_hook` does for a user's hook, done for the one taken behind ours (skipped where absent) | 2.13 |
+| `DistributedDataParallel._register_builtin_comm_hook` | no | shadowed on the instance after ours is in: raises naming zerodoc (a C++ hook cannot run behind ours) | 2.13 |
 | `GradBucket.buffer()`               | yes     | bucket bytes                              | 2.13    |
 | `Variable._execution_engine.queue_callback` | no (FSDP/DDP use it) | end of backward compute; end of DDP's wait for its buckets (exposed all-reduce) | 2.13 |
 | `torch.distributed.optim.ZeroRedundancyOptimizer` (`.optim`) | yes | detect ZeRO-1; the local optimizer | 2.13 |

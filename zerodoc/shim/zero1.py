@@ -33,7 +33,9 @@ plain DDP, which gathers no parameters, has its bucket all-reduces delayed inste
 Not measured: `overlap_with_ddp=True` (the step runs inside DDP's hook; only detected and
 reported in the facts), the C++ reducer's own copy of gradients into buckets (counted as
 backward compute). DDP has no way to remove a comm hook: after `close()` ours stays
-installed and only does DDP's default all-reduce. Hook points: see `hookpoints.py`.
+installed and only does DDP's default all-reduce. DDP allows one comm hook: a user's
+`register_comm_hook` after attach puts the user's hook behind ours, which runs it in place of
+the default and times it (`_take_registrations`). Hook points: see `hookpoints.py`.
 """
 
 from __future__ import annotations
@@ -248,7 +250,8 @@ class DDPAdapter(Adapter):
 
     def install_always(self, rec, timer) -> list:
         """DDP's comm hook: registered once, before the first backward (DDP allows one hook
-        and wants it before backward); it times buckets only while `active`."""
+        and wants it before backward; a user's later one runs behind it); it times buckets
+        only while `active`."""
         self.rec, self.timer, self.active = rec, timer, False
         if self.ddp is not None and hp.autograd_callbacks_available():
             self._install_comm_hook()
