@@ -193,10 +193,11 @@ def test_a_live_run_with_basic_auth_serves_from_sidecars(tmp_path):
     with LiveDemo(tmp_path, env=env) as demo:
         def sidecars() -> list[int]:
             kids = []
-            for p in demo.job.procs:
-                for kid in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split():
-                    if open(f"/proc/{kid}/comm").read().startswith("zd-sidecar"):
-                        kids.append(int(kid))
+            for p in demo.job.procs:  # started by the publisher thread: its children
+                for tid in os.listdir(f"/proc/{p.pid}/task"):
+                    for kid in open(f"/proc/{p.pid}/task/{tid}/children").read().split():
+                        if open(f"/proc/{kid}/comm").read().startswith("zd-sidecar"):
+                            kids.append(int(kid))
             return kids if len(kids) == 2 else []
         kids = wait_until(sidecars, 20, "a named sidecar per rank")
         for ep in demo.endpoints:
