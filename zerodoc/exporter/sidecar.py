@@ -9,14 +9,17 @@ sidecar mode the rank serves no connection at all:
   starts `python -m zerodoc.exporter.sidecar` (this module: standard library only, no torch,
   no prometheus_client) with the listening socket passed by descriptor (`pass_fds`);
 - the rank renders nothing until a client asks. The sidecar, asked for a variant (text
-  0.0.4 / OpenMetrics 1.0.0, plain / gzip, the `/metrics/exporter` page) whose file is
-  older than `max_age` (1 s) or missing, writes "variant\n" to a pipe (non-blocking: a full
+  0.0.4 / OpenMetrics 1.0.0, plain / gzip, the `/metrics/exporter` page) not acked by the
+  rank within `max_age` (1 s, on the monotonic clock: never the file's mtime against a wall
+  clock NTP may step back) or missing, writes "variant\n" to a pipe (non-blocking: a full
   pipe holds requests already) and parks the connection; the rank's publisher thread
-  (`SidecarServer` below, thread `zd-metrics-pub`), blocked on that pipe with no timeout,
+  (`SidecarServer` below, thread `zd-metrics-pub`), blocked in poll on that pipe,
   renders that variant only (`page.Page` reuses what did not change), writes it as a whole
   HTTP answer to a file under /dev/shm (written beside, renamed: a reader sees the old file
   or the new one; an unchanged page gets a new mtime only), and acks "variant\n" on a
-  second pipe the sidecar watches in its epoll, which then serves the parked connections.
+  second pipe the sidecar watches in its epoll, which then serves the parked connections
+  ("!variant": it could not be written, the last page is served marked stale; "@folder":
+  the pages moved there, off a full or read-only /dev/shm).
   No fresh page within `FRESH_WAIT_S` (0.5 s: the training thread holds the GIL) means the
   last file, marked `X-Zerodoc-Page: stale` (and counted), or 503 when there is none yet. A
   flood costs the rank at most one render per variant per `max_age`; an idle sidecar costs
@@ -31,7 +34,9 @@ sidecar mode the rank serves no connection at all:
   variant of the closed page at once; `shutdown` wakes it through a pipe of its own;
 - it exits when the rank is gone: PR_SET_PDEATHSIG (SIGKILL at the parent thread's death),
   a parent-pid check once a second and the end of the rank's pipe (EOF / EPIPE); the
-  listening socket then closes with it. The rank sees the sidecar's exit as its pipe's EOF.
+  listening socket then closes with it. The rank sees the sidecar's exit as its pipe's EOF
+  and starts another (`SidecarServer`: supervised, with a back-off); a fault while serving
+  one connection closes that connection only (`Sidecar._fault`).
 
 Default: the sidecar when basic auth or TLS is configured (a protected port is one meant to
 be reached beyond loopback); `ZERODOC_EXPORTER_SIDECAR=1` or `0` forces it on or off. With TLS
@@ -881,8 +886,8 @@ class SidecarServer:
         self._lines.append(f"@{self.folder}")
         self._last.clear()
         self.moves += 1
-        self.on_sidecar(SidecarExit(f"/metrics pages cannot be written in {old} "
-                                    f"({e.strerror or e}); moved to {self.folder}"))
+        self.on_sidecar(RuntimeError(f"/metrics pages cannot be written in {old} "
+                                     f"({e.strerror or e}); moved to {self.folder}"))
         return True
 
     def _spawn(self) -> None:
