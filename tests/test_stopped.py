@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import SMALL_MODEL, pids_gone, until, wait_until
+from tests.support.helpers import SMALL_MODEL, job_env, pids_gone, until, wait_until
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
 from zerodoc.exporter.targets import read_header
@@ -191,3 +191,88 @@ def test_an_integration_exception_record_is_a_failure():
     f = diagnose(snap)[0]
     assert f.code == "ZD013" and f.evidence["rank"] == 1 and f.evidence["state"] == "failed"
     assert "OutOfMemoryError: CUDA out of memory" in f.title
+
+
+# --- placement on the default's steps without per-unit detail; a SIGTERM (issue 32) -----------
+
+def _stop_job(run: Path, **extra) -> Job:
+    """Two ranks of tests/support/jobs/stops.py (the README's loop: close() after it, no
+    try/finally) on the default detail: per-unit hooks on sampled steps only."""
+    sp = {"model": dict(SMALL_MODEL, **extra.pop("model", {})), "steps": 400,
+          "attach": {"run_dir": str(run), "port": False, "stall_after_s": 2.0}, **extra}
+    return Job(2, sp, module="tests.support.jobs.stops", env=job_env(),
+               log_dir=str(run / "logs")).start()
+
+
+def _no_zerodoc_frame(rec: dict) -> bool:
+    """The record was placed without a zerodoc wrapper on the stack (a step without
+    per-unit detail): what the test means to exercise."""
+    return not any("/zerodoc/shim/" in line for line in rec.get("stack", ()))
+
+
+# prefetch: FSDP2's async unshard (explicit prefetch), whose all-gather wait is a C++
+# `Work.wait()` inside `FSDPParamGroup.wait_for_unshard`: no torch.distributed frame on the
+# stack; the waiting rank read as "compute", so it was named as stopped first
+@pytest.mark.parametrize("prefetch", [False, True], ids=["sync", "prefetch"])
+def test_a_preempted_rank_is_named_terminated_and_the_peer_waiting(tmp_path, prefetch):
+    """SIGTERM to rank 1 (a preemption) on default detail: rank 1 records where it was and
+    ends its log "terminated", then dies by the signal; rank 0 fails in its next collective.
+    ZD013 names rank 1, terminated, and rank 0 waiting in a collective; it never calls rank
+    1 killed or crashed (before: no record, "(killed, crashed, or hung ...)")."""
+    run = tmp_path / "preempted"
+    job = _stop_job(run, model={"prefetch": prefetch})
+    try:
+        wait_for(lambda: sum(r.get("type") == "step" for r in lines_of(run, 1)) >= 5, 180,
+                 "rank 1's 5th step", job)
+        os.kill(job.procs[1].pid, signal.SIGTERM)
+        codes = job.wait(60)
+    finally:
+        job.stop(grace=1)
+    assert codes[1] == -signal.SIGTERM and codes[0] != 0, codes
+    ends = [x for x in lines_of(run, 1) if x["type"] == "end"]
+    assert len(ends) == 1 and ends[0].get("terminated") is True, ends
+    term = [x for x in lines_of(run, 1) if x["type"] == "stall"]
+    assert [x["state"] for x in term] == ["terminated"] and term[0]["signal"] == "SIGTERM"
+    waited = [x for x in lines_of(run, 0) if x["type"] == "stall"][-1]
+    assert waited["state"] == "failed" and waited["collective"] in ("all_gather",
+                                                                     "reduce_scatter"), waited
+    out = report(run, "--json")
+    assert out.returncode == 0, out.stderr
+    top = json.loads(out.stdout)["findings"][0]
+    assert top["code"] == "ZD013" and top["severity"] == "critical", top
+    ev = top["evidence"]
+    assert (ev["rank"], ev["state"], ev["signal"]) == (1, "terminated", "SIGTERM"), ev
+    assert ev["waiting_ranks"] == [0], ev
+    assert "rank 1 stopped first: terminated by SIGTERM" in top["title"], top["title"]
+    assert "killed" not in top["title"] and "crashed" not in top["title"], top["title"]
+
+
+def test_a_raise_in_a_units_forward_is_placed_there_on_a_step_without_detail(tmp_path):
+    """A layer of `blocks.1` raises in forward on rank 1, on a step without per-unit detail
+    (the job waits for one), FSDP2 with prefetch: rank 1 failed in blocks.1, forward; rank 0
+    waits for it in the all-gather of the unit its prefetch asked for (blocks.3: blocks.2's
+    pre-forward issued it on rank 0 only) - placed from the frames alone (before: rank 0 read
+    "compute" and was listed as stopped on its own)."""
+    run = tmp_path / "raised"
+    job = _stop_job(run, model={"prefetch": True},
+                    **{"raise": {"rank": 1, "module": "blocks.1.fc1", "at_step": 5}})
+    try:
+        codes = job.wait(180)
+    finally:
+        job.stop(grace=1)
+    assert codes[0] != 0 and codes[1] != 0, codes
+    own = [x for x in lines_of(run, 1) if x["type"] == "stall"][-1]
+    peer = [x for x in lines_of(run, 0) if x["type"] == "stall"][-1]
+    assert "injected failure in blocks.1.fc1" in own["error"], own
+    assert _no_zerodoc_frame(own) and _no_zerodoc_frame(peer), (own["stack"], peer["stack"])
+    assert (own["unit"], own["phase"], own["in"], own["collective"]) == \
+        ("blocks.1", "forward", "compute", ""), own
+    assert (peer["unit"], peer["phase"], peer["in"], peer["collective"]) == \
+        ("blocks.3", "forward", "collective", "all_gather"), peer
+    out = report(run, "--json")
+    assert out.returncode == 0, out.stderr
+    top = json.loads(out.stdout)["findings"][0]
+    ev = top["evidence"]
+    assert top["code"] == "ZD013" and (ev["rank"], ev["unit"], ev["phase"]) == \
+        (1, "blocks.1", "forward"), ev
+    assert ev["waiting_ranks"] == [0] and ev["waiting"][0]["collective"] == "all_gather", ev

@@ -211,5 +211,6 @@ def _all_terminated(ranks: dict, signalled: dict) -> list:
                   "since_unix": float(signalled[first].get("since_unix") or 0.0),
                   "waiting_ranks": [], "waiting": [], "also_stopped_ranks": [],
                   "ended_ranks": sorted(ranks), "stale_ranks": [], "whole_job": True},
+        threshold={}, ranks=tuple(sorted(ranks)), cost_seconds_per_step=0.0,
         fix="The scheduler's record of the job says who stopped it; resume from the last "
-            "checkpoint.", ranks=tuple(sorted(ranks)), cost_seconds_per_step=0.0)]
+            "checkpoint.")]
