@@ -214,6 +214,10 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
             snap, _fresh(snap), _context(snap, thresholds, link)).items()},
         "breakdown_steps": breakdown_steps(snap),
         "live": live_text(snap, generated_unix),
+        # added within schema 1 (issue 32): the source held more than one job (by job_id;
+        # rank endpoints: by the run they serve): {"shown": {"job_id", "ranks"}, "left_out":
+        # [{"job_id", "ranks", "last_unix"[, "endpoints"]}]}; null: one job
+        "jobs": getattr(snap, "jobs", None),
     }
 
 
@@ -251,13 +255,19 @@ def breakdown_steps(snap: RunSnapshot) -> dict | None:
 def notes(snap: RunSnapshot) -> list[str]:
     """What the tables do not show: an FSDP request that the framework turned into DDP
     (`zerodoc.integrations.common.fsdp_requested`); per-unit numbers that cover another span
-    than the window (read from Prometheus recording rules)."""
+    than the window (read from Prometheus recording rules); the ranks of one job shown where
+    the source held several (`snap.jobs`: `zerodoc.runlog.segments.one_job`)."""
     first = snap.any_rank
     cfg = first.facts.config if first is not None and isinstance(first.facts.config, dict) \
         else {}
     out = []
     if cfg.get("fsdp_requested") and first.facts.framework == "ddp":
         out.append(f"asked for FSDP, running DDP: no sharding ({cfg['fsdp_requested']})")
+    jobs = getattr(snap, "jobs", None)
+    if jobs:  # a run directory or endpoints holding more than one job: one is shown
+        from .runlog.segments import jobs_note
+
+        out += jobs_note(jobs)
     span = getattr(snap.unit_stats, "window_s", None)
     if span:
         out.append(f"per-unit numbers: the Prometheus recording rules' last {span:g} s (the "

@@ -15,10 +15,12 @@ import os
 from pathlib import Path
 
 from ..runmodel import RunSnapshot
-from .reader import RunLogInvalid, _take, log_window, rank_logs, read_rank_tail
+from .reader import (
+    RunLogInvalid, RunLogUnreadable, _take, log_window, rank_logs, read_rank_tail,
+)
 from .records import RankLog, RunLogError, StepRecord, StepTotals, step_from_dict
 from .scan import MAX_LINE, forward_lines, kind_of
-from .segments import pick_segment
+from .segments import one_job, pick_segment
 from .writer import DETAIL_DIR, detail_names
 
 
@@ -30,6 +32,9 @@ class _Tail:
         self.log: RankLog | None = None
         self.names: list[str] = []
         self.detail_pos: dict[int, tuple[int, int]] = {}  # slot -> (inode, read offset)
+        self.problem: str | None = None  # why the log cannot be shown (RunLogUnreadable)
+        self.truncated = False  # seen shrinking (truncated in place) while followed
+        self.mark: tuple[int, bytes] | None = None  # the bytes just before the read offset
 
 
 class RunFollower:
@@ -45,6 +50,7 @@ class RunFollower:
         self.window = window
         self.logs: dict[int, RankLog] = {}
         self._tails: dict[Path, _Tail] = {}
+        self.jobs: dict | None = None  # one_job's account: logs of other jobs left out
 
     # -- reading -------------------------------------------------------------------------
     def poll(self) -> list[tuple[int, StepRecord | StepTotals]]:
@@ -57,19 +63,31 @@ class RunFollower:
                 t = self._tails[p] = _Tail(p)
             try:
                 new += self._poll_one(t)
+                t.problem = None
             except RunLogInvalid:
                 raise  # a header with wrong facts: waiting will not mend it
+            except RunLogUnreadable as e:
+                t.problem = str(e)  # said under "Run log" (annotate); tried again next poll
             except (OSError, RunLogError):
                 continue  # not readable yet (no header): the next poll tries again
-        current = {id(x) for x in pick_segment([t.log for t in self._tails.values()
-                                                if t.log is not None])}
+        logs, self.jobs = one_job([t.log for t in self._tails.values() if t.log is not None])
+        current = {id(x) for x in pick_segment(logs)}
         self.logs = {t.log.facts.rank: t.log for t in self._tails.values()
                      if t.log is not None and id(t.log) in current}
         return [(r, s) for r, s in new if r in self.logs]
 
     def _poll_one(self, t: _Tail) -> list:
         size = os.stat(t.path).st_size
-        if t.log is None or size < t.log.read_to:
+        if t.log is not None and (size < t.log.read_to or (
+                size > t.log.read_to and not self._same(t))):
+            # truncated in place (logrotate's copytruncate): shorter than what was read, or
+            # grown again past it with other bytes where the last line read ended. Never a
+            # stopped rank: the lines after the cut continue the segment read so far, from
+            # the start of the file
+            t.truncated = t.log.truncated = True
+            t.log.read_to = 0
+            t.mark = None
+        if t.log is None:
             if size == 0:
                 return []
             fresh = t.log is None
@@ -83,6 +101,7 @@ class RunFollower:
             if self.detail:
                 self._poll_detail(t)  # positions after what the tail read took
             self._trim(t.log)
+            self._remember(t)
             return new
         log = t.log
         out: list = []
@@ -99,6 +118,12 @@ class RunFollower:
                     off += len(line) + 1
                     if not line.strip():
                         continue
+                    if kind_of(line) == "header" and self._goes_on(log, line):
+                        if self.detail:  # what the detail files hold under the old header
+                            out += [(log.facts.rank, s) for s in self._poll_detail(t)]
+                        log.header_at = at  # the writer's header again: the same segment
+                        t.detail_pos = {}  # its detail files are tagged with this one
+                        continue
                     if kind_of(line) == "header":  # the rank restarted: a new segment
                         t.log = read_rank_tail(t.path, self._tail_window(), detail=self.detail)
                         t.names = [u.name for u in t.log.facts.units]
@@ -106,6 +131,7 @@ class RunFollower:
                         if self.detail:
                             self._poll_detail(t)
                         self._trim(t.log)
+                        self._remember(t)
                         del at
                         return [(t.log.facts.rank, s) for s in
                                 (t.log.steps if self.detail else t.log.totals)]
@@ -114,10 +140,49 @@ class RunFollower:
                     if not self.detail and len(log.totals) > n:
                         out.append((log.facts.rank, log.totals[-1]))
                 log.read_to = upto
+            self._remember(t)
         if self.detail:
             out += [(log.facts.rank, s) for s in self._poll_detail(t)]
         self._trim(log)
         return out
+
+    MARK = 64  # bytes before the read offset compared at each poll of a grown log
+
+    def _remember(self, t: _Tail) -> None:
+        """Keep the bytes just before the read offset (`_same` compares them later)."""
+        at = max(0, t.log.read_to - self.MARK)
+        try:
+            with open(t.path, "rb") as f:
+                f.seek(at)
+                t.mark = (at, f.read(t.log.read_to - at))
+        except OSError:
+            t.mark = None
+
+    @staticmethod
+    def _same(t: _Tail) -> bool:
+        """The bytes before the read offset are those read there (False: the file was
+        truncated and written again past that offset)."""
+        if t.mark is None:
+            return True
+        at, was = t.mark
+        try:
+            with open(t.path, "rb") as f:
+                f.seek(at)
+                return f.read(len(was)) == was
+        except OSError:
+            return True
+
+    @staticmethod
+    def _goes_on(log: RankLog, line: bytes) -> bool:
+        """A header the writer wrote again in the segment being read (truncated in place,
+        the run directory made again: its `reopened`), not a restart."""
+        try:
+            d = json.loads(line)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return False
+        return isinstance(d, dict) and isinstance(d.get("reopened"), dict) and \
+            d.get("segment") == log.segment and d.get("rank") == log.facts.rank and \
+            d.get("job_id") == log.facts.job_id
 
     def _tail_window(self) -> int | None:
         """Steps the first read of a log takes from its end: the window (None: every step
@@ -195,4 +260,9 @@ class RunFollower:
 
         from .reader import annotate
 
-        annotate(snap, list(self.logs.values()), stale_after_s, time.time())
+        problems = [t.problem for t in self._tails.values() if t.problem]
+        for t in self._tails.values():  # seen shrinking: said even once a header is back
+            if t.truncated and t.log is not None:
+                t.log.truncated = True
+        annotate(snap, list(self.logs.values()), stale_after_s, time.time(), problems,
+                 self.jobs)

@@ -18,6 +18,7 @@ from .records import (
     totals_from_dict, totals_of,
 )
 from .scan import MAX_LINE, OVERLONG, kind_of, reverse_lines, segment_heads
+from .segments import one_job
 from .writer import DETAIL_DIR, detail_names
 
 DEFAULT_ROOT = "zerodoc-runs"
@@ -30,15 +31,60 @@ class RunLogInvalid(RunLogError):
     header not written yet, waiting will not mend it."""
 
 
+class RunLogUnreadable(RunLogError):
+    """A rank's log that cannot be shown, for a reason a reader states and goes on: not a
+    regular file (a FIFO, a directory), or lines with no header (truncated in place). The
+    other ranks are still read; the message goes under "Run log" (`log_notes`)."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+
+
+COUNT_MAX = 256 << 20  # headerless lines are counted in at most this many bytes
+
+
 def rank_logs(run_dir: str | os.PathLike) -> list[Path]:
     return sorted(Path(run_dir).glob("rank-*.jsonl"))
 
 
-def _open(path: Path):
+def rank_of(path: Path) -> int | None:
+    """The rank a log's name says (rank-00003.jsonl: 3), or None."""
     try:
-        return open(path, "rb")
+        return int(Path(path).name[5:-6])
+    except ValueError:
+        return None
+
+
+def _open(path: Path):
+    """The log opened for reading: non-blocking (a FIFO in its place would wait for a writer
+    for good) and a regular file only (RunLogUnreadable naming what is there)."""
+    from .writer import NotAFile, open_regular
+
+    try:
+        return os.fdopen(open_regular(path, os.O_RDONLY), "rb")
+    except NotAFile as e:
+        raise RunLogUnreadable(f"{e.strerror}: rank {rank_of(path)} has no run log there",
+                               rank_of(path)) from None
     except OSError as e:
         raise RunLogError(f"cannot read run log {path}: {e.strerror or e}") from e
+
+
+def _headerless(f, end: int) -> int:
+    """Complete lines in [0, end) (lines with no header before them), counted in at most
+    COUNT_MAX bytes."""
+    f.seek(0)
+    n, left = 0, min(end, COUNT_MAX)
+    while left > 0:
+        buf = f.read(min(CHUNK_COUNT, left))
+        if not buf:
+            break
+        n += buf.count(b"\n")
+        left -= len(buf)
+    return n
+
+
+CHUNK_COUNT = 1 << 20
 
 
 def _segment(f, path: Path, segment: int | None) -> tuple[int, int, dict, int, int]:
@@ -54,6 +100,14 @@ def _segment(f, path: Path, segment: int | None) -> tuple[int, int, dict, int, i
             head = json.loads(first)
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise RunLogError(f"{path}: first line is not JSON ({e})") from None
+        if isinstance(head, dict) and isinstance(head.get("type"), str) and \
+                head["type"] != "header":  # a record with no header before it
+            n = _headerless(f, size)
+            raise RunLogUnreadable(
+                f"{path.name}: {n:,}{'+' if size > COUNT_MAX else ''} line(s) with no header, "
+                f"not read: the log was truncated in place (logrotate's copytruncate?) by a "
+                f"writer that does not write its header again; rank {rank_of(path)} is not "
+                "shown", rank_of(path))
         check_header(head, str(path))
         heads = [(0, head)]
     numbers = [int(h.get("segment", i)) for i, (_o, h) in enumerate(heads)]
@@ -81,11 +135,29 @@ def _new_log(path: Path, head: dict, number: int, count: int, start: int) -> Ran
                    schema=int(head.get("schema", 1)), path=str(path), header_at=start)
 
 
+def _reopened(f, path: Path, log: RankLog, head: dict) -> None:
+    """A header the writer wrote again (docs/runlog.md, "When the log's place changes"):
+    truncated in place (the lines before the file's oldest header have none: counted), or
+    the run directory deleted / replaced."""
+    why = head.get("reopened")
+    why = why.get("why") if isinstance(why, dict) else None
+    if why == "truncated in place":
+        log.truncated = True
+        heads_at = log.header_at
+        f.seek(0)
+        if heads_at > 0 and kind_of(f.readline(MAX_LINE).rstrip(b"\n")) != "header":
+            log.headerless = _headerless(f, heads_at)
+    elif isinstance(why, str):
+        log.reopened = why[:40]
+
+
 def _open_segment(f, path: Path, segment: int | None):
     """(start, end, an empty RankLog, unit names, offset after the header); `f` is left
     just after the header."""
     start, end, head, number, count = _segment(f, path, segment)
     log = _new_log(path, head, number, count, start)
+    if "reopened" in head:
+        _reopened(f, path, log, head)
     f.seek(start)
     body = start + len(f.readline(MAX_LINE))
     return start, end, log, [u.name for u in log.facts.units], body
@@ -150,6 +222,14 @@ def log_notes(logs) -> list[str]:
         if log.bad_lines:
             out.append(f"{log.bad_lines} line{'s' if log.bad_lines != 1 else ''} skipped in "
                        f"{name} (torn or not valid)")
+        if log.truncated:
+            out.append(f"{name} was truncated in place (logrotate's copytruncate?): "
+                       + (f"{log.headerless:,} line(s) before its header written again not "
+                          "read; " if log.headerless else "")
+                       + "the steps before the cut are in the rotated copy, not here")
+        if log.reopened:
+            out.append(f"{name}: the run log was {log.reopened} while the job ran; the writer "
+                       "made it again (the records lost with it are counted above)")
     return out
 
 
@@ -681,19 +761,31 @@ def load_run(run_dir: str | os.PathLike, window: int | None = 20,
     paths = rank_logs(run_dir)
     if not paths:
         raise RunLogError(f"{run_dir} holds no rank-*.jsonl run logs")
-    logs = pick_segment([read_rank_tail(p, window, segment) for p in paths], segment)
+    read, problems = [], []
+    for p in paths:
+        try:
+            read.append(read_rank_tail(p, window, segment))
+        except RunLogUnreadable as e:
+            problems.append(str(e))  # said under "Run log"; the other ranks are read
+    if not read:
+        raise RunLogError(f"{run_dir}: no rank's log can be read: {'; '.join(problems[:3])}")
+    logs, jobs = one_job(read)
+    logs = pick_segment(logs, segment)
     snap = RunSnapshot(source=str(run_dir))
     now = time.time()
     for log in logs:
         snap.ranks[log.facts.rank] = log_window(log, window, skip_warmup=skip_warmup)
-    annotate(snap, logs, stale_after_s, now)
+    annotate(snap, logs, stale_after_s, now, problems, jobs)
     return snap
 
 
-def annotate(snap: RunSnapshot, logs, stale_after_s: float, now: float) -> None:
+def annotate(snap: RunSnapshot, logs, stale_after_s: float, now: float,
+             problems: list[str] = (), jobs: dict | None = None) -> None:
     """Ended, stale and missing ranks and the watchdog's stall records of these logs, into
     `snap`. A log whose newest watchdog record says the rank failed (closed while an
-    exception propagated) is not a clean end."""
+    exception propagated) is not a clean end. `problems`: logs that could not be read
+    (`RunLogUnreadable`), said under "Run log"; `jobs`: `one_job`'s account when the
+    directory holds the logs of more than one job (`snap.jobs`, and said)."""
     from ..stalls import last_stall
 
     for log in logs:
@@ -709,7 +801,8 @@ def annotate(snap: RunSnapshot, logs, stale_after_s: float, now: float) -> None:
         elif not log.ended and now - log.last_unix > stale_after_s:
             snap.stale_ranks.add(rank)
     snap.missing_ranks = missing(snap)
-    snap.log_notes = log_notes(logs)
+    snap.log_notes = [*problems, *log_notes(logs)]
+    snap.jobs = jobs  # the report says it (report.notes)
 
 
 def missing(snap: RunSnapshot) -> set[int]:

@@ -164,6 +164,12 @@ class RankLog:
     header_at: int = 0  # byte offset of this segment's header in the file
     read_to: int = 0  # byte offset after the last complete line read
     torn: bool = False  # the last line read had no newline (counted in bad_lines)
+    # a log truncated in place (logrotate's copytruncate; docs/runlog.md): the writer wrote
+    # its header again ("truncated in place"), or a follower saw the file shrink; the lines
+    # between the cut and that header have no header and are not read: counted here
+    truncated: bool = False
+    headerless: int = 0
+    reopened: str | None = None  # the run directory was deleted / replaced: the header again
 
     def add_event(self, rec: dict) -> None:
         self.events.append(rec)

@@ -24,6 +24,20 @@ Construction (at attach) opens the file, takes an exclusive `flock` (a second wr
 same rank log is refused: two writers would interleave their lines) and reads the tail of
 an existing log to number the new segment. That is bounded, attach-time I/O; from then on
 the training thread does none.
+
+What is there in the log's place cannot hold the job (issue 32): the log is opened
+non-blocking and anything but a regular file (a FIFO, which blocked `open` for good, a
+directory, a device) is refused with one warning naming the path; the writer then runs
+*off* (no file) and counts every record it is handed as lost (`lost`, served as
+`zerodoc_runlog_records_lost_total`), so the rank trains on. A second job writing into a
+run directory that a live job still writes is refused the same way at attach (its
+`job_id`, the run directory's `.zerodoc-job` file under a shared `flock`: `_claim_dir`).
+While it runs, the writer thread checks at least every second and before every interval
+line that the path still names its file (`_check_place`): a run directory deleted or
+replaced is re-created and the log reopened (the header written again, the records written
+to the vanished file counted as lost), or, where that fails, the writer stops with the path
+named; a log truncated in place (logrotate's copytruncate: the file shorter than what was
+written) gets its header written again so that readers can place the lines after it.
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ import errno
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from collections import deque
@@ -44,6 +59,8 @@ from .scan import newest_head
 DETAIL_DIR = "detail"
 _STOP = object()
 POLL_S = 0.05  # the writer thread's wake-up interval (records wait at most this long)
+CHECK_S = 1.0  # the log's place (deleted, replaced, truncated) is checked at least this often
+JOB_FILE = ".zerodoc-job"  # the live job's id in a run directory, held under a shared flock
 
 
 class _Full(Exception):
@@ -145,6 +162,108 @@ class RunLogBusy(OSError):
     """Another writer holds this rank's run log."""
 
 
+class NotAFile(OSError):
+    """Something other than a regular file is where a log belongs (a FIFO, a directory, a
+    device): refused, never opened for writing."""
+
+
+def _kind(mode: int) -> str:
+    """What a file mode is, in words ("a FIFO", "a directory", ...)."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path, flags: int, mode: int = 0o644) -> int:
+    """os.open for a regular file only, never blocking: O_NONBLOCK (a FIFO's open would wait
+    for a reader for good), then fstat; anything but a regular file is closed again and
+    refused (NotAFile naming the path and what is there). `flags` may add O_NOFOLLOW."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as e:
+        if e.errno in (errno.EISDIR, errno.ENXIO, errno.ELOOP):  # a directory, a FIFO
+            try:  # with no reader, a symbolic link under O_NOFOLLOW
+                what = _kind(os.lstat(path).st_mode)
+            except OSError:
+                what = "not a regular file"
+            raise NotAFile(e.errno, f"{path} is {what}, not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAFile(errno.EINVAL, f"{path} is {_kind(st.st_mode)}, not a regular file")
+        os.set_blocking(fd, True)  # a regular file: writes behave as they always did
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _close_quietly(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _holds(fd: int, how: int) -> bool:
+    """flock(fd, how | LOCK_NB): True when taken, False when another holder has it; raises
+    OSError where the filesystem has no flock."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+        return True
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+            return False
+        raise
+
+
+def claim_dir(run_dir: Path, job: str, tries: int = 40) -> tuple[int | None, str | None]:
+    """Claim `run_dir` for job `job`: (fd holding a shared flock on its JOB_FILE, None), or
+    (None, the other live job's id) when a live job of another id holds it, or (None, None)
+    where it cannot be told (no flock, a JOB_FILE that is not a regular file): then nothing
+    is refused. The first holder of a free directory writes its id under an exclusive lock,
+    then holds it shared; every later holder holds it shared after reading the same id, so
+    the file's id is always that of every holder. Bounded: `tries` attempts 5 ms apart
+    (another rank of this job may be writing the id)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None, None
+    try:
+        fd = open_regular(run_dir / JOB_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
+    except OSError:
+        return None, None
+    other = None
+    try:
+        for _ in range(tries):
+            if _holds(fd, fcntl.LOCK_EX):  # no live holder: the directory is free
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, job.encode(), 0)
+                if _holds(fd, fcntl.LOCK_SH) and os.pread(fd, 4096, 0).decode(
+                        "utf-8", "replace") == job:
+                    return fd, None
+            elif _holds(fd, fcntl.LOCK_SH):
+                held = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+                if held == job:
+                    return fd, None
+                if held:
+                    other = held  # held by live holders: the job whose id this is
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            time.sleep(0.005)
+    except OSError:
+        os.close(fd)
+        return None, None
+    os.close(fd)
+    return None, other
+
+
 def _dumps(rec: dict) -> bytes:
     return (json.dumps(rec, separators=(",", ":"), default=str) + "\n").encode()
 
@@ -155,12 +274,15 @@ class RunLogWriter:
     every_steps / every_seconds: per-unit interval lines at most this many steps / seconds
     apart; totals_every: a cumulative `total` line every this many intervals; detail: keep
     the steps of the current and the previous interval with their full per-unit detail in
-    `detail/`; queue_size: records the hand-over queue holds before it drops.
+    `detail/`; queue_size: records the hand-over queue holds before it drops; job_id: this
+    job's identity (zerodoc/shim/jobid.py), checked against the run directory's live job
+    before the log is opened (else at `write_header`, from the header's `job_id`).
     """
 
     def __init__(self, run_dir: str | os.PathLike, rank: int, *, every_steps: int = 100,
                  every_seconds: float = 300.0, totals_every: int = 10, detail: bool = True,
-                 queue_size: int = 1024, on_error=None, clock=time.time):
+                 queue_size: int = 1024, on_error=None, clock=time.time,
+                 job_id: str | None = None):
         self.run_dir = Path(run_dir)
         self.rank = rank
         self.path = self.run_dir / rank_log_name(rank)
@@ -187,17 +309,29 @@ class RunLogWriter:
         self._last_units_step = 0
         self._last_units_time = clock()
         self._warmup_written = False  # step 1's own interval line was handed over
+        self.off: str | None = None  # why this writer keeps no log (refused): records lost
+        self._job: str | None = None  # the job whose run directory claim we hold
+        self._job_fd: int | None = None  # ... its JOB_FILE, under a shared flock
+        self._created = False  # this writer created the log file (removed if refused)
+        self._since_check = [0, 0]  # records / steps written since the place was checked
+        self._next_check = 0.0
+        self._header_rec: dict | None = None  # the header written, again after a reopen
+        self._last_step = 0  # the newest step line written
+        self._fd: int | None = None
+        self._pos, self.segment, self._prev_head = 0, 0, None
+        self._detail_fd: int | None = None
+        self._detail_pos = 0
+        self._detail_slot = 1
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            self._lock()
-            self._pos, self.segment, self._prev_head, torn = self._find_segment()
-            if torn:
-                self._pos += _os_write(self._fd, b"\n")  # a killed writer's torn last line
-        except BaseException:
-            os.close(self._fd)
-            raise
+        if job_id is None or self._claim(job_id):
+            try:
+                self._open_log()
+            except NotAFile as e:
+                self._go_off(e.strerror or str(e))
+            except BaseException:
+                self._close_job()
+                raise
         self._header_at: int | None = None
         self._unit_index: dict[str, int] = {}
         self._prev_cum: tuple | None = None  # cumulative totals at the last interval line
@@ -205,14 +339,69 @@ class RunLogWriter:
         self._interval_max = 0.0  # longest step line written since the last interval
         self._max_past_warmup = 0.0  # longest step line after step 1
         self._wrote_warmup = False  # step 1's own interval line is in this segment
-        self._detail_fd: int | None = None
-        self._detail_pos = 0
-        self._detail_slot = 1
         self._thread = threading.Thread(target=self._run, name=f"zerodoc-runlog-{rank}",
                                         daemon=True)
         self._thread.start()
 
     # --- set-up (attach time) ----------------------------------------------------------
+    def _open_log(self) -> None:
+        """Open (non-blocking, a regular file only), lock and place the log: the file's
+        size, the new segment's number, the previous header; a torn last line ended."""
+        fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        old, self._fd = self._fd, fd
+        try:
+            self._lock()
+            self._pos, self.segment, self._prev_head, torn = self._find_segment()
+            self._created = self._pos == 0
+            if torn:
+                self._pos += _os_write(self._fd, b"\n")  # a killed writer's torn last line
+        except BaseException:
+            self._fd = old
+            os.close(fd)
+            raise
+        _close_quietly(old)
+
+    def _claim(self, job: str) -> bool:
+        """Claim the run directory for `job` (`claim_dir`); False (and the writer off, its
+        own empty log removed) when another live job writes it."""
+        self._job = job
+        self._close_job()
+        self._job_fd, other = claim_dir(self.run_dir, job)
+        if other is None:
+            return True
+        self._drop_created()
+        self._go_off(f"{self.run_dir} is being written by another live job (job_id {other}); "
+                     f"this job ({job}) keeps no run log there: give each job its own run "
+                     "directory (attach(run_dir=...) or ZERODOC_RUN_DIR)")
+        return False
+
+    def _close_job(self) -> None:
+        fd, self._job_fd = self._job_fd, None
+        _close_quietly(fd)
+
+    def _drop_created(self) -> None:
+        """Remove the log this writer created and left empty (refused after opening it)."""
+        if self._fd is None or not self._created:
+            return
+        try:
+            st, fst = os.stat(self.path), os.fstat(self._fd)
+            if fst.st_size == 0 and (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino):
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def _go_off(self, why: str) -> None:
+        """Keep no log from now on (one warning naming the path): every record handed over
+        is counted as lost; the job trains on."""
+        self.off = self.write_error = why
+        fds = (self._fd, self._detail_fd)
+        self._fd = self._detail_fd = None
+        self._close_job()
+        for fd in fds:
+            _close_quietly(fd)
+        log.warning("zerodoc: no run log for rank %d: %s; every record is counted as lost "
+                    "(zerodoc_runlog_records_lost_total); training continues", self.rank, why)
+
     def _lock(self) -> None:
         try:
             import fcntl
@@ -261,6 +450,9 @@ class RunLogWriter:
                           "totals_every": self.totals_every, "detail": self.detail},
                **(dataclasses.asdict(facts) if dataclasses.is_dataclass(facts) else facts)}
         self._unit_index = {u["name"]: i for i, u in enumerate(rec["units"])}
+        job = rec.get("job_id")
+        if job and self._job is None and self.off is None:
+            self._claim(str(job))  # attach time: the constructor was not told the job
         self._put(("header", rec))
 
     def write(self, record: dict) -> None:
@@ -368,6 +560,7 @@ class RunLogWriter:
             self._close_files()
 
     def _close_files(self) -> None:
+        self._close_job()
         for fd in (self._detail_fd, self._fd):
             if fd is not None:
                 try:
@@ -398,12 +591,19 @@ class RunLogWriter:
                     if item is _STOP:
                         return
                     self._one(item)
+                if time.monotonic() >= self._next_check:
+                    self._one(None)
             finally:
                 q.busy = False
 
     def _one(self, item) -> None:
+        """Handle one item (None: check the log's place), then tell the log what was lost
+        or dropped; an error is counted and the thread carries on."""
         try:
-            self._handle(*item)
+            if item is None:
+                self._check_place()
+            else:
+                self._handle(*item)
             if self._unlogged_lost[0]:
                 (n, k), self._unlogged_lost = self._unlogged_lost, [0, 0]
                 try:
@@ -431,6 +631,11 @@ class RunLogWriter:
         """Append one record to the main log, whole or not at all; its offset. A failed
         write is counted as lost (`meta`: a `lost` / `dropped` record, not counted) and
         raised."""
+        if self.off is not None:  # refused, or stopped: counted, never written
+            if not meta:
+                self.lost += 1
+                self.lost_steps += rec.get("type") == "step"
+            return -1
         data = _dumps(rec)
         lead = b"\n" if self._torn else b""
         at = self._pos
@@ -460,6 +665,9 @@ class RunLogWriter:
         self._torn = False
         self._pos = at + len(lead) + len(data)
         self.written += 1
+        if not meta:
+            self._since_check[0] += 1
+            self._since_check[1] += rec.get("type") == "step"
         if self._failing:
             self._failing = False
             log.warning("zerodoc: run log %s takes writes again; %d record(s) (%d step(s)) "
@@ -480,12 +688,14 @@ class RunLogWriter:
         if kind == "lean":  # built here, then written as any step record
             kind, rec = "step", lean_record(rec)
         if kind == "header":
+            self._header_rec = rec
             self._header_at = self._main(rec)
-            if self.detail:
+            if self.detail and self.off is None:
                 self._switch_detail(rec["segment"], first_step=1)
         elif kind == "step":
             light = {k: v for k, v in rec.items() if k not in ("compute", "comm", "framework")}
             self._main(light)
+            self._last_step = rec.get("step", self._last_step)
             self._interval_max = max(self._interval_max, float(rec.get("step_s", 0.0)))
             if rec.get("step", 1) > 1:  # the longest step past warm-up, for `total` lines
                 self._max_past_warmup = max(self._max_past_warmup, float(rec.get("step_s", 0.0)))
@@ -505,13 +715,88 @@ class RunLogWriter:
         else:
             self._main(rec)
 
+    # --- the log's place: deleted, replaced, truncated ------------------------------------
+    def _check_place(self) -> None:
+        """Does the path still name the file written, as long as written? (module
+        docstring). A deleted or replaced one is reopened, a truncated one re-headed."""
+        self._next_check = time.monotonic() + CHECK_S
+        if self.off is not None or self._fd is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            st = None
+        except OSError:
+            return  # cannot tell (a hung or vanished mount answers with its own error)
+        fst = os.fstat(self._fd)
+        if st is None or (st.st_dev, st.st_ino) != (fst.st_dev, fst.st_ino):
+            self._reopen("deleted" if st is None else "replaced")
+        elif fst.st_size < self._pos:
+            self._truncated(fst.st_size)
+        else:
+            self._since_check = [0, 0]
+
+    def _reopen(self, how: str) -> None:
+        """The log's path no longer names its file (the run directory deleted or replaced):
+        what was written since the last check went with it (counted as lost); make the
+        directory again and write the header again there, in this segment (a new one after
+        a log already there), or stop with the path named."""
+        n, k = self._since_check
+        self._since_check = [0, 0]
+        self._close_detail()
+        self.lost += n
+        self.lost_steps += k
+        why = f"run log {how} while the job ran"
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self._job is not None and not self._claim(self._job):
+                return  # another live job has the new directory (warned, off)
+            segment = self.segment
+            self._open_log()
+        except OSError as e:
+            self._go_off(f"the run log {self.path} was {how} and cannot be made again "
+                         f"({write_error(e)}); {n} record(s) written since the last check "
+                         "went with it")
+            return
+        if self._pos == 0:  # a new file: this segment goes on
+            self.segment, self._prev_head = segment, None
+        self.write_error = why
+        self._unlogged_lost[0] += n
+        self._unlogged_lost[1] += k
+        log.warning("zerodoc: the run log %s was %s while the job ran: reopened it (header "
+                    "written again, segment %d); %d record(s) (%d step(s)) written since the "
+                    "last check went with the old file and are counted as lost",
+                    self.path, how, self.segment, n, k)
+        self._rehead(how)
+
+    def _truncated(self, size: int) -> None:
+        """The log is shorter than what was written (truncated in place: logrotate's
+        copytruncate): the header is written again at its new end, so that the lines from
+        here on have one (readers count those in between as lines without a header)."""
+        self._pos = size
+        self._torn = False
+        log.warning("zerodoc: the run log %s was truncated in place (logrotate's "
+                    "copytruncate?); its header is written again at the new end", self.path)
+        self._prev_head = None
+        self._rehead("truncated in place")
+        self._since_check = [0, 0]
+
+    def _rehead(self, how: str) -> None:
+        """Write this segment's header again (`reopened` says why and after which step)."""
+        if self._header_rec is None:
+            return  # not written yet: it comes in its turn
+        rec = {**self._header_rec, "segment": self.segment, "prev_header_at": self._prev_head,
+               "reopened": {"why": how, "after_step": self._last_step}}
+        self._header_at = self._main(rec)  # detail files follow at the next interval
+
     def _switch_detail(self, segment: int, first_step: int) -> None:
         """Make the other detail file current: truncate it, tag it with this segment."""
         self._detail_slot ^= 1
         path = self.run_dir / DETAIL_DIR / detail_names(self.rank)[self._detail_slot]
         self._close_detail()  # whatever fails below, no detail file grows past its interval
         path.parent.mkdir(exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+                          | os.O_NOFOLLOW)
         tag = _dumps({"type": "detail", "segment": segment, "header_at": self._header_at,
                       "first_step": first_step})
         try:
@@ -523,11 +808,7 @@ class RunLogWriter:
 
     def _close_detail(self) -> None:
         fd, self._detail_fd = self._detail_fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        _close_quietly(fd)
 
     def _free_detail(self) -> bool:
         """Empty both detail files (they only repeat the latest steps in full): room for
@@ -553,6 +834,7 @@ class RunLogWriter:
 
     def _units(self, snap: tuple, final: bool) -> None:
         step, steps, end_unix, scalars, max_step, compute, comm, detail_steps, fw = snap
+        self._check_place()  # at least at every interval line (and every CHECK_S)
         prev = self._prev_cum
         if prev is not None and step <= prev[0]:  # no step since the last interval
             if final:
@@ -587,7 +869,7 @@ class RunLogWriter:
         self._prev_cum = snap
         if (self._intervals % self.totals_every == 0 and not warmup) or final:
             self._total(snap)
-        if self.detail and not final and not warmup:
+        if self.detail and not final and not warmup and self.off is None:
             self._switch_detail(self.segment, first_step=step + 1)
 
     def _total(self, snap: tuple) -> None:

@@ -85,6 +85,48 @@ def parse_exposition(text: str, endpoint: str | None = None) -> dict[int, Cumula
     return {r: c for r, c in out.items() if c.units or "run_id" in c.labels}
 
 
+def job_of(c: Cumulative) -> str:
+    """The job a rank's endpoint serves: its `job_id` label where the exporter gives one,
+    else its run (`run_id`: the run directory's name, the job id by default)."""
+    return c.labels.get("job_id") or c.labels.get("run_id") or ""
+
+
+def one_job_of(results: list[tuple[str, dict[int, Cumulative]]]
+               ) -> tuple[dict[int, Cumulative], dict | None]:
+    """The ranks of one job from what each endpoint served (endpoint, {rank: Cumulative}):
+    never ranks of two jobs merged (`report 127.0.0.1:9740-9741` over two jobs whose port
+    ranges meet), nor two endpoints serving the same rank of one run (two jobs given one
+    run directory) taken for one. The job with the most recent activity is kept, with
+    `zerodoc.runlog.segments.one_job`'s account of the others (None: one job)."""
+    seen: dict[str, dict[int, list[tuple[Cumulative, str]]]] = {}
+    for ep, ranks in results:
+        for r, c in ranks.items():
+            seen.setdefault(job_of(c), {}).setdefault(r, []).append((c, ep))
+    jobs: dict[str, dict[int, Cumulative]] = {}
+    eps: dict[str, set[str]] = {}
+    clash = []  # another endpoint serving a rank its run already has: another job
+    for j, ranks in seen.items():
+        for r, cands in ranks.items():
+            cands.sort(key=lambda x: -_updated(x[0]))
+            jobs.setdefault(j, {})[r] = cands[0][0]
+            eps.setdefault(j, set()).add(cands[0][1])
+            clash += [{"job_id": j or "?", "ranks": [r], "last_unix": _updated(c),
+                       "endpoints": [ep], "same_run": True} for c, ep in cands[1:]]
+    if len(jobs) < 2 and not clash:
+        return next(iter(jobs.values()), {}), None
+    latest = {j: max(map(_updated, rs.values())) for j, rs in jobs.items()}
+    shown = max(jobs, key=lambda j: latest[j])
+    left = [{"job_id": j or "?", "ranks": sorted(jobs[j]), "last_unix": latest[j],
+             "endpoints": sorted(eps[j])}
+            for j in sorted(jobs, key=lambda j: -latest[j]) if j != shown]
+    return jobs[shown], {"shown": {"job_id": shown or "?", "ranks": sorted(jobs[shown])},
+                         "left_out": left + clash, "where": "at these endpoints"}
+
+
+def _updated(c: Cumulative) -> float:
+    return c.scalars.get("updated_unix", 0.0)
+
+
 class EndpointsSource:
     """Each rank's `/metrics`, scraped directly (see the module docstring for windows)."""
 
@@ -101,6 +143,7 @@ class EndpointsSource:
         self._history: dict[int, list[Cumulative]] = {}
         self._last: dict[int, RankWindow] = {}
         self._ended: set[int] = set()
+        self.jobs: dict | None = None  # one_job_of's account: other jobs' ranks left out
 
     def _scrape(self, ep: str):
         try:
@@ -116,10 +159,8 @@ class EndpointsSource:
     def _scrape_all(self) -> dict[int, Cumulative]:
         with ThreadPoolExecutor(max_workers=min(16, len(self.endpoints))) as pool:
             results = list(pool.map(self._scrape, self.endpoints))
-        got: dict[int, Cumulative] = {}
         self.unreachable = {ep: w for ep, ranks, w in results if ranks is None}
-        for _ep, ranks, _w in results:
-            got.update(ranks or {})
+        got, self.jobs = one_job_of([(ep, ranks) for ep, ranks, _w in results if ranks])
         return share_unit_facts(got)
 
     def _settle(self, got: dict[int, Cumulative]) -> dict[int, Cumulative]:
@@ -196,6 +237,7 @@ class EndpointsSource:
                 if rank not in self._ended:
                     snap.stale_ranks.add(rank)
         snap.ranks = dict(sorted(snap.ranks.items()))
+        snap.jobs = self.jobs  # the report says it (report.notes)
         snap.ended_ranks = {r for r in self._ended if r in snap.ranks}
         snap.missing_ranks = missing(snap)
         for rank, w in snap.ranks.items():
