@@ -15,12 +15,14 @@ import http.client
 import os
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import bcrypt  # the dev extra: missing is a failure, not a skip
 import pytest
 
+from tests.support import hostile
 from tests.support.helpers import gauge_registry, job_command, job_env, wait_until
 from zerodoc.exporter import limits, server, webconfig
 from zerodoc.exporter.page import Page
@@ -125,6 +127,15 @@ def users() -> dict[str, str]:
     return {"prometheus": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()}
 
 
+def fake_clock(srv) -> list:
+    """The server's Authenticator on a clock of the test's (its windows and check turns),
+    with a full bucket of checks at t = 0."""
+    now = [0.0]
+    srv._auth.clock = lambda: now[0]
+    srv._auth._refilled = 0.0
+    return now
+
+
 def test_a_wrong_password_flood_costs_no_password_checks(start, monkeypatch):
     calls = []
     real = webconfig.verify_password
@@ -132,29 +143,40 @@ def test_a_wrong_password_flood_costs_no_password_checks(start, monkeypatch):
                         lambda pw, h: calls.append(pw) or real(pw, h))
     cfg = webconfig.WebConfig(path=Path("web.yml"), users=users())
     srv = start(cfg=cfg)
+    now = fake_clock(srv)
     assert get(srv, ("prometheus", "s3cret")) == 200
     codes = [get(srv, ("prometheus", "wrong")) for _ in range(20)]
     assert calls == ["s3cret", "wrong"]  # each credential checked once
-    assert codes[:webconfig.FAIL_LIMIT] == [401] * webconfig.FAIL_LIMIT
-    assert set(codes[webconfig.FAIL_LIMIT:]) <= {401, 429}
-    # new guesses from the same address: refused without a check once over the limit
-    guesses = [get(srv, ("prometheus", f"guess{i}")) for i in range(10)]
-    assert set(guesses) == {429} and len(calls) == 2
+    assert codes == [401] * 20  # a repeat guesses nothing: no limit for it
+    # new guesses from the same address: checked until FAIL_LIMIT of its new credentials
+    # failed within the window ("wrong" was one), then refused without a check
+    guesses = []
+    for i in range(10):
+        now[0] += 0.5  # a check a turn (CHECKS_PER_S): the bucket is not what refuses
+        guesses.append(get(srv, ("prometheus", f"guess{i}")))
+    n = webconfig.FAIL_LIMIT - 1
+    assert guesses == [401] * n + [429] * (10 - n) and len(calls) == 2 + n
     # the scraper whose credential was verified is still served, from the same address
-    assert get(srv, ("prometheus", "s3cret")) == 200 and len(calls) == 2
-    assert srv.stats.requests["rate_limited"] >= 10
+    assert get(srv, ("prometheus", "s3cret")) == 200 and len(calls) == 2 + n
+    assert srv.stats.requests["rate_limited"] == 10 - n
+    now[0] += webconfig.FAIL_WINDOW_S  # the window over: a new guess is checked again
+    assert get(srv, ("prometheus", "guess-after")) == 401 and len(calls) == 3 + n
 
 
-def test_an_address_over_its_limit_without_a_login_is_refused_before_its_request(start):
+def test_a_plain_server_reads_every_request_before_refusing(start):
+    """Without TLS there is no handshake to spare: a flooding address's requests are read
+    (the pre-read 429 is for TLS only, test_exporter_security), so a remembered credential
+    from it is served and its wrong one answered 401 from the loop, not 429 unread."""
     cfg = webconfig.WebConfig(path=Path("web.yml"), users=users())
     srv = start(cfg=cfg)
-    for _ in range(webconfig.FAIL_LIMIT):
+    now = fake_clock(srv)
+    assert get(srv, ("prometheus", "wrong")) == 401
+    now[0] += webconfig.QUIET_S  # failing since, without a login; now a flood
+    for _ in range(webconfig.FLOOD_LIMIT + 5):
         assert get(srv, ("prometheus", "wrong")) == 401
-    s = socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=10)
-    answer = s.recv(4096)  # nothing sent: answered from the accepting thread
-    s.close()
-    assert answer.startswith(b"HTTP/1.0 429 "), answer
-    assert srv._auth.hash_checks == 1
+    assert srv._auth.refuse_early("127.0.0.1")  # what a TLS server refuses unread
+    assert get(srv, ("prometheus", "s3cret")) == 200  # its first login, read and checked
+    assert srv._auth.hash_checks == 2
 
 
 def test_password_checks_are_rate_limited_across_addresses():
@@ -329,9 +351,11 @@ def test_whole_requests_are_answered_on_the_accepting_thread(start):
     assert headers["content-encoding"] == "gzip" and int(headers["content-length"]) == len(body)
     assert gzip.decompress(body) == generate_latest(reg)
     assert headers["x-content-type-options"] == "nosniff"
-    for _ in range(webconfig.FAIL_LIMIT):
+    now = fake_clock(srv)
+    for i in range(webconfig.FAIL_LIMIT):
+        now[0] += 1.0  # a check free at each (the bucket is not the subject)
         status, headers, body = split_answer(
-            raw(srv, b"GET /metrics HTTP/1.0\r\n" + basic("prometheus", "nope") + b"\r\n"))
+            raw(srv, b"GET /metrics HTTP/1.0\r\n" + basic("prometheus", f"nope{i}") + b"\r\n"))
         assert status == "HTTP/1.0 401 Unauthorized", status
         assert headers["www-authenticate"].startswith("Basic")
         assert headers["x-content-type-options"] == "nosniff"
@@ -451,3 +475,41 @@ def test_a_step_without_detail_renders_the_page_anew():
     assert coll.stamp() != before
     again = coll.stamp()
     assert coll.stamp() == again  # nothing happened: the cached page may be served
+
+
+def test_close_never_raises_with_a_hundred_clients_during_its_linger(start):
+    """Issue 32: closing.CloseSignal pruned its clients past 64 to the newest 32 and its wait
+    then looked up a pruned one (KeyError out of monitor.close(), into the training script):
+    100 distinct clients (address, User-Agent: the client's choice) scraping during the
+    close's linger. Through the real server; the close still waits for its regular scraper."""
+    from zerodoc.exporter.closing import CloseSignal
+
+    srv = start()
+    now = [0.0]
+    signal_ = CloseSignal(clock=lambda: now[0])
+    srv.on_scraped = signal_.scraped
+    port = srv.server_address[1]
+    for t in (0.0, 1.0):  # the regular scraper: twice, a second apart
+        now[0] = t
+        assert hostile.status_of(hostile.ask(port, hostile.scrape(agent="Prometheus/3"))) == 200
+    now[0] = 2.0
+    outcome = []
+
+    def close() -> None:
+        try:
+            outcome.append(signal_.close(linger_s=10.0))
+        except Exception as e:  # noqa: BLE001 - the subject
+            outcome.append(e)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    wait_for(lambda: signal_.closed_unix is not None, what="the close begun")
+    now[0] = 3.0
+    for i in range(100):
+        assert hostile.status_of(hostile.ask(port, hostile.scrape(agent=f"curl/{i}"),
+                                             source=f"127.0.4.{i + 1}")) == 200
+    assert closer.is_alive()  # still waiting for the regular scraper
+    assert hostile.status_of(hostile.ask(port, hostile.scrape(agent="Prometheus/3"))) == 200
+    closer.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], float), outcome
+    assert outcome[0] < 3.0  # ended by the regular scraper's page, not by the linger's end

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import ssl
+import time
 import urllib.error
 import urllib.request
 import warnings
@@ -21,8 +23,8 @@ from types import SimpleNamespace
 import bcrypt  # the dev extra: missing is a failure, not a skip
 import pytest
 
-from tests.support import tlsutil
-from tests.support.helpers import LiveDemo
+from tests.support import hostile, tlsutil
+from tests.support.helpers import LiveDemo, wait_until
 from tests.support.promserver import PromServer, require_binary
 from zerodoc.exporter import server, sidecar, webconfig
 from zerodoc.exporter.webconfig import WebConfigError
@@ -349,3 +351,194 @@ def test_prometheus_scrapes_a_live_run_over_tls_with_basic_auth(tmp_path, pki):
                       for t in prom.api("targets")["activeTargets"]}
             assert "401" in errors["wrong-password"], errors
             assert errors["good"] == "", errors
+
+
+# --- authentication that a flood cannot turn against Prometheus (issue 32 item 2) --------
+def test_non_ascii_basic_credentials_are_refused_not_raised(tmp_path):
+    """`Authorization: Basic éé` is not base64 of anything: 401, never an exception (it
+    raised ValueError, which ended the sidecar process and left the in-process server's
+    connection unanswered, booked as a TLS error)."""
+    assert webconfig.basic_credentials("Basic éé") == (None, "")
+    auth = webconfig.Authenticator(users())
+    assert auth.header_verdict("Basic éé", "10.0.0.1") == "unauthorized"
+    request = b"GET /metrics HTTP/1.0\r\nAuthorization: Basic \xc3\xa9\xc3\xa9\r\n\r\n"
+    cfg = webconfig.WebConfig(path=Path("web.yml"), users=users())
+    errors = []
+    srv = server.start("127.0.0.1", 0, registry(), cfg, on_error=errors.append)
+    loop = hostile.SidecarLoop(tmp_path / "side", cfg)
+    try:
+        for port in (srv.server_address[1], loop.port):
+            assert hostile.status_of(hostile.ask(port, request)) == 401
+            assert hostile.status_of(hostile.ask(port, hostile.scrape("prometheus", "s3cret"))) \
+                == 200  # still serving
+        assert errors == []
+        assert srv.stats.requests["unauthorized"] == 1
+        wait_until(lambda: loop.requests["unauthorized"] == 1, 5, "the sidecar's 401 counted")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        loop.close()
+
+
+def fake_clock(auth: webconfig.Authenticator) -> list:
+    """`auth` on a clock of the test's (failure windows, check turns), a full bucket at 0."""
+    now = [0.0]
+    auth.clock = lambda: now[0]
+    auth._refilled = 0.0
+    return now
+
+
+def flood_and_scrape(port: int, auth, interval_s: float, minutes: float, ctx=None) -> list:
+    """A client repeating one wrong password from the scraper's own address (127.0.0.1), more
+    than FLOOD_LIMIT times in every failure window, from before the scraper's first scrape
+    on; the scraper scraping every `interval_s` for `minutes`, on the Authenticator's clock
+    (advanced by the test: simulated time). Returns the scraper's statuses."""
+    now = fake_clock(auth)
+    wrong = hostile.scrape("prometheus", "wrong", agent="stale-config/1")
+    statuses = []
+    t = 0.0
+    while t < minutes * 60:
+        for k in range(2):  # the flood in the window before the scrape: FLOOD_LIMIT + 1
+            now[0] = t + k * 0.1
+            for _ in range(webconfig.FLOOD_LIMIT // 2 + 1):
+                hostile.ask(port, wrong, ctx=ctx)  # 401 (429, or unread: the old ways)
+        now[0] = t + 1.0
+        statuses.append(hostile.status_of(
+            hostile.ask(port, hostile.scrape("prometheus", "s3cret"), ctx=ctx)))
+        t += interval_s
+    return statuses
+
+
+def test_a_flood_from_the_scrapers_address_never_refuses_the_scraper(tmp_path):
+    """Issue 32: a client sharing Prometheus' address (NAT, a mesh proxy) repeating one wrong
+    password got Prometheus answered 429 before its request was read (seen at t = 45, 60,
+    75 s at a 15 s interval), and its first login refused. Now: the request is read; a
+    repeated wrong password guesses nothing and limits nothing; a verified credential is
+    served whatever its address did. 11 simulated minutes at a 15 s interval, in-process
+    and in the sidecar's loop."""
+    cfg = webconfig.WebConfig(path=Path("web.yml"), users=users())
+    srv = server.start("127.0.0.1", 0, registry(), cfg)
+    loop = hostile.SidecarLoop(tmp_path / "side", cfg)
+    try:
+        for port, auth in ((srv.server_address[1], srv._auth), (loop.port, loop.auth)):
+            statuses = flood_and_scrape(port, auth, 15.0, 11)
+            assert statuses == [200] * len(statuses), statuses
+            assert auth.hash_checks == 2  # the right password and the wrong one, once each
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        loop.close()
+
+
+def test_over_tls_the_early_refusal_spares_the_handshake_but_never_a_scraper(tmp_path, pki,
+                                                                            running):
+    """Over TLS an address flooding without a login for QUIET_S is answered 429 before its
+    handshake (what that refusal spares); a scraper behind it that logged in within QUIET_S
+    of the flood's start is never refused so: Prometheus' default 1 m interval for 11
+    simulated minutes. Once the scraper stops, the flood is refused unread."""
+    cfg = webconfig.load(write_config(tmp_path / "web.yml", pki, client_auth="NoClientCert",
+                                      users_=users()))
+    srv, _url = running(cfg)
+    port, ctx = srv.server_address[1], client_ctx(pki)
+    statuses = flood_and_scrape(port, srv._auth, 60.0, 11, ctx=ctx)
+    assert statuses == [200] * len(statuses), statuses
+    assert srv.stats.requests["rate_limited"] == 0
+    now = [srv._auth.clock()]
+    srv._auth.clock = lambda: now[0]
+    for _ in range(webconfig.FLOOD_LIMIT + 1):  # QUIET_S later, the flood alone
+        hostile.ask(port, hostile.scrape("prometheus", "wrong"), ctx=ctx)
+        now[0] += webconfig.QUIET_S / webconfig.FLOOD_LIMIT
+    for _ in range(webconfig.FLOOD_LIMIT + 1):  # then a flood again, within one window
+        hostile.ask(port, hostile.scrape("prometheus", "wrong"), ctx=ctx)
+    assert srv._auth.refuse_early("127.0.0.1")
+    refused = srv.stats.requests["rate_limited"]
+    assert refused >= 1  # the last of that flood
+    # answered before any handshake: a plain read sees the 429 (a TLS client: an error)
+    assert hostile.status_of(hostile.ask(port, b"")) == 429
+    assert srv.stats.requests["rate_limited"] == refused + 1
+
+
+def test_check_turns_go_to_the_quiet_address_whatever_the_user_name():
+    """The order in which waiting credentials are checked: the address that asked for the
+    fewest new credentials lately first. 40 addresses that guessed as fast as they could
+    wait; Prometheus' first login arrives last and is checked at the next turn. Nothing in
+    the order depends on the user name: a quiet address with an unknown user is checked
+    first all the same, its answer that of a known user's wrong password."""
+    auth = webconfig.Authenticator(users())
+    now = fake_clock(auth)
+    for k in range(10):  # the guessers' history: every address asked many times
+        for i in range(40):
+            auth.verdict(("prometheus", "admin")[i % 2], f"g{i}-{k}", f"10.0.1.{i}")
+            now[0] += 0.01
+    waiting = {i: object() for i in range(40)}
+    for i, ticket in waiting.items():  # each address has one guess waiting for a check
+        assert auth.attempt("prometheus", f"next{i}", f"10.0.1.{i}", ticket) == "wait"
+    prom = object()
+    assert auth.attempt("prometheus", "s3cret", "10.0.9.9", prom) == "wait"
+    now[0] += 1.0 / webconfig.CHECKS_PER_S  # one turn
+    assert [auth.attempt("prometheus", f"next{i}", f"10.0.1.{i}", t)
+            for i, t in waiting.items()] == ["wait"] * 40
+    assert auth.attempt("prometheus", "s3cret", "10.0.9.9", prom) == "ok"
+    # an unknown user from a quiet address: first too, and answered as a wrong password
+    ghost = object()
+    assert auth.attempt("ghost", "s3cret", "10.0.9.7", ghost) == "wait"
+    now[0] += 1.0 / webconfig.CHECKS_PER_S
+    assert [auth.attempt("prometheus", f"next{i}", f"10.0.1.{i}", t)
+            for i, t in waiting.items()] == ["wait"] * 40
+    checks = auth.hash_checks
+    assert auth.attempt("ghost", "s3cret", "10.0.9.7", ghost) == "unauthorized"
+    assert auth.hash_checks == checks + 1  # checked against a configured hash all the same
+
+
+def first_login_under_guessing(port: int, interval_s: float, tries: int = 2) -> tuple:
+    """40 addresses guessing distinct passwords (the configured user's and names that are
+    not), then Prometheus' scrapes from an address of its own, `interval_s` apart: (the
+    number of its scrape that got 200 or None, its seconds from the first try, the
+    guessers' answers)."""
+    with hostile.Guessers(port, 40) as g:
+        # under way: every check taken, most guessers waiting for a turn or refused
+        wait_until(lambda: g.total() >= 2 * 40, 60, "the guessers under way")
+        t0 = time.monotonic()
+        for k in range(tries):
+            if k:
+                time.sleep(max(0.0, t0 + k * interval_s - time.monotonic()))  # its interval
+            got = hostile.ask(port, hostile.scrape("prometheus", "s3cret"), source="127.0.2.1")
+            if hostile.status_of(got) == 200:
+                return k + 1, time.monotonic() - t0, dict(g.answers)
+        return None, time.monotonic() - t0, dict(g.answers)
+
+
+def test_forty_addresses_guessing_do_not_keep_prometheus_first_login_out():
+    """Issue 32: 40 addresses guessing distinct passwords took every password check (2 a
+    second), and Prometheus' first login was refused for 60 s. Now it waits for its turn,
+    and its address, which asked least, goes first: its first scrape logs in, within two
+    scrape intervals (here 3 s apart, the guessers at full speed)."""
+    cfg = webconfig.WebConfig(path=Path("web.yml"), users=users())
+    srv = server.start("127.0.0.1", 0, registry(), cfg)
+    try:
+        which, took, answers = first_login_under_guessing(srv.server_address[1], 3.0)
+        assert which is not None and took < 2 * 3.0, (which, took, answers)
+        assert answers.get(429, 0) > 0 and answers.get(401, 0) > 0, answers
+        assert set(answers) <= {401, 429}, answers
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.slow
+def test_forty_addresses_guessing_do_not_keep_prometheus_first_login_out_of_the_sidecar(
+        tmp_path):
+    """The same against a sidecar process (its own loop parks the waiting credential)."""
+    from zerodoc.exporter.page import Page
+
+    cfg = webconfig.load(write_config(tmp_path / "web.yml", users_=users()))
+    srv = sidecar.SidecarServer("127.0.0.1", 0, Page(registry(), stamp=lambda: 1,
+                                                     max_age_s=1.0), socket.AF_INET, cfg)
+    srv.start()
+    try:
+        which, took, answers = first_login_under_guessing(srv.server_address[1], 3.0)
+        assert which is not None and took < 2 * 3.0, (which, took, answers)
+        assert set(answers) <= {401, 429}, answers
+    finally:
+        srv.shutdown()
+        srv.server_close()

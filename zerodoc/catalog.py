@@ -40,6 +40,13 @@ COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "b
 RANK_COMPUTE = "zerodoc_rank_compute_seconds_total"
 RANK_EXPOSED = "zerodoc_rank_collective_exposed_seconds_total"
 
+# zerodoc_exporter_requests_total{outcome}: every answer of a rank's /metrics server (and
+# every connection it ended without one) is counted under one of these (exporter/limits.py).
+EXPORTER_OUTCOMES: tuple[str, ...] = (
+    "ok", "unauthorized", "rate_limited", "over_capacity", "timed_out", "client_gone",
+    "bad_request", "too_large", "not_ready",
+)
+
 # Step-time histogram buckets (seconds): 1 ms .. ~2 min.
 STEP_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
@@ -242,8 +249,10 @@ CATALOG: tuple[Metric, ...] = (
            "unauthorized, rate_limited (429: too many failed logins, no password checked), "
            "over_capacity (503: too many connections at once, the request not read), "
            "timed_out (cut off at the whole-request deadline), client_gone (the client "
-           "closed or reset the connection).", ("outcome",), scope="server",
-           per="exporter_outcomes"),
+           "closed or reset the connection), bad_request (400, 405, 501: not a request for "
+           "a page: malformed, another method, TLS on the plain port, HTTP/2), too_large "
+           "(431, 414: a request head over the limits), not_ready (503: no page rendered "
+           "yet).", ("outcome",), scope="server", per="exporter_outcomes"),
     Metric("zerodoc_exporter_cpu_seconds_total", "counter", "seconds",
            "CPU time of this rank's /metrics server threads (accepting, TLS, password checks, "
            "rendering, sending), from their per-thread CPU clocks: what serving /metrics "

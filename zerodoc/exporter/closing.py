@@ -23,6 +23,7 @@ class CloseSignal:
         self.closed_unix: float | None = None
         self._seen: dict[tuple, list[float]] = {}  # client -> its last scrape times
         self._cond = threading.Condition()
+        self._awaited: dict[tuple, float] = {}  # client -> how long the close waits for it
         self.on_close: list = []  # called at the close (the sidecar's publisher: closed page)
 
     def scraped(self, client: tuple = ("", "")) -> None:
@@ -31,20 +32,26 @@ class CloseSignal:
             times = self._seen.setdefault(client, [])
             times.append(self.clock())
             del times[:-3]
-            if len(self._seen) > 64:  # many one-off clients: keep the recent ones
+            if len(self._seen) > 64:  # many one-off clients: keep the recent ones, and
+                # those the close waits for (any number of them may scrape during its wait)
                 old = sorted(self._seen, key=lambda c: self._seen[c][-1])[:-32]
                 for c in old:
-                    del self._seen[c]
+                    if c not in self._awaited:
+                        del self._seen[c]
             self._cond.notify_all()
 
     def close(self, linger_s: float = CLOSE_LINGER_S) -> float:
         """Mark closed; wait (bounded, see the module docstring) until the regular scrapers
-        have seen it. Returns the seconds waited."""
+        have seen it. Returns the seconds waited. Never raises: it runs in the training
+        script's `monitor.close()` (a waker that fails is skipped)."""
         with self._cond:
             now = self.closed_unix = self.clock()
             for wake in self.on_close:
-                wake()
-            waits = {}
+                try:
+                    wake()
+                except Exception:  # noqa: BLE001, S110 - the close goes on: scrapers wait
+                    pass
+            waits = self._awaited
             for client, times in self._seen.items():
                 if len(times) >= 2 and now - times[-1] < RECENT_S:
                     interval = times[-1] - times[-2]
@@ -54,10 +61,11 @@ class CloseSignal:
             t0 = time.monotonic()
 
             def pending() -> list:
-                return [c for c in waits if self._seen[c][-1] <= now and
-                        time.monotonic() - t0 < waits[c]]
+                return [c for c, w in waits.items() if self._seen.get(c, [now])[-1] <= now
+                        and time.monotonic() - t0 < w]
 
             while pending():
                 left = max(waits[c] for c in pending()) - (time.monotonic() - t0)
                 self._cond.wait(max(0.01, min(left, 0.5)))
+            waits.clear()
             return time.monotonic() - t0

@@ -17,11 +17,11 @@ GIL). Here:
   there are none).
 - `name_thread`: the server's OS threads are named `zd-metrics*` (what a witness outside the
   process reads in /proc/PID/task/*/comm).
-- `Stats`: requests by outcome and the CPU time of the server's own threads (per-thread CPU
+- `Stats`: requests by outcome (`catalog.EXPORTER_OUTCOMES`) and the CPU time of the server's own threads (per-thread CPU
   clocks), served as `zerodoc_exporter_requests_total` and
   `zerodoc_exporter_cpu_seconds_total`.
 
-Standard library only.
+Standard library only (and zerodoc's catalog, itself standard library only).
 """
 
 from __future__ import annotations
@@ -33,7 +33,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-OUTCOMES = ("ok", "unauthorized", "rate_limited", "over_capacity", "timed_out", "client_gone")
+from ..catalog import EXPORTER_OUTCOMES as OUTCOMES  # the one list (the catalog's)
+
+
+def error_outcome(code: int) -> str:
+    """The outcome an error answer of this HTTP status is counted under."""
+    return "too_large" if code in (413, 414, 431) else "bad_request"
+
 
 def _canned(status: str, body: bytes, retry_after: int) -> bytes:
     return (b"HTTP/1.0 %s\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: %d\r\n"

@@ -209,7 +209,10 @@ class PageHandler(MetricsHandler):
 
     def parse_request(self) -> bool:
         self.command = None
-        self.request_version = version = self.default_request_version
+        # errors are answered as HTTP/1.0, with a status line: under the library's default
+        # (HTTP/0.9) a request line it cannot read (the HTTP/2 preface, `PRI * HTTP/2.0`)
+        # was answered a bare HTML page
+        self.request_version = version = "HTTP/1.0"
         self.close_connection = True  # HTTP/1.0: one request per connection
         requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
         self.requestline = requestline

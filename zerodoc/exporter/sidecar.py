@@ -596,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ask-fd", type=int, default=None, help="pipe to the rank: requests")
     p.add_argument("--done-fd", type=int, default=None, help="pipe from the rank: acks")
     p.add_argument("--max-age", type=float, default=1.0)
+    p.add_argument("--own-stderr", action="store_true",
+                   help="stderr is a pipe of our own, drained by the rank: made non-blocking")
     a = p.parse_args(argv)
     # Ctrl-C in a terminal is the rank's to handle (it tells us to exit at its shutdown); we
     # run in a session of our own too, so a terminal's SIGINT does not reach us at all
@@ -604,7 +606,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name_thread("zd-sidecar")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    os.set_blocking(2, False)  # our complaints never wait for a busy rank (_complain)
+    if a.own_stderr:  # never a description shared with others (a terminal's, pytest's)
+        os.set_blocking(2, False)  # our complaints never wait for a busy rank (_complain)
     off_the_ranks_cores()
     try:
         cfg = webconfig.load(a.web_config) if a.web_config else None
@@ -901,7 +904,7 @@ class SidecarServer:
                str(os.getpid()), "--max-connections", str(self.limits.max_connections),
                "--deadline", str(self.limits.request_deadline_s),
                "--ask-fd", str(ask_w), "--done-fd", str(done_r),
-               "--max-age", str(self.max_age_s)]
+               "--max-age", str(self.max_age_s), "--own-stderr"]
         if self.cfg is not None and self.cfg.path is not None:
             cmd += ["--web-config", str(self.cfg.path)]
         root = str(Path(__file__).resolve().parents[2])

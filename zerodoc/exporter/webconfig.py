@@ -33,6 +33,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import math
 import os
 import ssl
 import threading
@@ -281,13 +282,24 @@ def verify_password(password: str, h: str) -> bool:
     return hmac.compare_digest(got, digest)
 
 
-# Failed logins: a client address with FAIL_LIMIT failures within FAIL_WINDOW_S is answered
-# 429 without a password check until its window ends; password checks of credentials not
-# seen before run at most CHECKS_PER_S a second overall (burst CHECKS_BURST).
+# Failed logins and password checks (`Authenticator`; docs/reliability.md's table):
+# - an address whose FAIL_LIMIT *new* credentials failed within FAIL_WINDOW_S (guesses; a
+#   wrong password repeated is no guess) has its next new credentials answered 429 without a
+#   check until the window ends; remembered credentials are answered as before;
+# - over TLS only (the handshake is what it spares), an address with FLOOD_LIMIT failures of
+#   any kind within the window, failing for QUIET_S without a login, is answered 429 before
+#   its handshake;
+# - new credentials are checked at most CHECKS_PER_S a second in all (burst CHECKS_BURST),
+#   one at a time; one that finds no check free waits up to CHECK_WAIT_S for its turn, the
+#   address that asked for fewest checks lately (decaying over LOAD_TAU_S) going first.
 FAIL_LIMIT = 5
 FAIL_WINDOW_S = 10.0
+FLOOD_LIMIT = 20
+QUIET_S = 600.0
 CHECKS_PER_S = 2.0
 CHECKS_BURST = 4.0
+CHECK_WAIT_S = 5.0
+LOAD_TAU_S = 60.0
 CACHE_RIGHT = 64  # verified credentials remembered
 CACHE_WRONG = 1024  # refused credentials remembered
 CLIENTS = 4096  # client addresses whose failures are tracked
@@ -333,35 +345,46 @@ def san_allowed(conn: ssl.SSLSocket, cfg: "WebConfig") -> bool:
 
 
 def basic_credentials(header: str | None) -> tuple[str | None, str]:
-    """(user, password) of an `Authorization: Basic ...` header; (None, "") for anything else."""
+    """(user, password) of an `Authorization: Basic ...` header; (None, "") for anything else:
+    not base64, not UTF-8, or not ASCII at all (`Basic éé`: b64decode's ValueError)."""
     if not header or not header.startswith("Basic "):
         return None, ""
     try:
         user, _, password = base64.b64decode(header[6:].strip()).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors too
         return None, ""
     return user, password
 
 
 class Authenticator:
-    """Checks basic-auth credentials against the configured hashes, cheaply when repeated.
+    """Checks basic-auth credentials against the configured hashes, cheaply when repeated,
+    in an order that a flood cannot turn against the scraper it is meant to protect.
 
-    A hash check is deliberately slow (bcrypt, PBKDF2: milliseconds of CPU in the training
-    process). So:
+    A hash check is deliberately slow (bcrypt, PBKDF2: milliseconds of CPU in the process
+    that serves /metrics). So:
 
     - a credential is checked once: the verdict is remembered, right and wrong ones apart
       (bounded, least recently used out), keyed by a SHA-256 of a per-process random salt,
       the user and the password (never the password itself); a Prometheus scraping every
-      few seconds, or a flood repeating one wrong password, costs a hash lookup per request;
-    - a client address with `FAIL_LIMIT` failed logins within `FAIL_WINDOW_S` is answered
-      "rate_limited" (429) for new credentials without a check until its window ends, and
-      new credentials are checked at most `CHECKS_PER_S` a second in all (a flood of
-      distinct guesses from many addresses), one at a time;
-    - a credential that was verified is accepted from any address, rate-limited or not; an
-      address over its limit that has not logged in within the window is refused before
-      its request is read (`refuse_early`: the server answers 429 from its accepting
-      thread);
-    - an unknown user costs as much as a known one (no user enumeration by timing).
+      few seconds, or a flood repeating one wrong password, costs a hash lookup per request.
+      A verified credential is accepted from any address, whatever that address did;
+    - an address whose `FAIL_LIMIT` new credentials failed within `FAIL_WINDOW_S` (guesses)
+      has its next new ones refused ("rate_limited") without a check until the window ends;
+      a wrong password repeated guesses nothing and does not count there (a neighbour behind
+      the same NAT with a stale password cannot keep Prometheus' first login out);
+    - new credentials are checked at most `CHECKS_PER_S` a second in all, one at a time. One
+      that finds no check free waits for its turn (`attempt` says "wait"; `verdict` blocks,
+      up to `wait_s`), and at each turn the waiting address that asked for the fewest new
+      credentials lately goes first (a count decaying over `LOAD_TAU_S`; one waiter per
+      address): addresses guessing as fast as they can are served after a Prometheus that
+      asks once per scrape, so its first login is checked within a turn or two (~0.5 s)
+      however many addresses guess. Nothing in this order depends on the user name, and an
+      unknown user is checked against a configured hash all the same: its answer and its
+      cost are those of a known user with a wrong password (no user enumeration);
+    - `refuse_early`: over TLS the server may answer 429 before the handshake, but only for an
+      address flooding (`FLOOD_LIMIT` failures within the window) that has failed for
+      `QUIET_S` (minutes) without a login: a scraper that logs in from it is not refused
+      so for as long as it scrapes at an interval under that.
     """
 
     def __init__(self, users: dict[str, str], clock=time.monotonic):
@@ -371,9 +394,13 @@ class Authenticator:
         self._right: OrderedDict[bytes, None] = OrderedDict()
         self._wrong: OrderedDict[bytes, None] = OrderedDict()
         self._fails: OrderedDict[str, list] = OrderedDict()  # address -> [window start, n]
-        self._passed: OrderedDict[str, float] = OrderedDict()  # address -> last success
+        self._guesses: OrderedDict[str, list] = OrderedDict()  # the same, new credentials only
+        self._failing: OrderedDict[str, float] = OrderedDict()  # address -> failing since
+        self._load: OrderedDict[str, list] = OrderedDict()  # address -> [decaying count, at]
+        self._waiting: dict = {}  # ticket -> (address, arrival number, since): awaiting a check
+        self._arrivals = 0
         self._tokens, self._refilled = CHECKS_BURST, clock()
-        self._lock = threading.Lock()  # the tables
+        self._cond = threading.Condition()  # the tables; waiters wait on it for their turn
         self._check_lock = threading.Lock()  # one hash check at a time
         self._dummy = next(iter(self.users.values()), "")
         self.hash_checks = 0  # password hashes verified (the expensive part)
@@ -381,33 +408,74 @@ class Authenticator:
     def check(self, user: str, password: str, client: str = "") -> bool:
         return self.verdict(user, password, client) == "ok"
 
-    def header_verdict(self, header: str | None, client: str = "") -> str:
+    def header_verdict(self, header: str | None, client: str = "", wait_s: float = 0.0,
+                       ticket=None) -> str:
         """`verdict` of an `Authorization` header's basic credentials ("unauthorized" for a
-        missing or malformed one): what the in-process server and the sidecar ask."""
+        missing or malformed one): what the in-process server's workers ask."""
+        user, password = basic_credentials(header)
+        if user is None:
+            if ticket is not None:
+                self.leave(ticket)
+            return "unauthorized"
+        return self.verdict(user, password, client, wait_s, ticket)
+
+    def header_attempt(self, header: str | None, client: str, ticket) -> str:
+        """`attempt` of an `Authorization` header: what a server that cannot block asks."""
         user, password = basic_credentials(header)
         if user is None:
             return "unauthorized"
-        return self.verdict(user, password, client)
+        return self.attempt(user, password, client, ticket)
 
-    def verdict(self, user: str, password: str, client: str = "") -> str:
-        """"ok", "unauthorized" or "rate_limited" (refused without checking the password)."""
+    def verdict(self, user: str, password: str, client: str = "", wait_s: float = 0.0,
+                ticket=None) -> str:
+        """"ok", "unauthorized" or "rate_limited" (refused without checking the password). A
+        new credential that finds no check free waits up to `wait_s` (real seconds, blocking
+        the caller) for its turn; `ticket`: the place `attempt` gave it, if any."""
+        ticket = object() if ticket is None else ticket
+        end = time.monotonic() + wait_s
+        try:
+            while True:
+                got = self.attempt(user, password, client, ticket)
+                left = end - time.monotonic()
+                if got != "wait":
+                    return got
+                if left <= 0:
+                    return "rate_limited"
+                with self._cond:
+                    self._cond.wait(min(left, max(0.01, self.turn_in())))
+        finally:
+            self.leave(ticket)
+
+    def attempt(self, user: str, password: str, client: str, ticket) -> str:
+        """`verdict` without blocking: "wait" when a new credential is queued for a check
+        under `ticket` (any hashable the caller keeps: its connection). Ask again with the
+        same ticket (at `turn_in()` from now, or sooner); `leave(ticket)` when giving up."""
         key = hashlib.sha256(self._salt + f"{user}\0{password}".encode()).digest()
-        with self._lock:
-            if key in self._right:
-                self._right.move_to_end(key)
-                self._passed_now(client)
-                return "ok"
-            if key in self._wrong:
+        with self._cond:
+            if key in self._right or key in self._wrong:
+                self.leave(ticket)
+                if key in self._right:
+                    self._right.move_to_end(key)
+                    self._passed_now(client)
+                    return "ok"
                 self._wrong.move_to_end(key)
-                self._failed(client)
+                self._failed(client, guess=False)
                 return "unauthorized"
-            if self._limited(client) or not self._take_token():
-                return "rate_limited"
+            if ticket not in self._waiting:
+                self._asked(client)
+                if self._guessing(client) or \
+                        any(w[0] == client for w in self._waiting.values()):
+                    return "rate_limited"
+                self._arrivals += 1
+                self._waiting[ticket] = (client, self._arrivals, self.clock())
+            if not self._first(ticket) or not self._take_token():
+                return "wait"
+            self.leave(ticket)
         h = self.users.get(user)
         with self._check_lock:
             self.hash_checks += 1
             ok = verify_password(password, h if h is not None else self._dummy) and h is not None
-        with self._lock:
+        with self._cond:
             table, size = (self._right, CACHE_RIGHT) if ok else (self._wrong, CACHE_WRONG)
             table[key] = None
             if len(table) > size:
@@ -415,37 +483,73 @@ class Authenticator:
             if ok:
                 self._passed_now(client)
             else:
-                self._failed(client)
+                self._failed(client, guess=True)
         return "ok" if ok else "unauthorized"
 
+    def leave(self, ticket) -> None:
+        """`ticket` no longer waits (checked, answered, or its connection gone)."""
+        with self._cond:
+            if self._waiting.pop(ticket, None) is not None:
+                self._cond.notify_all()  # the next one may be first now
+
+    def turn_in(self) -> float:
+        """Seconds until the next check can run (0: now)."""
+        with self._cond:
+            tokens = min(CHECKS_BURST,
+                         self._tokens + (self.clock() - self._refilled) * CHECKS_PER_S)
+            return max(0.0, (1.0 - tokens) / CHECKS_PER_S)
+
     def refuse_early(self, client: str) -> bool:
-        """True for an address over its failure limit that has not logged in within the
-        window: its next connections can be answered 429 before their request is read."""
-        with self._lock:
-            if not self._limited(client):
+        """True for an address flooding (`FLOOD_LIMIT` failures within the window) that has
+        failed for `QUIET_S` without a login: a TLS server may answer it 429 before its
+        handshake. A scraper behind it (NAT) that logs in within `QUIET_S` of the flood's
+        start, and then scrapes at any interval under it, is never refused so."""
+        with self._cond:
+            now = self.clock()
+            f = self._fails.get(client)
+            if f is None or now - f[0] >= FAIL_WINDOW_S or f[1] < FLOOD_LIMIT:
                 return False
-            t = self._passed.get(client)
-            return t is None or self.clock() - t >= FAIL_WINDOW_S
+            return now - self._failing.get(client, now) >= QUIET_S
+
+    def _first(self, ticket) -> bool:
+        """`ticket` is the waiter to check next: its address asked least lately (then: the
+        longest waiting)."""
+        now = self.clock()
+        for t in [t for t, w in self._waiting.items() if now - w[2] > 2 * CHECK_WAIT_S]:
+            del self._waiting[t]  # a caller that never came back (nor left): not first forever
+        if ticket not in self._waiting:
+            return False
+        best = min(self._waiting.items(),
+                   key=lambda kv: (self._load_of(kv[1][0], now), kv[1][1]))
+        return best[0] is ticket
+
+    def _load_of(self, client: str, now: float) -> float:
+        got = self._load.get(client)
+        return 0.0 if got is None else got[0] * math.exp(-(now - got[1]) / LOAD_TAU_S)
+
+    def _asked(self, client: str) -> None:
+        now = self.clock()
+        self._load[client] = [self._load_of(client, now) + 1.0, now]
+        _bound(self._load, client)
 
     def _passed_now(self, client: str) -> None:
-        self._passed[client] = self.clock()
-        self._passed.move_to_end(client)
-        if len(self._passed) > CLIENTS:
-            self._passed.popitem(last=False)
+        self._failing.pop(client, None)  # it logged in: not failing since then
 
-    def _limited(self, client: str) -> bool:
-        f = self._fails.get(client)
+    def _guessing(self, client: str) -> bool:
+        f = self._guesses.get(client)
         return f is not None and self.clock() - f[0] < FAIL_WINDOW_S and f[1] >= FAIL_LIMIT
 
-    def _failed(self, client: str) -> None:
+    def _failed(self, client: str, guess: bool) -> None:
         now = self.clock()
-        f = self._fails.get(client)
-        if f is None or now - f[0] >= FAIL_WINDOW_S:
-            f = self._fails[client] = [now, 0]
-        f[1] += 1
-        self._fails.move_to_end(client)
-        if len(self._fails) > CLIENTS:
-            self._fails.popitem(last=False)
+        if client not in self._failing:
+            self._failing[client] = now
+            _bound(self._failing, client)
+        for table in (self._fails, self._guesses) if guess else (self._fails,):
+            f = table.get(client)
+            if f is None or now - f[0] >= FAIL_WINDOW_S:
+                f = table[client] = [now, 0]
+            f[1] += 1
+            _bound(table, client)
 
     def _take_token(self) -> bool:
         now = self.clock()
@@ -455,3 +559,10 @@ class Authenticator:
             return False
         self._tokens -= 1.0
         return True
+
+
+def _bound(table: OrderedDict, client: str) -> None:
+    """`client` is the newest entry of `table`, which keeps the newest `CLIENTS`."""
+    table.move_to_end(client)
+    if len(table) > CLIENTS:
+        table.popitem(last=False)
