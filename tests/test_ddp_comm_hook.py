@@ -16,11 +16,9 @@ one reduction per step).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.support.helpers import ROOT, detail_steps
+from tests.support.helpers import detail_steps
 from zerodoc.runlog import read_rank_log
 
 UNIT = "(model)"
@@ -37,22 +35,11 @@ def model_bytes() -> int:
 
 def run_job(tmp, name: str, **spec) -> dict:
     """The job on 2 ranks; each rank's RESULT and run log."""
-    from zerodoc.demo.launch import Job
+    from tests.support.jobs.ddp_user_hook import launch
 
     run_dir = tmp / name
     spec = {"run_dir": str(run_dir), "steps": 4, "bucket_cap_mb": BUCKET_CAP_MB, **spec}
-    job = Job(2, spec, module="tests.support.jobs.ddp_user_hook",
-              env={"PYTHONPATH": str(ROOT)}).start()
-    try:
-        codes = job.wait(180)
-    finally:
-        job.stop()
-    outs = job.outputs()
-    assert codes == [0, 0], outs
-    results = []
-    for out, _ in outs:
-        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-        results.append(json.loads(line[len("RESULT "):]))
+    results = launch(spec)
     logs = [read_rank_log(run_dir / f"rank-{r:05d}.jsonl") for r in range(2)]
     return {"results": results, "logs": logs}
 

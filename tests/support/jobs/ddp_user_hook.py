@@ -18,6 +18,8 @@ differ from "default". "builtin" asks for torch's C++ all-reduce
 "twice" registers "sum" twice: torch refuses the second, with zerodoc as without.
 Prints `RESULT <json>` (losses, the hook's calls and its summed seconds per step for each
 run, the error text of a refused registration); exit 0.
+`launch(spec)` starts it on 2 ranks and returns each rank's RESULT (tests/test_ddp_comm_hook.py,
+bench/chaos_ddp.py).
 """
 
 import json
@@ -93,6 +95,25 @@ def train(spec: dict, hooked: bool, attach: bool) -> dict:
     if mon is not None:
         mon.close()
     return {"losses": losses, "calls": calls, "seconds": seconds, "error": error}
+
+
+def launch(spec: dict, timeout: float = 180) -> list[dict]:
+    """This job on 2 gloo ranks (`spec` as above); each rank's RESULT. Raises where a rank
+    failed (its output in the message)."""
+    from tests.support.helpers import ROOT
+    from zerodoc.demo.launch import Job
+
+    job = Job(2, spec, module="tests.support.jobs.ddp_user_hook",
+              env={"PYTHONPATH": str(ROOT)}).start()
+    try:
+        codes = job.wait(timeout)
+    finally:
+        job.stop()
+    outs = job.outputs()
+    if codes != [0, 0]:
+        raise RuntimeError(f"ranks exited {codes}: {outs}")
+    return [json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
+            for out, _ in outs]
 
 
 def main() -> None:
