@@ -343,3 +343,28 @@ def test_a_terminals_ctrl_c_does_not_reach_the_sidecar(side):
     assert wait_until(lambda: served(port), 10, "a page")[0] == "HTTP/1.0 200 OK"
     assert srv.proc.pid == pid and srv.proc.poll() is None and srv.exits == 0
     assert not any("KeyboardInterrupt" in str(e) for e in srv.said)
+
+
+def test_a_sidecar_that_cannot_start_again_gives_the_port_up(side, tmp_path, monkeypatch):
+    """The sidecar exits and no new one can start (here: the interpreter gone): after a few
+    tries with a back-off the port is closed, so scrapes are refused at once instead of
+    waiting in a backlog nobody reads."""
+    srv = side()
+    port = srv.server_address[1]
+    wait_until(lambda: served(port), 10, "a page")
+    monkeypatch.setattr(sidecar.sys, "executable", str(tmp_path / "no-such-python"))
+    srv.proc.kill()
+
+    def refused() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            return False
+        except ConnectionRefusedError:
+            return True
+        except OSError:  # a full backlog: held, not refused
+            return False
+    wait_until(refused, 15, "the port given up")
+    said = [str(e) for e in srv.said]
+    assert "SIGKILL" in said[0] and sum("cannot start the /metrics sidecar again" in s
+                                        for s in said) == sidecar.SPAWN_TRIES, said
+    assert "scrapes are refused" in said[-1]
