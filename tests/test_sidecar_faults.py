@@ -368,3 +368,34 @@ def test_a_sidecar_that_cannot_start_again_gives_the_port_up(side, tmp_path, mon
     assert "SIGKILL" in said[0] and sum("cannot start the /metrics sidecar again" in s
                                         for s in said) == sidecar.SPAWN_TRIES, said
     assert "scrapes are refused" in said[-1]
+
+
+def test_a_live_rank_serves_again_and_counts_its_sidecars_exit(tmp_path):
+    """A real 2-rank gloo job with basic auth: rank 0's sidecar killed mid-run; rank 0 serves
+    again from a new sidecar, its page counts the exit under hook="sidecar" (and nothing
+    under exporter_tls), rank 1 is untouched, the training goes on."""
+    from tests.support.helpers import LiveDemo
+    from zerodoc.exporter import webconfig
+
+    cfg = web_config(tmp_path)
+    with LiveDemo(tmp_path, env={webconfig.ENV: str(cfg.path)}) as demo:
+        ports = [int(ep.rsplit(":", 1)[1]) for ep in demo.endpoints]
+        steps = []
+        for port in ports:
+            body = wait_until(lambda: served(port), 20, "the first page")[2]
+            steps.append(float(re.search(rb"\nzerodoc_last_step\{[^}]*\} (\S+)", body)[1]))
+        rank0 = demo.job.procs[0].pid
+        kids = [int(k) for t in os.listdir(f"/proc/{rank0}/task")
+                for k in open(f"/proc/{rank0}/task/{t}/children").read().split()
+                if open(f"/proc/{k}/comm").read().startswith("zd-sidecar")]
+        assert len(kids) == 1
+        os.kill(kids[0], signal.SIGKILL)
+
+        def counted():
+            got = served(ports[0])
+            return got if got and re.search(
+                rb'\nzerodoc_errors_total\{[^}]*hook="sidecar"[^}]*\} 1\.0', got[2]) else None
+        body = wait_until(counted, 20, "rank 0's page again, the exit counted")[2]
+        assert b'hook="exporter_tls"' not in body
+        assert float(re.search(rb"\nzerodoc_last_step\{[^}]*\} (\S+)", body)[1]) > steps[0]
+        assert b'hook="sidecar"' not in served(ports[1])[2]
