@@ -165,13 +165,13 @@ def test_descriptors_above_1024_when_the_in_process_loop_pauses(tmp_path):
     assert "Traceback" not in out.stderr, out.stderr
 
 
-def in_namespace(tmp_path, mounts: str, *, tmpdir=None) -> subprocess.Popen:
+def in_namespace(tmp_path, mounts: str, *, tmpdir=None, mode="pages") -> subprocess.Popen:
     """The `pages` rank in a mount namespace of its own where `mounts` (shell) set /dev/shm
     up: a real tmpfs, full or read-only, seen by this rank and its sidecar only."""
     cfg = web_config(tmp_path)
     env = job_env()
     env["TMPDIR"] = str(tmpdir or tmp_path)
-    cmd = " ".join(job_command("sidecar_faults", "pages", cfg.path))
+    cmd = " ".join(job_command("sidecar_faults", mode, cfg.path))
     probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, text=True)
     assert probe.returncode == 0, f"unshare -rm (a user and mount namespace): {probe.stderr}"
     return subprocess.Popen(["unshare", "-rm", "sh", "-c", f"{mounts} && exec {cmd}"],
@@ -205,6 +205,46 @@ def test_a_read_only_dev_shm_moves_the_pages_to_the_temporary_directory(tmp_path
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_a_read_only_dev_shm_and_tmpdir_still_serve_metrics(tmp_path):
+    """/dev/shm and $TMPDIR both read-only at the start (attach's own serve()): /metrics is
+    served (the pages in the next writable temporary directory, or in-process), never none."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    rank = in_namespace(tmp_path, f"mount -t tmpfs -o ro none /dev/shm && "
+                                  f"mount -t tmpfs -o ro none {ro}", tmpdir=ro, mode="serve")
+    try:
+        got = json.loads(rank.stdout.readline())
+        assert got["endpoint"], got
+        port = int(got["endpoint"].rsplit(":", 1)[1])
+        assert ask(port, "nope")[0] == "HTTP/1.0 401 Unauthorized"  # served
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_no_place_for_the_pages_means_in_process_serving(tmp_path, monkeypatch):
+    """No place takes a file (each one here is a file, not a folder): the rank says so and
+    serves /metrics itself, as docs/reliability.md says."""
+    from types import SimpleNamespace
+
+    from zerodoc.exporter import server, webconfig
+    from zerodoc.shim.hookpoints import HookRegistry
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setattr(sidecar, "folder_places", lambda: [str(blocked)])
+    monkeypatch.setenv(webconfig.ENV, str(web_config(tmp_path).path))
+    monitor = SimpleNamespace(registry=HookRegistry(), rank=0, local_rank=0, local_world_size=1)
+    with pytest.warns(UserWarning, match="cannot start the /metrics sidecar.*Not a directory"):
+        srv, endpoint = server.serve(monitor, 0, "127.0.0.1")
+    try:
+        assert isinstance(srv, server.MetricsServer)
+        assert ask(srv.server_address[1], "nope")[0] == "HTTP/1.0 401 Unauthorized"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_a_dev_shm_filled_mid_run_moves_the_pages_and_metrics_stays(tmp_path):

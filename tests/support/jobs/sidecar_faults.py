@@ -14,6 +14,8 @@ MODE:
   that file system: a file until ENOSPC), `free PATH` (remove it), `state` (one JSON line:
   the pages' folder, moves, exits, what zerodoc said);
 - `exit`: prints `SIDECAR_PID` and returns, no shutdown (the interpreter's exit);
+- `serve`: `server.serve()` as attach() calls it (basic auth: sidecar mode); prints one JSON
+  line: the server's class, its port, the warnings;
 - `fork`: `inproc` or `sidecar` as the second word of MODE (`fork-inproc`): forks a child
   that sleeps (a DataLoader worker), prints `PORT CHILD_PID`, waits to be killed.
 """
@@ -161,6 +163,24 @@ def at_exit(cfg) -> None:
     print(srv.proc.pid, flush=True)
 
 
+def serve(cfg) -> None:
+    import warnings
+    from types import SimpleNamespace
+
+    from zerodoc.exporter import server, webconfig
+    from zerodoc.shim.hookpoints import HookRegistry
+
+    os.environ[webconfig.ENV] = str(cfg.path)
+    monitor = SimpleNamespace(registry=HookRegistry(), rank=0, local_rank=0,
+                              local_world_size=1)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        srv, endpoint = server.serve(monitor, 0, "127.0.0.1")
+    print(json.dumps({"server": type(srv).__name__, "endpoint": endpoint,
+                      "warned": [str(w.message) for w in said]}), flush=True)
+    sys.stdin.read()
+
+
 def fork(cfg, kind: str) -> None:
     if kind == "sidecar":
         srv = sidecar_server(cfg)
@@ -185,7 +205,7 @@ def main() -> None:
         fork(cfg, mode.split("-", 1)[1])
     else:
         {"fds-sidecar": fds_sidecar, "fds-inproc": fds_inproc, "pages": pages,
-         "exit": at_exit}[mode](cfg)
+         "exit": at_exit, "serve": serve}[mode](cfg)
 
 
 if __name__ == "__main__":
