@@ -7,12 +7,12 @@ what happened, and SIGTERM must still end the process as it would without zerodo
 from __future__ import annotations
 
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import job_command, job_env, wait_until
+from tests.support.helpers import wait_until
+from tests.support.jobs.signalled import finish, start
 from tests.test_stopped import lines_of
 from zerodoc.runlog import read_rank_log
 
@@ -21,30 +21,6 @@ pytestmark = pytest.mark.slow  # every test starts a job
 
 def records(run: Path) -> list[dict]:
     return lines_of(run, 0)
-
-
-def start(tmp: Path, mode: str) -> tuple[subprocess.Popen, Path, Path]:
-    run, ready = tmp / "run", tmp / "ready"
-    env = job_env()
-    env.update(ZERODOC_PORT="off", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(job_command("signalled", run, ready, mode), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_until(lambda: ready.exists() or proc.poll() is not None, 120, "three steps")
-    except AssertionError:
-        proc.kill()
-        raise
-    assert proc.poll() is None, proc.communicate()[0]
-    return proc, run, ready
-
-
-def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
-    try:
-        out = proc.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    return proc.returncode, out
 
 
 def end_of(run: Path) -> dict:

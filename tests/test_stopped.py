@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import SMALL_MODEL, job_env, pids_gone, until, wait_until
+from tests.support.helpers import SMALL_MODEL, pids_gone, until, wait_until
+from tests.support.jobs import stops
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
 from zerodoc.exporter.targets import read_header
@@ -195,15 +196,6 @@ def test_an_integration_exception_record_is_a_failure():
 
 # --- placement on the default's steps without per-unit detail; a SIGTERM (issue 32) -----------
 
-def _stop_job(run: Path, **extra) -> Job:
-    """Two ranks of tests/support/jobs/stops.py (the README's loop: close() after it, no
-    try/finally) on the default detail: per-unit hooks on sampled steps only."""
-    sp = {"model": dict(SMALL_MODEL, **extra.pop("model", {})), "steps": 400,
-          "attach": {"run_dir": str(run), "port": False, "stall_after_s": 2.0}, **extra}
-    return Job(2, sp, module="tests.support.jobs.stops", env=job_env(),
-               log_dir=str(run / "logs")).start()
-
-
 def _no_zerodoc_frame(rec: dict) -> bool:
     """The record was placed without a zerodoc wrapper on the stack (a step without
     per-unit detail): what the test means to exercise."""
@@ -220,7 +212,7 @@ def test_a_preempted_rank_is_named_terminated_and_the_peer_waiting(tmp_path, pre
     ZD013 names rank 1, terminated, and rank 0 waiting in a collective; it never calls rank
     1 killed or crashed (before: no record, "(killed, crashed, or hung ...)")."""
     run = tmp_path / "preempted"
-    job = _stop_job(run, model={"prefetch": prefetch})
+    job = stops.launch(run, model={"prefetch": prefetch})
     try:
         wait_for(lambda: sum(r.get("type") == "step" for r in lines_of(run, 1)) >= 5, 180,
                  "rank 1's 5th step", job)
@@ -254,8 +246,8 @@ def test_a_raise_in_a_units_forward_is_placed_there_on_a_step_without_detail(tmp
     pre-forward issued it on rank 0 only) - placed from the frames alone (before: rank 0 read
     "compute" and was listed as stopped on its own)."""
     run = tmp_path / "raised"
-    job = _stop_job(run, model={"prefetch": True},
-                    **{"raise": {"rank": 1, "module": "blocks.1.fc1", "at_step": 5}})
+    job = stops.launch(run, model={"prefetch": True},
+                       **{"raise": {"rank": 1, "module": "blocks.1.fc1", "at_step": 5}})
     try:
         codes = job.wait(180)
     finally:

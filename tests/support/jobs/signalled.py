@@ -11,7 +11,7 @@ Creates READY_FILE after its third step (the test then signals it). The loop:
   at the default / set to a Python handler of the job's before attach (it writes
   READY_FILE + ".handler" and exits with status 7) / ignored before attach.
 
-Used by tests/test_signals.py; zerodoc's options come from the environment
+Used by tests/test_signals.py and bench/chaos_stops.py (`start`, `finish`); zerodoc's options come from the environment
 (ZERODOC_RUN_DIR is set to RUN_DIR here; ZERODOC_PORT from the test).
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,6 +46,37 @@ for batch in loader:
     loss = model(batch).sum(); loss.backward(); optimizer.step(); optimizer.zero_grad()
 monitor.close()
 """
+
+
+def start(tmp: Path, mode: str) -> tuple[subprocess.Popen, Path, Path]:
+    """This job in `mode`, writing to tmp/run, once it has trained three steps: (the process,
+    the run directory, the ready file). No /metrics server (ZERODOC_PORT=off)."""
+    from tests.support.helpers import job_command, job_env, wait_until
+
+    tmp.mkdir(parents=True, exist_ok=True)  # the file store beside the run directory
+    run, ready = tmp / "run", tmp / "ready"
+    env = job_env()
+    env.update(ZERODOC_PORT="off", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(job_command("signalled", run, ready, mode), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: ready.exists() or proc.poll() is not None, 120, "three steps")
+    except AssertionError:
+        proc.kill()
+        raise
+    if proc.poll() is not None:
+        raise AssertionError(f"the job ended before its third step: {proc.communicate()[0]}")
+    return proc, run, ready
+
+
+def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
+    """Wait for the job's end: (exit status, its output); killed past `timeout`."""
+    try:
+        out = proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return proc.returncode, out
 
 
 def main() -> None:

@@ -16,6 +16,19 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
+
+
+def launch(run: Path, *, model: dict | None = None, **extra):
+    """Two ranks of this job (a started `zerodoc.demo.launch.Job`) on the default detail,
+    writing to `run` (the demo's small model, `model` on top; `extra`: "raise", ...)."""
+    from tests.support.helpers import SMALL_MODEL, job_env
+    from zerodoc.demo.launch import Job
+
+    sp = {"model": {**SMALL_MODEL, **(model or {})}, "steps": 400,
+          "attach": {"run_dir": str(run), "port": False, "stall_after_s": 2.0}, **extra}
+    return Job(2, sp, module="tests.support.jobs.stops", env=job_env(),
+               log_dir=str(run / "logs")).start()
 
 
 def _raise_in(model, monitor, name: str, at_step: int) -> None:
