@@ -64,7 +64,10 @@ def ask(port: int, request: bytes, source: str = "127.0.0.1", timeout: float = 1
             s = ctx.wrap_socket(s, server_hostname="127.0.0.1")
         s.sendall(request)
         if half_close and ctx is None:
-            s.shutdown(socket.SHUT_WR)
+            try:
+                s.shutdown(socket.SHUT_WR)
+            except OSError:  # the server has closed already: read what it said
+                pass
         while True:
             b = s.recv(1 << 16)
             if not b:
