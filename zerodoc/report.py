@@ -214,10 +214,6 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
             snap, _fresh(snap), _context(snap, thresholds, link)).items()},
         "breakdown_steps": breakdown_steps(snap),
         "live": live_text(snap, generated_unix),
-        # added within schema 1 (issue 32): the source held more than one job (by job_id;
-        # rank endpoints: by the run they serve): {"shown": {"job_id", "ranks"}, "left_out":
-        # [{"job_id", "ranks", "last_unix"[, "endpoints"]}]}; null: one job
-        "jobs": getattr(snap, "jobs", None),
     }
 
 
