@@ -437,5 +437,7 @@ def test_a_live_rank_serves_again_and_counts_its_sidecars_exit(tmp_path):
                 rb'\nzerodoc_errors_total\{[^}]*hook="sidecar"[^}]*\} 1\.0', got[2]) else None
         body = wait_until(counted, 20, "rank 0's page again, the exit counted")[2]
         assert b'hook="exporter_tls"' not in body
-        assert float(re.search(rb"\nzerodoc_last_step\{[^}]*\} (\S+)", body)[1]) > steps[0]
+        wait_until(lambda: float(re.search(rb"\nzerodoc_last_step\{[^}]*\} (\S+)",
+                                           served(ports[0])[2])[1]) > steps[0], 30,
+                   "rank 0 training on, its step served")
         assert b'hook="sidecar"' not in served(ports[1])[2]
