@@ -31,7 +31,7 @@ from tests.support.runlogfaults import (
     followed_then_cut, free_fifo, hand_step, in_time, lines, writer_of,
 )
 from zerodoc.runlog import load_run, read_rank_log
-from zerodoc.sources import EndpointsSource
+from zerodoc.sources import EndpointsSource, RunDirSource
 
 
 # --- not a regular file ------------------------------------------------------------------
@@ -63,6 +63,11 @@ def test_a_fifo_in_place_of_the_log_never_blocks_and_is_counted(tmp_path, caplog
     assert sorted(snap.ranks) == [0] and snap.missing_ranks == {1}
     assert any("rank-00001.jsonl is a FIFO" in n and "rank 1" in n for n in snap.log_notes), \
         snap.log_notes
+    detail = run / "detail" / "00000-b.jsonl"  # and where a detail file belongs (the TUI)
+    detail.unlink(missing_ok=True)
+    os.mkfifo(detail)
+    snap = in_time(lambda: RunDirSource(run, window=5).snapshot(), unblock=free_fifo(detail))
+    assert sorted(snap.ranks) == [0] and snap.ranks[0].last_step == 3
 
 
 def test_a_directory_in_place_of_the_log_is_said_not_silent(tmp_path, caplog):

@@ -21,7 +21,7 @@ from .reader import (
 from .records import RankLog, RunLogError, StepRecord, StepTotals, step_from_dict
 from .scan import MAX_LINE, forward_lines, kind_of
 from .segments import one_job, pick_segment
-from .writer import DETAIL_DIR, detail_names
+from .writer import DETAIL_DIR, detail_names, open_read
 
 
 class _Tail:
@@ -78,15 +78,8 @@ class RunFollower:
 
     def _poll_one(self, t: _Tail) -> list:
         size = os.stat(t.path).st_size
-        if t.log is not None and (size < t.log.read_to or (
-                size > t.log.read_to and not self._same(t))):
-            # truncated in place (logrotate's copytruncate): shorter than what was read, or
-            # grown again past it with other bytes where the last line read ended. Never a
-            # stopped rank: the lines after the cut continue the segment read so far, from
-            # the start of the file
-            t.truncated = t.log.truncated = True
-            t.log.read_to = 0
-            t.mark = None
+        if t.log is not None and size < t.log.read_to:
+            self._cut(t)  # truncated in place: shorter than what was read
         if t.log is None:
             if size == 0:
                 return []
@@ -106,7 +99,9 @@ class RunFollower:
         log = t.log
         out: list = []
         if size > log.read_to:
-            with open(t.path, "rb") as f:
+            with open_read(t.path) as f:
+                if not self._same(t, f):  # truncated, and written again past that offset
+                    self._cut(t)
                 lines, upto, overlong = forward_lines(f, log.read_to, size)
             log.bad_lines += overlong
             if not lines:
@@ -140,7 +135,11 @@ class RunFollower:
                     if not self.detail and len(log.totals) > n:
                         out.append((log.facts.rank, log.totals[-1]))
                 log.read_to = upto
-            self._remember(t)
+            if lines:  # the bytes that end the last line read, for `_same` next time
+                tail = (lines[-1] + b"\n")[-self.MARK:]
+                t.mark = (upto - len(tail), tail)
+            elif overlong:
+                t.mark = None
         if self.detail:
             out += [(log.facts.rank, s) for s in self._poll_detail(t)]
         self._trim(log)
@@ -148,29 +147,34 @@ class RunFollower:
 
     MARK = 64  # bytes before the read offset compared at each poll of a grown log
 
+    @staticmethod
+    def _cut(t: _Tail) -> None:
+        """The log was truncated in place (logrotate's copytruncate): never a stopped rank.
+        The lines after the cut continue the segment read so far, from the start of the
+        file (the writer's header again among them: `_goes_on`)."""
+        t.truncated = t.log.truncated = True
+        t.log.read_to = 0
+        t.mark = None
+
     def _remember(self, t: _Tail) -> None:
         """Keep the bytes just before the read offset (`_same` compares them later)."""
         at = max(0, t.log.read_to - self.MARK)
         try:
-            with open(t.path, "rb") as f:
+            with open_read(t.path) as f:
                 f.seek(at)
                 t.mark = (at, f.read(t.log.read_to - at))
         except OSError:
             t.mark = None
 
     @staticmethod
-    def _same(t: _Tail) -> bool:
+    def _same(t: _Tail, f) -> bool:
         """The bytes before the read offset are those read there (False: the file was
         truncated and written again past that offset)."""
         if t.mark is None:
             return True
         at, was = t.mark
-        try:
-            with open(t.path, "rb") as f:
-                f.seek(at)
-                return f.read(len(was)) == was
-        except OSError:
-            return True
+        f.seek(at)
+        return f.read(len(was)) == was
 
     @staticmethod
     def _goes_on(log: RankLog, line: bytes) -> bool:
@@ -198,7 +202,7 @@ class RunFollower:
             p = self.run_dir / DETAIL_DIR / name
             try:
                 st = os.stat(p)
-                f = open(p, "rb")
+                f = open_read(p)
             except OSError:
                 continue
             with f:

@@ -19,7 +19,7 @@ from .records import (
 )
 from .scan import MAX_LINE, OVERLONG, kind_of, reverse_lines, segment_heads
 from .segments import one_job
-from .writer import DETAIL_DIR, detail_names
+from .writer import DETAIL_DIR, NotAFile, detail_names, open_read
 
 DEFAULT_ROOT = "zerodoc-runs"
 _BAD = (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, AttributeError,
@@ -59,10 +59,8 @@ def rank_of(path: Path) -> int | None:
 def _open(path: Path):
     """The log opened for reading: non-blocking (a FIFO in its place would wait for a writer
     for good) and a regular file only (RunLogUnreadable naming what is there)."""
-    from .writer import NotAFile, open_regular
-
     try:
-        return os.fdopen(open_regular(path, os.O_RDONLY), "rb")
+        return open_read(path)
     except NotAFile as e:
         raise RunLogUnreadable(f"{e.strerror}: rank {rank_of(path)} has no run log there",
                                rank_of(path)) from None
@@ -245,7 +243,7 @@ def read_detail(run_dir: Path, rank: int, header_at: int, names: list[str],
     for name in detail_names(rank):
         p = run_dir / DETAIL_DIR / name
         try:
-            f = open(p, "rb")
+            f = open_read(p)
         except OSError:
             continue
         with f:

@@ -202,6 +202,12 @@ def open_regular(path, flags: int, mode: int = 0o644) -> int:
     return fd
 
 
+def open_read(path):
+    """A regular file opened for reading as a binary file object, never blocking on what
+    is there instead (NotAFile: a FIFO, a directory, a device)."""
+    return os.fdopen(open_regular(path, os.O_RDONLY), "rb")
+
+
 def _close_quietly(fd: int | None) -> None:
     if fd is not None:
         try:
@@ -421,7 +427,7 @@ class RunLogWriter:
         size = os.fstat(self._fd).st_size
         if size == 0:
             return 0, 0, None, False
-        with open(self.path, "rb") as f:
+        with open_read(self.path) as f:
             f.seek(size - 1)
             torn = f.read(1) != b"\n"
             head = newest_head(f, size)
