@@ -17,6 +17,7 @@ one reduction per step).
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.support.helpers import detail_steps
 from zerodoc.runlog import read_rank_log
@@ -71,6 +72,9 @@ def check_user_hook_ran(job) -> None:
         assert min(res["zerodoc"]["calls"]) >= 1 and res["zerodoc"]["calls"][-1] >= 2, res
         assert res["zerodoc"]["losses"] == res["plain"]["losses"]  # bitwise
         assert res["plain"]["losses"] != res["default"]["losses"]  # the sum, not the mean
+        # DDP's own record of its hook, as without zerodoc
+        for key in ("comm_hooks", "comm_hook_name"):
+            assert res["zerodoc"][key] == res["plain"][key], (key, res)
 
 
 def check_buckets_timed(job, user_hook: bool = True, every: bool = True) -> None:
@@ -149,3 +153,53 @@ def test_builtin_hook_after_attach_names_zerodoc(jobs):
         assert "before zerodoc.attach()" in err and "allreduce_hook" in err, err
         assert res["zerodoc"]["losses"] == res["plain"]["losses"] == res["default"]["losses"]
     check_buckets_timed(jobs["builtin"], user_hook=False)
+
+
+def test_user_hook_timed_on_the_device(monkeypatch):
+    """The CUDA path, on the stand-in device (`zerodoc.testing.cudasim`, DDP as
+    tests/test_cuda_semantics.py fakes it): a user's hook registered after zerodoc's runs in
+    its place, once per bucket, and each bucket's device time and exposure equal the stand-in's
+    trace of the user's all-reduces; no zerodoc error counted."""
+    from tests.test_cuda_semantics import EPS, _FakeDDP, _Layers, _SimDist
+    from zerodoc.shim import hookpoints as hp, zero1
+    from zerodoc.shim.cuda import CudaTimer
+    from zerodoc.shim.devclock import DeviceRecorder, EventPool
+    from zerodoc.shim.recorder import FORWARD
+    from zerodoc.testing.cudasim import Sim, SimPG
+
+    sim = Sim()
+    ms = [6.0, 1.0, 3.0]
+    ddp = _FakeDDP(sim, _Layers(sim, 3), ms)
+    users_dist = _SimDist(SimPG(sim, "ddp"), ms)  # the user's all-reduces: "ar:b<i>"
+    monkeypatch.setattr(hp, "ddp_class", lambda: _FakeDDP)
+    monkeypatch.setattr(zero1, "dist", None)  # zerodoc's own all-reduce must not run
+    reg = hp.HookRegistry()
+    adapter = zero1.DDPAdapter(ddp, None, reg)
+    adapter.discover()
+    rec = DeviceRecorder(1, EventPool(sim.Event))
+    timer = CudaTimer(rec, reg, event_factory=sim.Event)
+    adapter.instrument(rec, timer, lambda: setattr(rec, "phase", FORWARD), 0.0)
+    calls = []
+
+    def user_hook(state, bucket):
+        state.append(bucket)
+        fut = users_dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+
+    ddp.register_comm_hook(calls, user_hook)
+    comm: dict = {}
+    for _ in range(3):
+        ddp(torch.ones(4)).sum().backward()
+        sim.drain()
+        timer.collect()
+        for k, a in rec.take_comm().items():
+            comm[k] = [x + y for x, y in zip(comm.get(k, [0] * 5), a)]
+    (key, (count, nbytes, secs, exposed, hidden)), = comm.items()
+    assert key == (0, 1, 2) and count == len(calls) == 9  # 3 buckets x 3 steps
+    assert nbytes == 9 * 4 * 4  # one float32[4] gradient per bucket
+    kernels = [o for o in sim.ops if o.kind == "kernel" and o.label.startswith("ar:")]
+    assert secs == pytest.approx(sum(o.end - o.start for o in kernels) / 1e3, abs=EPS)
+    truth_exposed = sum(sim.stalled_during("compute", f"ar:b{i}") for i in range(3)) / 1e3
+    assert exposed == pytest.approx(truth_exposed, abs=EPS) and truth_exposed > 0.003
+    assert hidden == pytest.approx(secs - exposed, abs=EPS)
+    assert reg.n_errors == 0, reg.errors

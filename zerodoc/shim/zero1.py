@@ -400,13 +400,16 @@ class DDPAdapter(Adapter):
         check = getattr(ddp, "_check_comm_hook", None)
         if check is not None:
             check(hook)  # torch's checks of the hook; a mistake raises as without zerodoc
-        try:
-            ddp.logger._set_comm_hook_name(hook.__qualname__)
-        except Exception as e:  # noqa: BLE001 - DDP's logging only
+        try:  # torch's bookkeeping, where this torch keeps it
+            name = getattr(getattr(ddp, "logger", None), "_set_comm_hook_name", None)
+            if name is not None:
+                name(hook.__qualname__)
+            hooks = getattr(ddp, "_comm_hooks", None)
+            if isinstance(hooks, list):  # what DDP's Python reducer (compiled autograd) calls
+                hooks[:] = [(hook, state) if isinstance(h, tuple) and h[0] is ours else h
+                            for h in hooks]
+        except Exception as e:  # noqa: BLE001 - the user's hook is taken regardless
             self.registry.error("ddp.user_comm_hook", e)
-        hooks = getattr(ddp, "_comm_hooks", None)
-        if isinstance(hooks, list):  # what DDP's Python reducer (compiled autograd) calls
-            hooks[:] = [(hook, state) if h is ours else (h, s) for h, s in hooks]
         self._user_hook = (hook, state)
 
     def _timed(self, t_issue: float, nbytes: int, fut, value):

@@ -17,11 +17,13 @@ differ from "default". "builtin" asks for torch's C++ all-reduce
 (`_register_builtin_comm_hook`), which cannot be chained: the error must name zerodoc.
 "twice" registers "sum" twice: torch refuses the second, with zerodoc as without.
 Prints `RESULT <json>` (losses, the hook's calls and its summed seconds per step for each
-run, the error text of a refused registration); exit 0.
+run, the error text of a refused registration, DDP's `_comm_hooks` and its logger's hook
+name at the end); exit 0.
 `launch(spec)` starts it on 2 ranks and returns each rank's RESULT (tests/test_ddp_comm_hook.py,
 bench/chaos_ddp.py).
 """
 
+import faulthandler
 import json
 import os
 import sys
@@ -94,7 +96,10 @@ def train(spec: dict, hooked: bool, attach: bool) -> dict:
         seconds.append(state["seconds"] - t_before)
     if mon is not None:
         mon.close()
-    return {"losses": losses, "calls": calls, "seconds": seconds, "error": error}
+    hooks = [getattr(h, "__qualname__", repr(h)) for h, _ in model._comm_hooks]
+    named = model._get_ddp_logging_data().get("comm_hook")  # the name DDP's logger keeps
+    return {"losses": losses, "calls": calls, "seconds": seconds, "error": error,
+            "comm_hooks": hooks, "comm_hook_name": named}
 
 
 def launch(spec: dict, timeout: float = 180) -> list[dict]:
@@ -117,6 +122,8 @@ def launch(spec: dict, timeout: float = 180) -> list[dict]:
 
 
 def main() -> None:
+    # a hung rank prints where it hangs and exits before `launch` gives up on it
+    faulthandler.dump_traceback_later(150, exit=True)
     spec = json.loads(sys.argv[1])
     dist.init_process_group("gloo")
     out = {"default": train(spec, hooked=False, attach=False),
