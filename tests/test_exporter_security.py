@@ -461,65 +461,96 @@ def test_over_tls_the_early_refusal_spares_the_handshake_but_never_a_scraper(tmp
 def test_check_turns_go_to_the_quiet_address_whatever_the_user_name():
     """The order in which waiting credentials are checked: the address that asked for the
     fewest new credentials lately first. 40 addresses that guessed as fast as they could
-    wait; Prometheus' first login arrives last and is checked at the next turn. Nothing in
-    the order depends on the user name: a quiet address with an unknown user is checked
-    first all the same, its answer that of a known user's wrong password."""
+    each send one more guess: MAX_WAITING of them wait (more could not be checked within
+    their wait), the others are refused. Prometheus' first login arrives last, takes the
+    place of the busiest waiter (told 429 at once: its connection is freed) and is checked at
+    the next turn. Nothing in the order depends on the user name: a quiet address with an
+    unknown user is checked first all the same, its answer that of a wrong password."""
     auth = webconfig.Authenticator(users())
     now = fake_clock(auth)
     for k in range(10):  # the guessers' history: every address asked many times
         for i in range(40):
             auth.verdict(("prometheus", "admin")[i % 2], f"g{i}-{k}", f"10.0.1.{i}")
             now[0] += 0.01
-    waiting = {i: object() for i in range(40)}
-    for i, ticket in waiting.items():  # each address has one guess waiting for a check
-        assert auth.attempt("prometheus", f"next{i}", f"10.0.1.{i}", ticket) == "wait"
+    waiting = {}
+    for i in range(40):
+        t = object()
+        got = auth.attempt("prometheus", f"next{i}", f"10.0.1.{i}", t)
+        if got == "wait":
+            waiting[i] = t
+        else:
+            assert got == "rate_limited"
+    assert len(waiting) == webconfig.MAX_WAITING
+
+    def retry() -> list:
+        return [auth.attempt("prometheus", f"next{i}", f"10.0.1.{i}", t)
+                for i, t in waiting.items()]
+
     prom = object()
     assert auth.attempt("prometheus", "s3cret", "10.0.9.9", prom) == "wait"
+    answers = retry()
+    assert sorted(answers) == ["rate_limited"] + ["wait"] * (webconfig.MAX_WAITING - 1)
+    waiting = {i: t for (i, t), a in zip(list(waiting.items()), answers) if a == "wait"}
     now[0] += 1.0 / webconfig.CHECKS_PER_S  # one turn
-    assert [auth.attempt("prometheus", f"next{i}", f"10.0.1.{i}", t)
-            for i, t in waiting.items()] == ["wait"] * 40
+    assert retry() == ["wait"] * len(waiting)  # the guessers ask first: not their turn
     assert auth.attempt("prometheus", "s3cret", "10.0.9.9", prom) == "ok"
     # an unknown user from a quiet address: first too, and answered as a wrong password
     ghost = object()
     assert auth.attempt("ghost", "s3cret", "10.0.9.7", ghost) == "wait"
     now[0] += 1.0 / webconfig.CHECKS_PER_S
-    assert [auth.attempt("prometheus", f"next{i}", f"10.0.1.{i}", t)
-            for i, t in waiting.items()] == ["wait"] * 40
+    assert retry() == ["wait"] * len(waiting)
     checks = auth.hash_checks
     assert auth.attempt("ghost", "s3cret", "10.0.9.7", ghost) == "unauthorized"
     assert auth.hash_checks == checks + 1  # checked against a configured hash all the same
 
 
-def first_login_under_guessing(port: int, interval_s: float, tries: int = 2) -> tuple:
+def first_login_under_guessing(port: int, interval_s: float, tries: int = 2,
+                               settled: bool = False, user=("prometheus", "s3cret"),
+                               source: str = "127.0.2.1") -> tuple:
     """40 addresses guessing distinct passwords (the configured user's and names that are
     not), then Prometheus' scrapes from an address of its own, `interval_s` apart: (the
     number of its scrape that got 200 or None, its seconds from the first try, the
-    guessers' answers)."""
+    guessers' answers). The first scrape comes as soon as the guessers have taken every
+    check and place (the guessers' first credentials, as new as Prometheus', wait), or with
+    `settled` once those first ones have been checked. `user`: whose first login."""
     with hostile.Guessers(port, 40) as g:
-        # under way: every check taken, most guessers waiting for a turn or refused
         wait_until(lambda: g.total() >= 2 * 40, 60, "the guessers under way")
+        if settled:
+            wait_until(lambda: g.answers[401] >= webconfig.MAX_WAITING, 60,
+                       "the guessers' first credentials checked")
         t0 = time.monotonic()
         for k in range(tries):
             if k:
                 time.sleep(max(0.0, t0 + k * interval_s - time.monotonic()))  # its interval
-            got = hostile.ask(port, hostile.scrape("prometheus", "s3cret"), source="127.0.2.1")
+            got = hostile.ask(port, hostile.scrape(*user), source=source)
             if hostile.status_of(got) == 200:
                 return k + 1, time.monotonic() - t0, dict(g.answers)
         return None, time.monotonic() - t0, dict(g.answers)
 
 
+def first_logins_under_guessing(port: int) -> None:
+    """Prometheus' first login within two scrape intervals (6 s) of the guessers' start;
+    another user's at its first scrape once the guessers' first credentials are checked."""
+    which, took, answers = first_login_under_guessing(port, 6.0)
+    assert which is not None and took < 2 * 6.0, (which, took, answers)
+    assert answers.get(429, 0) > 0 and answers.get(401, 0) > 0, answers
+    assert set(answers) <= {401, 429}, answers
+    which, took, answers = first_login_under_guessing(
+        port, 6.0, tries=1, settled=True, user=("stdlib", "0ther"), source="127.0.2.2")
+    assert which == 1 and took < webconfig.CHECK_WAIT_S, (which, took, answers)
+
+
 def test_forty_addresses_guessing_do_not_keep_prometheus_first_login_out():
     """Issue 32: 40 addresses guessing distinct passwords took every password check (2 a
     second), and Prometheus' first login was refused for 60 s. Now it waits for its turn,
-    and its address, which asked least, goes first: its first scrape logs in, within two
-    scrape intervals (here 3 s apart, the guessers at full speed)."""
+    and its address, which asked least, goes first: it logs in within two scrape intervals
+    from the guessers' start (here 6 s apart: the guessers' own first credentials, as new as
+    Prometheus' and ahead of it, take MAX_WAITING / CHECKS_PER_S = 5 s), and at its first
+    scrape once they have been checked."""
     cfg = webconfig.WebConfig(path=Path("web.yml"), users=users())
     srv = server.start("127.0.0.1", 0, registry(), cfg)
     try:
-        which, took, answers = first_login_under_guessing(srv.server_address[1], 3.0)
-        assert which is not None and took < 2 * 3.0, (which, took, answers)
-        assert answers.get(429, 0) > 0 and answers.get(401, 0) > 0, answers
-        assert set(answers) <= {401, 429}, answers
+        first_logins_under_guessing(srv.server_address[1])
     finally:
         srv.shutdown()
         srv.server_close()
@@ -536,9 +567,7 @@ def test_forty_addresses_guessing_do_not_keep_prometheus_first_login_out_of_the_
                                                      max_age_s=1.0), socket.AF_INET, cfg)
     srv.start()
     try:
-        which, took, answers = first_login_under_guessing(srv.server_address[1], 3.0)
-        assert which is not None and took < 2 * 3.0, (which, took, answers)
-        assert set(answers) <= {401, 429}, answers
+        first_logins_under_guessing(srv.server_address[1])
     finally:
         srv.shutdown()
         srv.server_close()

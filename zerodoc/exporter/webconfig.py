@@ -299,6 +299,9 @@ QUIET_S = 600.0
 CHECKS_PER_S = 2.0
 CHECKS_BURST = 4.0
 CHECK_WAIT_S = 5.0
+# credentials waiting at once: more could not be checked within their wait anyway, and each
+# holds a connection (of the cap's 64); a quieter newcomer takes the busiest one's place
+MAX_WAITING = int(CHECKS_PER_S * CHECK_WAIT_S)
 LOAD_TAU_S = 60.0
 CACHE_RIGHT = 64  # verified credentials remembered
 CACHE_WRONG = 1024  # refused credentials remembered
@@ -376,7 +379,8 @@ class Authenticator:
       that finds no check free waits for its turn (`attempt` says "wait"; `verdict` blocks,
       up to `wait_s`), and at each turn the waiting address that asked for the fewest new
       credentials lately goes first (a count decaying over `LOAD_TAU_S`; one waiter per
-      address): addresses guessing as fast as they can are served after a Prometheus that
+      address, `MAX_WAITING` in all, a quieter newcomer taking the busiest one's place):
+      addresses guessing as fast as they can are served after a Prometheus that
       asks once per scrape, so its first login is checked within a turn or two (~0.5 s)
       however many addresses guess. Nothing in this order depends on the user name, and an
       unknown user is checked against a configured hash all the same: its answer and its
@@ -398,6 +402,7 @@ class Authenticator:
         self._failing: OrderedDict[str, float] = OrderedDict()  # address -> failing since
         self._load: OrderedDict[str, list] = OrderedDict()  # address -> [decaying count, at]
         self._waiting: dict = {}  # ticket -> (address, arrival number, since): awaiting a check
+        self._evicted: OrderedDict = OrderedDict()  # tickets whose place a quieter one took
         self._arrivals = 0
         self._tokens, self._refilled = CHECKS_BURST, clock()
         self._cond = threading.Condition()  # the tables; waiters wait on it for their turn
@@ -462,9 +467,12 @@ class Authenticator:
                 self._failed(client, guess=False)
                 return "unauthorized"
             if ticket not in self._waiting:
+                if self._evicted.pop(ticket, False):
+                    return "rate_limited"
                 self._asked(client)
                 if self._guessing(client) or \
-                        any(w[0] == client for w in self._waiting.values()):
+                        any(w[0] == client for w in self._waiting.values()) or \
+                        not self._room_for(client):
                     return "rate_limited"
                 self._arrivals += 1
                 self._waiting[ticket] = (client, self._arrivals, self.clock())
@@ -489,6 +497,7 @@ class Authenticator:
     def leave(self, ticket) -> None:
         """`ticket` no longer waits (checked, answered, or its connection gone)."""
         with self._cond:
+            self._evicted.pop(ticket, None)
             if self._waiting.pop(ticket, None) is not None:
                 self._cond.notify_all()  # the next one may be first now
 
@@ -510,6 +519,23 @@ class Authenticator:
             if f is None or now - f[0] >= FAIL_WINDOW_S or f[1] < FLOOD_LIMIT:
                 return False
             return now - self._failing.get(client, now) >= QUIET_S
+
+    def _room_for(self, client: str) -> bool:
+        """A place among the waiting for `client`: a free one, or the place of the waiting
+        address that asked most lately, if it asked more than `client` (told at its next
+        attempt: "rate_limited")."""
+        if len(self._waiting) < MAX_WAITING:
+            return True
+        now = self.clock()
+        worst = max(self._waiting.items(),
+                    key=lambda kv: (self._load_of(kv[1][0], now), kv[1][1]))
+        if self._load_of(worst[1][0], now) <= self._load_of(client, now):
+            return False
+        del self._waiting[worst[0]]
+        self._evicted[worst[0]] = True
+        if len(self._evicted) > CLIENTS:
+            self._evicted.popitem(last=False)
+        return True
 
     def _first(self, ticket) -> bool:
         """`ticket` is the waiter to check next: its address asked least lately (then: the
