@@ -198,12 +198,11 @@ def _call(f):
 
 
 def rows(tmp: Path) -> list[dict]:
-    from tests.test_exporter_security import users
-    from tests.test_server_fuzz import web_config
+    from tests.test_exporter_security import users, write_config
     from zerodoc.exporter import webconfig
 
-    cfg = web_config(tmp)
-    cfg = webconfig.WebConfig(path=cfg.path, users=users())  # prometheus and stdlib
+    # users prometheus (bcrypt) and stdlib (PBKDF2), in the file a sidecar process reads
+    cfg = webconfig.load(write_config(tmp / "web.yml", users_=users()))
     out = []
     for make in (lambda: _lockout(tmp, cfg), lambda: _guessing(tmp, cfg),
                  lambda: _fuzz(tmp, cfg), lambda: _non_ascii(tmp, cfg),

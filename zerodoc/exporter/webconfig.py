@@ -291,7 +291,8 @@ def verify_password(password: str, h: str) -> bool:
 #   its handshake;
 # - new credentials are checked at most CHECKS_PER_S a second in all (burst CHECKS_BURST),
 #   one at a time; one that finds no check free waits up to CHECK_WAIT_S for its turn, the
-#   address that asked for fewest checks lately (decaying over LOAD_TAU_S) going first.
+#   address that was given the fewest checks lately, then asked for the fewest, going first
+#   (counts decaying over LOAD_TAU_S).
 FAIL_LIMIT = 5
 FAIL_WINDOW_S = 10.0
 FLOOD_LIMIT = 20
@@ -377,12 +378,13 @@ class Authenticator:
       the same NAT with a stale password cannot keep Prometheus' first login out);
     - new credentials are checked at most `CHECKS_PER_S` a second in all, one at a time. One
       that finds no check free waits for its turn (`attempt` says "wait"; `verdict` blocks,
-      up to `wait_s`), and at each turn the waiting address that asked for the fewest new
-      credentials lately goes first (a count decaying over `LOAD_TAU_S`; one waiter per
-      address, `MAX_WAITING` in all, a quieter newcomer taking the busiest one's place):
-      addresses guessing as fast as they can are served after a Prometheus that
-      asks once per scrape, so its first login is checked within a turn or two (~0.5 s)
-      however many addresses guess. Nothing in this order depends on the user name, and an
+      up to `wait_s`), and at each turn the waiting address that was given the fewest
+      checks lately goes first, then the one that asked for the fewest new credentials
+      (counts decaying over `LOAD_TAU_S`; one waiter per address, `MAX_WAITING` in all, a
+      quieter newcomer taking the busiest one's place): addresses guessing, however slowly or
+      fast, are served after a Prometheus whose first login has had no check yet, so it is
+      checked at the next turn (~0.5 s) however many addresses guess, once their own first
+      guesses, as new as its own, have been (`MAX_WAITING / CHECKS_PER_S`). Nothing in this order depends on the user name, and an
       unknown user is checked against a configured hash all the same: its answer and its
       cost are those of a known user with a wrong password (no user enumeration);
     - `refuse_early`: over TLS the server may answer 429 before the handshake, but only for an
@@ -400,7 +402,8 @@ class Authenticator:
         self._fails: OrderedDict[str, list] = OrderedDict()  # address -> [window start, n]
         self._guesses: OrderedDict[str, list] = OrderedDict()  # the same, new credentials only
         self._failing: OrderedDict[str, float] = OrderedDict()  # address -> failing since
-        self._load: OrderedDict[str, list] = OrderedDict()  # address -> [decaying count, at]
+        # address -> [checks given, new credentials asked for, at]: decaying counts
+        self._load: OrderedDict[str, list] = OrderedDict()
         self._waiting: dict = {}  # ticket -> (address, arrival number, since): awaiting a check
         self._evicted: OrderedDict = OrderedDict()  # tickets whose place a quieter one took
         self._arrivals = 0
@@ -479,6 +482,7 @@ class Authenticator:
             if not self._first(ticket) or not self._take_token():
                 return "wait"
             self.leave(ticket)
+            self._asked(client, checked=1.0)
         h = self.users.get(user)
         with self._check_lock:
             self.hash_checks += 1
@@ -549,13 +553,19 @@ class Authenticator:
                    key=lambda kv: (self._load_of(kv[1][0], now), kv[1][1]))
         return best[0] is ticket
 
-    def _load_of(self, client: str, now: float) -> float:
+    def _load_of(self, client: str, now: float) -> tuple[float, float]:
+        """(checks given, new credentials asked for) of `client` lately: lower goes first."""
         got = self._load.get(client)
-        return 0.0 if got is None else got[0] * math.exp(-(now - got[1]) / LOAD_TAU_S)
+        if got is None:
+            return 0.0, 0.0
+        f = math.exp(-(now - got[2]) / LOAD_TAU_S)
+        return got[0] * f, got[1] * f
 
-    def _asked(self, client: str) -> None:
+    def _asked(self, client: str, checked: float = 0.0) -> None:
+        """`client` asked for a new credential's check (or, `checked`, was given one)."""
         now = self.clock()
-        self._load[client] = [self._load_of(client, now) + 1.0, now]
+        checks, asked = self._load_of(client, now)
+        self._load[client] = [checks + checked, asked + (1.0 - checked), now]
         _bound(self._load, client)
 
     def _passed_now(self, client: str) -> None:
