@@ -70,18 +70,24 @@ def test_a_fifo_in_place_of_the_log_never_blocks_and_is_counted(tmp_path, caplog
     assert sorted(snap.ranks) == [0] and snap.ranks[0].last_step == 3
 
 
-def test_a_directory_in_place_of_the_log_is_said_not_silent(tmp_path, caplog):
+@pytest.mark.parametrize("what", ["a directory", "a character device"])
+def test_a_directory_or_device_in_place_of_the_log_is_said_not_silent(tmp_path, caplog, what):
     """A directory where rank 1's log belongs: the rank wrote no log and nothing said why
-    (the attach-time warning is given by local rank 0 only). Now the writer itself warns,
-    naming the path, counts the records, and `report` says why rank 1 is missing."""
+    (the attach-time warning is given by local rank 0 only); a device (a link to /dev/null):
+    every record written into it, gone without a word. Now the writer itself warns, naming
+    the path, counts the records, and `report` says why rank 1 is missing."""
     run = tmp_path / "run"
-    (run / "rank-00001.jsonl").mkdir(parents=True)
+    path = run / "rank-00001.jsonl"
+    run.mkdir()
+    if what == "a directory":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/null")
     good = writer_of(run, 0, 2, "jobA")
     with caplog.at_level(logging.WARNING, logger="zerodoc"):
         rep = writer_of(run, 1, 2, "jobA")
-    said = [r.getMessage() for r in caplog.records
-            if str(run / "rank-00001.jsonl") in r.getMessage()]
-    assert len(said) == 1 and "a directory" in said[0], said
+    said = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
+    assert len(said) == 1 and f"is {what}" in said[0], said
     hand_step(good, 1)
     hand_step(rep, 1)
     good.close()
@@ -89,7 +95,7 @@ def test_a_directory_in_place_of_the_log_is_said_not_silent(tmp_path, caplog):
     assert rep.writer.lost_steps == 1
     snap = load_run(run, None)
     assert sorted(snap.ranks) == [0] and snap.missing_ranks == {1}
-    assert any("rank-00001.jsonl is a directory" in n for n in snap.log_notes), snap.log_notes
+    assert any(f"rank-00001.jsonl is {what}" in n for n in snap.log_notes), snap.log_notes
 
 
 @pytest.mark.slow
