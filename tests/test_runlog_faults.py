@@ -263,7 +263,7 @@ def test_a_second_live_job_in_a_run_directory_is_refused_at_attach(tmp_path, cap
         b2 = writer_of(run, 2, 3, "jobB")  # a rank A does not have: no per-rank lock held
     said = [r.getMessage() for r in caplog.records if "another live job" in r.getMessage()]
     assert len(said) == 1 and "jobA" in said[0] and str(run) in said[0], said
-    assert b2.writer.off
+    assert b2.writer.off and b2.writer.other_job == "jobA"
     assert not (run / "rank-00002.jsonl").exists()
     for s in (1, 2):
         hand_step(a0, s)

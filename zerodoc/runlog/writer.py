@@ -316,6 +316,7 @@ class RunLogWriter:
         self._last_units_time = clock()
         self._warmup_written = False  # step 1's own interval line was handed over
         self.off: str | None = None  # why this writer keeps no log (refused): records lost
+        self.other_job: str | None = None  # the live job whose run directory this is (off)
         self._job: str | None = None  # the job whose run directory claim we hold
         self._job_fd: int | None = None  # ... its JOB_FILE, under a shared flock
         self._created = False  # this writer created the log file (removed if refused)
@@ -375,6 +376,7 @@ class RunLogWriter:
         self._job_fd, other = claim_dir(self.run_dir, job)
         if other is None:
             return True
+        self.other_job = other
         self._drop_created()
         self._go_off(f"{self.run_dir} is being written by another live job (job_id {other}); "
                      f"this job ({job}) keeps no run log there: give each job its own run "
