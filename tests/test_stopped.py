@@ -223,8 +223,9 @@ def test_a_preempted_rank_is_named_terminated_and_the_peer_waiting(tmp_path, pre
     assert codes[1] == -signal.SIGTERM and codes[0] != 0, codes
     ends = [x for x in lines_of(run, 1) if x["type"] == "end"]
     assert len(ends) == 1 and ends[0].get("terminated") is True, ends
-    term = [x for x in lines_of(run, 1) if x["type"] == "stall"]
-    assert [x["state"] for x in term] == ["terminated"] and term[0]["signal"] == "SIGTERM"
+    term = [x for x in lines_of(run, 1) if x["type"] == "stall"]  # (a slow warm-up: a stall)
+    assert [x["state"] for x in term].count("terminated") == 1, term
+    assert term[-1]["state"] == "terminated" and term[-1]["signal"] == "SIGTERM", term
     waited = [x for x in lines_of(run, 0) if x["type"] == "stall"][-1]
     assert waited["state"] == "failed" and waited["collective"] in ("all_gather",
                                                                      "reduce_scatter"), waited
@@ -268,3 +269,35 @@ def test_a_raise_in_a_units_forward_is_placed_there_on_a_step_without_detail(tmp
     assert top["code"] == "ZD013" and (ev["rank"], ev["unit"], ev["phase"]) == \
         (1, "blocks.1", "forward"), ev
     assert ev["waiting_ranks"] == [0] and ev["waiting"][0]["collective"] == "all_gather", ev
+
+
+def test_a_peer_waiting_on_an_async_unshard_is_placed_in_its_all_gather(tmp_path):
+    """Rank 1 of 2 blocks forever in `blocks.2`'s forward at step 6, FSDP2 with prefetch
+    (async unshard), default detail: rank 0 finishes its forward (`blocks.3`'s all-gather was
+    issued by both ranks, in `blocks.2`'s pre-forward) and waits in the root's backward
+    all-gather (the demo's root reshards after forward; nothing prefetches it), inside
+    `wait_for_unshard`: a C++ `Work.wait()`, no torch.distributed frame. Its stall record
+    names that collective, so ZD013 lists rank 0 as waiting (before: it read "compute" and
+    was named a stopped rank of its own)."""
+    run = tmp_path / "hung-async"
+    hang = {"rank_to_hang": 1, "unit": "blocks.2", "after_steps": 5}
+    sp = spec(run, hang=hang)
+    sp["model"]["prefetch"] = True
+    job = Job(2, sp, log_dir=str(run / "logs")).start()
+
+    def stuck(rank: int) -> list[dict]:  # stalls of the hang's step (a slow warm-up is one)
+        return [x for x in lines_of(run, rank) if x.get("type") == "stall"
+                and x["state"] == "stuck" and x["step"] > hang["after_steps"]]
+    try:
+        wait_for(lambda: stuck(0) and stuck(1), 180, "both ranks stuck at the hang", job)
+        out = report(run, "--json")
+    finally:
+        job.stop(grace=1)
+    peer = stuck(0)[-1]
+    assert _no_zerodoc_frame(peer), peer["stack"]
+    assert (peer["in"], peer["collective"], peer["unit"], peer["phase"]) == \
+        ("collective", "all_gather", "(root)", "backward"), peer
+    assert out.returncode == 0, out.stderr
+    ev = json.loads(out.stdout)["findings"][0]["evidence"]
+    assert (ev["rank"], ev["unit"], ev["phase"]) == (1, "blocks.2", "forward"), ev
+    assert ev["waiting_ranks"] == [0] and ev["also_stopped_ranks"] == [], ev
