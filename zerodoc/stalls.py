@@ -1,7 +1,8 @@
 """The watchdog's stall records as a source sees them (`RunSnapshot.stalls`).
 
 A rank's watchdog (zerodoc/shim/watchdog.py) writes `{"type": "stall", "state": "stuck" |
-"resumed" | "failed", ...}` records to its run log and, while it is stuck, serves the gauge
+"resumed" | "failed" | "terminated", ...}` records to its run log ("terminated": a SIGTERM
+stopped the rank, recorded before its clean end; ZD013 names it so) and, while it is stuck, serves the gauge
 `zerodoc_stall_since_timestamp_seconds{unit, phase, collective}`. Sources turn either into
 one record per rank: `last_stall()` for run logs, `stall_from_gauge()` for a scrape or a
 Prometheus query (the gauge says less: no stack, no error). Plain Python.

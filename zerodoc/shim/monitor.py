@@ -584,7 +584,10 @@ class Monitor:
             # file_sd target goes; a failed one is not a close: the target stays, so the rank
             # shows as down (ZerodocExporterDown / ZerodocRunDown) like a killed one.
             if signal is not None and not failed:
-                signal.close()
+                if terminated:  # no linger for the scrapers: the process is ending
+                    signal.close(0.0)
+                else:
+                    signal.close()
             if self._target is not None and not failed:
                 try:
                     os.unlink(self._target)
