@@ -168,3 +168,12 @@ def test_tls_on_the_plain_port_and_oversized_heads_are_answered_and_counted(both
         assert hostile.status_of(answered(port, big)) == 431, name
         wait_until(lambda: counts["bad_request"] == 1 and counts["too_large"] == 1, 5,
                    f"{name}: the answers counted")
+
+
+def test_a_request_ended_mid_head_is_answered_400(both):
+    """A client that shuts its sending side mid-request (a truncated request) still reads:
+    it is answered 400 (the sidecar closed it unanswered), counted `bad_request`."""
+    for name, port, counts in both:
+        got = hostile.ask(port, b"GET /metr", half_close=True)
+        assert got.startswith(b"HTTP/1.0 400 "), (name, got[:80])
+        wait_until(lambda: counts["bad_request"] == 1, 5, f"{name}: the 400 counted")

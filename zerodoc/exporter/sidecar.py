@@ -315,11 +315,14 @@ class Sidecar:
             data = c.sock.recv(MAX_HEAD + 1)
         except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
-        except OSError:
-            data = b""
+        except OSError:  # reset
+            data = None
         if not data:
-            self._count("client_gone")
-            self._close(c)
+            if data is not None and c.buf:  # its end came mid-head: answered (it may read)
+                self._send(c, BAD_REQUEST, "bad_request")
+            else:
+                self._count("client_gone")
+                self._close(c)
             return
         c.buf += data
         if not looks_like_http(c.buf):  # TLS on the plain port, binary: no line end comes
