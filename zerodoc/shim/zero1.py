@@ -388,9 +388,12 @@ class DDPAdapter(Adapter):
         def _register_builtin_comm_hook(comm_hook_type) -> None:
             raise RuntimeError(BUILTIN_HOOK_REFUSED.format(comm_hook_type))
 
-        register_comm_hook.__doc__ = type(ddp).register_comm_hook.__doc__
-        ddp.register_comm_hook = register_comm_hook
-        ddp._register_builtin_comm_hook = _register_builtin_comm_hook
+        try:  # without it a user's later registration meets torch's error, as before
+            register_comm_hook.__doc__ = type(ddp).register_comm_hook.__doc__
+            ddp.register_comm_hook = register_comm_hook
+            ddp._register_builtin_comm_hook = _register_builtin_comm_hook
+        except Exception as e:  # noqa: BLE001 - attach never raises for zerodoc's own part
+            self.registry.error("ddp.user_comm_hook", e)
 
     def _register_user_hook(self, ours, state: object, hook) -> None:
         if self._user_hook is not None:  # torch's rule, unchanged by zerodoc
