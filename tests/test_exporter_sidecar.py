@@ -100,7 +100,7 @@ def test_the_sidecar_answers_while_the_rank_only_publishes(side):
                                 b"Accept: application/openmetrics-text; version=1.0.0\r\n")
     assert headers["content-type"].startswith("application/openmetrics-text")
     assert body.endswith(b"# EOF\n")
-    wrong = [ask(port, "wrong")[0] for _ in range(webconfig.FAIL_LIMIT)]
+    wrong = [ask(port, f"wrong{i}")[0] for i in range(webconfig.FAIL_LIMIT)]
     assert wrong == ["HTTP/1.0 401 Unauthorized"] * webconfig.FAIL_LIMIT  # checked once
     assert ask(port, "a new guess")[0] == "HTTP/1.0 429 Too Many Requests"  # over the limit
     renders = srv.page.renders

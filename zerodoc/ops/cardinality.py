@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from ..catalog import CATALOG, STEP_BUCKETS
+from ..catalog import CATALOG, EXPORTER_OUTCOMES, STEP_BUCKETS
 
 # The budgets of issue "a 1,024-GPU, 80-layer job": series per rank at 81 units (1,200
 # then; +10 for the counters that say what the sampled per-unit series cover, issue 19:
@@ -50,7 +50,7 @@ class Shape:
     gpu: int = 0  # 1 on a GPU run: the allocator and NVML series
     pcie_directions: int = 0  # 2 on a GPU run with NVML
     omit_reasons: int = 2  # zerodoc_exporter_omitted_series{reason}
-    exporter_outcomes: int = 6  # zerodoc_exporter_requests_total{outcome} (/metrics/exporter)
+    exporter_outcomes: int = len(EXPORTER_OUTCOMES)  # zerodoc_exporter_requests_total{outcome} (/metrics/exporter)
     stalled: int = 0  # 1 while the watchdog says the rank is stuck (its stall gauge)
     closed: int = 0  # 1 once the rank closed cleanly (its closed signal, while it lingers)
     lost: int = 0  # 1 once the run log lost a record to a failed write (a healthy run: 0)
