@@ -222,24 +222,35 @@ def test_a_log_truncated_in_place_is_said_and_never_a_stopped_rank(tmp_path):
     assert f"{at} line(s) before its header" in note, (at, note)
 
 
-def test_a_log_truncated_under_a_writer_that_writes_no_header_again(tmp_path):
+# before the cut: 3 steps (the file grows back past what was read: other bytes where the
+# last line read ended), 12 steps (it stays shorter than what was read)
+@pytest.mark.parametrize("before", [3, 12], ids=["grows-past", "stays-shorter"])
+def test_a_log_truncated_under_a_writer_that_writes_no_header_again(tmp_path, before):
     """The same cut under a writer that does not write its header again (an older zerodoc):
-    the follower reads the lines after the cut as the same segment's and sees the clean end
-    (never stale); a one-shot report says how many lines have no header and why, instead of
-    dropping the rank without a word."""
+    the follower kept the old log (a shorter file) or read from the middle of a line (a
+    longer one); the rank that went on and closed cleanly was then stale, and ZD013 said
+    STOPPED. Now it reads the lines after the cut as the same segment's and sees the clean
+    end; a one-shot report says how many lines have no header and why, instead of dropping
+    the rank without a word."""
+    from zerodoc.diagnosis import diagnose
+
     run = tmp_path / "run"
     rep = writer_of(run, 0, 2, "jobA")
     other = writer_of(run, 1, 2, "jobA")
     rep.writer._check_place = lambda: None  # the older writer: no check, no header again
-    src, path = followed_then_cut(run, [rep, other], 3)
-    for s in (4, 5, 6):
+    src, path = followed_then_cut(run, [rep, other], before)
+    last = before + 3
+    for s in range(before + 1, last + 1):
         hand_step(rep, s)
         hand_step(other, s)
     rep.close()
     other.close()
+    grown = path.stat().st_size > path.with_name(path.name + ".1").stat().st_size
+    assert grown == (before == 3)  # the case this parameter makes
     snap = wait_until(lambda: (lambda s: s if {0, 1} <= s.ended_ranks else None)(
         src.snapshot()), 10, "both clean ends")
-    assert snap.ranks[0].last_step == 6 and not snap.stale_ranks
+    assert snap.ranks[0].last_step == last and not snap.stale_ranks
+    assert not [f for f in diagnose(snap) if f.code == "ZD013"]
     assert any("rank-00000.jsonl was truncated in place" in n for n in snap.log_notes)
     n = len(path.read_bytes().splitlines())
     once = load_run(run, None)
