@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -51,31 +52,15 @@ def side(tmp_path):
         s.server_close()
 
 
-INJECT = '''
-import os
-if os.environ.get("ZD_TEST_FAULT"):  # a fault in zerodoc's code at one request
-    import sys
-    from zerodoc.exporter import fastpath
-    real = fastpath.parse_head
-    def parse_head(data):
-        if b"X-Boom" in data:
-            raise ValueError("boom")
-        if b"X-Complain" in data:  # a complaint per connection, as a broken rotation's
-            sys.stderr.write("zerodoc sidecar: " + "x" * 4000 + "\\n")
-        return real(data)
-    fastpath.parse_head = parse_head
-'''
+INJECT = Path(__file__).parent / "support" / "sidecar_inject"  # its sitecustomize.py
 
 
 @pytest.fixture
 def inject(tmp_path, monkeypatch):
     """Sidecars started from now on run with a fault of zerodoc's own at chosen requests
     (a `sitecustomize` on their PYTHONPATH patches the request parser they import)."""
-    folder = tmp_path / "inject"
-    folder.mkdir()
-    (folder / "sitecustomize.py").write_text(INJECT)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(folder)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        [str(INJECT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     monkeypatch.setenv("ZD_TEST_FAULT", "1")
 
 
@@ -171,10 +156,11 @@ def in_namespace(tmp_path, mounts: str, *, tmpdir=None, mode="pages") -> subproc
     cfg = web_config(tmp_path)
     env = job_env()
     env["TMPDIR"] = str(tmpdir or tmp_path)
-    cmd = " ".join(job_command("sidecar_faults", mode, cfg.path))
+    env["ZD_MOUNTS"] = mounts
     probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, text=True)
     assert probe.returncode == 0, f"unshare -rm (a user and mount namespace): {probe.stderr}"
-    return subprocess.Popen(["unshare", "-rm", "sh", "-c", f"{mounts} && exec {cmd}"],
+    return subprocess.Popen(["unshare", "-rm", "sh", "-c", 'eval "$ZD_MOUNTS" && exec "$@"', "sh",
+                             *job_command("sidecar_faults", mode, cfg.path)],
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -308,27 +294,9 @@ def test_no_zombie_sidecar_after_the_ranks_exit(tmp_path):
     """The rank exits without shutting its server down, under a parent that does not reap
     its orphans (a container's PID 1, here a subreaper): no `zd-sidecar <defunct>`."""
     cfg = web_config(tmp_path)
-    wrapper = f"""
-import ctypes, subprocess, sys, time
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come to us
-rank = subprocess.run({job_command("sidecar_faults", "exit", cfg.path)!r},
-                      capture_output=True, text=True)
-pid = int(rank.stdout.split()[0])
-deadline = time.monotonic() + 10
-state = "?"
-while time.monotonic() < deadline:
-    try:
-        state = open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        state = "gone"
-        break
-    if state == "Z":
-        break
-    time.sleep(0.02)
-print(state)
-"""
-    out = subprocess.run([sys.executable, "-c", wrapper], env=job_env(), capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(job_command("subreaper", *job_command("sidecar_faults", "exit",
+                                                                 cfg.path)),
+                         env=job_env(), capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "gone", (out.stdout, out.stderr)
 
 

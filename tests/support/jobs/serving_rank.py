@@ -1,4 +1,4 @@
-"""A one-process job that serves /metrics and waits: `python serving_rank.py RUN_DIR STEPS`.
+"""A one-process job that serves /metrics and waits: `python tests/support/jobs/serving_rank.py RUN_DIR STEPS`.
 
 Attaches zerodoc to a Linear model (port 0: a free port), trains STEPS steps, prints its
 endpoint (`host:port`) and waits until its stdin closes, then closes the monitor. Used by
