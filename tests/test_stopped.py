@@ -240,14 +240,21 @@ def test_a_preempted_rank_is_named_terminated_and_the_peer_waiting(tmp_path, pre
     assert "killed" not in top["title"] and "crashed" not in top["title"], top["title"]
 
 
-def test_a_raise_in_a_units_forward_is_placed_there_on_a_step_without_detail(tmp_path):
+# framework, model, the unit rank 0 waits in: FSDP2 with prefetch waits for the unit its
+# prefetch asked for (blocks.3: blocks.2's pre-forward issued it on rank 0 only), inside
+# `wait_for_unshard` (before: rank 0 read "compute" and was listed as stopped on its own);
+# FSDP1 (no prefetch) in the next unit's all-gather (its handle as the frame's unit; the
+# FSDP wrapper's own forward frame must not make rank 1's raise "the framework's hooks")
+@pytest.mark.parametrize("framework,model,waits_in", [
+    ("fsdp2", {"prefetch": True}, "blocks.3"), ("fsdp1-full", {}, "blocks.2")],
+    ids=["fsdp2-prefetch", "fsdp1"])
+def test_a_raise_in_a_units_forward_is_placed_there_on_a_step_without_detail(
+        tmp_path, framework, model, waits_in):
     """A layer of `blocks.1` raises in forward on rank 1, on a step without per-unit detail
-    (the job waits for one), FSDP2 with prefetch: rank 1 failed in blocks.1, forward; rank 0
-    waits for it in the all-gather of the unit its prefetch asked for (blocks.3: blocks.2's
-    pre-forward issued it on rank 0 only) - placed from the frames alone (before: rank 0 read
-    "compute" and was listed as stopped on its own)."""
+    (the job waits for one): rank 1 failed in blocks.1, forward, in compute; rank 0 waits
+    for it in an all-gather, placed from the frames alone."""
     run = tmp_path / "raised"
-    job = stops.launch(run, model={"prefetch": True},
+    job = stops.launch(run, model=model, framework=framework,
                        **{"raise": {"rank": 1, "module": "blocks.1.fc1", "at_step": 5}})
     try:
         codes = job.wait(180)
@@ -261,7 +268,7 @@ def test_a_raise_in_a_units_forward_is_placed_there_on_a_step_without_detail(tmp
     assert (own["unit"], own["phase"], own["in"], own["collective"]) == \
         ("blocks.1", "forward", "compute", ""), own
     assert (peer["unit"], peer["phase"], peer["in"], peer["collective"]) == \
-        ("blocks.3", "forward", "collective", "all_gather"), peer
+        (waits_in, "forward", "collective", "all_gather"), peer
     out = report(run, "--json")
     assert out.returncode == 0, out.stderr
     top = json.loads(out.stdout)["findings"][0]

@@ -154,12 +154,13 @@ def _from_frames(frames: list, objs: dict[int, int], names: list[str]) -> dict |
     or waited on (a torch.distributed call, or a framework function known to do one:
     hookpoints.STACK_POINTS, e.g. FSDP2's `wait_for_unshard`, whose wait is a C++
     `Work.wait()` with no frame of its own) and whether the framework's own code runs there
-    (a stack point, or any frame of its modules: `FRAMEWORK_MODULES`);
+    (the innermost frame past torch's generic layers is a stack point or one of its modules,
+    `FRAMEWORK_MODULES`, rather than the model's or the user's code);
     the phase from a framework function that says it, else from a `backward` frame outside.
     Free on the hot path: read by the watchdog thread only once a stall is seen, or from a
     failure's traceback."""
-    unit = coll = phase = None
-    framework = backward = False
+    unit = coll = phase = framework = None
+    backward = False
     for fr in reversed(frames):  # innermost first
         try:
             name = fr.f_code.co_name
@@ -170,7 +171,11 @@ def _from_frames(frames: list, objs: dict[int, int], names: list[str]) -> dict |
                     coll = _DIST_CALLS[name]
                 if point is not None:
                     coll = coll or point[0] or None
-                framework = framework or point is not None or mod.startswith(FRAMEWORK_MODULES)
+                if framework is None and (point is not None or not mod.startswith("torch")
+                                          or mod.startswith(FRAMEWORK_MODULES)):
+                    # the innermost frame past torch's generic layers (nn, autograd,
+                    # utils): the framework's code, or the model's / the user's
+                    framework = point is not None or mod.startswith(FRAMEWORK_MODULES)
                 unit = _unit_in(fr, objs)
             if point is not None and phase is None:
                 flag = fr.f_locals.get(STACK_PHASE_LOCAL) \
@@ -185,7 +190,7 @@ def _from_frames(frames: list, objs: dict[int, int], names: list[str]) -> dict |
     if unit is None and coll is None and phase is None and not backward:
         return None  # nothing on the stack says where
     return {"unit": _unit_name(names, unit) if unit is not None else None,
-            "collective": coll or "", "framework": framework,
+            "collective": coll or "", "framework": bool(framework),
             "phase": phase or ("backward" if backward else "forward")}
 
 
