@@ -90,3 +90,35 @@ def test_an_ignored_sigterm_stays_ignored(tmp_path):
     finally:
         proc.kill()
         proc.wait(30)
+
+
+def test_a_forked_child_passes_sigterm_on_without_recording(tmp_path):
+    """A child forked after attach (a DataLoader worker; the loader ends its workers with
+    SIGTERM) inherits the handler: it records nothing (the run log is the parent's) and
+    ends by the signal as without zerodoc."""
+    import multiprocessing as mp
+    import os
+    import time
+
+    from zerodoc.shim import signals
+
+    marker = tmp_path / "recorded"
+    undo = signals.install(lambda sig, frame: marker.write_text(str(os.getpid())))
+    assert undo is not None  # pytest runs tests on the main thread
+
+    def child() -> None:
+        (tmp_path / "child").touch()
+        while True:
+            time.sleep(0.05)
+
+    try:
+        proc = mp.get_context("fork").Process(target=child)
+        proc.start()
+        wait_until(lambda: (tmp_path / "child").exists(), 30, "the child")
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.join(30)
+    finally:
+        undo()
+    assert proc.exitcode == -signal.SIGTERM
+    assert not marker.exists()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # put back by undo()

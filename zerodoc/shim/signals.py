@@ -13,6 +13,8 @@ hung)"). `install()` puts a handler in front of whatever was there, on the main 
 - ignored (`SIG_IGN`), or set outside Python (`getsignal()` None): left alone.
 
 A handler the job sets after attach replaces ours (the job's choice; nothing is recorded).
+A forked child (a DataLoader worker, which the loader ends with SIGTERM) inherits the
+handler: there it records nothing and only passes the signal on (the run log is the parent's).
 `undo()` (close) puts the previous disposition back while ours is still the one set. The
 recording itself (`on_signal`) is bounded by the monitor (monitor.py `_terminated`); whatever
 it raises, the signal is passed on.
@@ -20,6 +22,7 @@ it raises, the signal is passed on.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -36,9 +39,12 @@ def install(on_signal, signum: int = signal.SIGTERM):
     if prev is None or prev == signal.SIG_IGN:
         return None
 
+    pid = os.getpid()
+
     def handler(sig, frame):
         try:
-            on_signal(sig, frame)
+            if os.getpid() == pid:  # not in a forked child (a DataLoader worker)
+                on_signal(sig, frame)
         except BaseException:  # noqa: BLE001 - the signal's own effect comes first
             pass
         finally:
