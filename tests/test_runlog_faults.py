@@ -353,7 +353,9 @@ def test_rank_endpoints_of_two_jobs_are_not_merged(tmp_path):
     """`report 127.0.0.1:9740-9741` over two jobs whose port ranges meet: both serve a rank
     0, and the second silently replaced the first. Now the source keeps the job with the
     most recent activity and names the other with its endpoint. Real exporters: two
-    one-process jobs, each its own run (the exporter's `run_id`)."""
+    one-process jobs whose run directories have one name (`run_id`), each its own job (the
+    exporter's `job_id`, set through $ZERODOC_RUN_ID)."""
+    import os
     import subprocess
 
     from tests.support.helpers import job_command, job_env
@@ -362,13 +364,14 @@ def test_rank_endpoints_of_two_jobs_are_not_merged(tmp_path):
     procs, eps = [], []
     try:
         for name, steps in (("jobA", 2), ("jobB", 3)):  # B steps after A: the newer
-            procs.append(subprocess.Popen(job_command("serving_rank", tmp_path / name, steps),
-                                          env=job_env(), stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, text=True))
+            procs.append(subprocess.Popen(job_command("serving_rank", tmp_path / name / "run", steps),
+                                          env=job_env(dict(os.environ, ZERODOC_RUN_ID=name)),
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          text=True))
             eps.append(procs[-1].stdout.readline().strip())
         assert all(eps), eps
         snap = EndpointsSource(eps, window=None, settle_s=0).snapshot()
-        assert sorted(snap.ranks) == [0] and snap.ranks[0].facts.run_id == "jobB"
+        assert sorted(snap.ranks) == [0] and snap.ranks[0].facts.job_id == "jobB"
         assert snap.ranks[0].last_step == 3
         assert snap.jobs["shown"]["job_id"] == "jobB"
         left = snap.jobs["left_out"]

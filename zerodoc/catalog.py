@@ -173,10 +173,11 @@ CATALOG: tuple[Metric, ...] = (
            "PCIe throughput reported by NVML.", ("direction",), per="pcie_directions"),
     # --- static facts -------------------------------------------------------------------
     Metric("zerodoc_run", "info", "",
-           "Static facts of the run: framework, versions, device, dtypes, mesh.",
+           "Static facts of the run: framework, versions, device, dtypes, mesh, the job's "
+           "identity (job_id: one value for every rank of one job, zerodoc/shim/jobid.py).",
            ("framework", "framework_version", "torch_version", "device_type", "backend",
-            "zero_stage", "param_dtype", "reduce_dtype", "mesh_shape", "run_id", "link",
-            "metrics_detail"), into="info"),
+            "zero_stage", "param_dtype", "reduce_dtype", "mesh_shape", "run_id", "job_id",
+            "link", "metrics_detail"), into="info"),
     Metric("zerodoc_world_size", "gauge", "", "Number of ranks in the job.", into="scalar:world_size"),
     Metric("zerodoc_unit_parameters", "gauge", "",
            "Parameters of a sharded unit (unsharded count).", ("unit",), scope="run", per="units", into="unit:params"),
@@ -234,8 +235,11 @@ CATALOG: tuple[Metric, ...] = (
            "the training step never waits for the run log."),
     Metric("zerodoc_runlog_records_lost_total", "counter", "",
            "Run-log records lost because a write failed (disk full, a read-only filesystem, a "
-           "file-size limit); served once one was lost. Each record is written whole or not "
-           "at all, and the loss is also written to the log once it takes writes again.",
+           "file-size limit), because the rank keeps no log (something other than a regular "
+           "file in its place, a run directory another live job writes), or because the run "
+           "directory was deleted under the writer; served once one was lost. Each record is "
+           "written whole or not at all, and the loss is also written to the log once it "
+           "takes writes again.",
            per="lost"),
     Metric("zerodoc_hook_available", "gauge", "",
            "1 if a torch hook point zerodoc relies on was found, 0 if missing.", ("hook",),

@@ -259,7 +259,7 @@ def notes(snap: RunSnapshot) -> list[str]:
     out = []
     if cfg.get("fsdp_requested") and first.facts.framework == "ddp":
         out.append(f"asked for FSDP, running DDP: no sharding ({cfg['fsdp_requested']})")
-    jobs = getattr(snap, "jobs", None)
+    jobs = snap.jobs
     if jobs:  # a run directory or endpoints holding more than one job: one is shown
         from .runlog.segments import jobs_note
 

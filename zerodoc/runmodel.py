@@ -308,6 +308,9 @@ class RunSnapshot:
     # What the run logs say about themselves, one line each: records lost to failed writes,
     # records dropped, lines skipped (zerodoc.runlog.reader.log_notes); empty: nothing.
     log_notes: list[str] = field(default_factory=list)
+    # The source held logs or endpoints of more than one job (their ranks never merged):
+    # {"shown": {...}, "left_out": [...]} (zerodoc.runlog.segments.one_job); None: one job.
+    jobs: dict | None = None
 
     @property
     def any_rank(self) -> RankWindow | None:

@@ -185,7 +185,8 @@ class ZerodocCollector:
             "backend": facts.backend, "zero_stage": str(facts.zero_stage or ""),
             "param_dtype": facts.param_dtype, "reduce_dtype": facts.reduce_dtype,
             "mesh_shape": "x".join(str(x) for x in facts.mesh_shape), "run_id": facts.run_id,
-            "link": str(facts.config.get("link", "")), "metrics_detail": level,
+            "job_id": facts.job_id or "", "link": str(facts.config.get("link", "")),
+            "metrics_detail": level,
         })
         yield info
 

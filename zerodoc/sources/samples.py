@@ -162,7 +162,8 @@ def facts_of(c: Cumulative) -> RankFacts:
         reduce_dtype=lb.get("reduce_dtype", ""), units=tuple(units),
         device_capacity_bytes=c.memory.get("capacity"), started_unix=0.0, pid=0,
         metrics_endpoint=c.endpoint, hooks=dict(c.hooks),
-        config={"link": lb["link"]} if lb.get("link") else {})
+        config={"link": lb["link"]} if lb.get("link") else {},
+        job_id=lb.get("job_id") or None)
 
 
 def window_of(facts: RankFacts, cur: Cumulative, base: Cumulative | None = None) -> RankWindow:
