@@ -147,6 +147,17 @@ def _unit_in(frame, objs: dict[int, int]) -> int | None:
     return None
 
 
+def _point_phase(frame, point: tuple[str, str]) -> str | None:
+    """The phase a stack point's frame says: the table's, else its `forward` flag
+    (DeepSpeed's `fetch_sub_module(current_submodule, forward)`), else None."""
+    if point[1]:
+        return point[1]
+    if STACK_PHASE_LOCAL not in frame.f_code.co_varnames:
+        return None
+    flag = frame.f_locals.get(STACK_PHASE_LOCAL)
+    return ("forward" if flag else "backward") if isinstance(flag, bool) else None
+
+
 def _from_frames(frames: list, objs: dict[int, int], names: list[str]) -> dict | None:
     """Where the training thread is, from its Python frames alone (a step without per-unit
     detail: the hooks are not installed, the recorder knows nothing), innermost first: the
@@ -178,10 +189,7 @@ def _from_frames(frames: list, objs: dict[int, int], names: list[str]) -> dict |
                     framework = point is not None or mod.startswith(FRAMEWORK_MODULES)
                 unit = _unit_in(fr, objs)
             if point is not None and phase is None:
-                flag = fr.f_locals.get(STACK_PHASE_LOCAL) \
-                    if STACK_PHASE_LOCAL in fr.f_code.co_varnames else None
-                phase = point[1] or ({True: "forward", False: "backward"}.get(flag)
-                                     if isinstance(flag, bool) else None)
+                phase = _point_phase(fr, point)
             if name in ("backward", "_engine_run_backward") and mod.startswith("torch"):
                 backward = True
                 break
