@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.helpers import SMALL_MODEL, pids_gone, until, wait_until
 from tests.support.jobs import stops
+from tests.test_deepspeed import ds_ready  # noqa: F401  (a fixture: DeepSpeed's op built)
 from zerodoc.demo.launch import Job
 from zerodoc.runlog import read_rank_log
 from zerodoc.exporter.targets import read_header
@@ -244,15 +245,19 @@ def test_a_preempted_rank_is_named_terminated_and_the_peer_waiting(tmp_path, pre
 # prefetch asked for (blocks.3: blocks.2's pre-forward issued it on rank 0 only), inside
 # `wait_for_unshard` (before: rank 0 read "compute" and was listed as stopped on its own);
 # FSDP1 (no prefetch) in the next unit's all-gather (its handle as the frame's unit; the
-# FSDP wrapper's own forward frame must not make rank 1's raise "the framework's hooks")
+# FSDP wrapper's own forward frame must not make rank 1's raise "the framework's hooks");
+# DeepSpeed ZeRO-3 in the next unit's fetch, waiting in `AllGatherCoalescedHandle.wait`
+# (before: rank 1 read "(outside the sharded units) (optimizer...)", rank 0 not waiting)
 @pytest.mark.parametrize("framework,model,waits_in", [
-    ("fsdp2", {"prefetch": True}, "blocks.3"), ("fsdp1-full", {}, "blocks.2")],
-    ids=["fsdp2-prefetch", "fsdp1"])
+    ("fsdp2", {"prefetch": True}, "blocks.3"), ("fsdp1-full", {}, "blocks.2"),
+    ("deepspeed-3", {}, "blocks.2")], ids=["fsdp2-prefetch", "fsdp1", "deepspeed-3"])
 def test_a_raise_in_a_units_forward_is_placed_there_on_a_step_without_detail(
-        tmp_path, framework, model, waits_in):
+        tmp_path, request, framework, model, waits_in):
     """A layer of `blocks.1` raises in forward on rank 1, on a step without per-unit detail
     (the job waits for one): rank 1 failed in blocks.1, forward, in compute; rank 0 waits
     for it in an all-gather, placed from the frames alone."""
+    if framework.startswith("deepspeed"):
+        request.getfixturevalue("ds_ready")  # its comm op built once, not by both ranks
     run = tmp_path / "raised"
     job = stops.launch(run, model=model, framework=framework,
                        **{"raise": {"rank": 1, "module": "blocks.1.fc1", "at_step": 5}})
