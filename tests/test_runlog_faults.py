@@ -296,15 +296,20 @@ def test_a_second_live_job_in_a_run_directory_is_refused_at_attach(tmp_path, cap
 def test_attach_refuses_a_second_live_job_in_its_run_directory(tmp_path, monkeypatch, caplog):
     """The same through attach(): job A's rank 1 writes the directory (live), then job B
     (another job identity, $ZERODOC_RUN_ID) attaches its rank 0 with the same run_dir: it
-    trains on without a log, its empty rank-00000.jsonl not left behind."""
+    trains on without a log, its empty rank-00000.jsonl not left behind, and job A's rank
+    0 Prometheus target (file_sd) is not overwritten by B's serving rank 0."""
     run = tmp_path / "run"
     a1 = writer_of(run, 1, 2, "jobA")
     hand_step(a1, 1)
+    target = run / "file_sd" / "rank-00000.json"  # job A's rank 0 serves /metrics
+    target.parent.mkdir()
+    target.write_text('[{"targets": ["job-a-host:9740"]}]')
     model = nn.Linear(4, 4)
     monkeypatch.setenv("ZERODOC_RUN_ID", "jobB")
     with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="zerodoc"):
         warnings.simplefilter("ignore")
-        mon = zerodoc.attach(model, port=False, run_dir=str(run))
+        mon = zerodoc.attach(model, port=0, run_dir=str(run))
+        assert target.read_text() == '[{"targets": ["job-a-host:9740"]}]'  # A's, untouched
         for _ in range(2):
             model(torch.randn(2, 4)).sum().backward()
             mon.step()
@@ -313,6 +318,7 @@ def test_attach_refuses_a_second_live_job_in_its_run_directory(tmp_path, monkeyp
     said = [r.getMessage() for r in caplog.records if "another live job" in r.getMessage()]
     assert len(said) == 1 and "jobA" in said[0] and "jobB" in said[0], said
     assert not (run / "rank-00000.jsonl").exists()
+    assert target.read_text() == '[{"targets": ["job-a-host:9740"]}]'  # B's close: not removed
     assert mon._writer.lost_steps == 2
     assert read_rank_log(run / "rank-00001.jsonl").ended
 

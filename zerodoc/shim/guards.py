@@ -212,7 +212,10 @@ def startup_line(mon, problems: list[str]) -> str:
     else:
         found = "no sharded units (see the warning)"
     out = [f"zerodoc: attached on {where}: {found}"]
-    out.append(f"run log {mon.run_dir}" if mon._writer is not None else "no run log")
+    off = getattr(mon._writer, "off", None)
+    out.append("no run log" if mon._writer is None else
+               f"no run log ({mon.run_dir}: refused, see the warning)" if off else
+               f"run log {mon.run_dir}")
     if mon.endpoint:
         port = mon.endpoint.rpartition(":")[2]
         scheme = getattr(mon._server, "scheme", "http")  # https when TLS is on

@@ -164,7 +164,8 @@ class Monitor:
                 self._writer = RunLogWriter(
                     self.run_dir, self.rank, every_steps=cfg.run_log_every,
                     every_seconds=cfg.run_log_every_seconds, detail=cfg.run_log_detail,
-                    queue_size=cfg.run_log_queue, on_error=self.registry.error)
+                    queue_size=cfg.run_log_queue, on_error=self.registry.error,
+                    job_id=self.job_id)
             except OSError as e:  # the user's configuration, not a zerodoc error
                 self._unwritable = e.strerror or str(e)
                 self._config_warning(
@@ -241,6 +242,8 @@ class Monitor:
 
         if self._unwritable and not os.environ.get(FILE_SD_DIR_ENV):
             return  # the run directory was already found unwritable (warned once)
+        if getattr(self._writer, "other_job", None) and not os.environ.get(FILE_SD_DIR_ENV):
+            return  # another live job's run directory: its rank targets are not ours
         try:
             self._target = write_rank_target(self.run_dir, self.facts)
         except OSError as e:  # unwritable: the user's configuration
