@@ -65,3 +65,14 @@ def test_every_stack_point_exists_in_the_installed_releases(monkeypatch):
             "FSDPParamGroup.wait_for_unshard_renamed")
     monkeypatch.setitem(hookpoints.STACK_POINTS, gone, ("all_gather", ""))
     assert hookpoints.stack_points_missing() == [": ".join(gone)]
+
+
+def test_a_rank_stopped_between_the_units_work_is_said_so():
+    """A terminated (or failed) rank with no unit, phase or collective (a step without
+    detail, the thread in the user's own code): ZD013 says it was outside the units' work,
+    not "(outside the sharded units) (optimizer ...)" from a stale phase."""
+    between = {**TERM, "in": "outside units", "unit": None, "phase": None}
+    f = diagnose(_snap({"0": WAITING, "1": between}, ended=[1]))[0]
+    assert f.evidence["rank"] == 1 and "(optimizer, " not in f.title, f.title
+    assert "terminated by SIGTERM in code outside the sharded units, not in their forward " \
+           "or backward nor the optimizer" in f.title, f.title

@@ -120,7 +120,10 @@ def test_hung_rank_is_named_with_its_unit_while_the_job_hangs(tmp_path):
     job = Job(RANKS, spec(run, hang=hang), log_dir=str(run / "logs")).start()
     pids = []
     try:
-        wait_for(lambda: all(any(x.get("type") == "stall" for x in lines_of(run, r))
+        # a stall record of the hang's step on every rank (a slow warm-up step under load is
+        # a stall of its own, resumed)
+        wait_for(lambda: all(any(x.get("type") == "stall" and x["state"] == "stuck"
+                                 and x["step"] > hang["after_steps"] for x in lines_of(run, r))
                              for r in range(RANKS)), 180, "a stall record on every rank", job)
         pids = [p.pid for p in job.procs]
         assert job.running()  # still hung, nobody crashed

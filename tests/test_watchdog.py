@@ -244,3 +244,31 @@ def test_the_exporter_publishes_a_stall_only_while_it_lasts():
             'node="n",phase="forward",rank="0",unit="blocks.1"} 123.5') in text
     wd.current = None
     assert "zerodoc_stall_since_timestamp_seconds{" not in generate_latest(reg).decode()
+
+
+def test_a_signal_between_steps_is_not_placed_in_a_stale_phase():
+    """A SIGTERM on a step without per-unit detail while the training thread is in its own
+    code (data loading: no unit, forward or backward frame, not in the optimizer): the
+    recorder's phase is the last detail step's (no hook keeps it between samples), so the
+    "terminated" record says no phase rather than "optimizer"; inside the optimizer step
+    (`_t_opt` set) it says the optimizer."""
+    import sys
+
+    from zerodoc.shim.recorder import OPTIMIZER
+
+    clock = Clock()
+    m = fake_monitor(clock)
+    m._detail_on, m._t_opt, m.adapter = False, None, None
+    m.rec.phase = OPTIMIZER  # stale: the last hook that ran was an optimizer hook
+    wd = Watchdog(m, 10.0, clock=clock, wall=lambda: 5000.0 + clock.t)
+
+    def load_batch():  # the training thread's own code when the signal came
+        return wd.signalled("SIGTERM", sys._getframe())
+
+    rec = load_batch()
+    assert (rec["state"], rec["signal"], rec["step"]) == ("terminated", "SIGTERM", 8)
+    assert (rec["in"], rec["unit"], rec["phase"], rec["collective"]) == \
+        ("outside units", None, None, ""), rec
+    assert rec["stack"][-1].endswith(" load_batch") and m._writer.records == [rec]
+    m._t_opt = clock.t  # inside optimizer.step()
+    assert wd.signalled("SIGTERM", sys._getframe())["phase"] == "optimizer"

@@ -56,7 +56,7 @@ from time import perf_counter
 
 from .hookpoints import FRAMEWORK_MODULES, STACK_PHASE_LOCAL, STACK_UNIT_LOCALS, stack_point
 from .recorder import (
-    B_FRAMEWORK, B_OPTIMIZER, B_OTHER, B_WAIT, COLLECTIVES, PHASES, bucket_unit,
+    B_FRAMEWORK, B_OPTIMIZER, B_OTHER, B_WAIT, COLLECTIVES, OPTIMIZER, PHASES, bucket_unit,
 )
 
 STEP_FACTOR = 3.0  # no step for this many times the slowest step: not just a slow step
@@ -277,7 +277,8 @@ class Watchdog:
         return round(self.wall() - (now - t), 3)
 
     def _position(self) -> dict:
-        """Where the recorder says the training thread is."""
+        """Where the recorder says the training thread is (on a step without per-unit
+        detail only whether it is in the optimizer: the phase is None outside it)."""
         rec, names = self.m.rec, self.m.unit_names
         stack = list(rec.stack)
         top = stack[-1] if stack else 0
@@ -291,6 +292,9 @@ class Watchdog:
                 break
         if top == B_OTHER and getattr(self.m, "_t_opt", None) is not None:
             top = B_OPTIMIZER  # a step without detail times its optimizer off the stack
+            phase = PHASES[OPTIMIZER]
+        elif top == B_OTHER and not getattr(self.m, "_detail_on", True):
+            phase = None  # no hook keeps the phase between samples: the frames may say it
         bu = bucket_unit(top, n_units)
         where = {B_WAIT: "collective", B_FRAMEWORK: "framework",
                  B_OPTIMIZER: "optimizer"}.get(top, "outside units" if bu is None else

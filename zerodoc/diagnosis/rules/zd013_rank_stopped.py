@@ -46,6 +46,11 @@ SIGNALLED = "terminated"  # the watchdog's record of a SIGTERM (watchdog.py `sig
 def _where(s: dict) -> str:
     if s.get("in") == "exception":  # a trainer integration saw training raise
         return f"an exception ({str(s.get('error') or '?')[:120]})"
+    if not (s.get("unit") or s.get("phase") or s.get("collective")):
+        # a step without per-unit detail, no unit, forward or backward frame on the stack and
+        # not in the optimizer step (watchdog.py): between the units' work
+        return ("code outside the sharded units, not in their forward or backward nor the "
+                "optimizer (data loading, logging, a checkpoint, the user's code)")
     unit = s.get("unit") or "(outside the sharded units)"
     phase = s.get("phase") or "?"
     if s.get("collective"):
