@@ -209,11 +209,15 @@ FRAMEWORK_MODULES = ("torch.distributed.fsdp.", "torch.distributed._composable.f
 
 
 def stack_point(frame) -> tuple[str, str] | None:
-    """The (collective, phase) a frame's function stands for (`STACK_POINTS`), or None."""
+    """The (collective, phase) a frame's function stands for (`STACK_POINTS`), or None.
+    Python 3.10 has no `co_qualname`: a method is named by its `self`'s class there."""
     code = frame.f_code
     mod = frame.f_globals.get("__name__", "")
-    return STACK_POINTS.get((mod, getattr(code, "co_qualname", code.co_name))) \
-        or STACK_POINTS.get((mod, code.co_name))
+    qual = getattr(code, "co_qualname", None)
+    if qual is None and code.co_varnames[:1] == ("self",):
+        me = frame.f_locals.get("self")
+        qual = f"{type(me).__name__}.{code.co_name}" if me is not None else None
+    return STACK_POINTS.get((mod, qual or code.co_name)) or STACK_POINTS.get((mod, code.co_name))
 
 
 def stack_points_missing() -> list[str]:
