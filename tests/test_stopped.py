@@ -145,7 +145,7 @@ def test_hung_rank_is_named_with_its_unit_while_the_job_hangs(tmp_path):
     ev = top["evidence"]
     assert (ev["rank"], ev["unit"], ev["phase"], ev["state"]) == (1, "blocks.2", "forward",
                                                                    "stuck"), ev
-    assert ev["collective"] is None and ev["in"] == "compute"
+    assert ev["collective"] is None and ev["in"] == "compute", ev
     assert ev["frame"].endswith(" block"), ev["frame"]  # the injected hook's frame
     assert ev["step"] == hang["after_steps"] + 1
     assert ev["waiting_ranks"] == [0, 2]
@@ -287,22 +287,21 @@ def test_a_raise_in_a_units_forward_is_placed_there_on_a_step_without_detail(
 
 
 def test_a_peer_waiting_on_an_async_unshard_is_placed_in_its_all_gather(tmp_path):
-    """Rank 1 of 2 blocks forever in `blocks.2`'s forward at step 6, FSDP2 with prefetch
-    (async unshard), default detail: rank 0 finishes its forward (`blocks.3`'s all-gather was
-    issued by both ranks, in `blocks.2`'s pre-forward) and waits in the root's backward
-    all-gather (the demo's root reshards after forward; nothing prefetches it), inside
-    `wait_for_unshard`: a C++ `Work.wait()`, no torch.distributed frame. Its stall record
-    names that collective, so ZD013 lists rank 0 as waiting (before: it read "compute" and
-    was named a stopped rank of its own)."""
+    """Rank 1 of 2 blocks forever in `blocks.2`'s forward from step 6 on a step without
+    per-unit detail (after FSDP's pre-forward, which prefetched `blocks.3`), FSDP2 with
+    prefetch (async unshard), default detail: rank 0 finishes its forward (`blocks.3`'s
+    all-gather was issued by both ranks) and waits in the root's backward all-gather (the
+    demo's root reshards after forward; nothing prefetches it), inside `wait_for_unshard`: a
+    C++ `Work.wait()`, no torch.distributed frame. Its stall record names that collective, so
+    ZD013 lists rank 0 as waiting (before: it read "compute" and was named a stopped rank of
+    its own)."""
     run = tmp_path / "hung-async"
-    hang = {"rank_to_hang": 1, "unit": "blocks.2", "after_steps": 5}
-    sp = spec(run, hang=hang)
-    sp["model"]["prefetch"] = True
-    job = Job(2, sp, log_dir=str(run / "logs")).start()
+    job = stops.launch(run, model={"prefetch": True},
+                       hang={"rank": 1, "module": "blocks.2", "at_step": 6})
 
     def stuck(rank: int) -> list[dict]:  # stalls of the hang's step (a slow warm-up is one)
         return [x for x in lines_of(run, rank) if x.get("type") == "stall"
-                and x["state"] == "stuck" and x["step"] > hang["after_steps"]]
+                and x["state"] == "stuck" and x["step"] >= 6]
     try:
         wait_for(lambda: stuck(0) and stuck(1), 180, "both ranks stuck at the hang", job)
         out = report(run, "--json")

@@ -6,7 +6,7 @@ SPEC_JSON: {"model": DemoConfig fields, "framework": demo framework name (fsdp2)
 "attach": attach() options, "raise": {"rank", "module", "at_step"} (optional: on that rank, the
 forward of `module` (a layer inside a unit: "blocks.1.fc1") raises RuntimeError("injected
 failure in <module> at step <n>") at that step, or the first later one without per-unit
-detail)}.
+detail), "hang": the same keys (that module blocks forever in its forward instead)}.
 The loop is the README's: attach, train, close() after the loop, no try/finally; a SIGTERM
 (a preemption) or an exception ends the rank the way it would end a user's job.
 """
@@ -46,6 +46,21 @@ def _raise_in(model, monitor, name: str, at_step: int) -> None:
     model.get_submodule(name).register_forward_pre_hook(fail)
 
 
+def _hang_in(model, monitor, name: str, at_step: int) -> None:
+    """The layer or unit `name` blocks forever in a forward pre-hook from its `at_step`-th
+    forward on, at the first such step without per-unit detail (as `_raise_in`)."""
+    import time
+
+    calls = [0]
+
+    def block(module, args):
+        calls[0] += 1
+        while calls[0] >= at_step and not monitor._detail_on:
+            time.sleep(3600)
+
+    model.get_submodule(name).register_forward_pre_hook(block)
+
+
 def main(spec: dict) -> None:
     import torch
     import torch.distributed as dist
@@ -60,9 +75,10 @@ def main(spec: dict) -> None:
     cfg = DemoConfig(**spec.get("model", {}))
     built = frameworks.build(spec.get("framework", "fsdp2"), cfg, spec)
     monitor = zerodoc.attach(built.target, built.optimizer, **spec.get("attach", {}))
-    fail = spec.get("raise")
-    if fail and fail["rank"] == rank:
-        _raise_in(built.model, monitor, fail["module"], int(fail["at_step"]))
+    for key, inject in (("raise", _raise_in), ("hang", _hang_in)):
+        what = spec.get(key)
+        if what and what["rank"] == rank:
+            inject(built.model, monitor, what["module"], int(what["at_step"]))
     for step in range(int(spec.get("steps", 20))):
         x, y = batch(cfg, step, rank)
         built.train_step(x, y)
