@@ -109,11 +109,8 @@ def _killed(tmp: Path) -> dict:
 
 
 def _injected(tmp: Path, header: bytes, fault: str, count: int) -> dict:
-    from tests.test_sidecar_faults import INJECT
+    from tests.test_sidecar_faults import INJECT as folder  # holds its sitecustomize.py
 
-    folder = tmp / "inject"
-    folder.mkdir(exist_ok=True)
-    (folder / "sitecustomize.py").write_text(INJECT)
     old = {k: os.environ.get(k) for k in ("PYTHONPATH", "ZD_TEST_FAULT")}
     os.environ["PYTHONPATH"] = os.pathsep.join([str(folder)] + [v for v in [old["PYTHONPATH"]]
                                                                  if v])

@@ -937,8 +937,9 @@ class SidecarServer:
         if self.folder is not None:
             self._lines = [ln for ln in self._lines if not ln.startswith("@")]  # it has it
 
-    def _close_pipes(self) -> None:
-        for name in ("_ask_r", "_done_w"):
+    def _close_fds(self, *names: str) -> None:
+        """Close the descriptors held in these attributes (each set to -1 first: once)."""
+        for name in names:
             fd = getattr(self, name)
             if fd >= 0:
                 setattr(self, name, -1)
@@ -946,6 +947,9 @@ class SidecarServer:
                     os.close(fd)
                 except OSError:
                     pass
+
+    def _close_pipes(self) -> None:
+        self._close_fds("_ask_r", "_done_w")
         if self.proc is not None and self.proc.stderr is not None:
             self.proc.stderr.close()
         self._err_r = -1
@@ -1237,14 +1241,7 @@ class SidecarServer:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=5)
         self._close_pipes()
-        for name in ("_wake_r", "_wake_w", "_lock_fd"):
-            fd = getattr(self, name)
-            if fd >= 0:
-                setattr(self, name, -1)
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        self._close_fds("_wake_r", "_wake_w", "_lock_fd")
 
 
 if __name__ == "__main__":
