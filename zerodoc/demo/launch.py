@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -45,6 +46,7 @@ class Job:
         self.capture = capture and log_dir is None
         self.log_dir = log_dir  # each rank's stdout+stderr to <log_dir>/rank-N.out
         self.procs: list[subprocess.Popen] = []
+        self._captured: list[tuple] = []  # each rank's (stdout, stderr) files when captured
         self.master_port = free_port()
 
     def start(self) -> "Job":
@@ -59,8 +61,11 @@ class Job:
         arg = json.dumps(self.spec)
         for r in range(self.nprocs):
             env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
-            out = subprocess.PIPE if self.capture else None
-            err = out
+            # captured into files, never pipes: a rank that writes more than a pipe holds
+            # (64 KiB of warnings) before wait() would block on it for good
+            out = tempfile.TemporaryFile("w+", errors="replace") if self.capture else None
+            err = tempfile.TemporaryFile("w+", errors="replace") if self.capture else None
+            self._captured.append((out, err))
             if self.log_dir is not None:
                 os.makedirs(self.log_dir, exist_ok=True)
                 out = open(os.path.join(self.log_dir, f"rank-{r}.out"), "w")
@@ -88,11 +93,16 @@ class Job:
         return [p.returncode for p in self.procs]
 
     def outputs(self) -> list[tuple[str, str]]:
+        """Each ended rank's (stdout, stderr) so far; ("", "") for one still running or not
+        captured."""
         res = []
-        for p in self.procs:
-            if self.capture and p.poll() is not None:
-                out, err = p.communicate()
-                res.append((out or "", err or ""))
+        for p, files in zip(self.procs, self._captured or [None] * len(self.procs)):
+            if self.capture and files is not None and p.poll() is not None:
+                got = []
+                for f in files:
+                    f.seek(0)
+                    got.append(f.read())
+                res.append((got[0], got[1]))
             else:
                 res.append(("", ""))
         return res

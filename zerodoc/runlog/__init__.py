@@ -34,7 +34,8 @@ Records of `rank-NNNNN.jsonl` (one JSON object per line, "type" first):
   ``lost_steps``, ``write_error`` after failed writes); ``"failed": true``
   when close() ran while an exception ended the training (after the watchdog's ``failed``
   record): then not a clean close; ``"interrupted": true`` when the user stopped the run
-  (Ctrl-C, `close(interrupted=True)`): a clean close.
+  (Ctrl-C, `close(interrupted=True)`): a clean close; ``"terminated": true`` when a SIGTERM
+  did (after a ``stall`` record with ``"state": "terminated"``): a clean close too.
 - Other types (e.g. ``stall``) are kept by readers in `RankLog.events`.
 
 Detail files start with ``{"type": "detail", "segment", "header_at", "first_step"}`` and then
