@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from zerodoc.demo.launch import free_port
 from zerodoc.runlog import RunLogError
 from zerodoc.runlog.records import facts_from_dict
 from zerodoc.shim import jobid, sampler
@@ -316,10 +317,6 @@ def test_default_mode_from_attach_deepspeed(framework, tmp_path):
         r.stdout[-3000:] + r.stderr[-3000:]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- 2 gloo ranks, launched as srun and as torchrun would -------------------------------

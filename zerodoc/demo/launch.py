@@ -29,7 +29,33 @@ def _die_with_parent() -> None:
         pass
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free now, below the kernel's ephemeral range (ports 10000 up to its low
+    end, at random): the ports bind(0) and connect() hand out are where a flooded server's
+    TIME_WAIT sockets stay for a minute after it closed (the server closes first), and
+    bind(0) hands such a port out again, on which c10d's TCPStore then fails to listen
+    (EADDRINUSE: the rank dies and its peer waits for good; seen three times in a row after
+    the exporter's 40-address guessing flood, ~80,000 TIME_WAIT). Checked by binding it on
+    every address, as the store does; bind(0) where the range leaves no room."""
+    import random
+
+    low = _ephemeral_low()
+    for _ in range(100 if low > 10100 else 0):
+        port = random.randrange(10000, low)
+        try:
+            with socket.socket() as s:
+                s.bind(("", port))
+            return port
+        except OSError:
+            continue
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
