@@ -487,14 +487,23 @@ def test_close_never_raises_with_a_hundred_clients_during_its_linger(start):
     srv = start()
     now = [0.0]
     signal_ = CloseSignal(clock=lambda: now[0])
-    srv.on_scraped = signal_.scraped
+    recorded = []
+
+    def scraped(client=("", "")) -> None:  # the server books a scrape after its answer went
+        signal_.scraped(client)  # out: wait for it before moving the fake clock on
+        recorded.append(client)
+
+    srv.on_scraped = scraped
     port = srv.server_address[1]
     # the regular scraper: twice, 3.3 s apart (of the fake clock), so the close waits up to
     # 3 intervals, 9.9 s of real time, for it: far more than the 100 requests take on a
-    # loaded machine (a 1 s interval's 3 s wait ran out under the fast suite's load)
-    for t in (0.0, 3.3):
+    # loaded machine. Each scrape is awaited in the signal before the clock moves: booked
+    # after the answer went out, one booked at the close's time or later ended the close at
+    # once (8 of 12 runs failed so beside two busy loops, 0 of 12 with the wait)
+    for i, t in enumerate((0.0, 3.3)):
         now[0] = t
         assert hostile.status_of(hostile.ask(port, hostile.scrape(agent="Prometheus/3"))) == 200
+        wait_for(lambda n=i + 1: len(recorded) == n, what="the scrape booked at its time")
     now[0] = 4.0
     outcome = []
 
