@@ -49,7 +49,9 @@ def run_job(tmp, name: str, **spec) -> dict:
 def jobs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp_hook")
     # (static_graph with no_sync() fails in torch 2.13 itself, without zerodoc: pytorch
-    # issue 143580; each is tried alone)
+    # issue 143580; each is tried alone). Detail every step where the subject is zerodoc's
+    # bucket timing against the hook's own, step by step (each step's buckets compared);
+    # the registration cases ("twice", "builtin") run the default detail, as users do.
     return {"sum": run_job(tmp, "sum", hook="sum", detail="every"),
             "static": run_job(tmp, "static", hook="sum", static_graph=True, detail="every"),
             "accumulate": run_job(tmp, "accumulate", hook="sum", accumulate=2, steps=6,
