@@ -47,7 +47,9 @@ def open_source(spec: str | None, window: int | None = 20, *,
     """A source from a command-line SOURCE: a run directory; `http(s)://...` a Prometheus
     server; `host:port[,host:port...]` or `host:first-last` rank endpoints; PyTorch profiler
     traces (a directory of them, a file, files separated by commas; `trace_facts`: see
-    `zerodoc.trace.TraceFacts`); None the latest local run (under ./zerodoc-runs). `run_id`:
+    `zerodoc.trace.TraceFacts`); Nsight Systems SQLite exports (`.sqlite` files, a folder of
+    them: `zerodoc.trace.nsys`, the same facts); None the latest local run (under
+    ./zerodoc-runs). `run_id`:
     which run of a Prometheus server holding several (also `http://host:9090#run=ID`);
     `segment`: an older segment of a run directory; `skip_warmup`: a run directory's short
     window leaves the warm-up step (step 1) out (`RankWindow.warmup_left_out`); `wait`: a
@@ -55,6 +57,12 @@ def open_source(spec: str | None, window: int | None = 20, *,
     (the TUI opened before the job starts)."""
     from .. import trace  # profiler traces: zerodoc/trace (no heavy import until opened)
 
+    if spec is not None and _is_nsys(spec.strip()):  # Nsight Systems SQLite exports
+        from ..trace.nsys import open_nsys
+
+        if run_id is not None or segment is not None:
+            raise UserError("--run-id and --segment are not for Nsight Systems exports")
+        return open_nsys(spec.strip(), window, **(trace_facts or {}))
     if spec is not None and trace.is_trace_spec(spec.strip()):
         if run_id is not None or segment is not None:
             raise UserError("--run-id and --segment are not for profiler traces")
@@ -97,6 +105,14 @@ def open_source(spec: str | None, window: int | None = 20, *,
         raise UserError(f"no run directory at {spec}")
     raise UserError(f"{spec!r} is neither a run directory, a Prometheus URL (http://...) "
                     "nor rank endpoints (host:port, host:port,host:port or host:9730-9737)")
+
+
+def _is_nsys(spec: str) -> bool:
+    """Whether SOURCE names Nsight Systems exports (`.sqlite` files or a folder of them);
+    the reader itself is imported only then."""
+    from ..trace.nsysfiles import is_nsys_spec
+
+    return is_nsys_spec(spec)
 
 
 def check_url(url: str) -> None:
