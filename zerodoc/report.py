@@ -280,7 +280,9 @@ def stopped(findings: list[Finding]) -> dict | None:
     return {"title": f.title, "severity": f.severity.name.lower(), "rank": e.get("rank"),
             "state": e.get("state"), "step": e.get("step"), "unit": e.get("unit"),
             "phase": e.get("phase"), "collective": e.get("collective"),
-            "waiting_ranks": e.get("waiting_ranks", [])}
+            "waiting_ranks": e.get("waiting_ranks", []), "ranks": e.get("ranks", []),
+            "process_group": e.get("process_group"), "sequence": e.get("sequence"),
+            "confidence": e.get("confidence")}
 
 
 def render_json(rep: dict) -> str:

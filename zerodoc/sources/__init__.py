@@ -47,7 +47,8 @@ def open_source(spec: str | None, window: int | None = 20, *,
     """A source from a command-line SOURCE: a run directory; `http(s)://...` a Prometheus
     server; `host:port[,host:port...]` or `host:first-last` rank endpoints; PyTorch profiler
     traces (a directory of them, a file, files separated by commas; `trace_facts`: see
-    `zerodoc.trace.TraceFacts`); Nsight Systems SQLite exports (`.sqlite` files, a folder of
+    `zerodoc.trace.TraceFacts`); PyTorch flight-recorder dumps (a directory of them, one per
+    rank: `flightrec.py`); Nsight Systems SQLite exports (`.sqlite` files, a folder of
     them: `zerodoc.trace.nsys`, the same facts); None the latest local run (under
     ./zerodoc-runs). `run_id`:
     which run of a Prometheus server holding several (also `http://host:9090#run=ID`);
@@ -56,7 +57,13 @@ def open_source(spec: str | None, window: int | None = 20, *,
     path that does not exist yet, in a directory that does, is a run directory to wait for
     (the TUI opened before the job starts)."""
     from .. import trace  # profiler traces: zerodoc/trace (no heavy import until opened)
+    from . import flightrec
 
+    if spec is not None and flightrec.looks_like_dumps(Path(spec.strip())):
+        if run_id is not None or segment is not None:
+            raise UserError("--run-id and --segment are not for flight-recorder dumps")
+        trace.refuse_facts(trace_facts)
+        return flightrec.FlightRecorderSource(spec.strip())
     if spec is not None and _is_nsys(spec.strip()):  # Nsight Systems SQLite exports
         from ..trace.nsys import open_nsys
 

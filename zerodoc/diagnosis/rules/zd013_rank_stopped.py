@@ -41,6 +41,7 @@ EXPLAINS = ("ZD004", "ZD006", "ZD010")  # the waits of a stuck run look like exp
 
 ACTIVE = ("stuck", "failed")
 SIGNALLED = "terminated"  # the watchdog's record of a SIGTERM (watchdog.py `signalled`)
+DUMPS = "flightrec"  # records made from flight-recorder dumps (zerodoc/sources/flightrec.py)
 
 
 def _where(s: dict) -> str:
@@ -79,6 +80,8 @@ def evaluate(ctx) -> list:
     ranks = snap.ranks
     if not ranks:
         return []
+    if any(s.get("source") == DUMPS for s in snap.stalls.values()):
+        return _from_dumps(ctx)
     ended = set(snap.ended_ranks)
     current = {r: s for r, s in snap.stalls.items() if r in ranks and s.get("state") in ACTIVE}
     signalled = {r: s for r, s in snap.stalls.items()
@@ -165,6 +168,12 @@ def evaluate(ctx) -> list:
                      "since_unix": current[r].get("since_unix"),
                      "error": current[r].get("error")} for r in waiting],
         "also_stopped_ranks": also,
+        # the issue-34 fields, shared with the dumps' finding: every rank named as stopped
+        # first (one here), the group and sequence number (only the dumps say them), and how
+        # sure: "high" from the rank's own record, "medium" from its silence, None: the
+        # whole job
+        "ranks": [] if whole else [first], "process_group": None, "sequence": None,
+        "confidence": None if whole else "high" if first in known else "medium",
         "ended_ranks": sorted(ended),
         "stale_ranks": sorted(stale),
         "whole_job": whole,
@@ -219,3 +228,74 @@ def _all_terminated(ranks: dict, signalled: dict) -> list:
         threshold={}, ranks=tuple(sorted(ranks)), cost_seconds_per_step=0.0,
         fix="The scheduler's record of the job says who stopped it; resume from the last "
             "checkpoint.")]
+
+
+def _group(s: dict) -> str:
+    desc = s.get("process_group_desc")
+    return f"process group {s.get('process_group')}" + (f" ({desc})" if desc else "")
+
+
+def _coll(s: dict) -> str:
+    """'all-to-all #45267' from a dump's `nccl:all_to_all` and sequence number."""
+    op = str(s.get("awaited") or s.get("collective") or "?").split(":", 1)[-1].lstrip("_")
+    return f"{op.replace('_', '-')} #{s.get('sequence')}"
+
+
+_DUMP_SAYS = {"behind": "its dump stops at #{last} of that group",
+              "empty": "its dump is empty: it recorded nothing (a rank holding the interpreter "
+                       "lock, or a dead GPU, cannot fill it)",
+              "missing": "it left no dump (the process died, or could not write it)",
+              "unreadable": "its dump cannot be read (cut off while written)"}
+
+
+def _from_dumps(ctx) -> list:
+    """The finding from PyTorch flight-recorder dumps (the source's verdict, carried in
+    `snapshot.stalls` with `source: "flightrec"`): the ranks that did not reach the collective
+    the others wait in, each with its group and sequence number. No step, unit or phase: a
+    dump has none (a run log of the same job can add them)."""
+    snap = ctx.snapshot
+    stalls = {r: s for r, s in snap.stalls.items() if s.get("source") == DUMPS}
+    roots = sorted(r for r, s in stalls.items() if s.get("in") == DUMPS)
+    waiting = sorted(r for r, s in stalls.items() if s.get("in") != DUMPS)
+    first = roots[0]
+    own = stalls[first]
+    conf = own.get("confidence")
+    parts = []
+    for r in roots:
+        s = stalls[r]
+        says = _DUMP_SAYS.get(s.get("dump"), "").format(last=s.get("last_entered"))
+        parts.append(f"rank {r} did not reach {_coll(s)} of {_group(s)} that rank"
+                     f"{'s' if len(s.get('waited_by') or []) > 1 else ''} "
+                     f"{_list(s.get('waited_by') or [])} wait in ({says})")
+    head = (f"rank{'s' if len(roots) > 1 else ''} {_list(roots)} stopped first (flight-"
+            f"recorder dumps, confidence {conf}): " + "; ".join(parts))
+    if conf == "low":
+        head += (" -- these ranks wait for each other: collectives issued in a different "
+                 "order on different ranks")
+    evidence = {
+        "rank": first, "ranks": roots, "state": "stuck", "step": None, "last_step": None,
+        "since_unix": None, "in": None, "unit": None, "phase": None,
+        "collective": own.get("awaited") or None, "frame": None, "error": None,
+        "signal": None, "process_group": own.get("process_group"),
+        "process_group_desc": own.get("process_group_desc"), "sequence": own.get("sequence"),
+        "confidence": conf, "dump": {r: stalls[r].get("dump") for r in roots},
+        "waiting_ranks": waiting,
+        "waiting": [{"rank": r, "state": "stuck", "step": None, "unit": None, "phase": None,
+                     "collective": stalls[r].get("collective"),
+                     "process_group": stalls[r].get("process_group"),
+                     "sequence": stalls[r].get("sequence"),
+                     "waits_for": stalls[r].get("waits_for"), "since_unix": None,
+                     "error": None} for r in waiting],
+        "also_stopped_ranks": roots[1:], "ended_ranks": [], "stale_ranks": [],
+        "whole_job": False}
+    fix = (f"Look at rank{'s' if len(roots) > 1 else ''} {_list(roots)} first: their output "
+           "(stderr, exit code), the node's kernel log (`dmesg`: Xid GPU errors, the OOM "
+           "killer), their Python stack if they still run (`py-spy dump --pid PID`). The "
+           f"{len(waiting)} waiting rank{'s' if len(waiting) != 1 else ''} only wait for them.")
+    return [finding(CODE, NAME, Severity.CRITICAL, head, evidence=evidence, threshold={},
+                    fix=fix, ranks=tuple(roots), units=(), cost_seconds_per_step=0.0)]
+
+
+def _list(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks)) if len(ranks) <= 12 else \
+        f"{', '.join(map(str, ranks[:12]))} and {len(ranks) - 12} more"

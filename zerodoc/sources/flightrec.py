@@ -1,0 +1,455 @@
+"""PyTorch flight-recorder dumps as a source: who stopped the job, and where.
+
+PyTorch keeps, per rank, a ring of the last collectives (`TORCH_NCCL_TRACE_BUFFER_SIZE` or
+`TORCH_FR_BUFFER_SIZE` > 0; NCCL and, since 2.8, gloo) and dumps it on a timeout
+(`TORCH_NCCL_DUMP_ON_TIMEOUT`) or on demand (`torch._C._distributed_c10d._dump_nccl_trace()`,
+`_dump_fr_trace()`): one file per rank, a pickled dict (format versions 2.0-2.10), or the
+same as JSON (`_dump_nccl_trace_json`). Each holds `entries` (collective `profiling_name`,
+`process_group` (name, desc), `collective_seq_id` in that group, `state`), and from 2.2
+`pg_config` (each group's global ranks) and from 2.4 `pg_status` (per group, by the rank's
+local `pg_id`: the last collective enqueued, started, completed: it outlives the ring).
+
+A hung job reads as: ranks that entered collective N of a group and did not complete it,
+and a member of that group that never entered N. That member is what they wait for; if it
+waits for nobody itself it stopped first (`stopped_ranks`). A rank whose dump is empty (a
+rank holding the interpreter lock or a dead GPU cannot fill it) or missing has entered
+nothing anyone can see: evidence that it stopped, not an error. Each file is one rank: the
+number its name ends with (`nccl_trace_rank_3`, `_dump_3`), as torch's `fr_trace` reads it.
+
+Read safely: a pickle may name only plain data (dict, list, tuple, str, numbers, None;
+anything else is refused, with the name it asked for), every file is read whole under a size
+bound (`MAX_DUMP_BYTES`, also after gzip), and only the fields used are kept.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+from ..runmodel import RankFacts, RankWindow, RunSnapshot
+
+MAX_DUMP_BYTES = 256 << 20  # a full 20,000-entry ring with stacks is ~60 MB
+MAX_DIR_FILES = 65536
+_RANK_AT_END = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?(?:\.gz)?$")
+SAFE_GLOBALS = {("collections", "OrderedDict"): dict}
+PENDING = ("scheduled", "started")
+
+
+class DumpRefused(UserError):
+    """A dump that is not plain data, or too big to read: never unpickled further."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Plain containers and scalars only: a GLOBAL / STACK_GLOBAL / extension code naming
+    anything outside `SAFE_GLOBALS` is refused before it is imported."""
+
+    def find_class(self, module: str, name: str):
+        ok = SAFE_GLOBALS.get((module, name))
+        if ok is None:
+            raise DumpRefused(f"refers to {module}.{name}: a flight-recorder dump holds plain "
+                              "data only, so it is not read")
+        return ok
+
+    def persistent_load(self, pid):
+        raise DumpRefused("uses persistent ids: not a flight-recorder dump")
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes (gunzipped when it is gzip), at most `MAX_DUMP_BYTES`."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_DUMP_BYTES + 1)
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:
+                raw = g.read(MAX_DUMP_BYTES + 1)
+        except (OSError, EOFError) as e:
+            raise ValueError(f"broken gzip: {e}") from None
+    if len(raw) > MAX_DUMP_BYTES:
+        raise DumpRefused(f"holds more than {MAX_DUMP_BYTES >> 20} MiB: not read")
+    return raw
+
+
+def load_dump(path: Path) -> dict:
+    """One dump as a dict. DumpRefused (hostile or huge); ValueError (truncated, garbled:
+    a rank that died while writing it)."""
+    raw = read_bytes(path)
+    head = raw.lstrip()[:1]
+    try:
+        if head == b"{":
+            obj = json.loads(raw)
+        else:
+            obj = _PlainUnpickler(io.BytesIO(raw)).load()
+    except DumpRefused:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
+            AttributeError, MemoryError, RecursionError, OverflowError) as e:
+        raise ValueError(f"not a readable dump ({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(obj, dict) or not ("entries" in obj or "pg_status" in obj
+                                         or "version" in obj):
+        raise ValueError("not a flight-recorder dump (no entries, version or pg_status)")
+    return obj
+
+
+def _int(v) -> int | None:
+    """A sequence number as the dumps write it (an int; a string in the JSON form)."""
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _ranks(v) -> list[int] | None:
+    """pg_config's `ranks`: a string "[0, 1]" (a list in some versions); None: unknown."""
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return None
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, int) for x in v):
+        return [int(x) for x in v]
+    return None
+
+
+@dataclass
+class Group:
+    """What one rank's dump says of one process group."""
+
+    desc: str = ""
+    entered: int | None = None  # newest collective sequence number it enqueued
+    completed: int | None = None  # newest it saw complete (None: the dump does not say)
+    ops: dict[int, str] = field(default_factory=dict)  # seq -> collective, as recorded
+
+
+@dataclass
+class RankDump:
+    """One rank's dump, reduced to what the analysis reads. `status`: "ok", "empty" (no
+    entries and no group status), "missing" (no file) or "unreadable"."""
+
+    rank: int
+    status: str
+    version: str = ""
+    backend: str = ""
+    groups: dict[str, Group] = field(default_factory=dict)  # by group name (global)
+    members: dict[str, list[int]] = field(default_factory=dict)  # pg_config, by name
+    world: list[int] | None = None  # the default group's ranks (pg_config)
+    note: str = ""
+
+
+def reduce_dump(rank: int, d: dict) -> RankDump:
+    """The fields the analysis needs, from one loaded dump (any 2.x version)."""
+    out = RankDump(rank, "ok", version=str(d.get("version", "")))
+    for name, cfg in (d.get("pg_config") or {}).items():
+        if isinstance(cfg, dict):
+            members = _ranks(cfg.get("ranks"))
+            if members:
+                out.members[str(cfg.get("name", name))] = members
+                if cfg.get("desc") == "default_pg":
+                    out.world = members
+    local: dict[str, str] = {}  # the rank's pg_id -> group name (pg_status is by pg_id)
+    entries = d.get("entries") or []
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict) or e.get("is_p2p"):
+            continue  # p2p ops count per pair, not per group: no group-wide sequence
+        pg = e.get("process_group")
+        name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(e.get("pg_id", ""))
+        desc = str(pg[1]) if isinstance(pg, (list, tuple)) and len(pg) > 1 else ""
+        seq = _int(e.get("collective_seq_id", e.get("seq_id")))
+        if seq is None:
+            continue
+        if "pg_id" in e:
+            local[str(e["pg_id"])] = name
+        g = out.groups.setdefault(name, Group(desc=desc))
+        op = str(e.get("profiling_name") or "?")
+        g.ops[seq] = op
+        if not out.backend and ":" in op:
+            out.backend = op.split(":", 1)[0]
+        g.entered = seq if g.entered is None else max(g.entered, seq)
+        if e.get("state") == "completed":
+            g.completed = seq if g.completed is None else max(g.completed, seq)
+    for pg_id, st in (d.get("pg_status") or {}).items():
+        name = local.get(str(pg_id))
+        if name is None or not isinstance(st, dict):
+            continue  # a group this rank's ring holds no entry of: no name to match
+        g = out.groups[name]
+        enq, done = _int(st.get("last_enqueued_collective")), _int(
+            st.get("last_completed_collective"))
+        if enq is not None and enq >= 0:
+            g.entered = max(enq, g.entered or 0)
+        if done is not None and done >= 0:
+            g.completed = max(done, g.completed or 0)
+    if not out.groups:
+        out.status = "empty"
+    return out
+
+
+def dump_files(path: Path) -> dict[int, Path]:
+    """rank -> file, for each file of a directory whose name ends with a number."""
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    if len(files) > MAX_DIR_FILES:
+        raise UserError(f"{path}: {len(files)} files, more than {MAX_DIR_FILES} ranks read")
+    out: dict[int, Path] = {}
+    for f in files:
+        m = _RANK_AT_END.search(f.name)
+        if m:
+            r = int(m.group(1))
+            if r in out:
+                raise UserError(f"{f} and {out[r]} are both rank {r}")
+            out[r] = f
+    return out
+
+
+def looks_like_dumps(path: Path) -> bool:
+    """A directory (or file) of flight-recorder dumps: no run logs, and its first numbered
+    file starts as a pickle or as a JSON dump's keys."""
+    if path.is_dir() and any(path.glob("rank-*.jsonl")):
+        return False
+    try:
+        files = dump_files(path) if path.exists() else {}
+        if not files:
+            return False
+        with open(files[min(files)], "rb") as f:
+            head = f.read(512)
+    except (OSError, UserError):
+        return False
+    if head[:2] == b"\x1f\x8b":
+        try:
+            head = gzip.GzipFile(fileobj=io.BytesIO(head)).read(512)
+        except (OSError, EOFError):
+            pass  # a short head cannot be gunzipped whole: its first bytes still show
+    if head[:1] == b"\x80":
+        return b"version" in head or b"entries" in head or b"pg_config" in head or \
+            len(head) < 512
+    return head.lstrip()[:1] == b"{" and any(
+        k in head for k in (b'"comm_lib_version"', b'"entries"', b'"pg_config"', b'"pg_status"'))
+
+
+# --------------------------------------------------------------------------------------
+# who waits for whom
+
+NO_RECORD = ("empty", "missing", "unreadable")  # a rank that left no usable record
+
+
+@dataclass
+class Verdict:
+    """What the dumps say: `stopped` (one dict per rank that stopped first: rank, evidence
+    ("behind": its dump stops before the collective; or empty / missing / unreadable),
+    process_group, desc, sequence (the first collective of the group it did not enter),
+    collective, last_entered, waited_by), `waiting` (rank -> the group, sequence and
+    collective it waits in, and for whom), `confidence` ("high": every stopped rank's own
+    dump shows it behind; "medium": some rest on a dump that is empty or missing; "low":
+    the ranks wait for each other in a circle), `notes` (what could not be matched)."""
+
+    stopped: list[dict] = field(default_factory=list)
+    waiting: dict[int, dict] = field(default_factory=dict)
+    confidence: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def group_members(dumps: dict[int, RankDump], world: list[int]) -> dict[str, list[int]]:
+    """Global ranks of each group: pg_config, else the whole world for the default group,
+    else the ranks whose dumps mention it (gloo's dumps carry no pg_config)."""
+    out: dict[str, list[int]] = {}
+    seen: dict[str, set[int]] = {}
+    for d in dumps.values():
+        for name, members in d.members.items():
+            out.setdefault(name, members)
+        for name, g in d.groups.items():
+            seen.setdefault(name, set()).add(d.rank)
+            if g.desc == "default_pg" and name not in out:
+                out[name] = list(world)
+    for name, ranks in seen.items():
+        out.setdefault(name, sorted(ranks))
+    return out
+
+
+def _edges(dumps: dict[int, RankDump], members: dict[str, list[int]]) -> dict[int, list]:
+    """rank -> [(group, sequence it waits in, rank it waits for, first seq that rank
+    lacks)]: it entered collective `seq` of the group and did not complete it, and that
+    member entered only earlier ones (or left no record at all)."""
+    out: dict[int, list] = {}
+    for name, ranks in members.items():
+        for r in ranks:
+            d = dumps.get(r)
+            g = d.groups.get(name) if d else None
+            if g is None or g.entered is None or (g.completed is not None
+                                                  and g.completed >= g.entered):
+                continue
+            for q in ranks:
+                dq = dumps.get(q)
+                if q == r or dq is None:
+                    continue
+                gq = dq.groups.get(name)
+                if dq.status in NO_RECORD:
+                    out.setdefault(r, []).append((name, g.entered, q, None))
+                elif gq is not None and gq.entered is not None and gq.entered < g.entered:
+                    out.setdefault(r, []).append((name, g.entered, q, gq.entered + 1))
+    return out
+
+
+def _op(dumps: dict[int, RankDump], ranks, name: str, seq: int) -> str:
+    """The collective `seq` of group `name`, as any of `ranks` recorded it."""
+    for r in ranks:
+        g = dumps[r].groups.get(name) if r in dumps else None
+        if g is not None and seq in g.ops:
+            return g.ops[seq]
+    return "?"
+
+
+def analyse(dumps: dict[int, RankDump], world: list[int]) -> Verdict:
+    """Who stopped first, from every rank's dump (`dumps` holds one per rank of `world`,
+    missing ones included)."""
+    members = group_members(dumps, world)
+    edges = _edges(dumps, members)
+    v = Verdict()
+    if not edges:
+        return v
+    targets = {q for es in edges.values() for _, _, q, _ in es}
+    roots = sorted(q for q in targets if q not in edges)
+    circle = not roots
+    if circle:  # each waits for another: collectives issued in different orders
+        roots = sorted(targets)
+    for q in roots:
+        into = [(r, e) for r, es in edges.items() for e in es if e[2] == q and r != q]
+        by_group: dict[str, list] = {}
+        for r, e in into:
+            by_group.setdefault(e[0], []).append((r, e))
+        name, ins = max(by_group.items(), key=lambda kv: (len(kv[1]), kv[0]))
+        d = dumps[q]
+        lacks = min((e[3] if e[3] is not None else e[1]) for _, e in ins)
+        waiters = sorted({r for r, _ in ins})
+        gq = d.groups.get(name)
+        v.stopped.append({
+            "rank": q, "evidence": "behind" if d.status == "ok" else d.status,
+            "process_group": name, "desc": _desc(dumps, waiters, name), "sequence": lacks,
+            "collective": _op(dumps, waiters, name, lacks),
+            "last_entered": gq.entered if gq else None, "waited_by": waiters,
+            "note": d.note})
+    named = {(s["process_group"], s["rank"]) for s in v.stopped}
+    for r, es in sorted(edges.items()):
+        if r in roots and not circle:
+            continue
+        # the group the stopped rank is named in, where this rank waits for it there
+        name, seq, _, _ = next((e for e in es if (e[0], e[2]) in named), es[0])
+        v.waiting[r] = {"process_group": name, "desc": _desc(dumps, [r], name),
+                        "sequence": seq, "collective": _op(dumps, [r], name, seq),
+                        "waits_for": sorted({q for n, s, q, _ in es if (n, s) == (name, seq)})}
+    v.confidence = "low" if circle else (
+        "high" if all(s["evidence"] == "behind" for s in v.stopped) else "medium")
+    return v
+
+
+def _desc(dumps: dict[int, RankDump], ranks, name: str) -> str:
+    for r in ranks:
+        g = dumps[r].groups.get(name) if r in dumps else None
+        if g is not None and g.desc:
+            return g.desc
+    return ""
+
+
+# --------------------------------------------------------------------------------------
+# the source
+
+def read_dumps(path: Path) -> tuple[dict[int, RankDump], list[int]]:
+    """Every rank's dump of a directory (or one file), and the world: the default group's
+    ranks in pg_config, else 0..the highest rank numbered. A rank of the world without a
+    file is "missing", a file that cannot be read "unreadable" (a rank that died while
+    writing it): both are evidence. A file that is not plain data raises DumpRefused."""
+    files = dump_files(path)
+    if not files:
+        raise UserError(f"no flight-recorder dumps (files named ...<rank>) at {path}")
+    dumps: dict[int, RankDump] = {}
+    for r, f in files.items():
+        try:
+            dumps[r] = reduce_dump(r, load_dump(f))
+        except DumpRefused as e:
+            raise DumpRefused(f"{f}: {e}") from None
+        except (ValueError, OSError) as e:
+            dumps[r] = RankDump(r, "unreadable", note=f"{f.name}: {e}")
+    world = next((d.world for d in dumps.values() if d.world), [])
+    world = sorted(set(world) | set(range(max(files) + 1)))
+    for r in world:
+        dumps.setdefault(r, RankDump(r, "missing", note=f"no dump of rank {r}"))
+    return dumps, world
+
+
+class FlightRecorderSource:
+    """A folder of flight-recorder dumps (see the module docstring). Read once: a dump is
+    the state at one moment, so every `snapshot()` is the same. The snapshot has one rank
+    per dump with no steps (a dump holds no step timing); `stalls` carries the verdict:
+    a "stuck" record per waiting rank (the collective it waits in) and per rank that
+    stopped first (`in`: "flightrec", no collective: it did not reach the one the others
+    wait in), each with `source: "flightrec"` for rule ZD013."""
+
+    def __init__(self, spec: str | Path):
+        self.path = Path(spec)
+        self.dumps, self.world = read_dumps(self.path)
+        self.verdict = analyse(self.dumps, self.world)
+        n = sum(d.status != "missing" for d in self.dumps.values())
+        self.description = f"flight-recorder dumps {self.path} ({n} of {len(self.world)} ranks)"
+
+    def snapshot(self) -> RunSnapshot:
+        snap = RunSnapshot(source=self.description)
+        backend = next((d.backend for d in self.dumps.values() if d.backend), "")
+        for r in self.world:
+            snap.ranks[r] = RankWindow(facts=self._facts(r, backend))
+        snap.missing_ranks = {r for r, d in self.dumps.items() if d.status == "missing"}
+        # a dump is what a stopped job left: no rank writes after it, none ended cleanly
+        snap.stale_ranks = set(self.world)
+        v = self.verdict
+        for s in v.stopped:
+            snap.stalls[s["rank"]] = _record(s, "flightrec", "", confidence=v.confidence,
+                                             dump=s["evidence"], last_entered=s["last_entered"],
+                                             waited_by=s["waited_by"],
+                                             awaited=s["collective"])
+        for r, w in v.waiting.items():
+            snap.stalls[r] = _record({"rank": r, **w}, "collective", w["collective"],
+                                     waits_for=w["waits_for"])
+        snap.log_notes.extend(self.notes())
+        return snap
+
+    def notes(self) -> list[str]:
+        """What the dumps hold, one line each (the report's notes)."""
+        by = {}
+        for d in self.dumps.values():
+            by.setdefault(d.status, []).append(d.rank)
+        out = [f"flight recorder: {len(by.get('ok', []))} dumps with entries"
+               + "".join(f", {st} {_ranks_text(rs)}" for st, rs in sorted(by.items())
+                         if st != "ok")]
+        out += [d.note for d in self.dumps.values() if d.status == "unreadable"]
+        if not self.verdict.stopped:
+            out.append("flight recorder: no rank is behind another in any process group "
+                       "(every rank entered the collectives its groups' others did): the "
+                       "dumps name no rank that stopped")
+        return out
+
+    def _facts(self, r: int, backend: str) -> RankFacts:
+        n = len(self.world)
+        return RankFacts(
+            rank=r, local_rank=r, world_size=n, local_world_size=n, node="",
+            run_id=self.path.name, framework="none", framework_version="", torch_version="",
+            device_type="cuda" if backend == "nccl" else "cpu", backend=backend or "none",
+            zero_stage=None, mesh_shape=(n,), mesh_dim_names=None, param_dtype="",
+            reduce_dtype="", units=(), device_capacity_bytes=None, started_unix=0.0, pid=0,
+            config={"source": "flightrec", "dump_version": self.dumps[r].version})
+
+
+def _record(s: dict, where: str, collective: str, **extra) -> dict:
+    """A watchdog-shaped "stuck" record (zerodoc/stalls.py) from the dumps' verdict."""
+    return {"type": "stall", "state": "stuck", "rank": s["rank"], "step": None,
+            "since_unix": 0.0, "unit": None, "phase": None, "in": where,
+            "collective": collective, "stack": [], "source": "flightrec",
+            "process_group": s["process_group"], "process_group_desc": s["desc"],
+            "sequence": s["sequence"], **extra}
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    ranks = sorted(ranks)
+    return f"rank{'s' if len(ranks) > 1 else ''} " + (
+        ", ".join(map(str, ranks)) if len(ranks) <= 8
+        else f"{', '.join(map(str, ranks[:8]))} and {len(ranks) - 8} more")
