@@ -261,3 +261,51 @@ def test_export_is_never_written(exports, tmp_path):
     open_source(str(p), None, trace_facts={"progress": False}).snapshot()
     assert p.read_bytes() == before
     assert sorted(x.name for x in tmp_path.iterdir()) == ["ro.sqlite"]
+
+
+def clip(ivs, lo: int, hi: int) -> list[tuple[int, int]]:
+    return [(max(a, lo), min(b, hi)) for a, b in ivs if b > lo and a < hi]
+
+
+def test_profiler_step_ranges_are_the_steps(exports, tmp_path):
+    """A capture with `ProfilerStep#N` NVTX ranges (two written here into a copy of the
+    send/recv pair, inside the device work's span) has those steps, and the device time is
+    clipped to them; an FSDP range before the first kernel widens a one-window capture."""
+    p = tmp_path / "steps.sqlite"
+    shutil.copy(exports["mfu_2gpu_before"], p)
+    want = sql_devices(p)
+    con = sqlite3.connect(p)
+    lo, hi = con.execute('SELECT min(start), max("end") FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone()
+    a, m, b = lo + (hi - lo) // 10, (lo + hi) // 2, hi - (hi - lo) // 10
+    for (pid, _dev) in want["devices"]:
+        tid = con.execute("SELECT globalTid FROM NVTX_EVENTS WHERE globalTid / 16777216 % "
+                          "16777216 = ? LIMIT 1", (pid,)).fetchone()[0]
+        for name, s, e in (("ProfilerStep#7", a, m), ("ProfilerStep#8", m, b)):
+            con.execute('INSERT INTO NVTX_EVENTS (start, "end", eventType, text, globalTid) '
+                        "VALUES (?, ?, 59, ?, ?)", (s, e, name, tid))
+    con.commit()
+    con.close()
+    snap = open_source(str(p), None, trace_facts={"progress": False}).snapshot()
+    assert not any("one window" in n for n in snap.log_notes)
+    for row, d in zip(device_rows(snap), want["devices"].values()):
+        w = snap.ranks[row["rank"]]
+        assert (w.steps, w.first_step, w.last_step) == (2, 7, 8)
+        compute, comm = clip(union(d["compute"]), a, b), clip(union(d["comm"]), a, b)
+        assert row["step_seconds"] * 2 == pytest.approx((b - a) * 1e-9, abs=1e-9)
+        assert row["compute_seconds"] * 2 == pytest.approx(total(compute) * 1e-9, abs=1e-9)
+        assert row["comm_seconds"] * 2 == pytest.approx(total(comm) * 1e-9, abs=1e-9)
+        assert row["exposed_comm_seconds"] * 2 == pytest.approx(minus(comm, compute) * 1e-9,
+                                                                abs=1e-9)
+    # one window: an FSDP range 5 ms before the first kernel or NVTX range widens the span
+    q = tmp_path / "early.sqlite"
+    shutil.copy(exports["mfu_2gpu_before"], q)
+    con = sqlite3.connect(q)
+    first = min(lo, con.execute("SELECT min(start) FROM NVTX_EVENTS").fetchone()[0])
+    con.execute('INSERT INTO NVTX_EVENTS (start, "end", eventType, text, globalTid) SELECT '
+                "?, ?, 59, 'FSDP::pre_forward (early)', globalTid FROM NVTX_EVENTS LIMIT 1",
+                (first - 5_000_000, first - 4_000_000))
+    con.commit()
+    con.close()
+    row = device_rows(open_source(str(q), None, trace_facts={"progress": False}).snapshot())[0]
+    assert row["step_seconds"] == pytest.approx(sql_devices(q)["span_ns"] * 1e-9, abs=1e-9)
+    assert sql_devices(q)["span_ns"] >= want["span_ns"] + 5_000_000 - 1
