@@ -43,6 +43,8 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import UserError
 from .attribution import attribute
 from .events import (ANNOTATION_PREFIXES, BACKWARD_FN, COMM_KERNEL, NOT_COMPUTE, STEP, Kernel,
@@ -96,12 +98,7 @@ def _columns(con: sqlite3.Connection, table: str) -> set[str]:
 
 def schema_version(con: sqlite3.Connection) -> str:
     """The export's schema version (META_DATA_EXPORT), or "unknown"."""
-    try:
-        row = con.execute("SELECT value FROM META_DATA_EXPORT WHERE name = "
-                          "'EXPORT_SCHEMA_VERSION'").fetchone()
-    except sqlite3.Error:
-        return "unknown"
-    return str(row[0]) if row else "unknown"
+    return _meta(con, "EXPORT_SCHEMA_VERSION") or "unknown"
 
 
 def check_schema(con: sqlite3.Connection, path: Path) -> dict[str, bool]:
@@ -137,143 +134,205 @@ def check_schema(con: sqlite3.Connection, path: Path) -> dict[str, bool]:
     return have
 
 
+GOOD = 'start IS NOT NULL AND "end" IS NOT NULL AND start >= 0 AND "end" >= start'
+CHUNK = 1 << 16  # rows fetched at a time
+PROCESS = 1 << 24  # the globalTids of a process: [globalPid, globalPid + PROCESS)
+
+
 @dataclass
-class Capture:
-    """One export read: per (process, device) the events kept, and the capture's span."""
+class Device:
+    """One rank: a process and a device it ran kernels on."""
 
-    path: Path
-    events: dict[tuple[int, int], RankEvents]  # (process id, device) -> events
-    span: tuple[float, float] | None  # microseconds, first to last kept row
-    schema: str
-    host: str
+    gpid: int  # nsys globalPid (the tid bits zero)
+    device: int
+    kernels: int  # kernel rows, good or not
+    bad: int  # rows with a missing, negative or backward time (skipped, counted)
+
+    @property
+    def pid(self) -> int:
+        return self.gpid >> 24 & TID_BITS
 
 
-class _Reader:
-    """Streams one export's rows into `RankEvents`, one per (process, device)."""
+class Export:
+    """One export, open: its ranks (`devices`) and the capture's span, found with aggregate
+    queries; `events(device)` then reads one rank's rows in chunks, so only one rank's events
+    are in memory at a time (module docstring)."""
 
-    def __init__(self, con: sqlite3.Connection, path: Path, have: dict[str, bool]):
-        self.con, self.path, self.have = con, path, have
-        self.ranks: dict[tuple[int, int], RankEvents] = {}
-        self.by_pid: dict[int, list[RankEvents]] = {}
-        self.lo, self.hi = float("inf"), float("-inf")
-        self.kinds: dict[int, tuple[int, str]] = {}  # name id -> (0 compute|1 comm|2 mem, name)
+    def __init__(self, path: Path):
+        self.path = path
+        self.con = connect(path)
+        try:
+            self.have = check_schema(self.con, path)
+            self.schema = schema_version(self.con)
+            self.host = _meta(self.con, "EXPORT_HOST")
+            self.devices = self._devices()
+            self.comm, self.memory = self._kernel_names()
+            self.nvtx_where = self._kept_nvtx() if self.have["NVTX_EVENTS"] else None
+            self.span = self._span()
+        except sqlite3.DatabaseError as e:
+            self.close()
+            raise NsysError(f"{path}: cannot read the export ({e})") from None
+        except BaseException:
+            self.close()
+            raise
 
-    def _string(self, sid: int) -> str:
-        row = self.con.execute("SELECT value FROM StringIds WHERE id = ?", (sid,)).fetchone()
-        return str(row[0]) if row and row[0] is not None else ""
+    def close(self) -> None:
+        self.con.close()
 
-    def _kind(self, sid: int) -> tuple[int, str]:
-        k = self.kinds.get(sid)
-        if k is None:
-            name = self._string(sid)
-            k = self.kinds[sid] = (1 if COMM_KERNEL.match(name) else 2 if NOT_COMPUTE.match(
-                name) else 0, name)
-        return k
+    def _devices(self) -> list[Device]:
+        rows = self.con.execute(
+            f'SELECT globalPid, deviceId, count(*), sum(NOT ({GOOD})) FROM '
+            "CUPTI_ACTIVITY_KIND_KERNEL GROUP BY globalPid, deviceId").fetchall()
+        out = [Device(gp or 0, dev if dev is not None else -1, n, bad or 0)
+               for gp, dev, n, bad in rows]
+        if not out:
+            raise NsysError(f"{self.path}: no CUDA kernels in the export (nothing ran on a "
+                            "device while it was captured)")
+        return sorted(out, key=lambda d: (d.device, d.pid))
 
-    def _span(self, a: float, b: float) -> None:
-        if a < self.lo:
-            self.lo = a
-        if b > self.hi:
-            self.hi = b
+    def _kernel_names(self) -> tuple[dict[int, str], np.ndarray]:
+        """Name ids of NCCL kernels (id -> name) and of memory kernels, by a trace's rules."""
+        comm, memory = {}, []
+        for sid, name in self.con.execute(
+                "SELECT id, value FROM StringIds WHERE id IN (SELECT DISTINCT demangledName "
+                "FROM CUPTI_ACTIVITY_KIND_KERNEL)"):
+            name = str(name or "")
+            if COMM_KERNEL.match(name):
+                comm[sid] = name
+            elif NOT_COMPUTE.match(name):
+                memory.append(sid)
+        return comm, np.array(memory, dtype=np.int64)
 
-    def kernels(self) -> None:
-        q = ('SELECT start, "end", globalPid, deviceId, streamId, correlationId, '
-             'demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL')
-        ranks = self.ranks
-        for start, end, gpid, dev, stream, corr, name in self.con.execute(q):
-            key = ((gpid or 0) >> 24 & TID_BITS, dev if dev is not None else -1)
-            ev = ranks.get(key)
-            if ev is None:
-                ev = ranks[key] = RankEvents(pid=key[0])
-                self.by_pid.setdefault(key[0], []).append(ev)
-            ev.events += 1
-            if not _good(start, end):
-                ev.bad_times += 1
-                continue
-            a, b = start / NS_PER_US, end / NS_PER_US
-            self._span(a, b)
-            kind, text = self._kind(name)
-            if kind == 0:
-                ev.kernel_ts.append(a)
-                ev.kernel_end.append(b)
-                ev.kernel_corr.append(corr if corr is not None else -1)
-            elif kind == 1:
-                ev.comm_kernels.append(Kernel(text, stream or 0, a, b, None, corr,
-                                              kernel_kind(text), None, None, None, None))
-            else:
-                ev.mem_ts.append(a)
-                ev.mem_end.append(b)
-            if ev.events & 0xFFFF == 0:
-                ev._check_size()
+    def _kept_nvtx(self) -> tuple[str, list]:
+        """The WHERE clause selecting the NVTX ranges the model keeps (inline text or a
+        StringIds id; LIKE is a superset, the prefixes are checked again in Python)."""
+        pats = [p + "%" for p in KEPT_PREFIXES]
+        likes = " OR ".join("value LIKE ?" for _ in pats)
+        self.nvtx_ids = {r[0]: str(r[1]) for r in self.con.execute(
+            f"SELECT id, value FROM StringIds WHERE {likes}", pats)}
+        text = " OR ".join("text LIKE ?" for _ in pats)
+        by_id = f" OR textId IN ({','.join('?' * len(self.nvtx_ids))})" if self.nvtx_ids else ""
+        kinds = ",".join(map(str, NVTX_RANGES))
+        return f"eventType IN ({kinds}) AND ({text}{by_id})", pats + list(self.nvtx_ids)
 
-    def memory(self) -> None:
-        for table in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
-            if not self.have[table]:
-                continue
-            q = f'SELECT start, "end", globalPid, deviceId FROM {table}'
-            for start, end, gpid, dev in self.con.execute(q):
-                ev = self.ranks.get(((gpid or 0) >> 24 & TID_BITS, dev))
-                if ev is None:
-                    continue  # a process or device that ran no kernel is no rank
-                if not _good(start, end):
-                    ev.bad_times += 1
-                    continue
-                a, b = start / NS_PER_US, end / NS_PER_US
-                self._span(a, b)
-                ev.mem_ts.append(a)
-                ev.mem_end.append(b)
+    def _span(self) -> tuple[float, float]:
+        """From the first to the last kernel or memory operation of a rank, or kept NVTX
+        range (microseconds)."""
+        keys = {(d.gpid, d.device) for d in self.devices}
+        lo, hi = np.inf, -np.inf
+        tables = ["CUPTI_ACTIVITY_KIND_KERNEL"] + [t for t in (
+            "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if self.have[t]]
+        for t in tables:
+            for gp, dev, a, b in self.con.execute(
+                    f'SELECT globalPid, deviceId, min(start), max("end") FROM {t} WHERE {GOOD} '
+                    "GROUP BY globalPid, deviceId"):
+                if (gp or 0, dev if dev is not None else -1) in keys:
+                    lo, hi = min(lo, a), max(hi, b)
+        if self.nvtx_where is not None:
+            where, args = self.nvtx_where
+            a, b = self.con.execute(f'SELECT min(start), max("end") FROM NVTX_EVENTS WHERE '
+                                    f"{where} AND {GOOD}", args).fetchone()
+            if a is not None:
+                lo, hi = min(lo, a), max(hi, b)
+        return lo / NS_PER_US, hi / NS_PER_US
 
-    def launches(self) -> None:
-        """Host launches of kernels (`*Launch*` runtime / driver calls), per process."""
-        if not self.have["CUPTI_ACTIVITY_KIND_RUNTIME"]:
-            return
+    def events(self, d: Device) -> RankEvents:
+        """One rank's events (module docstring)."""
+        ev = RankEvents(pid=d.pid)
+        ev.events, ev.bad_times = d.kernels, d.bad
+        try:
+            self._kernels(ev, d)
+            for t in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+                if self.have[t]:
+                    self._memory(ev, d, t)
+            if self.have["CUPTI_ACTIVITY_KIND_RUNTIME"]:
+                self._launches(ev, d)
+            if self.nvtx_where is not None:
+                self._annotations(ev, d)
+        except sqlite3.DatabaseError as e:
+            raise NsysError(f"{self.path}: cannot read the export ({e})") from None
+        return ev
+
+    def _chunks(self, query: str, args=()):
+        """Columns of `query`'s rows as numpy arrays, CHUNK rows at a time."""
+        cur = self.con.execute(query, args)
+        while True:
+            rows = cur.fetchmany(CHUNK)
+            if not rows:
+                return
+            yield [np.array(c) for c in zip(*rows)]
+
+    def _kernels(self, ev: RankEvents, d: Device) -> None:
+        q = ('SELECT start, "end", coalesce(correlationId, -1), coalesce(demangledName, -1), '
+             "coalesce(streamId, 0) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE globalPid IS ? AND "
+             f"deviceId IS ? AND {GOOD}")
+        comm_ids = np.array(list(self.comm), dtype=np.int64)
+        for a, b, corr, name, stream in self._chunks(q, _key(d)):
+            a, b = a / NS_PER_US, b / NS_PER_US
+            comm = np.isin(name, comm_ids)
+            mem = np.isin(name, self.memory)
+            comp = ~(comm | mem)
+            _extend(ev.kernel_ts, a[comp])
+            _extend(ev.kernel_end, b[comp])
+            _extend(ev.kernel_corr, corr[comp])
+            _extend(ev.mem_ts, a[mem])
+            _extend(ev.mem_end, b[mem])
+            for i in np.flatnonzero(comm):
+                text = self.comm[int(name[i])]
+                ev.comm_kernels.append(Kernel(text, int(stream[i]), float(a[i]), float(b[i]),
+                                              None, int(corr[i]), kernel_kind(text), None,
+                                              None, None, None))
+            ev._check_size()
+
+    def _memory(self, ev: RankEvents, d: Device, table: str) -> None:
+        q = (f'SELECT start, "end" FROM {table} WHERE globalPid IS ? AND deviceId IS ? AND '
+             f"{GOOD}")
+        for a, b in self._chunks(q, _key(d)):
+            _extend(ev.mem_ts, a / NS_PER_US)
+            _extend(ev.mem_end, b / NS_PER_US)
+
+    def _launches(self, ev: RankEvents, d: Device) -> None:
+        """Host launches of kernels (`*Launch*` runtime / driver calls) by the process."""
         ids = [r[0] for r in self.con.execute("SELECT id FROM StringIds WHERE value LIKE "
                                               "'%Launch%'")]
         if not ids:
             return
-        marks = ",".join("?" * len(ids))
-        q = ("SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME "
-             f"WHERE nameId IN ({marks})")
-        for start, gtid, corr in self.con.execute(q, ids):
-            evs = self.by_pid.get((gtid or 0) >> 24 & TID_BITS)
-            if not evs or corr is None or start is None:
-                continue
-            for ev in evs:
-                ev.launch_corr.append(corr)
-                ev.launch_tid.append(gtid & TID_BITS)
-                ev.launch_ts.append(start / NS_PER_US)
+        q = ("SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE "
+             "globalTid >= ? AND globalTid < ? AND start IS NOT NULL AND correlationId IS NOT "
+             f"NULL AND nameId IN ({','.join('?' * len(ids))})")
+        for a, tid, corr in self._chunks(q, [d.gpid, d.gpid + PROCESS] + ids):
+            _extend(ev.launch_corr, corr)
+            _extend(ev.launch_tid, tid & TID_BITS)
+            _extend(ev.launch_ts, a / NS_PER_US)
+            ev._check_size()
 
-    def annotations(self) -> None:
-        """The NVTX ranges the trace model keeps (module docstring), per process."""
-        if not self.have["NVTX_EVENTS"]:
-            return
-        likes = " OR ".join("value LIKE ?" for _ in KEPT_PREFIXES)
-        pats = [p + "%" for p in KEPT_PREFIXES]
-        ids = {r[0]: str(r[1]) for r in self.con.execute(
-            f"SELECT id, value FROM StringIds WHERE {likes}", pats)}
-        text_likes = " OR ".join("text LIKE ?" for _ in KEPT_PREFIXES)
-        marks = ",".join("?" * len(ids))
-        by_id = f" OR textId IN ({marks})" if ids else ""
-        q = (f'SELECT start, "end", text, textId, globalTid FROM NVTX_EVENTS WHERE eventType '
-             f'IN ({",".join(map(str, NVTX_RANGES))}) AND ({text_likes}{by_id})')
-        for start, end, text, tid, gtid in self.con.execute(q, pats + list(ids)):
-            evs = self.by_pid.get((gtid or 0) >> 24 & TID_BITS)
-            if not evs:
-                continue
-            name = _NVTX_ARGS.sub("", text if text is not None else ids.get(tid, ""))
+    def _annotations(self, ev: RankEvents, d: Device) -> None:
+        """The NVTX ranges the trace model keeps (module docstring), of the process."""
+        where, args = self.nvtx_where
+        q = (f'SELECT start, "end", text, textId, globalTid FROM NVTX_EVENTS WHERE {where} '
+             "AND globalTid >= ? AND globalTid < ?")
+        for start, end, text, tid, gtid in self.con.execute(q, args + [d.gpid,
+                                                                      d.gpid + PROCESS]):
             if not _good(start, end):
-                for ev in evs:
-                    ev.bad_times += 1
+                ev.bad_times += 1
                 continue
+            name = _NVTX_ARGS.sub("", text if text is not None else self.nvtx_ids.get(tid, ""))
             a, b = start / NS_PER_US, end / NS_PER_US
-            thread = gtid & TID_BITS
             if name.startswith(BACKWARD_FN):
-                for ev in evs:
-                    ev.backward_starts.append(a)
+                ev.backward_starts.append(a)
             elif name.startswith(ANNOTATION_PREFIXES):
-                self._span(a, b)
-                for ev in evs:
-                    ev.spans.append(Span(name, thread, a, b))
+                ev.spans.append(Span(name, gtid & TID_BITS, a, b))
+        ev._check_size()
+
+
+def _key(d: Device) -> tuple:
+    return d.gpid or None, None if d.device < 0 else d.device
+
+
+def _extend(arr, values: np.ndarray) -> None:
+    """Append a numpy column to an `array.array` ("d" or "q"), in C."""
+    arr.frombytes(np.ascontiguousarray(values, dtype=np.float64 if arr.typecode == "d"
+                                       else np.int64).tobytes())
 
 
 def _size(path: Path) -> int:
@@ -287,43 +346,19 @@ def _good(start, end) -> bool:
     return isinstance(start, int) and isinstance(end, int) and 0 <= start <= end
 
 
-def read_capture(path: Path) -> Capture:
-    """Everything kept of one export (module docstring)."""
-    con = connect(path)
+def _meta(con: sqlite3.Connection, name: str) -> str:
     try:
-        have = check_schema(con, path)
-        r = _Reader(con, path, have)
-        try:
-            r.kernels()
-            if not r.ranks:
-                raise NsysError(f"{path}: no CUDA kernels in the export (nothing ran on a "
-                                "device while it was captured)")
-            r.memory()
-            r.launches()
-            r.annotations()
-        except sqlite3.DatabaseError as e:
-            raise NsysError(f"{path}: cannot read the export ({e})") from None
-        host = _host(con)
-        version = schema_version(con)
-    finally:
-        con.close()
-    span = (r.lo, r.hi) if r.hi >= r.lo else None
-    return Capture(path, r.ranks, span, version, host)
-
-
-def _host(con: sqlite3.Connection) -> str:
-    try:
-        row = con.execute("SELECT value FROM META_DATA_EXPORT WHERE name = 'EXPORT_HOST'"
+        row = con.execute("SELECT value FROM META_DATA_EXPORT WHERE name = ?", (name,)
                           ).fetchone()
     except sqlite3.Error:
         return ""
     return str(row[0]) if row else ""
 
 
-def one_window(ev: RankEvents, span: tuple[float, float] | None) -> bool:
+def one_window(ev: RankEvents, span: tuple[float, float]) -> bool:
     """A capture without `ProfilerStep#N` ranges: one step (0) over the capture's span.
     Returns whether the window was added."""
-    if span is None or any(STEP.match(s.name) for s in ev.spans):
+    if any(STEP.match(s.name) for s in ev.spans):
         return False
     ev.spans.append(Span("ProfilerStep#0", -1, span[0], span[1]))
     return True
@@ -354,23 +389,30 @@ class NsysSource(TraceSource):
                 sys.stderr.write(f"zerodoc: reading Nsight Systems export {i + 1}/{len(files)} "
                                  f"{path.name} ({_size(path) / 1e6:,.1f} MB)\n")
                 sys.stderr.flush()
-            self._add(read_capture(path))
+            export = Export(path)
+            try:
+                self._add(export)
+            finally:
+                export.close()
         self.overlap = {r: t.result.overlap_ratio for r, t in self.ranks.items()}
 
-    def _add(self, cap: Capture) -> None:
+    def _add(self, ex: Export) -> None:
+        """Each rank of one export, read and attributed in turn (its events then dropped)."""
         added = False
-        for (pid, dev), ev in sorted(cap.events.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        for d in ex.devices:
             rank = len(self.ranks)
-            added |= one_window(ev, cap.span)
-            header = {"host_name": cap.host, "trace_id": cap.path.stem,
-                      "_bad_times": ev.bad_times, "nsys_pid": pid, "nsys_device": dev,
-                      "nsys_schema": cap.schema}
-            self.ranks[rank] = RankTrace(rank, cap.path, header,
-                                         attribute(ev, self.opts.world_size), pid)
-            self.where[rank] = f"{cap.path.name} process {pid} device {dev}"
+            ev = ex.events(d)
+            added |= one_window(ev, ex.span)
+            header = {"host_name": ex.host, "trace_id": ex.path.stem,
+                      "_bad_times": ev.bad_times, "nsys_pid": d.pid, "nsys_device": d.device,
+                      "nsys_schema": ex.schema}
+            self.ranks[rank] = RankTrace(rank, ex.path, header,
+                                         attribute(ev, self.opts.world_size), d.pid)
+            self.where[rank] = f"{ex.path.name} process {d.pid} device {d.device}"
+            del ev
         if added:
-            a, b = cap.span
-            self.windowed.append(f"{cap.path.name}: no ProfilerStep ranges: one window (steps: "
+            a, b = ex.span
+            self.windowed.append(f"{ex.path.name}: no ProfilerStep ranges: one window (steps: "
                                  f"1) over the capture's span, {(b - a) / 1e6:.6g} s from the "
                                  "first to the last kernel, memory operation or kept NVTX range")
 
