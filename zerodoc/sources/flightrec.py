@@ -23,6 +23,8 @@ bound (`MAX_DUMP_BYTES`, also after gzip), and only the fields used are kept.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import gzip
 import io
 import json
@@ -104,13 +106,20 @@ def _int(v) -> int | None:
         return None
 
 
+@functools.lru_cache(maxsize=4096)
+def _ranks_str(v: str) -> tuple[int, ...] | None:
+    try:
+        got = json.loads(v)
+    except ValueError:
+        return None
+    return tuple(got) if isinstance(got, list) and all(type(x) is int for x in got) else None
+
+
 def _ranks(v) -> list[int] | None:
     """pg_config's `ranks`: a string "[0, 1]" (a list in some versions); None: unknown."""
-    if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except ValueError:
-            return None
+    if isinstance(v, str):  # the same few strings in every rank's dump: parsed once
+        got = _ranks_str(v)
+        return list(got) if got else None
     if isinstance(v, (list, tuple)) and v and all(isinstance(x, int) for x in v):
         return [int(x) for x in v]
     return None
@@ -141,6 +150,18 @@ class RankDump:
     note: str = ""
 
 
+def _group_of(out: RankDump, local: dict, pg, pg_id) -> Group:
+    """The Group of an entry's `process_group` (name, desc), or of its `pg_id` (1.x)."""
+    named = isinstance(pg, tuple) and pg
+    name = str(pg[0]) if named else str(pg_id if pg_id is not None else "")
+    if pg_id is not None:
+        local[str(pg_id)] = name
+    g = out.groups.setdefault(name, Group(desc=str(pg[1]) if named and len(pg) > 1 else ""))
+    g.entered = -1 if g.entered is None else g.entered
+    g.completed = -1 if g.completed is None else g.completed
+    return g
+
+
 def reduce_dump(rank: int, d: dict) -> RankDump:
     """The fields the analysis needs, from one loaded dump (any 2.x version)."""
     out = RankDump(rank, "ok", version=str(d.get("version", "")))
@@ -152,37 +173,42 @@ def reduce_dump(rank: int, d: dict) -> RankDump:
                 if cfg.get("desc") == "default_pg":
                     out.world = members
     local: dict[str, str] = {}  # the rank's pg_id -> group name (pg_status is by pg_id)
-    entries = d.get("entries") or []
-    for e in entries if isinstance(entries, list) else []:
-        if not isinstance(e, dict) or e.get("is_p2p"):
+    entries = d.get("entries")
+    by_key: dict = {}  # process_group as recorded -> Group (a ring names a few groups)
+    for e in entries if isinstance(entries, list) else ():
+        if type(e) is not dict or e.get("is_p2p"):
             continue  # p2p ops count per pair, not per group: no group-wide sequence
-        pg = e.get("process_group")
-        name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(e.get("pg_id", ""))
-        desc = str(pg[1]) if isinstance(pg, (list, tuple)) and len(pg) > 1 else ""
-        seq = _int(e.get("collective_seq_id", e.get("seq_id")))
-        if seq is None:
+        seq = e.get("collective_seq_id", e.get("seq_id"))
+        if type(seq) is not int and (seq := _int(seq)) is None:
             continue
-        if "pg_id" in e:
-            local[str(e["pg_id"])] = name
-        g = out.groups.setdefault(name, Group(desc=desc))
-        op = str(e.get("profiling_name") or "?")
-        g.ops[seq] = op
-        if not out.backend and ":" in op:
-            out.backend = op.split(":", 1)[0]
-        g.entered = seq if g.entered is None else max(g.entered, seq)
-        if e.get("state") == "completed":
-            g.completed = seq if g.completed is None else max(g.completed, seq)
+        pg = e.get("process_group")
+        key = (tuple(pg) if type(pg) is list else pg, e.get("pg_id"))
+        g = by_key.get(key)
+        if g is None:
+            g = by_key[key] = _group_of(out, local, *key)
+        g.ops[seq] = e.get("profiling_name")
+        if seq > g.entered:
+            g.entered = seq
+        if seq > g.completed and e.get("state") == "completed":
+            g.completed = seq
+    for g in out.groups.values():  # -1: none seen
+        g.entered = None if g.entered < 0 else g.entered
+        g.completed = None if g.completed < 0 else g.completed
+    out.backend = next((str(op).split(":", 1)[0] for g in out.groups.values()
+                        for op in g.ops.values() if ":" in str(op)), "")
     for pg_id, st in (d.get("pg_status") or {}).items():
         name = local.get(str(pg_id))
         if name is None or not isinstance(st, dict):
             continue  # a group this rank's ring holds no entry of: no name to match
         g = out.groups[name]
+        g.entered = -1 if g.entered is None else g.entered
+        g.completed = -1 if g.completed is None else g.completed
         enq, done = _int(st.get("last_enqueued_collective")), _int(
             st.get("last_completed_collective"))
-        if enq is not None and enq >= 0:
-            g.entered = max(enq, g.entered or 0)
-        if done is not None and done >= 0:
-            g.completed = max(done, g.completed or 0)
+        g.entered = max(-1 if enq is None else enq, g.entered)
+        g.completed = max(-1 if done is None else done, g.completed)
+        g.entered = None if g.entered < 0 else g.entered
+        g.completed = None if g.completed < 0 else g.completed
     if not out.groups:
         out.status = "empty"
     return out
@@ -274,21 +300,24 @@ def _edges(dumps: dict[int, RankDump], members: dict[str, list[int]]) -> dict[in
     member entered only earlier ones (or left no record at all)."""
     out: dict[int, list] = {}
     for name, ranks in members.items():
-        for r in ranks:
-            d = dumps.get(r)
-            g = d.groups.get(name) if d else None
-            if g is None or g.entered is None or (g.completed is not None
-                                                  and g.completed >= g.entered):
-                continue
-            for q in ranks:
-                dq = dumps.get(q)
-                if q == r or dq is None:
-                    continue
-                gq = dq.groups.get(name)
-                if dq.status in NO_RECORD:
-                    out.setdefault(r, []).append((name, g.entered, q, None))
-                elif gq is not None and gq.entered is not None and gq.entered < g.entered:
-                    out.setdefault(r, []).append((name, g.entered, q, gq.entered + 1))
+        entered, silent = [], []  # (entered, rank) of members whose dump has the group
+        for q in ranks:
+            dq = dumps.get(q)
+            gq = dq.groups.get(name) if dq else None
+            if dq is not None and dq.status in NO_RECORD:
+                silent.append(q)
+            elif gq is not None and gq.entered is not None:
+                entered.append((gq.entered, q))
+        entered.sort()
+        behind: dict[int, list] = {}  # a sequence number -> members short of it (once each)
+        for e_r, r in entered:
+            g = dumps[r].groups[name]
+            if g.completed is not None and g.completed >= e_r:
+                continue  # it completed all it entered: waits for nobody in this group
+            if e_r not in behind:
+                short = [(q, e + 1) for e, q in entered[:bisect.bisect_left(entered, (e_r,))]]
+                behind[e_r] = short + [(q, None) for q in silent]
+            out.setdefault(r, []).extend((name, e_r, q, lacks) for q, lacks in behind[e_r])
     return out
 
 
@@ -296,8 +325,8 @@ def _op(dumps: dict[int, RankDump], ranks, name: str, seq: int) -> str:
     """The collective `seq` of group `name`, as any of `ranks` recorded it."""
     for r in ranks:
         g = dumps[r].groups.get(name) if r in dumps else None
-        if g is not None and seq in g.ops:
-            return g.ops[seq]
+        if g is not None and g.ops.get(seq) is not None:
+            return str(g.ops[seq])
     return "?"
 
 

@@ -80,7 +80,7 @@ def evaluate(ctx) -> list:
     ranks = snap.ranks
     if not ranks:
         return []
-    if any(s.get("source") == DUMPS for s in snap.stalls.values()):
+    if any(w.facts.config.get("source") == DUMPS for w in ranks.values()):
         return _from_dumps(ctx)
     ended = set(snap.ended_ranks)
     current = {r: s for r, s in snap.stalls.items() if r in ranks and s.get("state") in ACTIVE}
@@ -257,6 +257,8 @@ def _from_dumps(ctx) -> list:
     stalls = {r: s for r, s in snap.stalls.items() if s.get("source") == DUMPS}
     roots = sorted(r for r, s in stalls.items() if s.get("in") == DUMPS)
     waiting = sorted(r for r, s in stalls.items() if s.get("in") != DUMPS)
+    if not roots:  # no rank behind another: the source's notes say so
+        return []
     first = roots[0]
     own = stalls[first]
     conf = own.get("confidence")
