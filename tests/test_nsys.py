@@ -309,3 +309,24 @@ def test_profiler_step_ranges_are_the_steps(exports, tmp_path):
     row = device_rows(open_source(str(q), None, trace_facts={"progress": False}).snapshot())[0]
     assert row["step_seconds"] == pytest.approx(sql_devices(q)["span_ns"] * 1e-9, abs=1e-9)
     assert sql_devices(q)["span_ns"] >= want["span_ns"] + 5_000_000 - 1
+
+
+def test_rows_with_bad_times_are_skipped_and_counted(exports, tmp_path):
+    """Kernel rows ending before they start, or with a negative start, change no figure and
+    are counted in the report's run-log notes."""
+    p = tmp_path / "bad.sqlite"
+    shutil.copy(exports["mfu_2gpu_before"], p)
+    before = device_rows(open_source(str(p), None, trace_facts={"progress": False}).snapshot())
+    con = sqlite3.connect(p)
+    cols = [r[1] for r in con.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")]
+    sel = ", ".join({"end": 'start - 5000 AS "end"'}.get(c, f'"{c}"') for c in cols)
+    con.execute(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT {sel} FROM "
+                "CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = 0 LIMIT 2")
+    sel = ", ".join({"start": "-1 AS start"}.get(c, f'"{c}"') for c in cols)
+    con.execute(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT {sel} FROM "
+                "CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = 0 LIMIT 1")
+    con.commit()
+    con.close()
+    snap = open_source(str(p), None, trace_facts={"progress": False}).snapshot()
+    assert device_rows(snap) == before
+    assert "3 events skipped in bad.sqlite: NaN, infinite or negative times" in snap.log_notes
