@@ -25,7 +25,11 @@ RULES = ROOT / "rules"
 RULE_FILES = [RULES / alerts.RECORDING_FILE, RULES / alerts.ALERTS_FILE]
 UNIT_TESTS = RULES / "tests" / "zerodoc-alerts.test.yml"
 PROM_BUILTINS = {"up", "ALERTS", "ALERTS_FOR_STATE", "scrape_duration_seconds",
-                 "scrape_samples_scraped"}
+                 "scrape_samples_scraped", "scrape_timeout_seconds",
+                 # the server's own series (it scrapes itself): the rule-group alerts
+                 "prometheus_rule_group_last_duration_seconds",
+                 "prometheus_rule_group_interval_seconds",
+                 "prometheus_rule_group_iterations_missed_total"}
 SEVERITIES = {"info", "warning", "critical"}
 
 
@@ -113,14 +117,19 @@ def test_generator_check_mode_and_bad_input(tmp_path):
 def test_yaml_emitter_round_trips():
     """What the stdlib emitter writes is what the generator meant (quoting, block scalars)."""
     for name, text in alerts.rule_files().items():
-        got = yaml.safe_load(text)["groups"][0]["rules"]
+        groups = yaml.safe_load(text)["groups"]
+        got = [r for g in groups for r in g["rules"]]
         want = alerts.recording_rules() if name == alerts.RECORDING_FILE else \
             alerts.alerting_rules()
         assert got == want
+    # the per-unit group states its interval (the rate window); the others use the server's
+    groups = yaml.safe_load(alerts.rule_files()[alerts.RECORDING_FILE])["groups"]
+    assert [(g["name"], g.get("interval")) for g in groups] == \
+        [("zerodoc.recording", None), ("zerodoc.units", "1m")]
     k8s = yaml.safe_load(alerts.prometheus_rule())
     assert k8s["kind"] == "PrometheusRule"
-    assert [len(g["rules"]) for g in k8s["spec"]["groups"]] == \
-        [len(alerts.recording_rules()), len(alerts.alerting_rules())]
+    assert [r for g in k8s["spec"]["groups"] for r in g["rules"]] == \
+        alerts.recording_rules() + alerts.alerting_rules()
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import resources
 from ...thresholds import DEFAULT, LINK_BUSBW, Thresholds
 from .alerting import alerting_rules, runbook_url
-from .recording import recording_rules
+from .recording import recording_groups, recording_rules
 from .yamltext import dump
 
 RECORDING_FILE = "zerodoc-recording.yml"
@@ -64,6 +64,12 @@ def _records(t: Thresholds, o: RuleOptions) -> list[dict]:
     return recording_rules(t, window=o.window, link=o.link)
 
 
+def _recording_groups(t: Thresholds, o: RuleOptions) -> list[dict]:
+    """The recording groups as rule-file groups: a group with an interval of its own says it."""
+    return [{"name": name, **({"interval": iv} if iv else {}), "rules": rules}
+            for name, iv, rules in recording_groups(t, window=o.window, link=o.link)]
+
+
 def _alerts(t: Thresholds, o: RuleOptions) -> list[dict]:
     return alerting_rules(t, window=o.window, alert_for=o.alert_for, link=o.link,
                           runbook_base=o.runbook_base, extra_labels=o.extra_labels)
@@ -84,18 +90,18 @@ def _header(t: Thresholds, o: RuleOptions, what: str) -> str:
 def rule_files(t: Thresholds = DEFAULT, opts: RuleOptions | None = None) -> dict[str, str]:
     """{file name: YAML text} of the two rule files."""
     o = opts or RuleOptions()
-    rec = {"groups": [{"name": "zerodoc.recording", "rules": _records(t, o)}]}
+    rec = {"groups": _recording_groups(t, o)}
     alerts = {"groups": [{"name": "zerodoc.alerts", "rules": _alerts(t, o)}]}
     return {RECORDING_FILE: _header(t, o, "recording rules") + dump(rec),
             ALERTS_FILE: _header(t, o, "alerting rules") + dump(alerts)}
 
 
 def prometheus_rule(t: Thresholds = DEFAULT, opts: RuleOptions | None = None) -> str:
-    """The same two rule groups as a Prometheus-operator `PrometheusRule` manifest."""
+    """The same rule groups as a Prometheus-operator `PrometheusRule` manifest."""
     o = opts or RuleOptions()
     doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
            "metadata": {"name": "zerodoc", "labels": {"app.kubernetes.io/name": "zerodoc"}},
-           "spec": {"groups": [{"name": "zerodoc.recording", "rules": _records(t, o)},
+           "spec": {"groups": [*_recording_groups(t, o),
                                {"name": "zerodoc.alerts", "rules": _alerts(t, o)}]}}
     return _header(t, o, "rules for the Prometheus operator") + dump(doc)
 

@@ -13,6 +13,11 @@ Not expressible in PromQL from the exported series, so engine-only: ZD001 / ZD00
 ZD008 / ZD009 (static configuration and planner checks, shown on the dashboards where a
 series exists) and ZD011 (CPU offload is a configuration fact, not a series).
 
+The monitoring itself (issue 33 item 5): a zerodoc rule group taking more than half its
+interval or missing an iteration (Prometheus' own `prometheus_rule_group_*` series: the server
+must scrape itself), a rank's scrape slow against its timeout, a rank serving more series
+than `zerodoc.ops.cardinality.BUDGET_FULL`.
+
 Every alert's `runbook_url` is `<runbook_base>docs/runbooks.md#<alert name, lower case>`: one
 section per alert (what it means, how to confirm it, the fix, how to silence it for a known
 cause); a test checks that each anchor exists.
@@ -21,6 +26,7 @@ cause); a test checks that each anchor exists.
 from __future__ import annotations
 
 from ...thresholds import DEFAULT, LINK_BUSBW, Thresholds
+from ..cardinality import BUDGET_FULL
 
 RUNBOOKS = "docs/runbooks.md"
 DEFAULT_STALL_AFTER_S = 120.0  # zerodoc.shim.config.AttachConfig.stall_after_s (the shim's default)
@@ -261,7 +267,71 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
           f"{{{{ $value | humanizeDuration }}}} ago (critical after {t.stale_after_seconds:g} s): "
           "a hang, a deadlocked collective, or a very long pause.",
           for_="0m")
+    _monitoring_alerts(alert)
     return rules
+
+
+# The monitoring itself (issue 33 item 5). A rule group may take at most this share of its
+# interval (the rest is headroom for a slow query, a compaction, a restart's catch-up).
+RULE_GROUP_BUDGET = 0.5
+# Prometheus serves a target's scrape_timeout_seconds with --enable-feature=extra-scrape-metrics
+# only; without it a scrape is slow past half of Prometheus' default scrape_timeout (10 s).
+SCRAPE_SLOW_FRACTION, DEFAULT_SCRAPE_TIMEOUT_S = 0.5, 10.0
+# zerodoc's rule groups in the server's own series (rule_group is "<file>;<group>"): the one
+# regex matcher of the rules, over a handful of series
+ZERODOC_GROUPS = 'rule_group=~".*;zerodoc[.].*"'
+
+
+def _monitoring_alerts(alert) -> None:
+    """Alerts on zerodoc's monitoring: rule groups that cannot keep up, slow scrapes, ranks
+    serving more series than the budget. The rule-group alerts read Prometheus' own
+    metrics: the server must scrape itself (docs/operations.md)."""
+    grp = ZERODOC_GROUPS
+    alert("ZerodocRuleGroupSlow",
+          f"prometheus_rule_group_last_duration_seconds{{{grp}}}\n"
+          f"> {RULE_GROUP_BUDGET:g} * prometheus_rule_group_interval_seconds{{{grp}}}",
+          "warning", None,
+          "zerodoc rule group {{ $labels.rule_group }} takes {{ $value | humanizeDuration }} "
+          "an evaluation",
+          "Prometheus ({{ $labels.instance }}) needed {{ $value | humanizeDuration }} to "
+          "evaluate the zerodoc rule group {{ $labels.rule_group }}, more than "
+          f"{_pct(RULE_GROUP_BUDGET)} of its interval, for 10m: a little more load and it "
+          "misses iterations (dashboards, `zerodoc report` and alerts then read stale "
+          "numbers).",
+          for_="10m")
+    alert("ZerodocRuleGroupMissedIterations",
+          f"increase(prometheus_rule_group_iterations_missed_total{{{grp}}}[10m]) > 0",
+          "critical", None,
+          "zerodoc rule group {{ $labels.rule_group }} missed {{ $value | humanize }} "
+          "evaluations",
+          "Prometheus ({{ $labels.instance }}) skipped {{ $value | humanize }} evaluation(s) "
+          "of the zerodoc rule group {{ $labels.rule_group }} within 10m: an evaluation "
+          "took longer than the interval. Its recorded series have gaps and the alerts that "
+          "read them fire late or not at all.",
+          for_="0m")
+    sel = 'run_id!=""'
+    alert("ZerodocScrapeSlow",
+          f"scrape_duration_seconds{{{sel}}}\n"
+          f"> {SCRAPE_SLOW_FRACTION:g} * scrape_timeout_seconds{{{sel}}}\n"
+          f"or\n(\n  scrape_duration_seconds{{{sel}}} > "
+          f"{SCRAPE_SLOW_FRACTION * DEFAULT_SCRAPE_TIMEOUT_S:g}\n"
+          f"  unless on (job, instance) scrape_timeout_seconds{{{sel}}}\n)",
+          "warning", None,
+          "Scraping rank {{ $labels.rank }} takes {{ $value | humanizeDuration }}",
+          f"Prometheus needs {{{{ $value | humanizeDuration }}}} to scrape {WHO} of "
+          f"{RUN}, more than {_pct(SCRAPE_SLOW_FRACTION)} of its scrape_timeout "
+          f"({SCRAPE_SLOW_FRACTION * DEFAULT_SCRAPE_TIMEOUT_S:g} s where the server does not "
+          "say its timeout), for 5m: near the timeout its samples go missing (up = 0).",
+          for_="5m")
+    alert("ZerodocSeriesOverBudget",
+          f'scrape_samples_scraped{{{sel}, rank!="0"}} > {BUDGET_FULL}',
+          "warning", None,
+          "Rank {{ $labels.rank }} serves {{ $value }} series, over zerodoc's budget",
+          f"{_cap(WHO)} of {RUN} serves {{{{ $value }}}} series a scrape, more than the "
+          f"{BUDGET_FULL:,} a rank may serve at full detail (zerodoc.ops.cardinality; rank 0 "
+          "also serves the run's per-unit facts and is not held to it), for 5m: at a "
+          "thousand ranks that is the server's memory and the rules' time.",
+          for_="5m")
 
 
 def runbook_url(alert: str, base: str = "") -> str:

@@ -28,8 +28,21 @@ collective and compute counters without a `unit` label (summed over units). Per-
 read the rank-level totals every rank serves; per-unit rules select `unit!=""`, so a unit's
 numbers come from the ranks that keep unit detail.
 
-Per-rank per-unit intermediates are not recorded (they would cost as many series as the
-exporter serves): the per-run rules compute them inline.
+Two groups (issue 33 item 2). `zerodoc.recording` holds the rules that read rank-level
+series (a few a rank): the run's facts, step time, exposure and compute per rank, memory, the
+straggler; it runs at the server's evaluation interval. `zerodoc.units` holds every rule that
+reads the per-unit counters (~243 series a rank each at 81 units): it records each rank's
+per-step rate of each per-unit collective counter ONCE (`unit_collective_rank:...:per_step`,
+`PER_STEP`, the coarse ranks' unit-less totals included) and every per-unit, per-collective
+and per-job number aggregates those recorded series, instead of rate()-ing the raw counters
+once per rule (41 rate() calls over 243k series per evaluation at 1,024 ranks: 170-255 s
+against a 15 s interval). It runs once per rate window (`interval` = the window): each
+evaluation reads a fresh window, and the per-unit views, the per-layer dashboard and the
+engine-mirroring alerts (whose `for:` is minutes) need nothing finer. Its rules read the
+first group's series (bus factors, median step) as of that group's last evaluation. The
+recorded rates cost 4 series per per-unit collective series a rank serves (~1M at 1,024
+ranks x 81 units), held at one sample a minute; the compute per unit (read by two rules)
+stays inline.
 
 Per-unit stats over ranks (`unit_stat_rules`, `unit_job:...:per_step_<agg>`): for each unit,
 phase and collective the median / mean / max (min where the engine reads it) of each rank's
@@ -39,9 +52,9 @@ ranks that serve it per unit, and their number). `zerodoc report` / `zerodoc tui
 Prometheus read these few series per unit instead of aggregating every rank's raw per-unit
 series per query (43.5 s to a first answer at 1,024 ranks, issue 20 item 17);
 `job:zerodoc_recording_window:seconds` says which rate window they cover. The server pays
-for them once per evaluation interval.
+for them once per rate window.
 
-One rule group, in order: later rules read earlier ones within the same evaluation.
+In each group later rules read earlier ones within the same evaluation.
 """
 
 from __future__ import annotations
@@ -101,58 +114,101 @@ def _seconds(window: str) -> float:
     return n * {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(unit, 1)
 
 
+# Each rank's per-step rate of each per-unit collective counter, recorded once for the
+# aggregations to read (module docstring); labels: the rank's, unit, phase, collective.
+PER_STEP = {c: f"unit_collective_rank:zerodoc_collective_{c}:per_step"
+            for c in ("calls", "bytes", "seconds", "exposed_seconds")}
+FRAMEWORK_PER_STEP = "unit_rank:zerodoc_framework_unit_seconds:per_step"
+RANK_GROUP, UNIT_GROUP = "zerodoc.recording", "zerodoc.units"
+
+
+def _steps(w: str) -> str:
+    """Per step of the steps the per-unit counters cover: the sampled ones (issue 19), every
+    step where a rank does not count them; inline (one series a rank), so that the per-unit
+    group's rates and their divisor cover the same instant."""
+    return (f"(rate(zerodoc_detail_steps_total[{w}])\n  or rate(zerodoc_step_duration_seconds_count"
+            f"[{w}]))")
+
+
+def _agg(a: str, expr: str, by: str = KEY) -> str:
+    fn = _AGG[a]
+    return f"{fn} by ({by}) (0.5,\n  {expr}\n)" if a == "median" else \
+        f"{fn} by ({by}) (\n  {expr}\n)"
+
+
+def per_step_rules(w: str) -> list[dict]:
+    """The recorded per-rank per-step rates of the per-unit counters (PER_STEP): the only
+    rate() over them; every rank's series, a coarse rank's unit-less totals too."""
+    metric = {"calls": "zerodoc_collective_calls_total",
+              "bytes": "zerodoc_collective_bytes_total",
+              "seconds": "zerodoc_collective_seconds_total",
+              "exposed_seconds": "zerodoc_collective_exposed_seconds_total"}
+    return [_rec(name, f"rate({metric[c]}[{w}])\n  / ignoring ({COLL}) group_left ()\n  {_steps(w)}")
+            for c, name in PER_STEP.items()]
+
+
+def _unit(c: str, sel: str = "") -> str:
+    """A recorded per-step series of per-unit numbers only (not a coarse rank's totals)."""
+    return f"{PER_STEP[c]}{{{UNITS}{', ' + sel if sel else ''}}}"
+
+
 def unit_stat_rules(w: str) -> list[dict]:
-    """The per-unit stats over ranks the Prometheus source reads (module docstring)."""
-    # per step of the steps the per-unit counters cover: the sampled ones (issue 19), every
-    # step where a rank does not count them; inline, so that the rules need raw series only
-    steps = (f"(rate(zerodoc_detail_steps_total[{w}])\n  or rate(zerodoc_step_duration_seconds_count"
-             f"[{w}]))")
-
-    def per_step(num: str) -> str:
-        return f"{num}\n  / ignoring ({COLL}) group_left ()\n  {steps}"
-
-    def agg(a: str, expr: str, by: str = KEY) -> str:
-        fn = _AGG[a]
-        return f"{fn} by ({by}) (0.5,\n  {expr}\n)" if a == "median" else \
-            f"{fn} by ({by}) (\n  {expr}\n)"
-
+    """The per-unit stats over ranks the Prometheus source reads (module docstring), from the
+    recorded per-step rates (`per_step_rules`, recorded before them in the same group)."""
     rules = []
     seen = {"unit_job:zerodoc_collective_seconds:per_step",  # recorded below, as they were
             "unit_job:zerodoc_collective_exposed_seconds:per_step",
             "unit_job:zerodoc_collective_bytes:per_step"}
+    field = {"count": "calls", "bytes": "bytes", "seconds": "seconds",
+             "exposed": "exposed_seconds"}
     for f, (metric, names) in UNIT_STAT.items():
-        num = f"rate({metric}{{{UNITS}}}[{w}])" if metric else \
-            (f"(rate(zerodoc_collective_seconds_total{{{UNITS}}}[{w}])"
-             f" - rate(zerodoc_collective_exposed_seconds_total{{{UNITS}}}[{w}]))")
+        num = _unit(field[f]) if metric else f"{_unit('seconds')} - {_unit('exposed_seconds')}"
         for a, name in names.items():
             if name not in seen:
-                rules.append(_rec(name, agg(a, per_step(num))))
-    rules.append(_rec(UNIT_RANKS, f"count by ({KEY}) (\n  "
-                      f"{per_step(f'rate(zerodoc_collective_calls_total{{{UNITS}}}[{w}])')}\n)"))
+                rules.append(_rec(name, _agg(a, num)))
+    rules.append(_rec(UNIT_RANKS, f"count by ({KEY}) (\n  {_unit('calls')}\n)"))
+    # compute per unit: read by two rules only, inline (recording it would cost 162 series
+    # a rank for one rate() a window)
     comp = (f"rate(zerodoc_compute_seconds_total{{{UNITS}}}[{w}])\n"
-            f"  / ignoring (unit, phase) group_left ()\n  {steps}")
+            f"  / ignoring (unit, phase) group_left ()\n  {_steps(w)}")
     for a, name in UNIT_COMPUTE.items():
-        rules.append(_rec(name, agg(a, comp, f"{JOB}, unit, phase")))
-    # the framework's time per unit over its phases, per step, per rank; then over the ranks
-    fw = (f"sum by ({JOB}, rank, unit) (\n  rate(zerodoc_framework_unit_seconds_total"
-          f"{{{UNITS}}}[{w}])\n)\n  / on ({JOB}, rank) group_left ()\n  {steps}")
+        rules.append(_rec(name, _agg(a, comp, f"{JOB}, unit, phase")))
+    # the framework's time per unit over its phases, per step, per rank (rank 0's per-unit
+    # series: the other ranks serve theirs summed over units, no unit label); then over ranks
+    rules.append(_rec(FRAMEWORK_PER_STEP,
+                      f"sum by ({JOB}, rank, unit) (\n  rate(zerodoc_framework_unit_seconds_total"
+                      f"{{{UNITS}}}[{w}])\n)\n  / on ({JOB}, rank) group_left ()\n  {_steps(w)}"))
     for a, name in UNIT_FRAMEWORK.items():
-        rules.append(_rec(name, f"count by ({JOB}, unit) (\n  {fw}\n)" if a == "n" else
-                          agg(a, fw, f"{JOB}, unit")))
-    # raw series only: promtool can backfill these rules alone (bench/scale_prom.py)
+        rules.append(_rec(name, f"count by ({JOB}, unit) (\n  {FRAMEWORK_PER_STEP}\n)"
+                          if a == "n" else _agg(a, FRAMEWORK_PER_STEP, f"{JOB}, unit")))
+    # raw series only: promtool can backfill it alone (bench/scale_prom.py)
     rules.append(_rec(RULE_WINDOW,
                       f"0 * max by ({JOB}) (zerodoc_world_size) + {_seconds(w):g}"))
     return rules
 
 
 def unit_stat_names() -> set[str]:
-    """The recorded series the Prometheus source reads per unit (all from raw series)."""
+    """The recorded series the Prometheus source reads per unit."""
     return {n for _m, names in UNIT_STAT.values() for n in names.values()} | \
         {UNIT_RANKS, RULE_WINDOW, ASYNC_ALL_GATHER, *UNIT_COMPUTE.values(),
          *UNIT_FRAMEWORK.values()}
 
 
 def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infiniband") -> list[dict]:
+    """Every recording rule, the groups' in order (`recording_groups`)."""
+    return [r for _name, _interval, rules in recording_groups(t, window, link) for r in rules]
+
+
+def recording_groups(t: Thresholds = DEFAULT, window: str = "1m",
+                     link: str = "infiniband") -> list[tuple[str, str | None, list[dict]]]:
+    """(group name, its interval or None for the server's, its rules): the rank-level group,
+    then the per-unit group at one evaluation per rate window (module docstring)."""
+    return [(RANK_GROUP, None, rank_rules(t, window)),
+            (UNIT_GROUP, window, unit_rules(t, window, link))]
+
+
+def rank_rules(t: Thresholds = DEFAULT, window: str = "1m") -> list[dict]:
+    """Rules over rank-level series only (a few a rank)."""
     w = window
     steps = f"rate(zerodoc_step_duration_seconds_count[{w}])"
     step_sum = f"rate(zerodoc_step_duration_seconds_sum[{w}])"
@@ -161,17 +217,10 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
     # count them), and shares of step time are those means over the mean step.
     sampled = "rank:zerodoc_detail_steps:rate"
     mean_step = "rank:zerodoc_step_seconds:mean"
-    exposed = "zerodoc_collective_exposed_seconds_total"
     # a rank's own totals over its units (catalog RANK_COMPUTE / RANK_EXPOSED): the per-rank
     # rules read these 5 series a rank, not its ~400 per-unit ones
     rank_exposed = f"sum without (phase, collective) (rate({RANK_EXPOSED}[{w}]))"
     rank_compute = f"sum without (phase) (rate({RANK_COMPUTE}[{w}]))"
-    nbytes = f"rate(zerodoc_collective_bytes_total[{w}])"
-    unit_bytes = f"rate(zerodoc_collective_bytes_total{{{UNITS}}}[{w}])"
-
-    def per_step(metric: str, sel: str = UNITS) -> str:
-        """Per step, per rank, unit, phase and collective (inline, not recorded)."""
-        return f"rate({metric}{{{sel}}}[{w}])\n  / ignoring ({COLL}) group_left ()\n  {sampled}"
 
     rules = [
         # ---- the run's facts (rank 0) and the busbw factors ------------------------------
@@ -194,13 +243,6 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
                           f"(rate(zerodoc_step_duration_seconds_bucket[{w}]))\n)"))
     rules += [
         # ---- per rank: exposure, compute, skew ------------------------------------------
-        _rec("unit_rank:zerodoc_all_gather_exposed:fraction",
-             f"sum without (phase, collective) (rate({exposed}{{{AG}, {UNITS}}}[{w}]))\n"
-             f"/ ignoring (unit) group_left ()\n{sampled}\n"
-             f"/ ignoring (unit) group_left ()\n{mean_step}"),
-        _rec("unit_rank:zerodoc_all_gather_exposed:ratio",
-             f"sum without (phase, collective) (rate({exposed}{{{AG}, {UNITS}}}[{w}]))\n/\n"
-             f"sum without (phase, collective) (rate(zerodoc_collective_seconds_total{{{AG}, {UNITS}}}[{w}]))"),
         _rec("rank:zerodoc_all_gather_exposed:fraction",
              f"sum without (phase, collective) (rate({RANK_EXPOSED}{{{AG}}}[{w}]))\n/\n"
              f"{sampled}\n/\n{mean_step}"),
@@ -225,19 +267,6 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
              f"max by ({JOB}) (\n  rank:zerodoc_comm_exposed_seconds:per_step\n  and\n"
              f"  (rank:zerodoc_compute_seconds:per_step == on ({JOB}) group_left ()\n"
              f"     max by ({JOB}) (rank:zerodoc_compute_seconds:per_step))\n)"),
-        # ---- per rank: bandwidth and bytes ----------------------------------------------
-        _rec("unit_rank:zerodoc_collective_bytes:per_call",
-             f"sum without (phase) ({unit_bytes})\n/\n"
-             f"sum without (phase) (rate(zerodoc_collective_calls_total{{{UNITS}}}[{w}]))"),
-        _rec("unit_collective_rank:zerodoc_collective_busbw:bytes_per_second",
-             f"sum without (phase) (\n{_bus(unit_bytes)}\n)\n/\n"
-             f"(sum without (phase) (rate(zerodoc_collective_seconds_total{{{UNITS}}}[{w}])) > 0)"),
-        _rec("collective_rank:zerodoc_collective_busbw:bytes_per_second",
-             f"sum without (unit, phase) (\n{_bus(nbytes)}\n)\n/\n"
-             f"(sum without (unit, phase) (rate(zerodoc_collective_seconds_total[{w}])) > 0)"),
-        _rec("collective_rank:zerodoc_collective_algbw:bytes_per_second",
-             f"sum without (unit, phase) ({nbytes})\n/\n"
-             f"sum without (unit, phase) (rate(zerodoc_collective_seconds_total[{w}]))"),
         # ---- per rank: memory -------------------------------------------------------------
         _rec("rank:zerodoc_memory_headroom:fraction",
              "zerodoc_memory_headroom_bytes\n/\nzerodoc_device_memory_capacity_bytes"),
@@ -251,35 +280,7 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
              "/\n(rank:zerodoc_device_memory_reserved:bytes > 0)"),
         _rec("rank:zerodoc_device_memory_reserved:fraction",
              "rank:zerodoc_device_memory_reserved:bytes\n/\nzerodoc_device_memory_capacity_bytes"),
-        # ---- per job: link-attributable views (the engine's CommView) ---------------------
-        _rec("unit_job:zerodoc_collective_seconds:per_step",
-             f"min by ({KEY}) (\n  {per_step('zerodoc_collective_seconds_total')}\n)"),
-        _rec("unit_job:zerodoc_collective_exposed_seconds:per_step",
-             f"min by ({KEY}) (\n  {per_step(exposed)}\n)"),
-        _rec("unit_job:zerodoc_collective_bytes:per_step",
-             f"quantile by ({KEY}) (0.5,\n  {per_step('zerodoc_collective_bytes_total')}\n)"),
-        _rec("unit_job:zerodoc_collective_bus_bytes:per_step",
-             _bus("unit_job:zerodoc_collective_bytes:per_step")),
-        _rec("unit_job:zerodoc_collective_bytes:per_call",
-             "unit_job:zerodoc_collective_bytes:per_step\n/\n"
-             f"quantile by ({KEY}) (0.5,\n  {per_step('zerodoc_collective_calls_total')}\n)"),
-        # Time the link explains: the bus bytes at slow_link_busbw_fraction of the link's
-        # expected bandwidth (below that the slow-link rule speaks instead).
-        _rec("unit_job:zerodoc_collective_explained_seconds:per_step",
-             "unit_job:zerodoc_collective_bus_bytes:per_step / "
-             f"{LINK_BUSBW[link] * t.slow_link_busbw_fraction:g}"),
-        # How many (rank, unit, phase) all-gathers overlapped compute (>1 % hidden); absent
-        # when all are synchronous (FSDP2's default on gloo/CPU exposes every byte)
-        _rec("job:zerodoc_all_gather:asynchronous",
-             f"count by ({JOB}) (\n"
-             f"  rate(zerodoc_collective_seconds_total{{{AG}}}[{w}])\n"
-             f"  - rate({exposed}{{{AG}}}[{w}])\n"
-             f"  > 0.01 * rate(zerodoc_collective_seconds_total{{{AG}}}[{w}])\n)"),
-        _rec("unit_job:zerodoc_collective_avoidable_seconds:per_step",
-             "(\n  unit_job:zerodoc_collective_exposed_seconds:per_step\n"
-             f"  and on ({JOB}) job:zerodoc_all_gather:asynchronous\n)\nor\n"
-             "clamp_min(\n  unit_job:zerodoc_collective_exposed_seconds:per_step\n"
-             "  - unit_job:zerodoc_collective_explained_seconds:per_step,\n  0\n)"),
+        # ---- per job: medians over ranks --------------------------------------------------
         _rec("job:zerodoc_step_seconds:median",
              f"quantile by ({JOB}) (0.5, rank:zerodoc_step_seconds:mean)"),
         _rec("job:zerodoc_compute_seconds:median_per_step",
@@ -291,6 +292,63 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
              f"         max by ({JOB}) (rank:zerodoc_compute_seconds:per_step))\n    )\n"
              f"    - on ({JOB}) group_left () job:zerodoc_slowest_rank_exposed_seconds:per_step,\n"
              "    0\n  )\n)\n/\njob:zerodoc_step_seconds:median"),
+    ]
+    return rules
+
+
+def unit_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infiniband") -> list[dict]:
+    """Rules over the per-unit counters: their per-step rates recorded once, then every
+    per-unit, per-collective and per-job number from those."""
+    w = window
+    mean_step = "rank:zerodoc_step_seconds:mean"  # the rank group's (its last evaluation)
+    sec, exp, nbytes, calls = (PER_STEP[c] for c in ("seconds", "exposed_seconds", "bytes",
+                                                     "calls"))
+    sel_ag = f"{{{AG}}}"
+    rules = [
+        *per_step_rules(w),
+        # ---- per rank, per unit ---------------------------------------------------------
+        _rec("unit_rank:zerodoc_all_gather_exposed:fraction",
+             f"sum without (phase, collective) ({_unit('exposed_seconds', AG)})\n"
+             f"/ ignoring (unit) group_left ()\n{mean_step}"),
+        _rec("unit_rank:zerodoc_all_gather_exposed:ratio",
+             f"sum without (phase, collective) ({_unit('exposed_seconds', AG)})\n/\n"
+             f"sum without (phase, collective) ({_unit('seconds', AG)})"),
+        # ---- per rank: bandwidth and bytes (ratios of per-step numbers: the steps cancel) --
+        _rec("unit_rank:zerodoc_collective_bytes:per_call",
+             f"sum without (phase) ({_unit('bytes')})\n/\nsum without (phase) ({_unit('calls')})"),
+        _rec("unit_collective_rank:zerodoc_collective_busbw:bytes_per_second",
+             f"sum without (phase) (\n{_bus(_unit('bytes'))}\n)\n/\n"
+             f"(sum without (phase) ({_unit('seconds')}) > 0)"),
+        _rec("collective_rank:zerodoc_collective_busbw:bytes_per_second",
+             f"sum without (unit, phase) (\n{_bus(nbytes)}\n)\n/\n"
+             f"(sum without (unit, phase) ({sec}) > 0)"),
+        _rec("collective_rank:zerodoc_collective_algbw:bytes_per_second",
+             f"sum without (unit, phase) ({nbytes})\n/\nsum without (unit, phase) ({sec})"),
+        # ---- per job: link-attributable views (the engine's CommView) ---------------------
+        _rec("unit_job:zerodoc_collective_seconds:per_step", _agg("min", _unit("seconds"))),
+        _rec("unit_job:zerodoc_collective_exposed_seconds:per_step",
+             _agg("min", _unit("exposed_seconds"))),
+        _rec("unit_job:zerodoc_collective_bytes:per_step", _agg("median", _unit("bytes"))),
+        _rec("unit_job:zerodoc_collective_bus_bytes:per_step",
+             _bus("unit_job:zerodoc_collective_bytes:per_step")),
+        _rec("unit_job:zerodoc_collective_bytes:per_call",
+             "unit_job:zerodoc_collective_bytes:per_step\n/\n" + _agg("median", _unit("calls"))),
+        # Time the link explains: the bus bytes at slow_link_busbw_fraction of the link's
+        # expected bandwidth (below that the slow-link rule speaks instead).
+        _rec("unit_job:zerodoc_collective_explained_seconds:per_step",
+             "unit_job:zerodoc_collective_bus_bytes:per_step / "
+             f"{LINK_BUSBW[link] * t.slow_link_busbw_fraction:g}"),
+        # How many (rank, unit, phase) all-gathers overlapped compute (>1 % hidden); absent
+        # when all are synchronous (FSDP2's default on gloo/CPU exposes every byte). Per
+        # step or per second alike: the same rank's divisor on both sides.
+        _rec(ASYNC_ALL_GATHER,
+             f"count by ({JOB}) (\n  {sec}{sel_ag} - {exp}{sel_ag}\n"
+             f"  > 0.01 * {sec}{sel_ag}\n)"),
+        _rec("unit_job:zerodoc_collective_avoidable_seconds:per_step",
+             "(\n  unit_job:zerodoc_collective_exposed_seconds:per_step\n"
+             f"  and on ({JOB}) job:zerodoc_all_gather:asynchronous\n)\nor\n"
+             "clamp_min(\n  unit_job:zerodoc_collective_exposed_seconds:per_step\n"
+             "  - unit_job:zerodoc_collective_explained_seconds:per_step,\n  0\n)"),
         _rec("job:zerodoc_all_gather_exposed:fraction",
              f"sum by ({JOB}) (unit_job:zerodoc_collective_exposed_seconds:per_step{{{AG}}})\n"
              "/\njob:zerodoc_step_seconds:median"),
