@@ -1,4 +1,5 @@
-"""`zerodoc stack`: a local Prometheus (+ Alertmanager if installed) for running demos."""
+"""`zerodoc stack`: a local Prometheus (+ Alertmanager if installed) for running demos, or
+VictoriaMetrics with vmagent and vmalert (`--engine victoria`)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,18 @@ def add_parser(sub) -> None:
         "and alerting rules generated for a short window so alerts fire within minutes, and "
         "Alertmanager (if installed: `alertmanager` or Debian's `prometheus-alertmanager`) "
         "with zerodoc's exporters/alertmanager.yml or --alertmanager-config. Targets follow "
-        "the runs as they start and end. Ctrl-C stops everything.",
+        "the runs as they start and end. --engine victoria runs Debian's victoria-metrics "
+        "package instead (the store a big fleet runs): VictoriaMetrics on --port, vmagent "
+        "scraping the same targets into it, vmalert evaluating the same rules against it; "
+        "point `zerodoc report`/`tui` and Grafana's Prometheus data source at its URL. "
+        "Ctrl-C stops everything.",
         formatter_class=DefaultsHelpFormatter)
     p.add_argument("runs", nargs="?", default="zerodoc-runs", metavar="RUNS",
                    help="run directory or folder of run directories")
-    p.add_argument("--port", type=int, default=9090, help="Prometheus port on 127.0.0.1")
+    p.add_argument("--port", type=int, default=9090,
+                   help="Prometheus (or VictoriaMetrics) port on 127.0.0.1")
+    p.add_argument("--engine", choices=("prometheus", "victoria"), default="prometheus",
+                   help="the store: Prometheus, or VictoriaMetrics + vmagent + vmalert")
     p.add_argument("--scrape-interval", default="2s", help="scrape and rule evaluation interval")
     p.add_argument("--window", default="30s",
                    help="rate() window of the rules (production rules in rules/ use 1m)")
@@ -72,7 +80,8 @@ def run(args, out=sys.stdout) -> int:
                   window=args.window, alert_for=args.alert_for, link=args.link,
                   work_dir=Path(args.data_dir) if args.data_dir else None,
                   alertmanager="" if args.no_alertmanager else None,
-                  alertmanager_config=args.alertmanager_config, thresholds=args.thresholds)
+                  alertmanager_config=args.alertmanager_config, thresholds=args.thresholds,
+                  engine=args.engine)
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
@@ -81,21 +90,31 @@ def run(args, out=sys.stdout) -> int:
     code = 0
     try:
         stack.start()
-        say = lambda s: print(s, file=out, flush=True)  # noqa: E731
-        say(f"zerodoc stack: Prometheus {stack.url} (config and data in {stack.work_dir})")
+        say = lambda s, end="\n": print(s, file=out, flush=True, end=end)  # noqa: E731
+        store = "VictoriaMetrics" if args.engine == "victoria" else "Prometheus"
+        say(f"zerodoc stack: {store} {stack.url} (config and data in {stack.work_dir})")
+        if stack.rules_url:
+            say(f"  vmagent {stack.agent_url} scrapes the runs into it; vmalert "
+                f"{stack.rules_url} evaluates the rules against it")
         if stack.am_port:
             say(f"  Alertmanager http://127.0.0.1:{stack.am_port} (configuration "
                 f"{stack.alertmanager_config})")
-        elif args.no_alertmanager:
-            say("  Alertmanager not started: alerts are visible on Prometheus' /alerts page")
         else:
-            say("  Alertmanager not installed (Debian: prometheus-alertmanager): alerts are "
-                "visible on Prometheus' /alerts page")
+            alerts_at = f"{stack.rules_url}/vmalert/alerts" if stack.rules_url else \
+                f"{stack.url}/alerts"
+            say("  Alertmanager not started: " if args.no_alertmanager else
+                "  Alertmanager not installed (Debian: prometheus-alertmanager): ", end="")
+            say(f"alerts are visible at {alerts_at}")
         say(f"  rules: window {args.window}, for {args.alert_for}, link {stack.link}; "
             f"runbooks {resources.runbooks()}")
-        say(f"  targets {stack.url}/targets   alerts {stack.url}/alerts   "
-            f"rules {stack.url}/rules")
-        say(f"  Grafana: add a Prometheus data source at {stack.url} and import "
+        if stack.rules_url:
+            say(f"  targets {stack.agent_url}/targets   alerts {stack.rules_url}/vmalert/alerts"
+                f"   rules {stack.rules_url}/vmalert/groups")
+        else:
+            say(f"  targets {stack.url}/targets   alerts {stack.url}/alerts   "
+                f"rules {stack.url}/rules")
+        say(f"  report: zerodoc report {stack.url}   Grafana: add a Prometheus data source "
+            f"at {stack.url} and import "
             f"{resources.dashboards_dir()}/*.json (or `zerodoc export DIR` for provisioning "
             "files)")
         say("  Ctrl-C stops it.")

@@ -6,6 +6,14 @@ pointing at the installed runbooks), a file_sd target file rebuilt every few sec
 run log headers of the live runs — starts the servers on 127.0.0.1 (Alertmanager with
 zerodoc's `exporters/alertmanager.yml`, or the configuration given), and stops them by pid.
 `zerodoc stack` (`zerodoc.cli.stack`) drives it.
+
+`engine="victoria"`: Debian's `victoria-metrics` package instead of Prometheus, as the central
+store a big fleet runs (docs/operations.md, "VictoriaMetrics"): VictoriaMetrics single node
+on `port` stores and answers queries, vmagent scrapes the same file_sd targets and
+remote-writes to it, vmalert evaluates the same rule files against it and writes the
+recorded series back (and sends alerts to the Alertmanager, if one runs). Its
+`-search.latencyOffset` is `VM_LATENCY_OFFSET`: the data vmalert and the report read is
+at most that old, and complete (zerodoc.sources.prometheus says why).
 """
 
 from __future__ import annotations
@@ -50,6 +58,12 @@ def infer_link(runs: list[Path]) -> str:
     return "gloo-cpu"
 
 
+# VictoriaMetrics' ingestion lag guard (its default, 30 s, would show a live run 30 s late)
+VM_LATENCY_OFFSET = "5s"
+ENGINES = ("prometheus", "victoria")
+_VM_BINARIES = ("victoria-metrics", "vmagent", "vmalert")
+
+
 @dataclass
 class Stack:
     source: Path
@@ -65,6 +79,8 @@ class Stack:
     alertmanager_config: Path | None = None
     """Alertmanager configuration; None: zerodoc's exporters/alertmanager.yml."""
     thresholds: Thresholds = DEFAULT
+    engine: str = "prometheus"
+    """"prometheus", or "victoria": VictoriaMetrics + vmagent + vmalert (module docstring)."""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     _tmp: bool = False
     _targets: str = ""
@@ -75,16 +91,27 @@ class Stack:
         if not self.source.is_dir():
             raise UserError(f"no run directory or run root at {self.source} (start "
                             "`zerodoc demo --port 0` first, or pass its --run-dir)")
-        self.prometheus = self.prometheus or shutil.which("prometheus")
-        if not self.prometheus:
-            raise UserError("the prometheus binary is not installed (Debian: apt-get install "
-                            "prometheus; or `make prometheus`)")
+        if self.engine not in ENGINES:
+            raise UserError(f"engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
+        if self.engine == "victoria":
+            self.binaries = {b: shutil.which(b) for b in _VM_BINARIES}
+            lacking = [b for b, path in self.binaries.items() if not path]
+            if lacking:
+                raise UserError(f"{', '.join(lacking)} not installed (Debian: apt-get install "
+                                "victoria-metrics; or `make prometheus`)")
+        else:
+            self.prometheus = self.prometheus or shutil.which("prometheus")
+            if not self.prometheus:
+                raise UserError("the prometheus binary is not installed (Debian: apt-get "
+                                "install prometheus; or `make prometheus`)")
         if self.work_dir is None:
             self.work_dir = Path(tempfile.mkdtemp(prefix="zerodoc-stack-"))
             self._tmp = True
         self.work_dir = Path(self.work_dir)
         self.url = f"http://127.0.0.1:{self.port}"
         self.am_port: int | None = None
+        self.agent_url: str | None = None  # vmagent, vmalert (engine "victoria")
+        self.rules_url: str | None = None
 
     # --- configuration ----------------------------------------------------------------
     def targets(self) -> list[dict]:
@@ -131,7 +158,11 @@ class Stack:
         if self.am_port:
             cfg["alerting"] = {"alertmanagers": [
                 {"static_configs": [{"targets": [f"127.0.0.1:{self.am_port}"]}]}]}
-        path = self.work_dir / "prometheus.yml"
+        if self.engine == "victoria":  # vmagent: scraping only, no refresh_interval field
+            cfg = {"global": {"scrape_interval": self.scrape_interval},
+                   "scrape_configs": [{**cfg["scrape_configs"][0], "file_sd_configs": [
+                       {"files": [str(self.work_dir / "file_sd" / "*.json")]}]}]}
+        path = self.work_dir / ("vmagent.yml" if self.engine == "victoria" else "prometheus.yml")
         path.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
         entries = self.targets()
         self._targets = json.dumps(entries, indent=1) + "\n"
@@ -169,11 +200,14 @@ class Stack:
                 "--cluster.listen-address="])
         config = self.write_config()
         (self.work_dir / "data").mkdir(exist_ok=True)
-        self._spawn("prometheus", [
-            self.prometheus, f"--config.file={config}",
-            f"--storage.tsdb.path={self.work_dir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"])
-        servers = [("prometheus", self.url)]
+        if self.engine == "victoria":
+            servers = self._start_victoria(config)
+        else:
+            self._spawn("prometheus", [
+                self.prometheus, f"--config.file={config}",
+                f"--storage.tsdb.path={self.work_dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"])
+            servers = [("prometheus", self.url)]
         if self.am_port:
             servers.append(("alertmanager", f"http://127.0.0.1:{self.am_port}"))
         deadline = time.monotonic() + 30
@@ -184,6 +218,34 @@ class Stack:
                 raise UserError(f"{name} did not start on {url.removeprefix('http://')}: "
                                 f"{tail}")
         return self
+
+    def _start_victoria(self, scrape_config: Path) -> list[tuple[str, str]]:
+        """VictoriaMetrics on `port`, then vmagent and vmalert on free ports (loopback)."""
+        from ..demo.launch import free_port
+
+        b, wd = self.binaries, self.work_dir
+        self._spawn("victoria-metrics", [
+            b["victoria-metrics"], f"-storageDataPath={wd / 'data'}",
+            f"-httpListenAddr=127.0.0.1:{self.port}", "-retentionPeriod=1d",
+            f"-search.latencyOffset={VM_LATENCY_OFFSET}"])
+        self.agent_url = f"http://127.0.0.1:{free_port()}"
+        self._spawn("vmagent", [
+            b["vmagent"], f"-promscrape.config={scrape_config}",
+            f"-remoteWrite.url={self.url}/api/v1/write",
+            f"-remoteWrite.tmpDataPath={wd / 'vmagent-queue'}",
+            f"-httpListenAddr={self.agent_url.removeprefix('http://')}",
+            "-promscrape.fileSDCheckInterval=2s", "-remoteWrite.flushInterval=1s"])
+        self.rules_url = f"http://127.0.0.1:{free_port()}"
+        # vmalert will not run alerting rules without a notifier: with no Alertmanager the
+        # alerts are on its own /api/v1/alerts and each send fails (logged) to a closed port
+        notifier = f"http://127.0.0.1:{self.am_port}" if self.am_port else "http://127.0.0.1:9"
+        self._spawn("vmalert", [
+            b["vmalert"], f"-rule={wd / 'rules' / '*.yml'}", f"-datasource.url={self.url}",
+            f"-remoteWrite.url={self.url}", f"-remoteRead.url={self.url}",
+            f"-notifier.url={notifier}", f"-evaluationInterval={self.scrape_interval}",
+            f"-external.url={self.url}", f"-httpListenAddr={self.rules_url.removeprefix('http://')}"])
+        return [("victoria-metrics", self.url), ("vmagent", self.agent_url),
+                ("vmalert", self.rules_url)]
 
     def _wait_ready(self, name: str, url: str, deadline: float) -> bool:
         while time.monotonic() < deadline:

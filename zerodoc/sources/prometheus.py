@@ -33,6 +33,13 @@ HTTP API with the work done server-side.
   computed and the TUI shows their age), so its load on the server stays bounded. The
   per-rank numbers are fetched fresh every time. A change of run or of the ranks reporting
   recomputes them at once.
+- **VictoriaMetrics** (single node or vmselect; `zerodoc stack --engine victoria`) answers the
+  same queries: its buildinfo carries no Prometheus version. It ingests a scrape's samples
+  over a second or two, not at once, so a query near "now" can see part of a scrape (one
+  counter's new sample, not its divisor's); it hides the last `-search.latencyOffset` (30 s
+  by default; its /flags page says) by moving such queries back, each by its own amount. The
+  source therefore evaluates a snapshot no later than now minus that offset: one time for
+  every query, and every sample up to it in (docs/operations.md, "VictoriaMetrics").
 - **Ended and missing ranks.** Ended: the rank served the exporter's closed signal, or its
   target left service discovery (a clean close removes the file_sd target) while it was
   up. Stale: its target is down, or no step for `stale_after_s`. Missing: below the world
@@ -121,6 +128,7 @@ class PrometheusSource:
         self.run_id = run_id
         self.description = f"Prometheus {self.url}" + (f" run {run_id}" if run_id else "")
         self.queries = 0  # HTTP queries made (the bench reports them)
+        self.settle_s = 0.0  # how far before now a snapshot is evaluated (VictoriaMetrics)
         self.unit_reuse = unit_reuse
         self.recorded = recorded  # per-unit stats from the recording rules where they exist
         self.rank_series = rank_series  # per-rank totals from the rank-level series
@@ -152,13 +160,29 @@ class PrometheusSource:
         except ValueError:
             raise UserError(f"{not_prom}not JSON)") from None
         except OSError as e:
-            raise UserError(f"cannot reach Prometheus at {self.url}: {why(e)}") from None
+            raise UserError(f"cannot reach {self.description.split()[0]} at {self.url}: "
+                            f"{why(e)}") from None
         if not isinstance(body, dict) or body.get("status") != "success":
             raise UserError(f"{not_prom}{str(body)[:120]})")
         return body["data"]
 
     def _check(self) -> None:
-        self._get("status/buildinfo")
+        info = self._get("status/buildinfo")
+        if isinstance(info, dict) and not info.get("version"):  # VictoriaMetrics: {}
+            self.settle_s = self._latency_offset()
+            self.description = self.description.replace("Prometheus", "VictoriaMetrics", 1)
+
+    def _latency_offset(self) -> float:
+        """VictoriaMetrics' -search.latencyOffset in seconds, from its /flags page (only the
+        flags set are listed there: its default, 30 s, when absent or unreadable)."""
+        parts = urllib.parse.urlsplit(self.url)
+        try:
+            text = fetch(f"{parts.scheme}://{parts.netloc}/flags", self.timeout_s).decode()
+        except (OSError, ValueError, UnicodeDecodeError):
+            return 30.0
+        m = re.search(r'^-search\.latencyOffset="?([^"\s]+)', text, re.M)
+        got = _duration(m.group(1)) if m else None
+        return 30.0 if got is None else got
 
     def _query(self, expr: str, at: float | None = None,
                timeout_s: float | None = None) -> list[tuple[dict, float]]:
@@ -249,8 +273,9 @@ class PrometheusSource:
         interval = self._scrape_interval(sel)
         asked, now = at, time.time() if at is None else at
         # evaluate where the run's samples end (one scrape after its last step): a live run's
-        # latest steps, an ended run's last ones, whenever asked
-        at = min(now, last + interval)
+        # latest steps, an ended run's last ones, whenever asked; never in the part of the
+        # past a VictoriaMetrics may still be ingesting (module docstring)
+        at = min(now, last + interval, time.time() - self.settle_s)
         span = None
         if self.window:
             span = int(max(self.window * mean, 4 * interval) + 0.999)

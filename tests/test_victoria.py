@@ -1,0 +1,153 @@
+"""VictoriaMetrics as the central store, for real: `zerodoc report` reads the same numbers
+from it as from Prometheus over the same scraped data.
+
+Eight synthetic ranks (bench/rankfarm.py: the real 81-unit rank pages of tests/data/pages,
+rank labels rewritten, every counter advancing by whole copies of the template's steps) are
+scraped every second both by a Prometheus with zerodoc's rules and by vmagent writing into a
+VictoriaMetrics single node whose rules vmalert evaluates (Debian's victoria-metrics 1.79).
+The two reports are held against each other and against the template pages themselves: every
+per-step figure is a ratio of two of a rank's counters, the same at any time and in any window
+with a jump, so it must be the page's own ratio on both engines whatever each does about
+rate() extrapolation or when it evaluates.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from bench.rankfarm import RankFarm, shipped_pages
+from tests.support.helpers import wait_until
+from tests.support.promserver import PromServer, require_binary
+from tests.support.vmserver import VictoriaStack
+from zerodoc.cli.main import main
+from zerodoc.ops import alerts
+from zerodoc.ops.alerts import RuleOptions
+
+pytestmark = pytest.mark.slow
+
+RUN, RANKS = "vmfarm", 8
+RECORDED = "unit_job:zerodoc_collective_calls:per_step_mean"  # the units group's, read by report
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    for b in ("prometheus", "victoria-metrics", "vmagent", "vmalert"):
+        require_binary(b)
+    tmp = tmp_path_factory.mktemp("victoria")
+    rules = alerts.write_rules(tmp / "rules", opts=RuleOptions(window="10s", alert_for="5s",
+                                                                 link="gloo-cpu"))
+    pages = shipped_pages()
+    with RankFarm(pages, RANKS, run_id=RUN, period_s=2.0) as farm:
+        sd = farm.file_sd(tmp / "file_sd")
+        job = {"job_name": "zerodoc", "honor_labels": True, "scrape_interval": "1s",
+               "scrape_timeout": "1s", "file_sd_configs": [{"files": [str(sd)]}]}
+        (tmp / "prom").mkdir()
+        with PromServer(tmp / "prom", rule_files=[str(r) for r in rules], extra_scrape_configs=[
+                {**job, "file_sd_configs": [{"files": [str(sd)], "refresh_interval": "1s"}]}
+        ]) as prom, VictoriaStack(tmp / "vm", [job], rule_files=rules) as vm:
+            for store in (prom, vm):
+                store.wait_for(f'up{{run_id="{RUN}"}} == 1', min_results=RANKS, timeout=60)
+                store.wait_for(f'{RECORDED}{{run_id="{RUN}"}}', timeout=90)
+            yield SimpleNamespace(prom=prom, vm=vm, farm=farm, pages=pages, tmp=tmp)
+
+
+def _report(url: str, capsys, window: str) -> dict:
+    assert main(["report", url, "--json", "--window", window]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _value(page: str, name: str, **labels) -> float:
+    """The sum of a template page's samples of `name` carrying `labels`."""
+    total = 0.0
+    for line in page.splitlines():
+        head, _, v = line.rpartition(" ")
+        if head.partition("{")[0] == name and all(f'{k}="{x}"' in head for k, x in labels.items()):
+            total += float(v)
+    return total
+
+
+# The per-step figures of a report: ratios of a rank's counters (the counts are not: the ranks
+# advance while the two reports are made).
+STEP_FIELDS = ("step_seconds", "compute_seconds", "exposed_comm_seconds", "optimizer_seconds",
+               "framework_seconds", "other_seconds", "exposed_fraction")
+
+
+def _per_step(rep: dict) -> dict:
+    return {"steps": {s["rank"]: {f: s.get(f) for f in STEP_FIELDS} for s in rep["steps"]},
+            "units": [{k: v for k, v in u.items()} for u in rep["units"]],
+            "findings": [(f["code"], f["severity"]) for f in rep["findings"]]}
+
+
+def _same(a, b, rel: float = 1e-5) -> bool:
+    """Equal structures, numbers within `rel` (VictoriaMetrics keeps 12 significant digits of
+    a value, the report prints 6: a last digit may round the other way)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and \
+            all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(b, (int, float)) and a == pytest.approx(b, rel=rel, abs=1e-12)
+    return a == b
+
+
+@pytest.mark.parametrize("window", ["0", "5"])
+def test_report_reads_the_same_numbers_from_either_engine(engines, capsys, window):
+    prom = _report(engines.prom.url, capsys, window)
+    vm = _report(engines.vm.url, capsys, window)
+    assert prom["source"].startswith("Prometheus") and vm["source"].startswith("VictoriaMetrics")
+    assert prom["ranks"] == vm["ranks"] == list(range(RANKS))
+    a, b = _per_step(prom), _per_step(vm)
+    assert a["findings"] and a["findings"] == b["findings"]
+    assert _same(a["steps"], b["steps"]), (a["steps"], b["steps"])
+    assert len(a["units"]) == len(b["units"]) == 81
+    # per unit: the recorded per-step stats (vmalert's and Prometheus' rules)
+    bad = [(x, y) for x, y in zip(a["units"], b["units"]) if not _same(x, y)]
+    assert not bad, bad[:2]
+
+
+def test_the_numbers_are_the_pages_own(engines, capsys):
+    """Independent of either engine: rank 1's compute per step and a block's all-gathers per
+    step are the template page's counters divided by its sampled steps."""
+    page = engines.pages[1]
+    detail = _value(page, "zerodoc_detail_steps_total")
+    compute = _value(page, "zerodoc_rank_compute_seconds_total") / detail
+    calls = _value(page, "zerodoc_collective_calls_total", unit="blocks.7",
+                   collective="all_gather") / detail
+    assert detail > 0 and compute > 0 and calls > 0
+    for url in (engines.prom.url, engines.vm.url):
+        rep = _report(url, capsys, "0")
+        r1 = next(s for s in rep["steps"] if s["rank"] == 1)
+        assert r1["compute_seconds"] == pytest.approx(compute, rel=1e-5), url
+        unit = next(u for u in rep["units"] if u["unit"] == "blocks.7")
+        assert unit["all_gather_count_per_step"] == pytest.approx(calls, rel=1e-5), url
+
+
+def test_vmalert_records_what_prometheus_records(engines):
+    """The per-unit stats the report reads, series for series and value for value."""
+    def series(store) -> dict:
+        return {tuple(sorted((k, v) for k, v in r["metric"].items() if k != "__name__")):
+                float(r["value"][1]) for r in store.query(f'{RECORDED}{{run_id="{RUN}"}}')}
+
+    a = wait_until(lambda: series(engines.prom), 30, "Prometheus' recorded series")
+    b = series(engines.vm)
+    assert len(a) > 81 and a.keys() == b.keys() and _same(a, b), (a, b)
+
+
+def test_vmalert_evaluates_every_rule_group(engines):
+    """Every group of the rule files loaded and evaluated without error."""
+    import urllib.request
+
+    url = engines.vm.alert.url
+    with urllib.request.urlopen(f"{url}/api/v1/groups", timeout=10) as r:
+        groups = json.load(r)["data"]["groups"]
+    names = set(re.findall(r"- name: (\S+)", "".join(
+        p.read_text() for p in sorted((engines.tmp / "rules").glob("*.yml")))))
+    assert {g["name"] for g in groups} == names
+    errors = [(g["name"], r["name"], r.get("lastError")) for g in groups for r in g["rules"]
+              if r.get("lastError")]
+    assert not errors, errors
