@@ -118,6 +118,7 @@ class RankResult:
     overlap_ratio: float | None  # GPU: comm time overlapped by compute / comm time (HTA's)
     comm_kernels: int = 0  # GPU: communication kernels in the trace
     comm_outside: int = 0  # GPU: of those, ran outside every profiler step (not counted)
+    unlaunched: int = 0  # GPU: device operations left out, launched before the trace began
 
 
 def _unit_of_label(label: str | None) -> str:
@@ -469,6 +470,7 @@ def attribute(ev: RankEvents, group_size: int | None = None) -> RankResult:
     """Attribute one rank's events (see the module docstring). `group_size`: ranks of the
     default process group, for collectives whose recorded shapes are one rank's input."""
     ev.finish()
+    ev.drop_unlaunched()
     framework = detect_framework(ev)
     steps = _steps(ev)
     phases = _Phases(ev, steps, framework)
@@ -513,7 +515,7 @@ def attribute(ev: RankEvents, group_size: int | None = None) -> RankResult:
         if c.unit not in order:
             order.append(c.unit)
     return RankResult(framework, "cuda" if gpu else "cpu", steps, colls, order, overlap,
-                      len(ev.comm_kernels), outside)
+                      len(ev.comm_kernels), outside, ev.unlaunched)
 
 
 def _framework_label(unit: str) -> tuple:

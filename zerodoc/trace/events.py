@@ -20,6 +20,19 @@ Device operations are classified by name exactly as HolisticTraceAnalysis does
 intervals HTA merges: communication = `^nccl.*Kernel`; memory = `gpu_memcpy` / `gpu_memset`
 events and kernels named `Memcpy*` / `Memset*` / `dma*`; compute = every other kernel except
 those named `...Memcpy...`, `Memset...` or `...Sync` (HTA counts those as neither).
+
+Device operations whose launch the trace does not hold are left out, as HTA's
+`Trace._filter_irrelevant_gpu_kernels` leaves them out: the profiler starts recording the host
+and the device at one moment, but the device may still be running work the host queued before
+it (the previous, unprofiled step's kernels, up to tens of milliseconds of them). Those kernels
+have no launch, so no thread, phase or unit, and they are not the traced steps' work: counted,
+they are credited to the first step (HTA's `trace_diff/test` trace: 546 kernels in the first
+39 ms of step 1009, 6.5 % more compute than HTA). `RankEvents.drop_unlaunched()` does it once
+every event is read; a trace that records no host runtime call (a device-only capture) keeps
+every operation.
+
+Traces of PyTorch 1.8-1.9 name the categories otherwise (`Operator`, `Runtime`, `Kernel`,
+`Memcpy`, `Memset`; step markers are `Operator`s): they are read as today's (`LEGACY_CATS`).
 """
 
 from __future__ import annotations
@@ -28,6 +41,8 @@ import math
 import re
 from array import array
 from dataclasses import dataclass, field
+
+import numpy as np
 
 MAX_KEPT = 2_000_000  # objects kept per trace (about 200 B each): bounded memory
 STEP = re.compile(r"ProfilerStep#(\d+)$")
@@ -86,6 +101,13 @@ KERNEL_NAME_KINDS = {
 # HTA's non-compute kernels (`hta.utils.utils.is_compute_kernel`), matched at the start.
 NOT_COMPUTE = re.compile(r"(nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 MEMORY_OPS = ("gpu_memcpy", "gpu_memset")
+# Host-side calls that carry the correlation of the device operation they enqueue (launches,
+# async copies / sets): `cuda_runtime`, `cuda_driver` (and other backends' `*_runtime`).
+HOST_CALLS = ("_runtime", "_driver")
+# The categories of PyTorch 1.8-1.9's traces (Kineto's TensorBoard plugin samples) -> today's:
+# then a `record_function` range (ProfilerStep#N, ...) was an `Operator` too.
+LEGACY_CATS = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Driver": "cuda_driver",
+               "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset"}
 
 
 def kernel_kind(name: str, collective_name=None) -> str:
@@ -240,6 +262,8 @@ class RankEvents:
     kernel_corr: array = field(default_factory=lambda: array("q"))
     mem_ts: array = field(default_factory=lambda: array("d"))  # memory ops, other kernels
     mem_end: array = field(default_factory=lambda: array("d"))
+    mem_corr: array = field(default_factory=lambda: array("q"))
+    host_corr: array = field(default_factory=lambda: array("q"))  # every host runtime call
     launch_corr: array = field(default_factory=lambda: array("q"))  # cuda runtime launches
     launch_tid: array = field(default_factory=lambda: array("q"))
     launch_ts: array = field(default_factory=lambda: array("d"))
@@ -247,6 +271,7 @@ class RankEvents:
     events: int = 0
     cpu_ops: int = 0
     bad_times: int = 0  # events skipped: NaN, infinite or negative ts / dur
+    unlaunched: int = 0  # device operations left out: their launch is not in the trace
 
     def _check_size(self) -> None:
         """Memory grows with what is kept (collectives, annotations, kernels): past
@@ -279,6 +304,10 @@ class RankEvents:
             self.bad_times += 1  # NaN, infinite or negative: never into the numbers
             return
         end = ts + dur
+        if cat in LEGACY_CATS:
+            cat = LEGACY_CATS[cat]
+            if cat == "cpu_op" and name.startswith(ANNOTATION_PREFIXES):
+                cat = "user_annotation"  # record_function ranges were operators then
         if cat == "cpu_op":
             self._cpu_op(ev, name, ts, end)
         elif cat == "user_annotation":
@@ -297,19 +326,23 @@ class RankEvents:
                 self.kernel_end.append(end)
                 self.kernel_corr.append(_int(args.get("correlation")) or -1)
             else:
-                self.mem_ts.append(ts)
-                self.mem_end.append(end)
+                self._mem(ts, end, args)
         elif cat in MEMORY_OPS:
-            self.mem_ts.append(ts)
-            self.mem_end.append(end)
-        elif cat in ("cuda_runtime", "cuda_driver"):
-            if "Launch" in name:
-                args = ev.get("args") or {}
-                corr = _int(args.get("correlation"))
-                if corr is not None:
+            self._mem(ts, end, ev.get("args") or {})
+        elif isinstance(cat, str) and cat.endswith(HOST_CALLS):
+            args = ev.get("args") or {}
+            corr = _int(args.get("correlation"))
+            if corr is not None:
+                self.host_corr.append(corr)
+                if "Launch" in name:
                     self.launch_corr.append(corr)
                     self.launch_tid.append(_tid(ev))
                     self.launch_ts.append(ts)
+
+    def _mem(self, ts: float, end: float, args: dict) -> None:
+        self.mem_ts.append(ts)
+        self.mem_end.append(end)
+        self.mem_corr.append(_int(args.get("correlation")) or -1)
 
     def _cpu_op(self, ev: dict, name: str, ts: float, end: float) -> None:
         self.cpu_ops += 1
@@ -370,6 +403,40 @@ class RankEvents:
     def finish(self) -> None:
         for iv in self.busy.values():
             iv.flush()
+
+    def drop_unlaunched(self) -> int:
+        """Leave out the device operations (compute and communication kernels, memory ops)
+        whose correlation no host runtime call of the trace carries: work queued before the
+        profiler began recording (module docstring). A trace without host runtime calls keeps
+        everything, as does an operation without a correlation. Returns how many were left
+        out (also in `unlaunched`)."""
+        if not len(self.host_corr):
+            return 0
+        host = np.unique(np.asarray(self.host_corr))
+
+        def kept(corr) -> np.ndarray:
+            c = np.asarray(corr, dtype=np.int64)
+            return (c < 0) | np.isin(c, host)
+
+        dropped = 0
+        for ts, end, corr in (("kernel_ts", "kernel_end", "kernel_corr"),
+                              ("mem_ts", "mem_end", "mem_corr")):
+            if len(getattr(self, corr)) != len(getattr(self, ts)):
+                continue  # a reader that keeps no correlations for these
+            keep = kept(getattr(self, corr))
+            if keep.all():
+                continue
+            dropped += int(len(keep) - np.count_nonzero(keep))
+            for name in (ts, end, corr):
+                a = getattr(self, name)
+                setattr(self, name, array(a.typecode, np.asarray(a)[keep].tolist()))
+        if self.comm_kernels:
+            keep = kept([-1 if k.correlation is None else k.correlation
+                         for k in self.comm_kernels])
+            dropped += int(len(keep) - np.count_nonzero(keep))
+            self.comm_kernels = [k for k, ok in zip(self.comm_kernels, keep) if ok]
+        self.unlaunched += dropped
+        return dropped
 
     @property
     def is_gpu(self) -> bool:

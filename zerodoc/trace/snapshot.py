@@ -139,6 +139,13 @@ def read_rank(path: Path, progress=None,
     return header, attribute(ev, default_group_size(header) or world_size), ev.pid
 
 
+def unlaunched_note(n: int, name: str) -> str:
+    """What the report says of device operations left out (events.py: drop_unlaunched)."""
+    return (f"{n:,} device operation{'s' if n != 1 else ''} in {name} not counted: launched "
+            "before the profiler recorded the host (no launch in the trace; the previous "
+            "step's work still running), left out as HTA leaves them out")
+
+
 def default_group_size(header: dict) -> int | None:
     """Ranks of the default process group, from the trace's distributedInfo."""
     di = header.get("distributedInfo")
@@ -203,6 +210,8 @@ class TraceSource:
             if bad:
                 snap.log_notes.append(f"{bad} event{'s' if bad != 1 else ''} skipped in "
                                       f"{t.path.name}: NaN, infinite or negative times")
+            if t.result.unlaunched:
+                snap.log_notes.append(unlaunched_note(t.result.unlaunched, t.path.name))
         return snap
 
     # --- facts ---------------------------------------------------------------------

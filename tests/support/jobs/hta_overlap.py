@@ -8,7 +8,8 @@ else leaves it out (HTA's default). Prints one line `RESULT{json}`:
 - by default, per case and rank, HTA's overall computation/communication overlap (%);
 - with `per-step` (the last profiler step always included), per case and rank
   {"overlap": HTA's overall overlap, "steps": {profiler step: {"seconds", "compute", "comm",
-  "exposed"}}}: HTA's own numbers on the kernels inside each ProfilerStep#N window (compute
+  "exposed"}}}: HTA's own numbers on the kernels inside each ProfilerStep#N window (a trace
+  without step markers: one window over all its events, step 0, "seconds" null) (compute
   from its temporal breakdown, comm from `merge_kernel_intervals` on the kernels it types as
   communication, exposed = comm x (1 - its overlap)).
 """
@@ -36,12 +37,21 @@ def step_numbers(ta, sym, rank, df) -> dict:
     names = df["name"].map(lambda i: sym[i])
     gpu = df[df["stream"].ne(-1)]
     steps = {}
-    for _, s in df[names.str.startswith("ProfilerStep#")].iterrows():
-        lo, hi = s["ts"], s["ts"] + s["dur"]
+    # the host's step spans (a trace may repeat them on the device: gpu_user_annotation)
+    host = df["cat"].map(lambda i: sym[i]).ne("gpu_user_annotation")
+    marks = [(int(sym[s["name"]].split("#")[1]), s["ts"], s["ts"] + s["dur"])
+             for _, s in df[names.str.startswith("ProfilerStep#") & host].iterrows()]
+    if not marks:  # no step markers: the whole trace is one window, step 0 (as zerodoc's)
+        marks = [(0, df["ts"].min(), (df["ts"] + df["dur"]).max())]
+    for number, lo, hi in marks:
+        secs = float(hi - lo) * 1e-6 if number or len(marks) > 1 else None
         k = gpu[(gpu["ts"] < hi) & (gpu["ts"] + gpu["dur"] > lo)].copy()
         end = np.minimum(k["ts"] + k["dur"], hi)
         k["ts"] = np.maximum(k["ts"], lo)
         k["dur"] = end - k["ts"]
+        if k.empty:  # HTA's breakdown needs a kernel
+            steps[number] = {"seconds": secs, "compute": 0.0, "comm": 0.0, "exposed": 0.0}
+            continue
         t.traces = {rank: k}
         tb = ta.get_temporal_breakdown(visualize=False).iloc[0]
         kinds = k["name"].map(lambda i: get_kernel_type(sym[i]))
@@ -49,8 +59,8 @@ def step_numbers(ta, sym, rank, df) -> dict:
         comm_us = float((comm["end"] - comm["ts"]).sum())
         ov = ta.get_comm_comp_overlap(visualize=False).iloc[0]["comp_comm_overlap_pctg"] \
             if comm_us else 0.0
-        steps[int(sym[s["name"]].split("#")[1])] = {
-            "seconds": float(s["dur"]) * 1e-6,
+        steps[number] = {
+            "seconds": secs,
             "compute": float(tb["compute_time(us)"]) * 1e-6, "comm": comm_us * 1e-6,
             "exposed": comm_us * (1 - float(ov) / 100) * 1e-6}
     return steps
