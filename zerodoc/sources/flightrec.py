@@ -28,6 +28,7 @@ import functools
 import gzip
 import io
 import json
+import os
 import pickle
 import re
 from dataclasses import dataclass, field
@@ -40,7 +41,8 @@ MAX_DUMP_BYTES = 256 << 20  # a full 20,000-entry ring with stacks is ~60 MB
 MAX_DIR_FILES = 65536
 _RANK_AT_END = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?(?:\.gz)?$")
 SAFE_GLOBALS = {("collections", "OrderedDict"): dict}
-PENDING = ("scheduled", "started")
+MAX_WORKERS, PER_WORKER = 16, 32  # processes reading a big folder; files each at least
+KEEP_OPS = 64  # per rank and group, the newest collectives' names kept (the waited ones)
 
 
 class DumpRefused(UserError):
@@ -192,6 +194,8 @@ def reduce_dump(rank: int, d: dict) -> RankDump:
         if seq > g.completed and e.get("state") == "completed":
             g.completed = seq
     for g in out.groups.values():  # -1: none seen
+        if len(g.ops) > KEEP_OPS:  # names are read near the newest only: memory per rank
+            g.ops = dict(sorted(g.ops.items())[-KEEP_OPS:])
         g.entered = None if g.entered < 0 else g.entered
         g.completed = None if g.completed < 0 else g.completed
     out.backend = next((str(op).split(":", 1)[0] for g in out.groups.values()
@@ -392,19 +396,39 @@ def read_dumps(path: Path) -> tuple[dict[int, RankDump], list[int]]:
     files = dump_files(path)
     if not files:
         raise UserError(f"no flight-recorder dumps (files named ...<rank>) at {path}")
-    dumps: dict[int, RankDump] = {}
-    for r, f in files.items():
-        try:
-            dumps[r] = reduce_dump(r, load_dump(f))
-        except DumpRefused as e:
-            raise DumpRefused(f"{f}: {e}") from None
-        except (ValueError, OSError) as e:
-            dumps[r] = RankDump(r, "unreadable", note=f"{f.name}: {e}")
+    items = sorted(files.items())
+    workers = min(os.cpu_count() or 1, MAX_WORKERS, len(items) // PER_WORKER)
+    if workers > 1:  # unpickling is most of the time: a 1,024-rank folder on every core
+        from concurrent.futures import ProcessPoolExecutor
+
+        chunks = [items[i::workers] for i in range(workers)]
+        with ProcessPoolExecutor(workers) as pool:
+            got = [d for part in pool.map(_read_all, chunks) for d in part]
+    else:
+        got = _read_all(items)
+    refused = next((d for d in got if isinstance(d, str)), None)
+    if refused is not None:
+        raise DumpRefused(refused)
+    dumps: dict[int, RankDump] = {d.rank: d for d in got}
     world = next((d.world for d in dumps.values() if d.world), [])
     world = sorted(set(world) | set(range(max(files) + 1)))
     for r in world:
         dumps.setdefault(r, RankDump(r, "missing", note=f"no dump of rank {r}"))
     return dumps, world
+
+
+def _read_all(items: list[tuple[int, Path]]) -> list:
+    """RankDumps of (rank, file) pairs; the first refused file ends it as its message (a
+    string: what crosses back from a worker process is plain data)."""
+    out: list = []
+    for r, f in items:
+        try:
+            out.append(reduce_dump(r, load_dump(f)))
+        except DumpRefused as e:
+            return [f"{f}: {e}"]
+        except (ValueError, OSError) as e:
+            out.append(RankDump(r, "unreadable", note=f"{f.name}: {e}"))
+    return out
 
 
 class FlightRecorderSource:
