@@ -20,14 +20,17 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# Prometheus server + promtool, Alertmanager + amtool (Debian packages) and openssl for the
-# exporter / rules / dashboard / alert delivery / TLS tests.
+# Prometheus server + promtool, Alertmanager + amtool, VictoriaMetrics + vmagent + vmalert
+# (Debian packages) and openssl for the exporter / rules / dashboard / alert delivery / TLS /
+# central-store tests.
 prometheus:
 	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 && \
 	  command -v amtool >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 && \
-	  { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null 2>&1 || \
+	  { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null 2>&1 && \
+	  command -v victoria-metrics >/dev/null 2>&1 && command -v vmagent >/dev/null 2>&1 && \
+	  command -v vmalert >/dev/null 2>&1 || \
 	  ( $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
-	    -y -q prometheus prometheus-alertmanager openssl )
+	    -y -q prometheus prometheus-alertmanager victoria-metrics openssl )
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/zerodoc demo $(ARGS)
