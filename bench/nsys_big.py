@@ -8,8 +8,8 @@ original with its autograd-nvtx `aten::` ranges): every row of the kernel, memor
 NVTX tables copied again and again, shifted by the capture's span each time (correlation ids
 shifted past the last one), so the copy is one long capture of the same two processes. Then,
 in a fresh interpreter, `NsysSource` reads it and takes a snapshot (what `zerodoc report`
-does), and the bench prints the file's size and rows, the wall time, and the peak resident
-memory (VmHWM) beside an interpreter that only imported the same modules.
+does), and the bench prints the file's size and rows, the wall and CPU time, and the peak
+resident memory (VmHWM) beside an interpreter that only imported the same modules.
 
 Large: run it under the machine's lock, `flock /work/notes/bigrun.lock python bench/nsys_big.py`.
 """
@@ -33,7 +33,7 @@ REPLICATED = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
               "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS")
 
 READ = r"""
-import json, sys, time
+import json, resource, sys, time
 t0 = time.perf_counter()
 from zerodoc.trace.nsys import open_nsys
 from zerodoc.trace.scope import device_rows
@@ -43,8 +43,10 @@ if sys.argv[1] != "--import-only":
 else:
     rows = []
 secs = time.perf_counter() - t0
+ru = resource.getrusage(resource.RUSAGE_SELF)
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
-print(json.dumps({"seconds": secs, "peak_kib": hwm, "device": rows}))
+print(json.dumps({"seconds": secs, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_kib": hwm,
+                  "device": rows}))
 """
 
 
@@ -124,7 +126,8 @@ def main() -> None:
                      for t, n in info["rows"].items())
     print(f"export: {info['bytes'] / 1e9:.2f} GB, {info['copies']} copies of {args.source.name} "
           f"(built in {built:.0f} s); rows: {rows}")
-    print(f"read + attribute + snapshot: {got['seconds']:.1f} s, peak resident "
+    print(f"read + attribute + snapshot: {got['seconds']:.1f} s wall, {got['cpu_seconds']:.1f} s "
+          f"CPU (on a shared machine the CPU time is the figure to trust), peak resident "
           f"{got['peak_kib'] / 1024:.0f} MiB ({(got['peak_kib'] - base['peak_kib']) / 1024:.0f} "
           f"MiB above an import-only interpreter, {base['peak_kib'] / 1024:.0f} MiB)")
     for r in got["device"]:
