@@ -37,8 +37,10 @@ WINDOW = "10s"
 def prom_rules(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("promrules")
     rules = tmp / "zerodoc-recording.yml"
-    rules.write_text(alerts.rule_files(opts=RuleOptions(window=WINDOW, alert_for="5s",
-                                                        link="gloo-cpu"))[alerts.RECORDING_FILE])
+    # the per-unit group evaluated every scrape (not once per window): the tests compare
+    # several recent evaluations with the raw series
+    rules.write_text(alerts.rule_files(opts=RuleOptions(
+        window=WINDOW, alert_for="5s", link="gloo-cpu", unit_interval="1s"))[alerts.RECORDING_FILE])
     sd = tmp / "sd"
     sd.mkdir()
     # Per-unit detail on every step: these tests hold the recording rules against the raw

@@ -49,9 +49,12 @@ class RuleOptions:
     paths such as docs/runbooks.md#zerodocslowlink."""
     extra_labels: dict[str, str] = field(default_factory=dict)
     """Labels added to every alert (e.g. team routing)."""
+    unit_interval: str | None = None
+    """Evaluation interval of the per-unit group `zerodoc.units` (None: the rate window, one
+    evaluation per window; tests that read many evaluations set it shorter)."""
 
     def __post_init__(self) -> None:
-        for name in ("window", "alert_for"):
+        for name in ("window", "alert_for", "unit_interval"):
             v = getattr(self, name)
             if v is not None and not _DURATION.match(v):
                 raise ValueError(f"RuleOptions.{name}: {v!r} is not a Prometheus duration")
@@ -67,7 +70,8 @@ def _records(t: Thresholds, o: RuleOptions) -> list[dict]:
 def _recording_groups(t: Thresholds, o: RuleOptions) -> list[dict]:
     """The recording groups as rule-file groups: a group with an interval of its own says it."""
     return [{"name": name, **({"interval": iv} if iv else {}), "rules": rules}
-            for name, iv, rules in recording_groups(t, window=o.window, link=o.link)]
+            for name, iv, rules in recording_groups(t, window=o.window, link=o.link,
+                                                    unit_interval=o.unit_interval)]
 
 
 def _alerts(t: Thresholds, o: RuleOptions) -> list[dict]:

@@ -199,12 +199,13 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
     return [r for _name, _interval, rules in recording_groups(t, window, link) for r in rules]
 
 
-def recording_groups(t: Thresholds = DEFAULT, window: str = "1m",
-                     link: str = "infiniband") -> list[tuple[str, str | None, list[dict]]]:
+def recording_groups(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infiniband",
+                     unit_interval: str | None = None) -> list[tuple[str, str | None, list[dict]]]:
     """(group name, its interval or None for the server's, its rules): the rank-level group,
-    then the per-unit group at one evaluation per rate window (module docstring)."""
+    then the per-unit group at one evaluation per rate window unless told otherwise (module
+    docstring)."""
     return [(RANK_GROUP, None, rank_rules(t, window)),
-            (UNIT_GROUP, window, unit_rules(t, window, link))]
+            (UNIT_GROUP, unit_interval or window, unit_rules(t, window, link))]
 
 
 def rank_rules(t: Thresholds = DEFAULT, window: str = "1m") -> list[dict]:
