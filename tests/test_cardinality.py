@@ -1,6 +1,6 @@
-"""The Prometheus series budget: at 81 units a rank serves at most 1,370 series by default and
-150 in coarse mode, the run's per-unit facts come from rank 0 only, and what the catalog counts
-is what a real exporter serves.
+"""The Prometheus series budget: at 81 units a rank other than rank 0 serves at most 1,200
+series by default and 150 in coarse mode, the run's per-unit facts and the framework's time
+per unit come from rank 0 only, and what the catalog counts is what a real exporter serves.
 
 Witnesses: real scrapes of two live 2-rank gloo jobs (81 units: 80 blocks + the root), one
 at each detail level, compared series for series with `zerodoc.ops.cardinality`; and the coarse
@@ -22,7 +22,8 @@ from zerodoc.runlog import read_rank_log
 
 TINY_81 = {"blocks": 80, "hidden": 16, "heads": 2, "vocab": 64, "seq": 8, "batch": 2}
 # the per-unit series (folded over units in coarse mode): every `unit`-scoped metric
-UNIT_SERIES = tuple(m.name for m in CATALOG if m.scope == "unit")
+UNIT_SERIES = tuple(m.name for m in CATALOG if m.scope in ("unit", "unit_rank0"))
+FRAMEWORK = "zerodoc_framework_unit_seconds_total"
 
 
 def scrape(endpoint: str) -> str:
@@ -38,13 +39,16 @@ def samples(text: str) -> list:
 # the budget, from the catalog
 
 
-@pytest.mark.parametrize("shape", [card.CPU_FSDP2, card.GPU_FSDP2], ids=["cpu", "gpu"])
-def test_budget_holds_at_81_units(shape):
+@pytest.mark.parametrize("shape,budget", [(card.CPU_FSDP2, card.BUDGET_FULL),
+                                          (card.GPU_FSDP2, card.BUDGET_GPU)], ids=["cpu", "gpu"])
+def test_budget_holds_at_81_units(shape, budget):
     assert shape.units == card.BUDGET_UNITS == 81
-    assert card.total(shape) <= card.BUDGET_FULL
+    assert card.BUDGET_FULL == 1200
+    assert card.total(shape) <= budget
     assert card.total(shape, unit_detail=False) <= card.BUDGET_COARSE
-    # rank 0 adds the run's per-unit facts, once per run: 9 per unit
-    assert card.total(shape, rank0=True) - card.total(shape) == 9 * shape.units
+    # rank 0 adds the run's per-unit facts (9 per unit) and the framework's time per unit and
+    # phase (2 per unit, in place of the other ranks' 2 sums over units), once per run
+    assert card.total(shape, rank0=True) - card.total(shape) == 11 * shape.units - 2
 
 
 def test_every_labelled_metric_says_what_it_grows_with():
@@ -55,7 +59,7 @@ def test_every_labelled_metric_says_what_it_grows_with():
         if m.labels and not info_only:
             assert m.per, m.name
         if "unit" in m.labels:  # the stall gauge: at most one series per rank, on every rank
-            assert m.scope in ("unit", "run") or m.per == "stalled", m.name
+            assert m.scope in ("unit", "unit_rank0", "run") or m.per == "stalled", m.name
         assert not m.per or hasattr(card.CPU_FSDP2, m.per), m.name
 
 
@@ -140,8 +144,11 @@ def test_omitted_series_are_counted(jobs):
     facts0 = sum(n for k, n in card.count_exposition(full[0]).items()
                  if k.startswith("zerodoc_unit_"))
     assert omitted(full[0]) == {"unit_facts": 0, "unit_detail": 0}
-    assert omitted(full[1]) == {"unit_facts": facts0, "unit_detail": 0}
-    per_unit = sum(card.count_exposition(full[1])[k] for k in UNIT_SERIES)
+    # the framework's time per unit: rank 0's per unit; rank 1 sums it over units per phase
+    fw0 = card.count_exposition(full[0])[FRAMEWORK]
+    assert fw0 == 2 * 81 and card.count_exposition(full[1])[FRAMEWORK] == 2
+    assert omitted(full[1]) == {"unit_facts": facts0, "unit_detail": fw0 - 2}
+    per_unit = sum(card.count_exposition(full[0])[k] for k in UNIT_SERIES)  # all per unit
     folded = sum(card.count_exposition(coarse1)[k] for k in UNIT_SERIES)
     assert omitted(coarse1) == {"unit_facts": facts0, "unit_detail": per_unit - folded}
     info = [s for s in samples(coarse1) if s.name == "zerodoc_run_info"]

@@ -1,13 +1,15 @@
 """The framework's time served in coarse Prometheus detail and with sampling (issue 19 / 22):
-`zerodoc_framework_seconds_total` and `zerodoc_framework_unit_seconds_total` (per unit, or in
-coarse mode per phase without the `unit` label) cover the detail steps that
+`zerodoc_framework_seconds_total` and `zerodoc_framework_unit_seconds_total` (per unit on
+rank 0; per phase without the `unit` label on every other rank, at full detail too since issue
+33, and in coarse mode) cover the detail steps that
 `zerodoc_detail_steps_total` counts, and are true on them.
 
 Witness, independent of zerodoc's definition: every FSDP2 unit's pre-forward sleeps DELAY
 inside FSDP's own forward pre-hook (the demo worker's `framework_delay_s`, beneath the
 measurement), so each detail step holds at least UNITS x DELAY of forward framework time, and
 each unit at least DELAY. Two live 2-rank gloo jobs, rank 0 serving per-unit series and rank 1
-coarse ones: one sampled (1 step in 8), one with detail on every step. The served totals are
+its sums over units: one sampled (1 step in 8) in coarse mode, one with detail on every step
+at the default (full) metrics detail. The served totals are
 also held equal to the sums of the rank's own run log up to the step served.
 
 Bounds: the sleep is at least DELAY (never less); FSDP's own pre-forward work on this small
@@ -49,7 +51,7 @@ def jobs(tmp_path_factory):
     with LiveDemo(tmp, model=MODEL, name="sampled", spec=spec,
                   attach={**attach, "detail": SAMPLED_K}) as sampled, \
             LiveDemo(tmp, model=MODEL, name="every", spec=spec,
-                     attach={**attach, "detail": "every"}) as every:
+                     attach={"stall_after_s": 0, "detail": "every"}) as every:
         yield {"sampled": sampled, "every": every}
 
 
@@ -109,10 +111,10 @@ def agreed_scrape(demo: LiveDemo, rank: int, least_detail: int) -> tuple[dict, l
 
 
 @pytest.mark.parametrize("kind", ["sampled", "every"])
-def test_coarse_rank_serves_the_framework_time_of_its_detail_steps(jobs, kind):
+def test_rank_1_serves_the_framework_time_of_its_detail_steps(jobs, kind):
     demo = jobs[kind]
     got, steps = agreed_scrape(demo, 1, least_detail=8)
-    assert not got["unit"]  # coarse: per phase, no `unit` label
+    assert not got["unit"]  # coarse, or full on a rank but 0: per phase, no `unit` label
     n = got["detail_steps"]
     if kind == "every":
         assert n == got["steps"]

@@ -15,7 +15,11 @@ metric are bounded (unit = the sharded module's path, phase, collective, populat
 
 Each metric has a scope: `rank` (every rank serves it), `unit` (per-unit detail: in coarse
 mode the ranks outside the unit sample serve it summed over units, without the `unit`
-label), `run` (a per-unit fact of the run, served by rank 0 only) or `server` (the /metrics
+label), `unit_rank0` (per-unit detail served per unit by rank 0 only, every other rank
+serving it summed over units as a coarse rank does: the framework's time per unit, the
+same framework code on every rank, which served per unit by every rank broke the series
+budget), `run` (a per-unit fact
+of the run, served by rank 0 only) or `server` (the /metrics
 server's own counters, served by every rank on `/metrics/exporter`, not in its `/metrics`
 page: outside the series budget).
 """
@@ -112,8 +116,11 @@ CATALOG: tuple[Metric, ...] = (
            "Time inside the sharding framework's own hooks charged to a sharded unit (its "
            "copy-in / copy-out, gradient copies, resharding; collective waits excluded), from "
            "the detail steps like zerodoc_compute_seconds_total; part of "
-           "zerodoc_framework_seconds_total (the rest belongs to no unit).",
-           ("unit", "phase"), scope="unit", per="unit_framework_keys", into="framework"),
+           "zerodoc_framework_seconds_total (the rest belongs to no unit). Per unit from "
+           "rank 0 only (the same framework code runs on every rank; 162 series a rank at 81 "
+           "units broke the series budget); every other rank serves its sum over units per "
+           "phase, without the unit label. Every rank's run log keeps it per unit.",
+           ("unit", "phase"), scope="unit_rank0", per="unit_framework_keys", into="framework"),
     Metric("zerodoc_compute_host_seconds_total", "counter", "seconds",
            "Host (CPU) time spent launching the units' compute. On GPU beside the device time "
            "of zerodoc_compute_seconds_total (launch time close to device time: a "
@@ -246,8 +253,9 @@ CATALOG: tuple[Metric, ...] = (
            per="hooks", into="hooks"),
     Metric("zerodoc_exporter_omitted_series", "gauge", "",
            "Series this rank leaves out of its scrape, by reason: unit_facts (per-unit facts, "
-           "served by rank 0 only), unit_detail (coarse mode: per-unit series folded into "
-           "this rank's totals).", ("reason",), per="omit_reasons"),
+           "served by rank 0 only), unit_detail (per-unit series folded into this rank's "
+           "totals: coarse mode's, and on every rank but rank 0 the framework's time per "
+           "unit).", ("reason",), per="omit_reasons"),
     Metric("zerodoc_exporter_requests_total", "counter", "",
            "Requests to this rank's /metrics server by outcome: ok (a page served), "
            "unauthorized, rate_limited (429: too many failed logins, no password checked), "
@@ -312,4 +320,5 @@ RULE_WINDOW = "job:zerodoc_recording_window:seconds"
 
 
 SCOPES = {"rank": "every rank", "unit": "every rank; coarse: per-rank total",
+          "unit_rank0": "rank 0 per unit; other ranks (and coarse): per-rank total",
           "run": "rank 0 only", "server": "every rank, on `/metrics/exporter`"}

@@ -23,6 +23,7 @@ from ..version import __version__  # noqa: E402
 from ..catalog import (  # noqa: E402
     BY_NAME, RANK_COMPUTE, RANK_EXPOSED, RANK_LABELS, STEP_BUCKETS,
 )
+from ..ops.cardinality import folds as folded_on  # noqa: E402
 from . import detail  # noqa: E402
 from .closing import CloseSignal  # noqa: E402
 
@@ -145,13 +146,15 @@ class ZerodocCollector:
         if folds is None or key != self._units_key:
             compute, comm = list(tot.compute.items()), list(tot.comm.items())
             fw = list(tot.unit_framework.items())
-            folded = 0
             if unit_detail:
-                fams = list(_per_unit(rl, compute, comm, fw))
+                fams = list(_per_unit(rl, compute, comm))
             else:
-                fams = list(_rank_totals(rl, compute, comm, fw))
-                full = len(compute) + 4 * len(comm) + len(fw)
-                folded = full - sum(len(f.samples) for f in fams)
+                fams = list(_rank_totals(rl, compute, comm))
+            # the framework's time per unit: rank 0's alone (catalog scope `unit_rank0`)
+            per_unit_fw = not folded_on("unit_rank0", rank0=facts.rank == 0, unit_detail=unit_detail)
+            fams.append(_framework(rl, fw, per_unit_fw))
+            full = len(compute) + 4 * len(comm) + len(fw)
+            folded = full - sum(len(f.samples) for f in fams)
             # the rank-level totals, at every detail level (catalog RANK_COMPUTE): not folded
             fams += list(_rank_level(rl, compute, comm))
             self._units_cache, self._units_key = (fams, folded), key
@@ -245,16 +248,12 @@ class ServerCollector:
         yield _sample("zerodoc_exporter_cpu_seconds_total", rl, self.stats.cpu_seconds())
 
 
-def _per_unit(rl: list[str], compute: list, comm: list, framework: list = ()):
+def _per_unit(rl: list[str], compute: list, comm: list):
     """The per-unit series of one rank (full detail)."""
     comp = _family("zerodoc_compute_seconds_total")
     for (unit, phase), s in compute:
         comp.add_metric(rl + [unit, phase], s)
     yield comp
-    fw = _family("zerodoc_framework_unit_seconds_total")
-    for (unit, phase), s in framework:
-        fw.add_metric(rl + [unit, phase], s)
-    yield fw
     calls = _family("zerodoc_collective_calls_total")
     nbytes = _family("zerodoc_collective_bytes_total")
     secs = _family("zerodoc_collective_seconds_total")
@@ -287,17 +286,33 @@ def _rank_level(rl: list[str], compute: list, comm: list):
     yield f
 
 
-def _rank_totals(rl: list[str], compute: list, comm: list, framework: list = ()):
+def _by_phase(rl: list[str], name: str, rows: list):
+    """A (unit, phase)-keyed metric summed over units, without the `unit` label."""
+    by_phase: dict[str, float] = {}
+    for (_unit, phase), s in rows:
+        by_phase[phase] = by_phase.get(phase, 0.0) + s
+    f = _family(name, ("phase",))
+    for phase, s in by_phase.items():
+        f.add_metric(rl + [phase], s)
+    return f
+
+
+def _framework(rl: list[str], rows: list, per_unit: bool):
+    """zerodoc_framework_unit_seconds_total: per unit and phase (rank 0), or summed over
+    units per phase (every other rank: the same framework code runs on each, and 2 series
+    per unit on every rank broke the series budget; its run log keeps them per unit)."""
+    name = "zerodoc_framework_unit_seconds_total"
+    if not per_unit:
+        return _by_phase(rl, name, rows)
+    f = _family(name)
+    for (unit, phase), s in rows:
+        f.add_metric(rl + [unit, phase], s)
+    return f
+
+
+def _rank_totals(rl: list[str], compute: list, comm: list):
     """The same metrics summed over units, without the `unit` label (coarse detail)."""
-    for name, rows in (("zerodoc_compute_seconds_total", compute),
-                       ("zerodoc_framework_unit_seconds_total", framework)):
-        by_phase: dict[str, float] = {}
-        for (_unit, phase), s in rows:
-            by_phase[phase] = by_phase.get(phase, 0.0) + s
-        f = _family(name, ("phase",))
-        for phase, s in by_phase.items():
-            f.add_metric(rl + [phase], s)
-        yield f
+    yield _by_phase(rl, "zerodoc_compute_seconds_total", compute)
     sums: dict[tuple[str, str], list] = {}
     for (_unit, phase, coll), t in comm:
         a = sums.setdefault((phase, coll), [0, 0, 0.0, 0.0])

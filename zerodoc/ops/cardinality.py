@@ -23,8 +23,13 @@ from ..catalog import CATALOG, EXPORTER_OUTCOMES, STEP_BUCKETS
 # zerodoc_detail_steps_total puts a GPU rank at 1,201; the rank-level totals of compute and
 # exposed collective time, issue 20 item 17, +5 (2 phases + 3 collectives): 1,206, within it;
 # the framework's time per unit and phase, issue 22, +162 (81 units x 2 phases): 1,368, the
-# budget raised for it from 1,210; coarse mode +2).
-BUDGET_FULL = 1370
+# budget raised for it from 1,210; coarse mode +2; issue 33: served per unit by rank 0 only,
+# every other rank its sum over units per phase, +2 instead: 1,193, the budget back to 1,200).
+BUDGET_FULL = 1200
+# A GPU rank (modelled, no GPU in CI) serves 15 series more than a CPU one (allocator, NVML,
+# 8 more memory populations, 2 more hook points): 1,208 at 81 units. Issue 20 allowed it
+# 1,210; kept apart so the CPU budget, measured on a real job, is not loosened for it.
+BUDGET_GPU = 1210
 BUDGET_COARSE = 150
 BUDGET_UNITS = 81
 
@@ -85,7 +90,7 @@ def series_count(shape: Shape = CPU_FSDP2, *, rank0: bool = False,
     for m in CATALOG:
         if (m.scope == "run" and not rank0) or m.scope == "server":  # server: not /metrics
             continue
-        per = m.per if unit_detail or m.scope != "unit" else FOLDED[m.per]
+        per = FOLDED[m.per] if folds(m.scope, rank0=rank0, unit_detail=unit_detail) else m.per
         n = getattr(shape, per) if per else 1
         if m.type == "histogram":
             out[f"{m.name}_bucket"] = n * (len(STEP_BUCKETS) + 1)
@@ -94,6 +99,14 @@ def series_count(shape: Shape = CPU_FSDP2, *, rank0: bool = False,
             for name in m.series_names:
                 out[name] = n
     return {k: v for k, v in out.items() if v}
+
+
+def folds(scope: str, *, rank0: bool, unit_detail: bool) -> bool:
+    """A metric of this scope is served summed over units (no `unit` label) by such a rank:
+    `unit` ones outside the unit sample, `unit_rank0` ones on every rank but rank 0 too. The
+    exporter (`exporter.prometheus`) asks the same question."""
+    return scope == "unit" and not unit_detail or \
+        scope == "unit_rank0" and not (rank0 and unit_detail)
 
 
 _NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
@@ -135,7 +148,8 @@ def markdown_section() -> str:
     cpu, gpu = CPU_FSDP2, GPU_FSDP2
     rows = [
         ("every rank but rank 0, default (`full`)", {}),
-        ("rank 0, default (adds the run's per-unit facts once)", {"rank0": True}),
+        ("rank 0, default (adds the run's per-unit facts and the framework's time per "
+         "unit once)", {"rank0": True}),
         ("a rank outside the unit sample, `coarse`", {"unit_detail": False}),
         ("rank 0, `coarse` (in the sample)", {"rank0": True}),
     ]
@@ -160,8 +174,12 @@ def markdown_section() -> str:
     ranks, sampled = 1024, 8
     lines += [
         "",
-        f"Budget: at most {BUDGET_FULL:,} series per rank by default and {BUDGET_COARSE} in "
-        f"`coarse` mode, at {BUDGET_UNITS} units (the test fails beyond). A rank serves "
+        f"Budget: at most {BUDGET_FULL:,} series per rank by default ({BUDGET_GPU:,} on a GPU "
+        f"rank, modelled) and {BUDGET_COARSE} in "
+        f"`coarse` mode, at {BUDGET_UNITS} units (the test fails beyond), for every rank "
+        "but rank 0, which serves the run's per-unit facts and the framework's time per unit "
+        "(`zerodoc_framework_unit_seconds_total{unit, phase}`) for the job; every other rank "
+        "serves that one summed over its units, per phase. A rank serves "
         f"{fixed} + {slope} × units series by default. A {ranks:,}-rank job serves "
         f"{job_total(ranks, sampled, coarse=False):,} series in all by default and "
         f"{job_total(ranks, sampled, coarse=True):,} in `coarse` mode with {sampled} ranks "

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from ..catalog import RANK_TOTAL_UNIT
 from ..errors import UserError
 from ..runmodel import RunSnapshot
 from .linkfit import LinkFit, _wls, fit_links, wire_factor
@@ -556,7 +557,8 @@ class StepModel:
         if f is None:
             why = ("its units (fewer than 3, or of one size) cannot part a cost per call "
                    "from one per byte" if rm.framework_per_unit else
-                   "the run log has the framework's time per step only")
+                   "the source has the framework's time per step only (Prometheus "
+                   "serves it per unit from rank 0 alone)")
             return {"pricing": "per step", "measured_s": rm.framework_s,
                     "note": f"per byte, range to per call: {why}"}
         parts = "per call + per tensor + per byte" if f.per_tensor else \
@@ -952,7 +954,8 @@ def fit(snapshot: RunSnapshot, profile: LinkProfile | None = None) -> StepModel:
         framework_s = w.per_sampled_step(w.framework_seconds) or 0.0
         per_unit_fw: dict[str, float] = {}
         for (unit, _phase), s in w.unit_framework.items():
-            per_unit_fw[unit] = per_unit_fw.get(unit, 0.0) + s / n
+            if unit != RANK_TOTAL_UNIT:  # a sum over units (Prometheus: every rank but 0)
+                per_unit_fw[unit] = per_unit_fw.get(unit, 0.0) + s / n
         unit_list = [units[name] for name in order]
         rank_models.append(RankModel(
             r, unit_list, w.optimizer_seconds / steps, framework_s,

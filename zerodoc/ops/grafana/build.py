@@ -138,7 +138,8 @@ def layers(t: Thresholds) -> db.Dashboard:
                         "Seconds per step, averaged over the selected ranks: each unit's "
                         "compute, its all-gather time, the exposed part of it, and the "
                         "framework's own time charged to the unit (copy-in / copy-out, "
-                        "gradient copies).",
+                        "gradient copies): served per unit by rank 0 only (the other ranks "
+                        "serve it summed over units), so shown only when rank 0 is selected.",
                         [q("avg by (unit) (sum without (phase) (rate(zerodoc_compute_seconds_total"
                            f"{{{SEL_UNIT}}}[{RATE}])) {per_step})", "{{unit}} compute"),
                          q("avg by (unit) (sum without (phase, collective) (rate("
@@ -149,7 +150,8 @@ def layers(t: Thresholds) -> db.Dashboard:
                            f"{per_step})", "{{unit}} exposed", "C"),
                          q("avg by (unit) (sum without (phase) (rate("
                            f"zerodoc_framework_unit_seconds_total{{{SEL_UNIT}}}[{RATE}])) "
-                           f"{per_step})", "{{unit}} framework", "D")], "s", min_=0))
+                           f"{per_step})", "{{unit}} framework (rank 0)", "D")], "s",
+                        min_=0))
          .with_panel(bars("Wait beyond the link per unit (job)",
                           "Per step, link-attributable: each unit's exposed all-gather time "
                           "that the link's expected bandwidth does not explain (what ZD004 "
