@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from ..errors import UserError
 from ..runmodel import CommTotals, RankFacts, UnitFacts
 
-SCHEMA = 2
-READS = (1, 2)  # schemas this zerodoc reads
+SCHEMA = 3
+READS = (1, 2, 3)  # schemas this zerodoc reads (3: schema 2 with compact columns, `column`)
 MAX_EVENTS = 256  # non-step records kept per rank by the readers (RankLog.events)
 
 # Scalar fields of step / interval / total records: (JSON key, attribute name).
@@ -486,6 +486,26 @@ def _keys(names: tuple, units: list[int], rest: tuple) -> list:
     return got
 
 
+def unit_column(g: dict) -> list:
+    """A `units` group's unit indices: a list, or (schema 3) n for 0..n-1."""
+    u = g["unit"]
+    if type(u) is int and 0 <= u <= MAX_UNITS:
+        return list(range(u))
+    return u
+
+
+def column(g: dict, name: str, units: list) -> list:
+    """A per-unit column of a `units` group: a list (one number per unit), or (schema 3,
+    the writer's `_compact`) one number for every unit, or the name of the group's column
+    it equals ("seconds")."""
+    col = g[name]
+    if type(col) is str and col != name and col in g and type(g[col]) is list:
+        col = g[col]
+    elif type(col) in (int, float):
+        col = [col] * len(units)
+    return _same_length(col, units)
+
+
 def arrays_from_columns(units: dict, unit_names: list[str]) -> tuple:
     """(compute keys, seconds array, comm keys, [K, 5] array) from the columnar `units`
     object of interval / total lines."""
@@ -494,15 +514,15 @@ def arrays_from_columns(units: dict, unit_names: list[str]) -> tuple:
     names = _intern(tuple(unit_names))
     ck, cv = [], []
     for g in units.get("compute", ()):
-        phase = g["phase"]
-        ck += _keys(names, g["unit"], (phase,))
-        cv += _same_length(g["seconds"], g["unit"])
+        phase, idx = g["phase"], unit_column(g)
+        ck += _keys(names, idx, (phase,))
+        cv += column(g, "seconds", idx)
     mk, cols = [], [[], [], [], [], []]
     for g in units.get("comm", ()):
-        phase, coll = g["phase"], g["collective"]
-        mk += _keys(names, g["unit"], (phase, coll))
+        phase, coll, idx = g["phase"], g["collective"], unit_column(g)
+        mk += _keys(names, idx, (phase, coll))
         for i, f in enumerate(("count", "bytes", "seconds", "exposed", "hidden")):
-            cols[i] += _same_length(g[f], g["unit"])
+            cols[i] += column(g, f, idx)
     mv = np.array(cols, np.float64).T.reshape(len(mk), 5) if mk else np.zeros((0, 5))
     cv = np.array(cv, np.float64)
     for a in (cv, mv):  # durations, counts and bytes: finite and >= 0
@@ -558,8 +578,8 @@ def framework_from_columns(units: dict, unit_names: list[str]) -> dict:
     names = _intern(tuple(unit_names))
     out: dict[tuple[str, str], float] = {}
     for g in units.get("framework", ()):
-        for key, v in zip(_keys(names, g["unit"], (g["phase"],)),
-                          _same_length(g["seconds"], g["unit"])):
+        idx = unit_column(g)
+        for key, v in zip(_keys(names, idx, (g["phase"],)), column(g, "seconds", idx)):
             _vnum(v, "framework seconds")
             out[key] = out.get(key, 0.0) + float(v)
     return out

@@ -274,6 +274,48 @@ def _dumps(rec: dict) -> bytes:
     return (json.dumps(rec, separators=(",", ":"), default=str) + "\n").encode()
 
 
+# Durations are written with 12 significant digits (issue 33: Python's shortest round trip
+# of a float takes up to 17, a third of a step line): a relative error below 5e-13, under
+# a nanosecond on any step or per-unit time, under a microsecond on a week's cumulative
+# total, far below what any of the clocks measured. `end_unix` (an absolute time) keeps all.
+DIGITS = 12
+# Fields of a step record that are null on a step without per-unit detail (not measured):
+# left out of its step line, which readers read alike (docs/runlog.md); its detail line,
+# bounded, keeps them.
+_LEAN_ABSENT = ("framework_s", "other_s", "wait_s", "compute_s", "exposed_s")
+
+
+def short(x):
+    """A duration as written (`DIGITS` significant digits); anything else as it is."""
+    return float(f"{x:.{DIGITS}g}") if type(x) is float else x
+
+
+def _short_list(xs: list) -> list:
+    return [float(f"{x:.{DIGITS}g}") if type(x) is float else x for x in xs]
+
+
+def _compact(g: dict, columns: tuple) -> None:
+    """Schema 3's compact columns of one `units` group, in place (records.column reads
+    them): `unit` 0..n-1 as n, a column of one repeated number as that number, a column
+    equal to `seconds` as "seconds" (CPU collectives: exposed is all of it)."""
+    units = g["unit"]
+    if units == list(range(len(units))):
+        g["unit"] = len(units)
+    for name in columns:
+        col = g[name]
+        if col and col == g["seconds"] and name != "seconds":
+            g[name] = "seconds"
+        elif col and col.count(col[0]) == len(col):
+            g[name] = col[0]
+
+
+def short_step(rec: dict) -> dict:
+    """A step record with its step-level durations (`*_s` fields) as written, in its step
+    line and its detail line alike. Its per-unit rows go to the detail files only (bounded,
+    outside the budget): kept as they are, spared the writer thread's time."""
+    return {k: short(v) if k.endswith("_s") else v for k, v in rec.items()}
+
+
 class RunLogWriter:
     """Writes one rank's run log; see the module docstring and `zerodoc.runlog`.
 
@@ -701,7 +743,10 @@ class RunLogWriter:
             if self.detail and self.off is None:
                 self._switch_detail(rec["segment"], first_step=1)
         elif kind == "step":
-            light = {k: v for k, v in rec.items() if k not in ("compute", "comm", "framework")}
+            rec = short_step(rec)
+            lean = rec.get("detail") is False  # its per-unit-derived fields: not measured
+            light = {k: v for k, v in rec.items() if k not in ("compute", "comm", "framework")
+                     and not (lean and v is None and k in _LEAN_ABSENT)}
             self._main(light)
             self._last_step = rec.get("step", self._last_step)
             self._interval_max = max(self._interval_max, float(rec.get("step_s", 0.0)))
@@ -862,8 +907,9 @@ class RunLogWriter:
             d_comm[k] = (v[0] - p[0], v[1] - p[1], v[2] - p[2], v[3] - p[3], v[4] - p[4])
         base = {"step_s": scalars[0] - pscal[0], "optimizer_s": scalars[1] - pscal[1],
                 "framework_s": scalars[2] - pscal[2], "other_s": scalars[3] - pscal[3],
-                "self_s": scalars[4] - pscal[4], "host_compute_s": scalars[5] - pscal[5],
-                "launch": [scalars[6] - pscal[6], scalars[7] - pscal[7]]}
+                "self_s": scalars[4] - pscal[4], "host_compute_s": scalars[5] - pscal[5]}
+        base = {k: short(v) for k, v in base.items()}
+        base["launch"] = [scalars[6] - pscal[6], scalars[7] - pscal[7]]
         sampled = {} if detail_steps is None else \
             {"detail_steps": detail_steps - ((prev[7] or 0) if prev else 0)}
         self._main({"type": "interval", "first": first, "last": step,
@@ -885,10 +931,11 @@ class RunLogWriter:
         sampled = {} if detail_steps is None else {"detail_steps": detail_steps}
         self._main({"type": "total", "step": step, "steps": steps, **sampled,
                     "end_unix": end_unix,
-                    "header_at": self._header_at, "step_s": scalars[0],
-                    "optimizer_s": scalars[1], "framework_s": scalars[2],
-                    "other_s": scalars[3], "self_s": scalars[4], "host_compute_s": scalars[5],
-                    "launch": [scalars[6], scalars[7]], "max_step_s": max_step,
+                    "header_at": self._header_at, "step_s": short(scalars[0]),
+                    "optimizer_s": short(scalars[1]), "framework_s": short(scalars[2]),
+                    "other_s": short(scalars[3]), "self_s": short(scalars[4]),
+                    "host_compute_s": short(scalars[5]),
+                    "launch": [scalars[6], scalars[7]], "max_step_s": short(max_step),
                     # a reader that takes the warm-up line off these totals needs this max
                     **({"max_step_s_past_warmup": self._max_past_warmup}
                        if self._wrote_warmup else {}),
@@ -906,6 +953,9 @@ class RunLogWriter:
                 g = groups.setdefault(phase, {"phase": phase, "unit": [], "seconds": []})
                 g["unit"].append(idx[unit])
                 g["seconds"].append(s)
+            for g in groups.values():
+                g["seconds"] = _short_list(g["seconds"])
+                _compact(g, ())
             return list(groups.values())
         mgroups: dict[tuple, dict] = {}
         for (unit, phase, coll), v in comm.items():
@@ -917,6 +967,10 @@ class RunLogWriter:
             g["unit"].append(idx[unit])
             for name, x in zip(("count", "bytes", "seconds", "exposed", "hidden"), v):
                 g[name].append(x)
+        for g in mgroups.values():
+            for name in ("seconds", "exposed", "hidden"):
+                g[name] = _short_list(g[name])
+            _compact(g, ("count", "bytes", "exposed", "hidden"))
         out = {"compute": by_phase(compute), "comm": list(mgroups.values())}
         fw = by_phase(framework) if framework else []
         if fw:  # the framework's time per unit (absent: not recorded, as in older logs)
