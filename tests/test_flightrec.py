@@ -52,7 +52,9 @@ def report(capsys, *args) -> tuple[int, str, str]:
 def stopped_of(capsys, path) -> dict:
     code, out, err = report(capsys, path, "--json")
     assert code in (0, 1), err
-    return json.loads(out)
+    rep = json.loads(out)
+    assert not [f for f in rep["findings"] if f["code"] == "ZD000"], "a rule crashed"
+    return rep
 
 
 @pytest.mark.parametrize("case", sorted(NVRX_NAMES))

@@ -41,7 +41,7 @@ MAX_DUMP_BYTES = 256 << 20  # a full 20,000-entry ring with stacks is ~60 MB
 MAX_DIR_FILES = 65536
 _RANK_AT_END = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?(?:\.gz)?$")
 SAFE_GLOBALS = {("collections", "OrderedDict"): dict}
-MAX_WORKERS, PER_WORKER = 16, 32  # processes reading a big folder; files each at least
+MAX_WORKERS, PER_WORKER = 16, 64  # processes reading a big folder; files each at least
 KEEP_OPS = 64  # per rank and group, the newest collectives' names kept (the waited ones)
 
 
@@ -321,7 +321,8 @@ def _edges(dumps: dict[int, RankDump], members: dict[str, list[int]]) -> dict[in
             if e_r not in behind:
                 short = [(q, e + 1) for e, q in entered[:bisect.bisect_left(entered, (e_r,))]]
                 behind[e_r] = short + [(q, None) for q in silent]
-            out.setdefault(r, []).extend((name, e_r, q, lacks) for q, lacks in behind[e_r])
+            if behind[e_r]:
+                out.setdefault(r, []).extend((name, e_r, q, lacks) for q, lacks in behind[e_r])
     return out
 
 
