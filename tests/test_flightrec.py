@@ -212,3 +212,20 @@ def test_a_real_gloo_job_names_the_rank_that_stopped(tmp_path, how):
     assert st["ranks"] == [2] and st["waiting_ranks"] == [0, 1]
     assert st["collective"] == "gloo:all_reduce" and st["sequence"] == 6
     assert st["confidence"] == ("medium" if how == "nodump" else "high")
+
+
+async def test_tui_shows_the_stopped_ranks():
+    """`zerodoc tui DIR` on dumps: the same finding in the findings view (NVRx lock_gil_2nd)."""
+    from tests.test_tui import SIZE, app_text, first_frame
+    from zerodoc.sources import open_source
+    from zerodoc.tui.app import ZerodocApp
+
+    app = ZerodocApp(open_source(str(NVRX / "lock_gil_2nd")), refresh=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await first_frame(app, pilot)
+        await pilot.press("3")
+        await pilot.pause()
+        text = app_text(app)
+        assert "ranks 10, 15 stopped first" in text, text[:2000]
+        await pilot.press("q")
+        await pilot.pause()
