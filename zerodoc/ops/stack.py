@@ -60,6 +60,7 @@ def infer_link(runs: list[Path]) -> str:
 
 # VictoriaMetrics' ingestion lag guard (its default, 30 s, would show a live run 30 s late)
 VM_LATENCY_OFFSET = "5s"
+VM_MAX_SERIES_PER_QUERY = 5_000_000
 ENGINES = ("prometheus", "victoria")
 _VM_BINARIES = ("victoria-metrics", "vmagent", "vmalert")
 
@@ -227,7 +228,10 @@ class Stack:
         self._spawn("victoria-metrics", [
             b["victoria-metrics"], f"-storageDataPath={wd / 'data'}",
             f"-httpListenAddr=127.0.0.1:{self.port}", "-retentionPeriod=1d",
-            f"-search.latencyOffset={VM_LATENCY_OFFSET}"])
+            f"-search.latencyOffset={VM_LATENCY_OFFSET}",
+            # a query over every rank's per-unit series: 1,296 a rank (81 units), past the
+            # default limit of 300,000 series per query from ~230 ranks
+            f"-search.maxUniqueTimeseries={VM_MAX_SERIES_PER_QUERY}"])
         self.agent_url = f"http://127.0.0.1:{free_port()}"
         self._spawn("vmagent", [
             b["vmagent"], f"-promscrape.config={scrape_config}",
