@@ -279,10 +279,6 @@ def _dumps(rec: dict) -> bytes:
 # a nanosecond on any step or per-unit time, under a microsecond on a week's cumulative
 # total, far below what any of the clocks measured. `end_unix` (an absolute time) keeps all.
 DIGITS = 12
-# Fields of a step record that are null on a step without per-unit detail (not measured):
-# left out of its step line, which readers read alike (docs/runlog.md); its detail line,
-# bounded, keeps them.
-_LEAN_ABSENT = ("framework_s", "other_s", "wait_s", "compute_s", "exposed_s")
 
 
 def short(x):
@@ -744,9 +740,7 @@ class RunLogWriter:
                 self._switch_detail(rec["segment"], first_step=1)
         elif kind == "step":
             rec = short_step(rec)
-            lean = rec.get("detail") is False  # its per-unit-derived fields: not measured
-            light = {k: v for k, v in rec.items() if k not in ("compute", "comm", "framework")
-                     and not (lean and v is None and k in _LEAN_ABSENT)}
+            light = {k: v for k, v in rec.items() if k not in ("compute", "comm", "framework")}
             self._main(light)
             self._last_step = rec.get("step", self._last_step)
             self._interval_max = max(self._interval_max, float(rec.get("step_s", 0.0)))
