@@ -330,3 +330,51 @@ def test_rows_with_bad_times_are_skipped_and_counted(exports, tmp_path):
     snap = open_source(str(p), None, trace_facts={"progress": False}).snapshot()
     assert device_rows(snap) == before
     assert "3 events skipped in bad.sqlite: NaN, infinite or negative times" in snap.log_notes
+
+
+@pytest.mark.parametrize("name", ("h100_2gpu_1s", "mfu_2gpu_before", "overlapped"))
+def test_sliced_attribution_equals_one_pass(exports, name, monkeypatch, tmp_path):
+    """Large ranks are attributed in slices cut where the device is idle (bounded memory):
+    the same steps, unit compute, collectives and exposure as one pass over every kernel.
+    "overlapped": the send/recv pair with a copy of every kernel on another stream, starting
+    half-way through it (work overlaps on the device: a cut inside it would count it twice)."""
+    from zerodoc.trace import nsys
+
+    if name == "overlapped":
+        path = tmp_path / "overlapped.sqlite"
+        shutil.copy(exports["mfu_2gpu_before"], path)
+        con = sqlite3.connect(path)
+        cols = [r[1] for r in con.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")]
+        moved = {"start": '(start + "end") / 2', "end": '"end" + ("end" - start) / 2',
+                 "streamId": "999"}
+        sel = ", ".join(moved.get(c, f'"{c}"') for c in cols)
+        con.execute(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT {sel} FROM "
+                    "CUPTI_ACTIVITY_KIND_KERNEL")
+        con.commit()
+        con.close()
+        exports = {**exports, name: path}
+
+    def read(limit: int):
+        calls = []
+        real = nsys.attribute
+        monkeypatch.setattr(nsys, "SLICE_KERNELS", limit)
+        monkeypatch.setattr(nsys, "attribute", lambda *a: calls.append(1) or real(*a))
+        snap = open_source(str(exports[name]), None, trace_facts={"progress": False}).snapshot()
+        monkeypatch.setattr(nsys, "attribute", real)
+        return snap, len(calls)
+
+    whole, n1 = read(10**9)
+    sliced, n2 = read(200)
+    assert n1 == 2 and n2 >= 10  # two ranks: one pass each, then several slices each
+    assert device_rows(sliced) == device_rows(whole)
+    for r, w in whole.ranks.items():
+        s = sliced.ranks[r]
+        assert s.compute.keys() == w.compute.keys()
+        for k, v in w.compute.items():
+            assert s.compute[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+        assert s.comm.keys() == w.comm.keys()
+        for k, c in w.comm.items():
+            assert (s.comm[k].count, s.comm[k].seconds) == (c.count, pytest.approx(c.seconds))
+            assert s.comm[k].exposed_seconds == pytest.approx(c.exposed_seconds)
+        assert (s.framework_seconds, s.optimizer_seconds) == pytest.approx(
+            (w.framework_seconds, w.optimizer_seconds))

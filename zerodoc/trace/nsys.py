@@ -46,7 +46,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from .attribution import attribute
+from . import timeline as tl
+from .attribution import RankResult, attribute
 from .events import (ANNOTATION_PREFIXES, BACKWARD_FN, COMM_KERNEL, NOT_COMPUTE, STEP, Kernel,
                      RankEvents, Span, kernel_kind)
 from .nsysfiles import nsys_files
@@ -362,6 +363,84 @@ def _meta(con: sqlite3.Connection, name: str) -> str:
     return str(row[0]) if row else ""
 
 
+SLICE_KERNELS = 500_000  # kernels attributed at a time (module docstring: bounded memory)
+
+
+def attribute_sliced(ev: RankEvents, group_size: int | None,
+                     limit: int | None = None) -> RankResult:
+    """`attribute(ev)`, in slices of at most about `limit` kernels, for bounded memory: the
+    attribution's own arrays take about 200 bytes per kernel, the events 50. The device
+    timeline is cut only where the device is idle (between two intervals of the union of
+    every kernel and memory operation), and each slice is attributed with all of the host's
+    side (annotations, launches, steps) and its own device work: no kernel crosses a cut, so
+    every union, each kernel's share of it and each collective's exposure are the same as in
+    one pass, and each step's numbers are the sums of its slices'."""
+    limit = SLICE_KERNELS if limit is None else limit
+    kt, ke = np.asarray(ev.kernel_ts), np.asarray(ev.kernel_end)
+    ct = np.array([k.ts for k in ev.comm_kernels], dtype=float)
+    if len(kt) + len(ct) <= limit:
+        return attribute(ev, group_size)
+    mt, me = np.asarray(ev.mem_ts), np.asarray(ev.mem_end)
+    ce = np.array([k.end for k in ev.comm_kernels], dtype=float)
+    ends = tl.merge(np.concatenate([kt, ct, mt]), np.concatenate([ke, ce, me]))[1]
+    starts = np.sort(np.concatenate([kt, ct]))  # kernels (not memory operations) counted
+    before = np.searchsorted(starts, ends, side="right")  # kernels starting by each idle point
+    cuts, done = [], 0
+    for j in range(len(ends) - 1):
+        if before[j + 1] - done > limit and before[j] > done:
+            cuts.append(ends[j])
+            done = before[j]
+    cuts = np.array(cuts)
+    ks, cs, ms = (np.searchsorted(cuts, x, side="right") for x in (kt, ct, mt))
+    # a stretch of memory operations alone is no slice (it would read as a CPU trace)
+    n = len(cuts) + 1
+    has = np.bincount(ks, minlength=n) + np.bincount(cs, minlength=n) > 0
+    remap = np.maximum.accumulate(np.where(has, np.arange(n), 0))
+    ks, cs, ms = remap[ks], remap[cs], remap[ms]
+    parts, lengths = [], []
+    for i in np.flatnonzero(has):
+        part = RankEvents(spans=ev.spans, comm_ops=ev.comm_ops, busy=ev.busy,
+                          backward_starts=ev.backward_starts, launch_corr=ev.launch_corr,
+                          launch_tid=ev.launch_tid, launch_ts=ev.launch_ts, pid=ev.pid)
+        sel = ks == i
+        _extend(part.kernel_ts, kt[sel])
+        _extend(part.kernel_end, ke[sel])
+        _extend(part.kernel_corr, np.asarray(ev.kernel_corr)[sel])
+        _extend(part.mem_ts, mt[ms == i])
+        _extend(part.mem_end, me[ms == i])
+        part.comm_kernels = [k for k, c in zip(ev.comm_kernels, cs) if c == i]
+        lengths.append(tl.length(tl.merge(ct[cs == i], ce[cs == i])))
+        parts.append(attribute(part, group_size))
+        del part
+    return _merged(parts, lengths)
+
+
+def _merged(parts: list[RankResult], comm_lengths: list[float]) -> RankResult:
+    """One `RankResult` from the slices' (the same steps in each: their numbers added; the
+    units in the order `attribute` gives them; the overlap weighted by each slice's
+    communication time)."""
+    steps = parts[0].steps
+    for p in parts[1:]:
+        for st, add in zip(steps, p.steps):
+            for name in ("optimizer", "framework", "device_busy", "device_compute",
+                         "device_comm", "device_exposed"):
+                setattr(st, name, getattr(st, name) + getattr(add, name))
+            for mine, theirs in ((st.compute, add.compute),
+                                 (st.unit_framework, add.unit_framework)):
+                for k, v in theirs.items():
+                    mine[k] += v
+    colls = [c for p in parts for c in p.collectives]
+    order: list[str] = []
+    for c in sorted(colls, key=lambda c: (c.collective != "all_gather", c.issue)):
+        if c.unit not in order:
+            order.append(c.unit)
+    total = sum(comm_lengths)
+    overlap = sum((p.overlap_ratio or 0.0) * t for p, t in zip(parts, comm_lengths)) / total \
+        if total > 0 else None
+    return RankResult(parts[0].framework, parts[0].device_type, steps, colls, order, overlap,
+                      sum(p.comm_kernels for p in parts), sum(p.comm_outside for p in parts))
+
+
 def one_window(ev: RankEvents, span: tuple[float, float]) -> bool:
     """A capture without `ProfilerStep#N` ranges: one step (0) over the capture's span.
     Returns whether the window was added."""
@@ -414,7 +493,7 @@ class NsysSource(TraceSource):
                       "_bad_times": ev.bad_times, "nsys_pid": d.pid, "nsys_device": d.device,
                       "nsys_schema": ex.schema}
             self.ranks[rank] = RankTrace(rank, ex.path, header,
-                                         attribute(ev, self.opts.world_size), d.pid)
+                                         attribute_sliced(ev, self.opts.world_size), d.pid)
             self.where[rank] = f"{ex.path.name} process {d.pid} device {d.device}"
             del ev
         if added:
