@@ -49,8 +49,8 @@ def report(capsys, *args) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def stopped_of(capsys, path) -> dict:
-    code, out, err = report(capsys, path, "--json")
+def stopped_of(capsys, path, *flags) -> dict:
+    code, out, err = report(capsys, path, "--json", *flags)
     assert code in (0, 1), err
     rep = json.loads(out)
     assert not [f for f in rep["findings"] if f["code"] == "ZD000"], "a rule crashed"
@@ -198,18 +198,37 @@ def test_a_thousand_ranks_read_within_bounds(tmp_path, capsys):
     assert took <= 10.0, f"{took:.1f} s of CPU"
 
 
+def test_world_size_names_a_missing_last_rank(tmp_path, capsys):
+    """Dumps without pg_config (gloo's) do not say the world: the highest rank's missing dump
+    is seen only with --world-size; without it the answer says it is unsure."""
+    d = write_dumps(tmp_path / "d", 8, stopped=(7,), missing=(7,), ring=30, tp=4)
+    for f in d.iterdir():
+        f.write_bytes(pickle.dumps(dict(pickle.loads(f.read_bytes()), pg_config={})))
+    # unseen, rank 7's TP group looks like ranks 4-6, who wait there with nobody behind:
+    # named as waiting for each other or for someone unlisted, not as a sure answer
+    low = stopped_of(capsys, d)["stopped"]
+    assert low["confidence"] == "low" and 7 not in low["ranks"], low
+    st = stopped_of(capsys, str(d), "--world-size", "8")["stopped"]
+    assert st["ranks"] == [7] and st["confidence"] == "medium"
+    code, _, err = report(capsys, d, "--world-size", "5")
+    assert code == 2 and "holds a dump of rank 6" in err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["pickle", "json", "nodump"])
 def test_a_real_gloo_job_names_the_rank_that_stopped(tmp_path, how):
-    """Three gloo ranks; rank 2 stops before the sixth all-reduce the others enter (torch
-    records gloo's collectives in its flight recorder). `nodump`: rank 2 writes no dump."""
-    r = subprocess.run(job_command("flightrec_stop", tmp_path, 3, 2, how), env=job_env(),
+    """Three gloo ranks; rank 2 (rank 1 in `nodump`, where it writes no dump: gloo's dumps
+    do not say the world size, so the highest rank's absence would go unseen) stops before
+    the sixth all-reduce the others enter (torch records gloo's collectives in its flight
+    recorder)."""
+    stop = 1 if how == "nodump" else 2
+    r = subprocess.run(job_command("flightrec_stop", tmp_path, 3, stop, how), env=job_env(),
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     rep = subprocess.run([sys.executable, "-m", "zerodoc", "report", str(tmp_path / "dumps"),
                           "--json"], capture_output=True, text=True, timeout=120, env=job_env())
     st = json.loads(rep.stdout)["stopped"]
-    assert st["ranks"] == [2] and st["waiting_ranks"] == [0, 1]
+    assert st["ranks"] == [stop] and st["waiting_ranks"] == [r for r in range(3) if r != stop]
     assert st["collective"] == "gloo:all_reduce" and st["sequence"] == 6
     assert st["confidence"] == ("medium" if how == "nodump" else "high")
 

@@ -62,8 +62,10 @@ def open_source(spec: str | None, window: int | None = 20, *,
     if spec is not None and flightrec.looks_like_dumps(Path(spec.strip())):
         if run_id is not None or segment is not None:
             raise UserError("--run-id and --segment are not for flight-recorder dumps")
-        trace.refuse_facts(trace_facts)
-        return flightrec.FlightRecorderSource(spec.strip())
+        facts = dict(trace_facts or {})
+        world = facts.pop("world_size", None)  # gloo's dumps do not say the world
+        trace.refuse_facts(facts)
+        return flightrec.FlightRecorderSource(spec.strip(), world_size=world)
     if spec is not None and _is_nsys(spec.strip()):  # Nsight Systems SQLite exports
         from ..trace.nsys import open_nsys
 

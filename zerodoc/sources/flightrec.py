@@ -37,7 +37,8 @@ from pathlib import Path
 from ..errors import UserError
 from ..runmodel import RankFacts, RankWindow, RunSnapshot
 
-MAX_DUMP_BYTES = 256 << 20  # a full 20,000-entry ring with stacks is ~60 MB
+MAX_DUMP_BYTES = 256 << 20  # a 2,000-entry ring without stacks is ~0.4 MB (bench/flightrec.py);
+# stacks add ~1-2 KB an entry: 20,000 entries with stacks fit
 MAX_DIR_FILES = 65536
 _RANK_AT_END = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?(?:\.gz)?$")
 SAFE_GLOBALS = {("collections", "OrderedDict"): dict}
@@ -281,9 +282,11 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
 
 
-def group_members(dumps: dict[int, RankDump], world: list[int]) -> dict[str, list[int]]:
+def group_members(dumps: dict[int, RankDump], world: list[int]
+                  ) -> tuple[dict[str, list[int]], set[str]]:
     """Global ranks of each group: pg_config, else the whole world for the default group,
-    else the ranks whose dumps mention it (gloo's dumps carry no pg_config)."""
+    else the ranks whose dumps mention it (gloo's dumps carry no pg_config); and the names
+    of the groups guessed so (a member without a dump is not in them)."""
     out: dict[str, list[int]] = {}
     seen: dict[str, set[int]] = {}
     for d in dumps.values():
@@ -293,16 +296,20 @@ def group_members(dumps: dict[int, RankDump], world: list[int]) -> dict[str, lis
             seen.setdefault(name, set()).add(d.rank)
             if g.desc == "default_pg" and name not in out:
                 out[name] = list(world)
-    for name, ranks in seen.items():
-        out.setdefault(name, sorted(ranks))
-    return out
+    guessed = set(seen) - set(out)
+    for name in guessed:
+        out[name] = sorted(seen[name])
+    return out, guessed
 
 
-def _edges(dumps: dict[int, RankDump], members: dict[str, list[int]]) -> dict[int, list]:
+def _edges(dumps: dict[int, RankDump], members: dict[str, list[int]], guessed: set[str]
+           ) -> tuple[dict[int, list], set[int]]:
     """rank -> [(group, sequence it waits in, rank it waits for, first seq that rank
     lacks)]: it entered collective `seq` of the group and did not complete it, and that
-    member entered only earlier ones (or left no record at all)."""
+    member entered only earlier ones (or left no record at all). And the ranks that wait in
+    a guessed group with no member behind: for one the dumps do not list."""
     out: dict[int, list] = {}
+    unseen: set[int] = set()
     for name, ranks in members.items():
         entered, silent = [], []  # (entered, rank) of members whose dump has the group
         for q in ranks:
@@ -323,7 +330,9 @@ def _edges(dumps: dict[int, RankDump], members: dict[str, list[int]]) -> dict[in
                 behind[e_r] = short + [(q, None) for q in silent]
             if behind[e_r]:
                 out.setdefault(r, []).extend((name, e_r, q, lacks) for q, lacks in behind[e_r])
-    return out
+            elif name in guessed:
+                unseen.add(r)
+    return out, unseen
 
 
 def _op(dumps: dict[int, RankDump], ranks, name: str, seq: int) -> str:
@@ -338,15 +347,16 @@ def _op(dumps: dict[int, RankDump], ranks, name: str, seq: int) -> str:
 def analyse(dumps: dict[int, RankDump], world: list[int]) -> Verdict:
     """Who stopped first, from every rank's dump (`dumps` holds one per rank of `world`,
     missing ones included)."""
-    members = group_members(dumps, world)
-    edges = _edges(dumps, members)
+    members, guessed = group_members(dumps, world)
+    edges, unseen = _edges(dumps, members, guessed)
     v = Verdict()
     if not edges:
         return v
     targets = {q for es in edges.values() for _, _, q, _ in es}
-    roots = sorted(q for q in targets if q not in edges)
+    roots = sorted(q for q in targets if q not in edges and q not in unseen)
     circle = not roots
-    if circle:  # each waits for another: collectives issued in different orders
+    if circle:  # each waits for another (collectives issued in different orders), or for
+        # a member of a group the dumps do not list (no pg_config, its dump missing)
         roots = sorted(targets)
     for q in roots:
         into = [(r, e) for r, es in edges.items() for e in es if e[2] == q and r != q]
@@ -389,9 +399,11 @@ def _desc(dumps: dict[int, RankDump], ranks, name: str) -> str:
 # --------------------------------------------------------------------------------------
 # the source
 
-def read_dumps(path: Path) -> tuple[dict[int, RankDump], list[int]]:
+def read_dumps(path: Path, world_size: int | None = None
+               ) -> tuple[dict[int, RankDump], list[int]]:
     """Every rank's dump of a directory (or one file), and the world: the default group's
-    ranks in pg_config, else 0..the highest rank numbered. A rank of the world without a
+    ranks in pg_config, else `world_size` ranks (--world-size: gloo's dumps carry no
+    pg_config), else 0..the highest rank numbered. A rank of the world without a
     file is "missing", a file that cannot be read "unreadable" (a rank that died while
     writing it): both are evidence. A file that is not plain data raises DumpRefused."""
     files = dump_files(path)
@@ -411,8 +423,10 @@ def read_dumps(path: Path) -> tuple[dict[int, RankDump], list[int]]:
     if refused is not None:
         raise DumpRefused(refused)
     dumps: dict[int, RankDump] = {d.rank: d for d in got}
+    if world_size is not None and world_size <= max(files):
+        raise UserError(f"--world-size {world_size}: {path} holds a dump of rank {max(files)}")
     world = next((d.world for d in dumps.values() if d.world), [])
-    world = sorted(set(world) | set(range(max(files) + 1)))
+    world = sorted(set(world) | set(range(world_size or max(files) + 1)))
     for r in world:
         dumps.setdefault(r, RankDump(r, "missing", note=f"no dump of rank {r}"))
     return dumps, world
@@ -440,9 +454,9 @@ class FlightRecorderSource:
     stopped first (`in`: "flightrec", no collective: it did not reach the one the others
     wait in), each with `source: "flightrec"` for rule ZD013."""
 
-    def __init__(self, spec: str | Path):
+    def __init__(self, spec: str | Path, world_size: int | None = None):
         self.path = Path(spec)
-        self.dumps, self.world = read_dumps(self.path)
+        self.dumps, self.world = read_dumps(self.path, world_size)
         self.verdict = analyse(self.dumps, self.world)
         n = sum(d.status != "missing" for d in self.dumps.values())
         self.description = f"flight-recorder dumps {self.path} ({n} of {len(self.world)} ranks)"

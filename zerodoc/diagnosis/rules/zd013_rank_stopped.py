@@ -272,8 +272,10 @@ def _from_dumps(ctx) -> list:
     head = (f"rank{'s' if len(roots) > 1 else ''} {_list(roots)} stopped first (flight-"
             f"recorder dumps, confidence {conf}): " + "; ".join(parts))
     if conf == "low":
-        head += (" -- these ranks wait for each other: collectives issued in a different "
-                 "order on different ranks")
+        head += (" -- but these ranks wait themselves, for each other (collectives issued "
+                 "in a different order on different ranks) or for a member of a group the "
+                 "dumps do not list (no pg_config in them: give --world-size when a rank's "
+                 "dump is missing)")
     evidence = {
         "rank": first, "ranks": roots, "state": "stuck", "step": None, "last_step": None,
         "since_unix": None, "in": None, "unit": None, "phase": None,
