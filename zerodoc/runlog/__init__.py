@@ -43,7 +43,7 @@ hold one full step record per line: a ``step`` line as above plus ``compute``
 ([[unit, phase, seconds]...]) and ``comm`` ([[unit, phase, collective, count, bytes,
 seconds, exposed_s, hidden_s]...]): the steps of the current and the previous interval.
 
-Schema 3 writes durations with 12 significant digits and ``units`` columns compactly (``unit`` 0..n-1 as n, a repeated number once, a
+Schema 3 writes durations with 13 significant digits and ``units`` columns compactly (``unit`` 0..n-1 as n, a repeated number once, a
 column equal to ``seconds`` by that name; docs/runlog.md); schema 2 logs (lists everywhere)
 and schema 1 logs (every step line carrying its ``compute`` / ``comm`` rows, no segments) are
 still read. `read_rank_log()` reads one segment in full, `read_rank_tail()` only what a

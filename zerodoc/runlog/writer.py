@@ -274,11 +274,11 @@ def _dumps(rec: dict) -> bytes:
     return (json.dumps(rec, separators=(",", ":"), default=str) + "\n").encode()
 
 
-# Durations are written with 12 significant digits (issue 33: Python's shortest round trip
+# Durations are written with 13 significant digits (issue 33: Python's shortest round trip
 # of a float takes up to 17, a third of a step line): a relative error below 5e-13, under
 # a nanosecond on any step or per-unit time, under a microsecond on a week's cumulative
 # total, far below what any of the clocks measured. `end_unix` (an absolute time) keeps all.
-DIGITS = 12
+DIGITS = 13
 
 
 def short(x):
