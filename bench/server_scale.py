@@ -137,7 +137,8 @@ def source_queries(url: str) -> dict:
     return out
 
 
-def run(ranks: int, minutes: float, rules: str, tmp: Path) -> dict:
+def run(ranks: int, minutes: float, rules: str, tmp: Path,
+        max_rss_gb: float | None = None) -> dict:
     from zerodoc.demo.launch import free_port
     from zerodoc.ops import alerts
 
@@ -164,7 +165,7 @@ def run(ranks: int, minutes: float, rules: str, tmp: Path) -> dict:
                                  "--enable-feature=extra-scrape-metrics"],
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
-            return _measure(url, proc, farm, ranks, minutes, rules)
+            return _measure(url, proc, farm, ranks, minutes, rules, max_rss_gb)
         finally:
             proc.terminate()
             try:
@@ -174,7 +175,7 @@ def run(ranks: int, minutes: float, rules: str, tmp: Path) -> dict:
             log.close()
 
 
-def _measure(url, proc, farm, ranks, minutes, rules) -> dict:
+def _measure(url, proc, farm, ranks, minutes, rules, max_rss_gb=None) -> dict:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -186,8 +187,12 @@ def _measure(url, proc, farm, ranks, minutes, rules) -> dict:
     server0 = _cpu(proc.pid)
     worst: dict[str, float] = {}
     end = time.monotonic() + minutes * 60
+    stopped = None
     while time.monotonic() < end:  # the groups' largest evaluation time over the run
         time.sleep(min(15.0, max(0.0, end - time.monotonic())))
+        if max_rss_gb and _rss(proc.pid) > max_rss_gb * 2**30:  # the box is shared
+            stopped = f"resident memory past {max_rss_gb:g} GB after {time.monotonic() - t0:.0f} s"
+            break
         try:
             for name, g in groups(url).items():
                 worst[name] = max(worst.get(name, 0.0), g["last_s"])
@@ -199,7 +204,8 @@ def _measure(url, proc, farm, ranks, minutes, rules) -> dict:
     m = _metrics(url)
     missed = {lab["rule_group"].rpartition(";")[2]: v
               for lab, v in m.get("prometheus_rule_group_iterations_missed_total", [])}
-    out = {"ranks": ranks, "rules": rules, "minutes": minutes, "groups": {},
+    out = {"ranks": ranks, "rules": rules, "minutes": minutes, "stopped_early": stopped,
+           "groups": {},
            "head_series": int(m["prometheus_tsdb_head_series"][0][1]),
            "rss_gb": round(_rss(proc.pid) / 2**30, 2),
            "peak_rss_gb": round(_peak(proc.pid) / 2**30, 2),
@@ -240,9 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=5.0,
                    help="scrape and evaluate this long before reading the figures")
     p.add_argument("--rules", choices=("shipped", "before"), default="shipped")
+    p.add_argument("--max-rss-gb", type=float, default=None,
+                   help="stop early (and say so) when the server's resident memory passes this")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="server-scale-") as tmp:
-        print(json.dumps(run(a.ranks, a.minutes, a.rules, Path(tmp))))
+        print(json.dumps(run(a.ranks, a.minutes, a.rules, Path(tmp), a.max_rss_gb)))
     return 0
 
 
