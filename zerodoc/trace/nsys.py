@@ -27,10 +27,15 @@ What is read, and how it maps onto the trace model:
 Times are nanoseconds in an export and microseconds in the model (divided by 1000). A capture
 without `ProfilerStep#N` ranges is one window, step 0, over the capture's span: from the first
 to the last kernel, memory operation or kept NVTX range of the file (the same for every rank
-of the file); the report says so (`log_notes`). Rows are streamed from the database (opened
-read-only, `mode=ro`, never written), and only what the model keeps is kept; a file that is
-not an SQLite database, or an export without the tables and columns above, is refused with one
-line naming what is missing.
+of the file); the report says so (`log_notes`).
+
+Bounded memory: the database is opened read-only (`mode=ro`, never written, no index built);
+ranks and the span come from aggregate queries; then one rank at a time is read, in chunks of
+rows (by rowid), keeping about 50 bytes per kernel (interval, correlation, launch), and
+attributed in slices of at most `SLICE_KERNELS` kernels cut where the device is idle
+(`attribute_sliced`: the attribution's own arrays would take about 200 bytes per kernel of a
+rank at once). A file that is not an SQLite database, or an export without the tables and
+columns above, is refused with one line naming what is missing.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import re
 import sqlite3
 import sys
 import urllib.parse
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -391,7 +397,9 @@ def attribute_sliced(ev: RankEvents, group_size: int | None,
             cuts.append(ends[j])
             done = before[j]
     cuts = np.array(cuts)
+    del ends, starts, before
     ks, cs, ms = (np.searchsorted(cuts, x, side="right") for x in (kt, ct, mt))
+    launches = _by_correlation(ev)
     # a stretch of memory operations alone is no slice (it would read as a CPU trace)
     n = len(cuts) + 1
     has = np.bincount(ks, minlength=n) + np.bincount(cs, minlength=n) > 0
@@ -400,19 +408,44 @@ def attribute_sliced(ev: RankEvents, group_size: int | None,
     parts, lengths = [], []
     for i in np.flatnonzero(has):
         part = RankEvents(spans=ev.spans, comm_ops=ev.comm_ops, busy=ev.busy,
-                          backward_starts=ev.backward_starts, launch_corr=ev.launch_corr,
-                          launch_tid=ev.launch_tid, launch_ts=ev.launch_ts, pid=ev.pid)
+                          backward_starts=ev.backward_starts, pid=ev.pid)
         sel = ks == i
+        corr = np.asarray(ev.kernel_corr)[sel]
         _extend(part.kernel_ts, kt[sel])
         _extend(part.kernel_end, ke[sel])
-        _extend(part.kernel_corr, np.asarray(ev.kernel_corr)[sel])
+        _extend(part.kernel_corr, corr)
         _extend(part.mem_ts, mt[ms == i])
         _extend(part.mem_end, me[ms == i])
         part.comm_kernels = [k for k, c in zip(ev.comm_kernels, cs) if c == i]
+        _launches_of(part, launches, np.concatenate([corr, np.array(
+            [k.correlation for k in part.comm_kernels], dtype=np.int64)]))
         lengths.append(tl.length(tl.merge(ct[cs == i], ce[cs == i])))
         parts.append(attribute(part, group_size))
         del part
     return _merged(parts, lengths)
+
+
+def _by_correlation(ev: RankEvents) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The launches (correlation, thread, time), sorted by correlation; `ev`'s own arrays are
+    emptied (they are not needed again, and a large rank's are tens of MB)."""
+    lc = np.asarray(ev.launch_corr)
+    order = np.argsort(lc, kind="stable")
+    out = lc[order], np.asarray(ev.launch_tid)[order], np.asarray(ev.launch_ts)[order]
+    del lc, order
+    ev.launch_corr, ev.launch_tid, ev.launch_ts = array("q"), array("q"), array("d")
+    return out
+
+
+def _launches_of(part: RankEvents, launches, corr: np.ndarray) -> None:
+    """Give a slice the launches of its own kernels (by correlation id)."""
+    lc, lt, lts = launches
+    if not len(lc) or not len(corr):
+        return
+    i = np.clip(np.searchsorted(lc, corr), 0, len(lc) - 1)
+    i = np.unique(i[lc[i] == corr])
+    _extend(part.launch_corr, lc[i])
+    _extend(part.launch_tid, lt[i])
+    _extend(part.launch_ts, lts[i])
 
 
 def _merged(parts: list[RankResult], comm_lengths: list[float]) -> RankResult:
