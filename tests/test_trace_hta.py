@@ -25,6 +25,11 @@ within 1 % point.
 HTA (HolisticTraceAnalysis 0.5.0) pulls pandas/plotly/jupyterlab; it is installed with its
 few runtime needs into a folder of its own (.venv/hta-extra, see HTA_REQUIREMENTS) and run in
 a subprocess, so the test environment keeps its numpy and torch.
+
+Twelve more public traces (tests/data/traces/public: HTA's, Kineto's and PARAM's test data,
+see its README.md) are checked per step the same way; where HTA reads an event zerodoc does
+not count (BY_DESIGN) each reader's number is checked against the union the JSON gives for
+its own reading, and the difference is pinned.
 """
 
 from __future__ import annotations
