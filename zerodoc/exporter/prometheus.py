@@ -60,7 +60,8 @@ class ZerodocCollector:
 
     What a rank serves depends on its detail level (`zerodoc.exporter.detail`): per-unit
     series on every rank (`full`) or only on the ranks of the unit sample (`coarse`; the
-    others serve them summed over units), and the run's per-unit facts on rank 0 only."""
+    others serve them summed over units), and the run's per-unit facts on rank 0 only, as the
+    framework's time per unit (every other rank: summed over units, per phase)."""
 
     def __init__(self, monitor):
         self.m = monitor
@@ -151,7 +152,8 @@ class ZerodocCollector:
             else:
                 fams = list(_rank_totals(rl, compute, comm))
             # the framework's time per unit: rank 0's alone (catalog scope `unit_rank0`)
-            per_unit_fw = not folded_on("unit_rank0", rank0=facts.rank == 0, unit_detail=unit_detail)
+            per_unit_fw = not folded_on("unit_rank0", rank0=facts.rank == 0,
+                                        unit_detail=unit_detail)
             fams.append(_framework(rl, fw, per_unit_fw))
             full = len(compute) + 4 * len(comm) + len(fw)
             folded = full - sum(len(f.samples) for f in fams)
