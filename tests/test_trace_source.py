@@ -355,20 +355,25 @@ def test_fsdp1_and_zero1_traces_match_the_live_counts_and_bytes(tmp_path, framew
         assert ours == live
 
 
+def event(cat, name, ts, dur, tid=1, **args) -> dict:
+    """One complete ("X") trace event."""
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "args": args}
+
+
+def launched_kernel(host, corr, ts, dur, stream=7, name="void gemm_kernel<float>") -> list:
+    """A kernel and the host call that launched it (same correlation)."""
+    return [event("cuda_runtime", "cudaLaunchKernel", host, 5, correlation=corr),
+            event("kernel", name, ts, dur, tid=stream, correlation=corr, stream=stream)]
+
+
 def test_gpu_fsdp2_trace_device_time_is_a_union_by_launch(tmp_path):
     """A GPU trace with FSDP2 spans whose answer is known by hand: two compute kernels of one
     unit overlap on two streams (their union counts, not their sum), the optimizer's kernel
     goes to the optimizer, a kernel still running at the step's end counts up to it, an NCCL
     kernel with no metadata and no launch in the trace is still an all-gather, exposed where
     no compute kernel ran."""
-    def x(cat, name, ts, dur, tid=1, **args):
-        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts,
-                "dur": dur, "args": args}
-
-    def launch(host, corr, ts, dur, stream=7, name="void gemm_kernel<float>"):
-        return [x("cuda_runtime", "cudaLaunchKernel", host, 5, correlation=corr),
-                x("kernel", name, ts, dur, tid=stream, correlation=corr, stream=stream)]
-
+    x, launch = event, launched_kernel
     events = [x("user_annotation", "ProfilerStep#1", 0, 1000),
               x("user_annotation", "FSDP::pre_forward (layers.0)", 100, 10),
               x("user_annotation", "FSDP::post_forward (layers.0)", 400, 10),
@@ -396,3 +401,33 @@ def test_gpu_fsdp2_trace_device_time_is_a_union_by_launch(tmp_path):
     path.write_text(json.dumps({"traceEvents": events[1:]}))
     st = open_traces(str(path), window=None, progress=False).ranks[0].result.steps[0]
     assert (st.ts, st.end) == (60, 1100) and st.device_compute == 300.0 + 120.0 - 20.0
+
+
+def test_device_work_without_a_launch_in_the_trace(tmp_path):
+    """Known by hand: a kernel whose launch the trace does not hold (queued before the profiler
+    began) is left out of the step and counted in the report's notes, as HTA leaves it out; a
+    kernel without a correlation is kept; a capture with no host runtime call at all (device
+    only) keeps every kernel. PyTorch 1.8's category names read the same."""
+    step = event("user_annotation", "ProfilerStep#1", 0, 1000)
+    orphan = event("kernel", "void gemm_kernel<float>", 10, 300, tid=7, correlation=99,
+                   stream=7)  # no cudaLaunchKernel with correlation 99
+    bare = event("kernel", "void relu_kernel<float>", 900, 50, tid=7, stream=7)  # no corr
+    events = [step, orphan, bare, *launched_kernel(400, 1, 500, 100)]
+    path = tmp_path / "rank-0.json"
+
+    def read(evs):
+        path.write_text(json.dumps({"traceEvents": evs}))
+        src = open_traces(str(path), window=None, progress=False)
+        return src, src.ranks[0].result
+
+    src, res = read(events)
+    assert res.unlaunched == 1 and res.steps[0].device_compute == 100.0 + 50.0
+    assert any(x.startswith("1 device operation in rank-0.json not counted")
+               for x in src.snapshot().log_notes)
+    src, res = read([step, orphan, bare])  # no host runtime call: a device-only capture
+    assert res.unlaunched == 0 and res.steps[0].device_compute == 300.0 + 50.0
+    assert src.snapshot().log_notes == []
+    legacy = {"user_annotation": "Operator", "cuda_runtime": "Runtime", "kernel": "Kernel"}
+    src, res = read([{**e, "cat": legacy[e["cat"]]} for e in events])
+    assert [s.step for s in res.steps] == [1] and res.unlaunched == 1
+    assert res.steps[0].device_compute == 150.0
