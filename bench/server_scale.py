@@ -222,6 +222,8 @@ def _measure(url, proc, farm, ranks, minutes, rules, max_rss_gb=None) -> dict:
             "missed": missed.get(name, 0.0),
             "within_half": max(worst.get(name, 0.0), g["last_s"]) <= g["interval_s"] / 2,
             "costliest": [(round(s, 2), n) for s, n in g["rules"]]}
+    # the server's figures first, on stderr: a run cut short by its timeout still says them
+    print(json.dumps(out), file=sys.stderr, flush=True)
     out["report_tui"] = source_queries(url)
     dash = []
     for what, expr in _queries():
