@@ -116,6 +116,26 @@ def test_no_rank_behind_names_nobody(tmp_path, capsys):
     assert any("no rank is behind" in n for n in rep["log_notes"])
 
 
+def test_report_on_dumps_claims_no_timings(tmp_path, capsys):
+    """Dumps hold collectives, not timings: the report shows no step or unit rows (never a
+    rank's "0 s"), no "NO DATA" advice to call attach(), no link grade, and with nobody
+    behind it says what that covers instead of an all-clear."""
+    rep = stopped_of(capsys, NVRX / "gpu_error_1st")
+    assert rep["source_kind"] == "flight-recorder dumps"
+    assert rep["steps"] == [] and rep["units"] == [] and rep["data_problems"] == []
+    assert rep["link"] is None
+    for flags in ((), ("--markdown",)):
+        code, text, _ = report(capsys, NVRX / "gpu_error_1st", *flags)
+        assert code == 0 and "ZD013" in text  # no --fail-on: exit 0, as for any source
+        assert "NO DATA" not in text.upper() and "Step breakdown" not in text
+        assert "0 s" not in text and "link " not in text and "stale ranks" not in text
+        assert "no per-unit or per-step figures" in text
+    d = write_dumps(tmp_path / "d", 16, ring=40)
+    code, text, _ = report(capsys, d)
+    assert code == 0
+    assert "no rank behind another" in text and "nothing the rules know of is wrong" not in text
+
+
 def test_json_and_older_formats_read_alike(tmp_path, capsys):
     """The JSON form (torch's `_dump_nccl_trace_json`: process_group a list, pg_status values
     strings) and a pre-2.4 dump (no pg_status; `seq_id` in the 1.x entries) give the same

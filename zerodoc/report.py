@@ -152,8 +152,11 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
     from .version import __version__
     from .diagnosis import waiting
     from .diagnosis.coverage import data_problems
-    from .trace.scope import device_rows, scope
+    from .trace.scope import DUMPS_SOURCE, device_rows, scope, source_of
 
+    dumps = source_of(snap) == DUMPS_SOURCE
+    if dumps:  # no link class is involved in who stopped, and no timings to grade by it
+        link = None
     first = snap.any_rank
     f = first.facts if first else None
     counts = {s: 0 for s in SEVERITIES}
@@ -191,7 +194,7 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
                     "counts": counts, "top": findings[0].code if findings else None},
         "findings": [finding_dict(x) for x in findings],
         "units": unit_rows(snap),
-        "steps": step_rows(snap),
+        "steps": [] if dumps else step_rows(snap),  # dumps: no step, never rows of zeros
         "thresholds": {fl.name: getattr(thresholds, fl.name) for fl in fields(thresholds)},
         # added within schema 1
         "ended_ranks": sorted(snap.ended_ranks),
@@ -214,7 +217,19 @@ def build_report(snap: RunSnapshot, findings: list[Finding], *, source: str,
             snap, _fresh(snap), _context(snap, thresholds, link)).items()},
         "breakdown_steps": breakdown_steps(snap),
         "live": live_text(snap, generated_unix),
+        # added within schema 1 (issue 34): what the source is: "run" (run log, endpoints,
+        # Prometheus), "profiler trace" (Kineto, Nsight Systems), "flight-recorder dumps"
+        "source_kind": {DUMPS_SOURCE: DUMPS_KIND}.get(source_of(snap), source_of(snap)) or "run",
     }
+
+
+DUMPS_KIND = "flight-recorder dumps"
+DUMPS_TEXT = ("flight-recorder dumps hold each rank's last collectives, no timings: no per-unit "
+              "or per-step figures (a zerodoc run log or a profiler trace of the job has them)")
+
+
+def _is_dumps(rep: dict) -> bool:
+    return rep.get("source_kind") == DUMPS_KIND
 
 
 def _context(snap: RunSnapshot, thresholds: Thresholds, link: str | None):
@@ -346,6 +361,8 @@ def _header(rep: dict) -> list[str]:
     run, link, win = rep["run"] or {}, rep["link"], rep["window"]
     bits = [f"run {run.get('run_id') or '?'}", run.get("framework") or "?",
             f"{run.get('world_size', '?')} ranks"]
+    if _is_dumps(rep):  # dumps do not say the framework; they hold no step window
+        bits.pop(1)
     if run.get("zero_stage"):
         bits.append(f"ZeRO-{run['zero_stage']}")
     bits.append(f"{run.get('backend', '?')}/{run.get('device_type', '?')}")
@@ -357,6 +374,8 @@ def _header(rep: dict) -> list[str]:
     warm = f"; {warm}" if warm else ""
     wtxt = (f"last {req} steps" if req else "all steps") + \
         f" ({win['steps']} steps, {win['first_step']}-{win['last_step']}{warm})"
+    if _is_dumps(rep):
+        wtxt = "each rank's last collectives (no steps)"
     lines = ["zerodoc report: " + " | ".join(bits), f"source: {rep['source']}; window: {wtxt}"]
     if rep.get("live"):
         lines.append(f"{rep['live']}: its numbers may still move")
@@ -364,7 +383,7 @@ def _header(rep: dict) -> list[str]:
     if pu.get("text"):
         lines.append(pu["text"] + (f" (about 1 step in {pu['every']} is sampled)"
                                    if pu.get("every") and pu["every"] > 1 else ""))
-    if rep["stale_ranks"]:
+    if rep["stale_ranks"] and not _is_dumps(rep):  # dumps: every rank stopped writing
         lines.append(f"stale ranks (stopped reporting): "
                      f"{', '.join(map(str, rep['stale_ranks']))}")
     if rep.get("stopped"):
@@ -412,6 +431,9 @@ def _evidence(d: dict) -> str:
 
 
 def _no_findings(rep: dict) -> str:
+    if _is_dumps(rep):
+        return ("no findings: the dumps show no rank behind another in any process group; "
+                "they hold no timings, so this says nothing of speed or memory")
     if rep["data_problems"]:
         return "no findings, because the rules had no data to read (see above): not an all-clear"
     if rep.get("trace_scope"):
@@ -458,7 +480,8 @@ def render_text(rep: dict) -> str:
             if p["fix"]:
                 lines.append(f"    fix: {p['fix']}")
     if rep.get("log_notes"):
-        lines += ["", "Run log"] + [f"  - {n}" for n in rep["log_notes"]]
+        lines += ["", "Dumps" if _is_dumps(rep) else "Run log"] + \
+            [f"  - {n}" for n in rep["log_notes"]]
     lines += ["", f"Findings: {_summary(rep)}"]
     if _waiting(rep):
         lines.append(f"  {_waiting(rep)}")
@@ -476,6 +499,8 @@ def render_text(rep: dict) -> str:
         lines.append(f"           docs: {f['doc']}")
     if not rep["findings"]:
         lines.append(f"  {_no_findings(rep)}")
+    if _is_dumps(rep):
+        return "\n".join(lines + ["", DUMPS_TEXT[0].upper() + DUMPS_TEXT[1:] + "."]) + "\n"
     lines += ["", _unit_title(rep)]
     if _no_units(rep):
         lines.append(f"  {_no_units(rep)}")
@@ -531,7 +556,8 @@ def render_markdown(rep: dict) -> str:
                   for p in rep["data_problems"]]
         lines.append("")
     if rep.get("log_notes"):
-        lines += ["## Run log", ""] + [f"- {n}" for n in rep["log_notes"]] + [""]
+        lines += ["## Dumps" if _is_dumps(rep) else "## Run log", ""] + \
+            [f"- {n}" for n in rep["log_notes"]] + [""]
     lines += [f"## Findings ({_summary(rep)})", ""]
     if _waiting(rep):
         lines += [_waiting(rep)[0].upper() + _waiting(rep)[1:] + ".", ""]
@@ -551,6 +577,8 @@ def render_markdown(rep: dict) -> str:
         lines.append("")
     if not rep["findings"]:
         lines += [_no_findings(rep)[0].upper() + _no_findings(rep)[1:] + ".", ""]
+    if _is_dumps(rep):
+        return "\n".join(lines + [DUMPS_TEXT[0].upper() + DUMPS_TEXT[1:] + "."]) + "\n"
     lines += [f"## {_unit_title(rep)}", ""]
     if _no_units(rep):
         lines += [_no_units(rep)[0].upper() + _no_units(rep)[1:] + "."]

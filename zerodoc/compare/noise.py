@@ -111,20 +111,21 @@ def _keep(n: dict) -> dict:
     return {"half_width": n["half_width"], "from": n["from"]}
 
 
-def _trace(snap: RunSnapshot) -> bool:
-    w = snap.any_rank
-    cfg = w.facts.config if w is not None else None
-    return isinstance(cfg, dict) and cfg.get("source") == "profiler trace"
+def _finished_files(snap: RunSnapshot) -> bool:
+    """Profiler traces and flight-recorder dumps: files a run left, never still written."""
+    from ..trace.scope import FILE_SOURCES, source_of
+
+    return source_of(snap) in FILE_SOURCES
 
 
 def live(snap: RunSnapshot) -> dict:
     """Whether a run is still being written: a rank that neither recorded its end (the run
     log's end record, the exporter's close) nor went stale (no write for the stale time:
-    a run that died). Profiler traces are finished files. `steps_so_far`: the newest step
+    a run that died). Profiler traces and flight-recorder dumps are finished files. `steps_so_far`: the newest step
     any rank recorded."""
     open_ranks = sorted(r for r in snap.ranks
                         if r not in snap.ended_ranks and r not in snap.stale_ranks)
-    is_live = bool(open_ranks) and not _trace(snap)
+    is_live = bool(open_ranks) and not _finished_files(snap)
     return {"live": is_live, "ranks": open_ranks if is_live else [],
             "steps_so_far": max((w.last_step for w in snap.ranks.values()), default=0)}
 

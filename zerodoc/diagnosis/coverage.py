@@ -30,6 +30,11 @@ def _trace(w) -> bool:
     return isinstance(cfg, dict) and cfg.get("source") == "profiler trace"
 
 
+def _dumps(w) -> bool:
+    cfg = w.facts.config
+    return isinstance(cfg, dict) and cfg.get("source") == "flightrec"
+
+
 def data_problems(snap: RunSnapshot) -> list[DataProblem]:
     """What keeps the rules from reading this run ([] when they have data)."""
     if not snap.ranks:
@@ -38,6 +43,8 @@ def data_problems(snap: RunSnapshot) -> list[DataProblem]:
                             "points at its run directory / endpoints")]
     out: list[DataProblem] = []
     first = snap.ranks[min(snap.ranks)]
+    if _dumps(first):  # flight-recorder dumps hold collectives, never steps or units: the
+        return []      # report says what they can say (zerodoc.report, "dumps")
     if not any(w.steps for w in snap.ranks.values()):
         ended = snap.ranks.keys() <= snap.ended_ranks
         out.append(DataProblem(

@@ -13,6 +13,9 @@ from __future__ import annotations
 from ..runmodel import RunSnapshot
 
 TRACE_SOURCE = "profiler trace"
+DUMPS_SOURCE = "flightrec"  # zerodoc.sources.flightrec: PyTorch flight-recorder dumps
+# Sources that are finished files (never "live"): traces and dumps.
+FILE_SOURCES = (TRACE_SOURCE, DUMPS_SOURCE)
 CAN = ("the step breakdown per rank (compute, exposed communication, optimizer, other)",
        "every collective by kind with its time and exposed part (GPU: every NCCL kernel)",
        "stragglers and waiting across the ranks' traces")
@@ -23,10 +26,21 @@ HOW = ("per-unit detail needs traces of a job sharded with FSDP2 or FSDP1 (their
        "a trace lacks")
 
 
-def is_trace(snap: RunSnapshot) -> bool:
+def source_of(snap: RunSnapshot) -> str | None:
+    """The kind of file a snapshot was read from (`TRACE_SOURCE`, `DUMPS_SOURCE`), None for a
+    run's own data (run log, endpoints, Prometheus)."""
     first = snap.any_rank
     cfg = first.facts.config if first is not None else None
-    return isinstance(cfg, dict) and cfg.get("source") == TRACE_SOURCE
+    return cfg.get("source") if isinstance(cfg, dict) else None
+
+
+def is_trace(snap: RunSnapshot) -> bool:
+    return source_of(snap) == TRACE_SOURCE
+
+
+def is_dumps(snap: RunSnapshot) -> bool:
+    """Flight-recorder dumps: each rank's last collectives, no timings, no steps."""
+    return source_of(snap) == DUMPS_SOURCE
 
 
 def scope(snap: RunSnapshot) -> dict | None:
