@@ -7,6 +7,6 @@ run from here, each with its own `if __name__ == "__main__":` (the old names bel
 commands were dropped at 0.x: no module below imports this package): `python -m
 zerodoc.cli.rules_gen` (the Prometheus rules), `dashboards_gen` (the Grafana dashboards),
 `metrics_doc` (docs/metrics.md), `webconfig` (a password hash, a web configuration checked),
-`convert` (a schema-1 run directory as schema 2) and `rulecase` (a rule case from a real run).
+`convert` (a schema-1 run directory as the current schema, 3) and `rulecase` (a rule case from a real run).
 What a command computes lives in the library, never here.
 """

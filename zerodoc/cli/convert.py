@@ -1,5 +1,5 @@
 """`python -m zerodoc.cli.convert SRC_RUN_DIR DST_RUN_DIR [--every N]`: a schema-1 run
-directory rewritten as schema 2 (`zerodoc.runlog.convert`)."""
+directory rewritten as the current schema (3) (`zerodoc.runlog.convert`)."""
 
 from __future__ import annotations
 

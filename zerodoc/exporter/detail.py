@@ -1,7 +1,11 @@
 """How much per-unit detail a rank exports to Prometheus (`metrics_detail`).
 
 - `full` (default): every rank serves its per-unit series (compute per unit and phase,
-  collectives per unit, phase and kind); the run's per-unit facts come from rank 0 only.
+  collectives per unit, phase and kind); the run's per-unit facts and the framework's time
+  per unit (`zerodoc_framework_unit_seconds_total`) come from rank 0 only, every other rank
+  serving that one summed over its units per phase (issue 33: 81 units x 2 phases per rank
+  broke the series budget) and counting the folded series in
+  `zerodoc_exporter_omitted_series{reason="unit_detail"}`.
 - `coarse` (jobs of thousands of ranks): `metrics_unit_ranks` ranks spread evenly over the
   job (rank 0 first) keep their per-unit series; every other rank serves the same metrics
   summed over units (no `unit` label) and counts what it left out in
