@@ -1,6 +1,7 @@
 """How fast the TUI refreshes a big run: 64 ranks x 128 units (synthetic run log).
 
     .venv/bin/python bench/tui_render.py [--ranks 64] [--units 128] [--refreshes 20]
+        [--every-steps 100] [--no-cache]
 
 Writes a synthetic run directory (through the real run-log writer) to a temp dir,
 opens it with `zerodoc.sources.open_source` like `zerodoc tui` does, runs the app headless
@@ -10,6 +11,13 @@ live run would, untimed), so nothing is coalesced away. Prints refreshes per sec
 from wall-clock time and from the process's CPU time (the rate one free core gives; on a
 shared machine the wall-clock rate also counts other processes' time). Exit status 0 when
 the CPU-time rate of the slowest view is at least 2 refreshes per second.
+
+`--every-steps N`: the run log's per-unit interval lines every N steps (default 100, as the
+shim). Above 64 ranks the TUI reads per-unit numbers from those lines only, so with the
+default a 20-step run has none past the warm-up and the per-unit rules wait (no step model
+is fitted): `--every-steps 5` times the refresh with them, the step model's what-if in every
+diagnosis. `--no-cache`: the step model rebuilds what each replay asks of every rank's units
+(`zerodoc.whatif.stepmodel.MEMO = False`, as before issue 33): the A side of an A/B.
 """
 
 from __future__ import annotations
@@ -27,14 +35,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zerodoc.sources import open_source  # noqa: E402
 from zerodoc.tui.feed import default_diagnose  # noqa: E402
-from zerodoc.testing.synthetic import append_steps, write_run  # noqa: E402
+from zerodoc.testing.synthetic import append_steps, close_run, write_run  # noqa: E402
 
 
-async def bench(run_dir: Path, ranks: int, units: int, steps: int, refreshes: int) -> int:
+async def bench(run_dir: Path, ranks: int, units: int, steps: int, refreshes: int,
+                cache: bool = True) -> int:
     from zerodoc.tui.app import VIEWS, ZerodocApp, tune_gc
+    from zerodoc.whatif import stepmodel
 
+    stepmodel.MEMO = cache
     diagnose, why = default_diagnose()
-    print(f"diagnose: {'zerodoc.diagnosis.diagnose' if diagnose else why}")
+    print(f"diagnose: {'zerodoc.diagnosis.diagnose' if diagnose else why}; step model memo "
+          f"{'on' if cache else 'off (--no-cache)'}")
     source = open_source(str(run_dir), window=20)
     tune_gc()  # as `zerodoc tui` does
     # no timer: the bench drives every refresh
@@ -47,6 +59,9 @@ async def bench(run_dir: Path, ranks: int, units: int, steps: int, refreshes: in
         await pilot.pause()
         print(f"first frame shown {time.perf_counter() - t_start:.1f} s after start (parses "
               f"the whole log once); {len(app.frame.findings)} findings")
+        waiting = app.frame.waiting
+        print(f"rules waiting for per-unit detail: {', '.join(waiting['rules'])}" if waiting
+              else "every rule evaluated (per-unit detail in the window)")
         results = {}
         for view in VIEWS:
             await pilot.press(str(VIEWS.index(view) + 1))
@@ -83,7 +98,8 @@ async def bench(run_dir: Path, ranks: int, units: int, steps: int, refreshes: in
     wall, cpu_rate = shown[worst_view]
     ok = cpu_rate >= 2.0
     load = os.getloadavg()[0]
-    print(f"RESULT: {ranks} ranks x {units} units, window 20 steps, a new step on every rank "
+    print(f"RESULT: {ranks} ranks x {units} units, window 20 steps, step model memo "
+          f"{'on' if cache else 'off'}, a new step on every rank "
           f"before every refresh; full path (source snapshot + diagnose + widget update): "
           f"{cpu_rate:.2f} refreshes/s on one core's CPU time, {wall:.2f}/s wall clock "
           f"(slowest view: {worst_view}; load average {load:.1f} on {os.cpu_count()} cores) "
@@ -98,15 +114,24 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20, help="steps written before timing")
     ap.add_argument("--refreshes", type=int, default=10, help="timed refreshes per view")
     ap.add_argument("--run-dir", default=None, help="where to write (default: a temp dir)")
+    ap.add_argument("--every-steps", type=int, default=100,
+                    help="per-unit interval line every N steps (5: the per-unit rules and "
+                         "the step model run at more than 64 ranks)")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="the step model without its per-model memo (the A/B's A side)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="zerodoc-bench-") as tmp:
         run_dir = Path(args.run_dir or tmp) / "synthetic"
         t = time.perf_counter()
         write_run(run_dir, ranks=args.ranks, units=args.units, steps=args.steps,
-                  started_unix=time.time() - 60, end=False)
+                  started_unix=time.time() - 60, end=False, every_steps=args.every_steps)
         print(f"wrote {run_dir} ({args.ranks} ranks x {args.units} units x {args.steps} steps) "
               f"in {time.perf_counter() - t:.1f} s")
-        return asyncio.run(bench(run_dir, args.ranks, args.units, args.steps, args.refreshes))
+        try:
+            return asyncio.run(bench(run_dir, args.ranks, args.units, args.steps,
+                                     args.refreshes, cache=not args.no_cache))
+        finally:  # its writers stop before the directory goes (they would make it again)
+            close_run(run_dir, end=False)
 
 
 if __name__ == "__main__":

@@ -107,8 +107,9 @@ class Context:
         self.link_busbw: float | None = LINK_BUSBW.get(self.link) if self.link else None
         self.device_memory_bytes = device_memory_bytes
 
-    # --- static facts ---------------------------------------------------------------
-    @property
+    # --- static facts (cached: a context is built per diagnosis, its snapshot fixed; the
+    # memory rules ask for them once per rank, 81 units x 1,024 ranks otherwise) -----------
+    @cached_property
     def total_params(self) -> int:
         return sum(u.params for u in self.units)
 
@@ -117,7 +118,7 @@ class Context:
         sizes = [u.group_size for u in self.units if u.group_size]
         return max(sizes) if sizes else (self.facts.world_size if self.facts else 1)
 
-    @property
+    @cached_property
     def largest_unit(self) -> UnitFacts | None:
         return max(self.units, key=lambda u: u.params) if self.units else None
 
@@ -161,7 +162,7 @@ class Context:
             return "<your model's list of blocks>"
         return f"model.{c}" if c else "model"
 
-    @property
+    @cached_property
     def zero3(self) -> bool:
         """Parameters are resharded after forward (ZeRO-3-like) on some unit."""
         if self.facts is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..runmodel import RankWindow, RunSnapshot, busbw
 from ..thresholds import DEFAULT as DEFAULT_THRESHOLDS
@@ -158,9 +159,10 @@ class Frame:
         ranks = set(self.snapshot.ranks)
         return bool(self.ended & ranks) and ranks <= self.ended | set(self.stale)
 
-    @property
+    @cached_property
     def fresh_ranks(self) -> list[int]:
-        """Ranks to aggregate over: the non-stale ones, or all when every rank is stale."""
+        """Ranks to aggregate over: the non-stale ones, or all when every rank is stale
+        (once per frame: every view and caption asks, a thousand ranks each time)."""
         fresh = [r for r in sorted(self.snapshot.ranks) if r not in self.stale]
         return fresh or sorted(self.snapshot.ranks)
 

@@ -110,12 +110,8 @@ class History:
         r = self._ranks.get(rank)
         if r is None:
             return Series()
-        if r.series is None:
-            pts = list(r.points.items())
-            r.series = Series(
-                steps=tuple(s for s, _ in pts),
-                step_seconds=tuple(p[0] for _, p in pts),
-                exposed_seconds=tuple(p[1] for _, p in pts),
-                compute_seconds=tuple(p[2] for _, p in pts),
-            )
+        if r.series is None:  # zip in C: a thousand ranks gain a point on every refresh
+            step_s, exposed, compute = zip(*r.points.values()) if r.points else ((),) * 3
+            r.series = Series(steps=tuple(r.points), step_seconds=step_s,
+                              exposed_seconds=exposed, compute_seconds=compute)
         return r.series

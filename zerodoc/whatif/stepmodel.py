@@ -41,6 +41,9 @@ GATHER = ("all_gather",)
 # size, and of the measured mean step) either side.
 Z = 2.0
 REDUCE = ("reduce_scatter", "all_reduce")
+# A model keeps what every replay asks of every rank's units (`StepModel._per_rank`); False
+# rebuilds it on each ask, as before (bench/tui_render.py --no-cache; the tests compare both)
+MEMO = True
 
 
 @dataclass
@@ -375,6 +378,10 @@ class StepModel:
         # calls beyond the run's largest; None: the fitted line is extended
         self.profile: LinkProfile | None = None
         self._profile_links: dict = {}  # (collective, fit) -> ProfileLink, built once
+        # What every replay of a change asks of every rank's units, built once per model
+        # (a fitted model's units are never changed; a diagnosis replays ~10 times): (what,
+        # merge, reshard) -> per rank, in `ranks` order (`_per_rank`)
+        self._memo: dict = {}
 
     # --- the link -----------------------------------------------------------------------
     def link(self, coll: str, n: int) -> LinkFit | None:
@@ -432,13 +439,18 @@ class StepModel:
         reshard = self._reshard(ch)
         # (collective, the run's group size) -> the largest bytes per call after the change:
         # "beyond" is in bytes per call (a world size changed alone keeps the calls' sizes)
-        top: dict[tuple[str, int], float] = {}
-        for rm in self.ranks:
-            for u in self._units(rm, ch):
-                for _p, c, (calls, nbytes, _s) in _rows(u, reshard):
-                    g = u.group.get(c, self.world_size)
-                    if calls > 0 and (ch.world_size or g) > 1:
-                        top[c, g] = max(top.get((c, g), 0.0), nbytes)
+        key = ("beyond", ch.merge, reshard, ch.world_size)  # every rank's rows: once
+        top: dict[tuple[str, int], float] | None = self._memo.get(key) if MEMO else None
+        if top is None:
+            top = {}
+            if MEMO:
+                self._memo[key] = top
+            for us in self._per_rank("units", ch):
+                for u in us:
+                    for _p, c, (calls, nbytes, _s) in _rows(u, reshard):
+                        g = u.group.get(c, self.world_size)
+                        if calls > 0 and (ch.world_size or g) > 1:
+                            top[c, g] = max(top.get((c, g), 0.0), nbytes)
         out = []
         for (c, g), nbytes in sorted(top.items()):
             f = self.link(c, g)
@@ -461,7 +473,36 @@ class StepModel:
         return out
 
     # --- the units after a change ---------------------------------------------------------
+    def _per_rank(self, what: str, ch: Changes, reshard: bool | None = None):
+        """Once per model and change of the units (`ch.merge`, `reshard`): "units" each rank's
+        units after the change, "slowest" their `_slowest`, "calls" each rank's calls per step,
+        "deficit" each rank's `_deficit` against the slowest. At 1,024 ranks x 81 units each
+        was rebuilt by every replay (4-6 per answer, an answer per rule)."""
+        key = (what, ch.merge, reshard)
+        got = self._memo.get(key) if MEMO else None
+        if got is None:
+            if what == "units":
+                got = [self._merged(rm, ch) for rm in self.ranks]
+            elif what == "slowest":
+                got = _slowest(self._per_rank("units", ch))
+            elif what == "calls":
+                got = [sum(_calls(u, reshard) for u in us) for us in self._per_rank("units", ch)]
+            else:  # "deficit"
+                slowest = self._per_rank("slowest", ch)
+                got = [_deficit(slowest, us) for us in self._per_rank("units", ch)]
+            if MEMO:
+                self._memo[key] = got
+        return got
+
     def _units(self, rm: RankModel, ch: Changes) -> list[UnitModel]:
+        if ch.merge is None:
+            return rm.units
+        for i, r in enumerate(self.ranks):
+            if r is rm:
+                return self._per_rank("units", ch)[i]
+        return self._merged(rm, ch)
+
+    def _merged(self, rm: RankModel, ch: Changes) -> list[UnitModel]:
         units = rm.units
         if ch.merge is None:
             return units
@@ -499,9 +540,9 @@ class StepModel:
         time; a faster rank waits for the slower one inside the collective (peer wait: its
         exposed time includes it). So the replay runs once with the largest compute, and
         the worst rank's exposed time adds its peer wait."""
-        per_rank = [self._units(rm, ch) for rm in self.ranks]
+        per_rank = self._per_rank("units", ch)
         scale = ch.micro_batch_scale
-        units = _slowest(per_rank)
+        units = self._per_rank("slowest", ch)
         reshard = self._reshard(ch)
         # per rank: the mean compute differences (its deficit against the slowest rank, unit
         # by unit) and the arrival spread (its wait per call at every call left; the range:
@@ -509,11 +550,10 @@ class StepModel:
         # ... and its time outside the units below the rank with the most (measured: the
         # replay's step has that rank's; its peers wait for it in the collectives)
         top = max((outside_units_s(rm) for rm in self.ranks), default=0.0)
-        deficits = [_deficit(units, us) * scale + top - outside_units_s(rm)
-                    for rm, us in zip(self.ranks, per_rank)]
+        deficits = [d * scale + top - outside_units_s(rm)
+                    for rm, d in zip(self.ranks, self._per_rank("deficit", ch))]
         spread = []
-        for rm, us in zip(self.ranks, per_rank):
-            calls = sum(_calls(u, reshard) for u in us)
+        for rm, calls in zip(self.ranks, self._per_rank("calls", ch, reshard)):
             ratio = calls / rm.arrival_calls if rm.arrival_calls > 0 and calls > 0 else 1.0
             if bound:
                 calls *= min(ratio, 1 / ratio) if bound < 0 else max(ratio, 1 / ratio)

@@ -1,0 +1,106 @@
+"""What the TUI's refresh keeps between asks (issue 33 item 4) never shows a stale or a
+different figure: the step model's per-model memo (`whatif.stepmodel.MEMO`) gives the
+answers a model without it gives, change after change; the per-frame and per-facts indexes
+(`Frame.fresh_ranks`, `RankFacts.unit`) follow their input; a live run whose straggler
+moves shows the new one, with the findings a fresh diagnosis of the same snapshot gives."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import pytest
+
+from zerodoc.diagnosis import diagnose
+from zerodoc.sources import open_source
+from zerodoc.testing.synthetic import append_steps, close_run, rank_facts, write_run
+from zerodoc.whatif import stepmodel
+from zerodoc.whatif.stepmodel import Changes, answer, fit
+
+pytest.importorskip("textual")
+
+from tests.support.helpers import until  # noqa: E402
+from zerodoc.tui import views  # noqa: E402
+from zerodoc.tui.app import ZerodocApp  # noqa: E402
+
+# changes that move the memo's keys: the units merged two ways, resharding off and on, and
+# each again after the others (a key that left one out would hand back another's numbers)
+CHANGES = [Changes(), Changes(merge=2), Changes(reshard_after_forward=False),
+           Changes(merge="blocks"), Changes(merge=2, reshard_after_forward=False),
+           Changes(prefetch=1), Changes(world_size=8), Changes(), Changes(merge=2)]
+
+
+def _answers(snap, memo: bool, fresh: bool) -> list[str]:
+    """answer() per change as JSON: one model asked in turn, or a new model each time."""
+    old = stepmodel.MEMO
+    stepmodel.MEMO = memo
+    try:
+        model = fit(snap)
+        out = []
+        for ch in CHANGES:
+            out.append(json.dumps(answer(fit(snap) if fresh else model, ch, memory=False),
+                                  sort_keys=True, default=repr))
+        return out
+    finally:
+        stepmodel.MEMO = old
+
+
+def test_step_model_memo_gives_the_same_answers(tmp_path):
+    run = write_run(tmp_path / "run", ranks=4, units=7, steps=8, straggler=2)
+    snap = open_source(str(run), window=20).snapshot()
+    memo = _answers(snap, memo=True, fresh=False)
+    plain = _answers(snap, memo=False, fresh=True)
+    for ch, a, b in zip(CHANGES, memo, plain):
+        assert a == b, ch.describe()
+    # the changes do differ, so equal answers are not equal by accident
+    assert len(set(plain)) >= 6
+
+
+def test_unit_index_follows_the_facts():
+    f = rank_facts(0, 4, 3)
+    assert f.unit("layers.0") is f.units[1] and f.unit("nope") is None
+    g = dataclasses.replace(f, units=f.units[:1])  # new facts: the index is theirs
+    assert g.unit("layers.0") is None and g.unit("(root)") is g.units[0]
+    assert g == dataclasses.replace(rank_facts(0, 4, 3), units=f.units[:1])
+
+
+async def test_live_run_shows_the_new_straggler(tmp_path):
+    """Rank 3 computes slowest, then rank 1 (a window of 4 steps): the Overview's worst rank,
+    the Ranks table and the findings follow; the findings equal a fresh diagnosis of the
+    frame's snapshot with the memo off."""
+    run = write_run(tmp_path / "run", ranks=4, units=5, steps=6, straggler=3, end=False,
+                    started_unix=time.time() - 30)  # live: no rank stale
+    try:
+        app = ZerodocApp(open_source(str(run), window=4), refresh=None)
+        async with app.run_test(size=(140, 44)) as pilot:
+            await until(pilot, lambda: app.frame is not None, what="first frame")
+            worst = next(h for h in views.headlines(app.frame, views.MEAN)
+                         if h.label == "Worst rank")
+            assert worst.value == "rank 3"
+            z10 = next(f for f in app.frame.findings if f.code == "ZD010")
+            assert z10.ranks == (3,)
+            append_steps(run, ranks=4, units=5, first_step=7, count=5, straggler=1,
+                         end_unix=time.time())
+            frame = await app.refresh_now()
+            await pilot.pause()
+            assert frame is app.frame and frame.snapshot.ranks[0].last_step == 11
+            worst = next(h for h in views.headlines(frame, views.MEAN)
+                         if h.label == "Worst rank")
+            assert worst.value == "rank 1", worst
+            assert next(f for f in frame.findings if f.code == "ZD010").ranks == (1,)
+            await pilot.press("4")
+            await pilot.pause()
+            table = views.rank_table(frame)
+            assert table.cell("1", "last_step") == "11"
+            old = stepmodel.MEMO
+            stepmodel.MEMO = False
+            try:
+                again = diagnose(frame.snapshot)
+            finally:
+                stepmodel.MEMO = old
+            strip = lambda fs: [(f.code, f.title, f.evidence, f.predicted,  # noqa: E731
+                                 f.extra.get("whatif")) for f in fs]
+            assert strip(frame.findings) == strip(again)
+    finally:
+        close_run(run)
