@@ -3,7 +3,7 @@ from it as from Prometheus over the same scraped data.
 
 Eight synthetic ranks (bench/rankfarm.py: the real 81-unit rank pages of tests/data/pages,
 rank labels rewritten, every counter advancing by whole copies of the template's steps) are
-scraped every second both by a Prometheus with zerodoc's rules and by vmagent writing into a
+scraped every 2 s both by a Prometheus with zerodoc's rules and by vmagent writing into a
 VictoriaMetrics single node whose rules vmalert evaluates (Debian's victoria-metrics 1.79).
 The two reports are held against each other and against the template pages themselves: every
 per-step figure is a ratio of two of a rank's counters, the same at any time and in any window
@@ -30,6 +30,11 @@ from zerodoc.ops.alerts import RuleOptions
 pytestmark = pytest.mark.slow
 
 RUN, RANKS = "vmfarm", 8
+SCRAPE = "2s"  # each scrape renders a 1,387-series page in Python: 1 s is short on a busy host
+# VictoriaMetrics' default guard against its ingestion lag (zerodoc stack's 5 s is for a
+# demo's live view): on a shared 2-core host under heavy load one of a rank's series was seen
+# 40 s behind another's at 5 s (steps and sampled steps from scrapes 10 periods apart)
+LATENCY_OFFSET = "30s"
 RECORDED = "unit_job:zerodoc_collective_calls:per_step_mean"  # the units group's, read by report
 
 
@@ -41,17 +46,19 @@ def engines(tmp_path_factory):
     rules = alerts.write_rules(tmp / "rules", opts=RuleOptions(window="10s", alert_for="5s",
                                                                  link="gloo-cpu"))
     pages = shipped_pages()
-    with RankFarm(pages, RANKS, run_id=RUN, period_s=2.0) as farm:
+    with RankFarm(pages, RANKS, run_id=RUN, period_s=4.0) as farm:
         sd = farm.file_sd(tmp / "file_sd")
-        job = {"job_name": "zerodoc", "honor_labels": True, "scrape_interval": "1s",
-               "scrape_timeout": "1s", "file_sd_configs": [{"files": [str(sd)]}]}
+        job = {"job_name": "zerodoc", "honor_labels": True, "scrape_interval": SCRAPE,
+               "scrape_timeout": SCRAPE, "file_sd_configs": [{"files": [str(sd)]}]}
         (tmp / "prom").mkdir()
         with PromServer(tmp / "prom", rule_files=[str(r) for r in rules], extra_scrape_configs=[
                 {**job, "file_sd_configs": [{"files": [str(sd)], "refresh_interval": "1s"}]}
-        ]) as prom, VictoriaStack(tmp / "vm", [job], rule_files=rules) as vm:
+        ], scrape_interval=SCRAPE) as prom, VictoriaStack(
+                tmp / "vm", [job], rule_files=rules, scrape_interval=SCRAPE,
+                eval_interval=SCRAPE, latency_offset=LATENCY_OFFSET) as vm:
             for store in (prom, vm):
-                store.wait_for(f'up{{run_id="{RUN}"}} == 1', min_results=RANKS, timeout=60)
-                store.wait_for(f'{RECORDED}{{run_id="{RUN}"}}', timeout=90)
+                store.wait_for(f'up{{run_id="{RUN}"}} == 1', min_results=RANKS, timeout=120)
+                store.wait_for(f'{RECORDED}{{run_id="{RUN}"}}', timeout=120)
             yield SimpleNamespace(prom=prom, vm=vm, farm=farm, pages=pages, tmp=tmp)
 
 
@@ -86,45 +93,79 @@ def _same(a, b, rel: float = 1e-5) -> bool:
     """Equal structures, numbers within `rel` (VictoriaMetrics keeps 12 significant digits of
     a value, the report prints 6: a last digit may round the other way)."""
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return isinstance(b, dict) and a.keys() == b.keys() and \
+            all(_same(a[k], b[k], rel) for k in a)
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and \
-            all(_same(x, y) for x, y in zip(a, b))
+            all(_same(x, y, rel) for x, y in zip(a, b))
     if isinstance(a, float) or isinstance(b, float):
         return isinstance(b, (int, float)) and a == pytest.approx(b, rel=rel, abs=1e-12)
     return a == b
 
 
+# Over a window Prometheus' increase() extrapolates to the window's edges: a rank's step count
+# comes out fractional and the run model rounds it to whole steps (zerodoc.sources.samples),
+# the other counters stay extrapolated, so its per-step figures are off by up to half a step
+# in the window's steps (~90 here: 0.6 %). VictoriaMetrics' increase() takes the sample
+# before the window as its base: whole copies of the page, its ratios exact (the page test).
+REL = {"0": 1e-5, "5": 1e-2}
+
+
 @pytest.mark.parametrize("window", ["0", "5"])
 def test_report_reads_the_same_numbers_from_either_engine(engines, capsys, window):
-    prom = _report(engines.prom.url, capsys, window)
-    vm = _report(engines.vm.url, capsys, window)
-    assert prom["source"].startswith("Prometheus") and vm["source"].startswith("VictoriaMetrics")
-    assert prom["ranks"] == vm["ranks"] == list(range(RANKS))
-    a, b = _per_step(prom), _per_step(vm)
-    assert a["findings"] and a["findings"] == b["findings"]
-    assert _same(a["steps"], b["steps"]), (a["steps"], b["steps"])
-    assert len(a["units"]) == len(b["units"]) == 81
-    # per unit: the recorded per-step stats (vmalert's and Prometheus' rules)
-    bad = [(x, y) for x, y in zip(a["units"], b["units"]) if not _same(x, y)]
-    assert not bad, bad[:2]
+    last: dict = {}
+
+    def agree() -> bool:
+        # Two reports are made one after the other, each at its store's latest data, on a
+        # shared 2-core host: a store behind its scrapes (a scrape timed out, ingestion or the
+        # rules' evaluation late) shows an older story for a moment. Fresh pairs until both
+        # tell the same one; a difference that stays fails.
+        prom = _report(engines.prom.url, capsys, window)
+        vm = _report(engines.vm.url, capsys, window)
+        assert prom["source"].startswith("Prometheus")
+        assert vm["source"].startswith("VictoriaMetrics")
+        last["a"], last["b"] = a, b = _per_step(prom), _per_step(vm)
+        last["ranks"] = (prom["ranks"], vm["ranks"])
+        return _same(a, b, REL[window])
+
+    try:
+        wait_until(agree, 200, "the two engines' reports to agree", interval=2.0)
+    except AssertionError:
+        a, b = last["a"], last["b"]
+        rel = REL[window]
+        bad = {k: [(x, y) for x, y in zip(a[k], b[k]) if not _same(x, y, rel)]
+               if isinstance(a[k], list) else (a[k], b[k]) for k in a
+               if not _same(a[k], b[k], rel)}
+        raise AssertionError(f"Prometheus != VictoriaMetrics: {str(bad)[:3000]}") from None
+    a = last["a"]
+    assert last["ranks"] == (list(range(RANKS)),) * 2
+    assert a["findings"] and len(a["units"]) == 81 and len(a["steps"]) == RANKS
 
 
-def test_the_numbers_are_the_pages_own(engines, capsys):
+@pytest.mark.parametrize("engine, window", [("prom", "0"), ("vm", "0"), ("vm", "5")])
+def test_the_numbers_are_the_pages_own(engines, capsys, engine, window):
     """Independent of either engine: rank 1's compute per step and a block's all-gathers per
-    step are the template page's counters divided by its sampled steps."""
+    step are the template page's counters divided by its sampled steps (over a window on
+    VictoriaMetrics too: REL says why not on Prometheus)."""
     page = engines.pages[1]
     detail = _value(page, "zerodoc_detail_steps_total")
     compute = _value(page, "zerodoc_rank_compute_seconds_total") / detail
     calls = _value(page, "zerodoc_collective_calls_total", unit="blocks.7",
                    collective="all_gather") / detail
     assert detail > 0 and compute > 0 and calls > 0
-    for url in (engines.prom.url, engines.vm.url):
-        rep = _report(url, capsys, "0")
-        r1 = next(s for s in rep["steps"] if s["rank"] == 1)
-        assert r1["compute_seconds"] == pytest.approx(compute, rel=1e-5), url
-        unit = next(u for u in rep["units"] if u["unit"] == "blocks.7")
-        assert unit["all_gather_count_per_step"] == pytest.approx(calls, rel=1e-5), url
+    got: dict = {}
+
+    def same() -> bool:  # a store behind its scrapes for a moment: see the test above
+        rep = _report(getattr(engines, engine).url, capsys, window)
+        got["compute"] = next(s for s in rep["steps"] if s["rank"] == 1)["compute_seconds"]
+        got["calls"] = next(u for u in rep["units"]
+                            if u["unit"] == "blocks.7")["all_gather_count_per_step"]
+        return _same((got["compute"], got["calls"]), (compute, calls))
+
+    try:
+        wait_until(same, 120, "the report's numbers to be the page's", interval=2.0)
+    except AssertionError:
+        raise AssertionError(f"{got} != page's compute {compute}, calls {calls}") from None
 
 
 def test_vmalert_records_what_prometheus_records(engines):
@@ -143,7 +184,7 @@ def test_vmalert_evaluates_every_rule_group(engines):
     import urllib.request
 
     url = engines.vm.alert.url
-    with urllib.request.urlopen(f"{url}/api/v1/groups", timeout=10) as r:
+    with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=10) as r:
         groups = json.load(r)["data"]["groups"]
     names = set(re.findall(r"- name: (\S+)", "".join(
         p.read_text() for p in sorted((engines.tmp / "rules").glob("*.yml")))))

@@ -7,7 +7,7 @@ each on 127.0.0.1, a free port and a throwaway folder.
 
 The scrape jobs are Prometheus' (file_sd without `refresh_interval`, which vmagent lacks: it
 re-reads the files every -promscrape.fileSDCheckInterval, 1 s here). The server runs with
-zerodoc stack's -search.latencyOffset (zerodoc.ops.stack.VM_LATENCY_OFFSET). Without the
+zerodoc stack's -search.latencyOffset (zerodoc.ops.stack.VM_LATENCY_OFFSET) unless told. Without the
 binaries the tests are skipped locally and fail in CI, as for Prometheus (`require_binary`).
 """
 
@@ -38,11 +38,12 @@ class VictoriaStack:
     """victoria-metrics + vmagent (+ vmalert when rule files are given)."""
 
     def __init__(self, tmp: Path, scrape_jobs: list[dict], rule_files: list | None = None,
-                 scrape_interval: str = "1s", eval_interval: str = "1s"):
+                 scrape_interval: str = "1s", eval_interval: str = "1s",
+                 latency_offset: str = VM_LATENCY_OFFSET):
         self.tmp = Path(tmp)
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.vm = _Server(self.tmp, "victoria-metrics", [
-            f"-storageDataPath={self.tmp / 'vmdata'}", f"-search.latencyOffset={VM_LATENCY_OFFSET}"])
+            f"-storageDataPath={self.tmp / 'vmdata'}", f"-search.latencyOffset={latency_offset}"])
         self.url = self.vm.url
         cfg = {"global": {"scrape_interval": scrape_interval}, "scrape_configs": scrape_jobs}
         (self.tmp / "vmagent.yml").write_text(json.dumps(cfg, indent=1))

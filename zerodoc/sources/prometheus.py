@@ -338,7 +338,8 @@ class PrometheusSource:
         ranks = tuple(sorted(r for r, w in snap.ranks.items() if w.steps))
         snap.unit_stats = self._unit_stats_reused((run, ranks, self.window), sel, rng, at,
                                                   ranks, snap)
-        self._states(snap, got, sel, asked, now, interval)
+        # a rank's last step is judged against the newest time the store answers for
+        self._states(snap, got, sel, asked, min(now, time.time() - self.settle_s), interval)
         snap.missing_ranks = missing(snap)
         return snap
 
