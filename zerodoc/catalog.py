@@ -322,3 +322,12 @@ RULE_WINDOW = "job:zerodoc_recording_window:seconds"
 SCOPES = {"rank": "every rank", "unit": "every rank; coarse: per-rank total",
           "unit_rank0": "rank 0 per unit; other ranks (and coarse): per-rank total",
           "run": "rank 0 only", "server": "every rank, on `/metrics/exporter`"}
+
+
+def folds(scope: str, *, rank0: bool, unit_detail: bool) -> bool:
+    """A metric of this scope is served summed over units (no `unit` label) by such a rank:
+    `unit` ones outside the unit sample, `unit_rank0` ones on every rank but rank 0 too. The
+    exporter (`exporter.prometheus`) and the series budget (`ops.cardinality`) ask it here,
+    where the scopes are defined."""
+    return scope == "unit" and not unit_detail or \
+        scope == "unit_rank0" and not (rank0 and unit_detail)

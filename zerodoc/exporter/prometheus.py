@@ -23,7 +23,7 @@ from ..version import __version__  # noqa: E402
 from ..catalog import (  # noqa: E402
     BY_NAME, RANK_COMPUTE, RANK_EXPOSED, RANK_LABELS, STEP_BUCKETS,
 )
-from ..ops.cardinality import folds as folded_on  # noqa: E402
+from ..catalog import folds as folded_on  # noqa: E402
 from . import detail  # noqa: E402
 from .closing import CloseSignal  # noqa: E402
 

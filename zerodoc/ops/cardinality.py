@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from ..catalog import CATALOG, EXPORTER_OUTCOMES, STEP_BUCKETS
+from ..catalog import CATALOG, EXPORTER_OUTCOMES, STEP_BUCKETS, folds
 
 # The budgets of issue "a 1,024-GPU, 80-layer job": series per rank at 81 units (1,200
 # then; +10 for the counters that say what the sampled per-unit series cover, issue 19:
@@ -99,14 +99,6 @@ def series_count(shape: Shape = CPU_FSDP2, *, rank0: bool = False,
             for name in m.series_names:
                 out[name] = n
     return {k: v for k, v in out.items() if v}
-
-
-def folds(scope: str, *, rank0: bool, unit_detail: bool) -> bool:
-    """A metric of this scope is served summed over units (no `unit` label) by such a rank:
-    `unit` ones outside the unit sample, `unit_rank0` ones on every rank but rank 0 too. The
-    exporter (`exporter.prometheus`) asks the same question."""
-    return scope == "unit" and not unit_detail or \
-        scope == "unit_rank0" and not (rank0 and unit_detail)
 
 
 _NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
