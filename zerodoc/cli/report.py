@@ -14,18 +14,21 @@ def add_parser(sub) -> None:
         "report", help="print the findings, per-unit table and step breakdown of a run",
         description="Diagnose one run and print the findings (most severe first), the "
         "per-unit table and the step breakdown. SOURCE is a run directory, rank endpoints "
-        "(host:port[,host:port...] or host:9730-9737), a Prometheus URL (http://...), "
+        "(host:port[,host:port...] or host:9730-9737), a Prometheus or VictoriaMetrics URL "
+        "(http://...), "
         "PyTorch profiler traces (a directory of them, or .json/.json.gz files separated by "
-        "commas, one per rank) or Nsight Systems SQLite exports (nsys export --type sqlite: "
+        "commas, one per rank), Nsight Systems SQLite exports (nsys export --type sqlite: "
         "a .sqlite file, a directory of them or files separated by commas; each process "
-        "and device that ran kernels is a rank); "
+        "and device that ran kernels is a rank) or a folder of PyTorch flight-recorder dumps "
+        "(one file per rank, pickle or JSON, as TORCH_NCCL_DUMP_ON_TIMEOUT writes them: read "
+        "as plain data only, never run; they say which rank stopped the job); "
         "default: the latest run under ./zerodoc-runs. Exit status: 0, or 1 when a finding "
         "at or above --fail-on is present or when the run has no data to diagnose (no "
         "completed step, no sharded unit), 2 on bad input.",
         formatter_class=DefaultsHelpFormatter)
     p.add_argument("source", nargs="?", default=None, metavar="SOURCE",
                    help="run directory, host:port list / range, Prometheus URL, profiler "
-                        "traces, or Nsight Systems .sqlite exports")
+                        "traces, Nsight Systems .sqlite exports, or flight-recorder dumps")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", dest="format", action="store_const", const="json",
                      help="machine-readable JSON (schema 1, docs/report.md)")

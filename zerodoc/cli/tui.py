@@ -15,8 +15,9 @@ def add_parser(sub) -> None:
         "findings with evidence and fix, per-rank comparison. Press ? inside for the keys.")
     p.add_argument("source", nargs="?", metavar="SOURCE",
                    help="a run directory (one that does not exist yet, in a directory that "
-                        "does, is waited for), rank endpoints (host:port,...), a Prometheus URL or "
-                        "PyTorch profiler traces; "
+                        "does, is waited for), rank endpoints (host:port,...), a Prometheus (or "
+                        "VictoriaMetrics) URL, PyTorch profiler traces, Nsight Systems .sqlite "
+                        "exports or a folder of PyTorch flight-recorder dumps; "
                         "default: the newest run under ./zerodoc-runs")
     p.add_argument("--refresh", type=float, default=1.0, metavar="SECONDS",
                    help="seconds between refreshes (default: 1)")
