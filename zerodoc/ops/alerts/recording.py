@@ -153,9 +153,9 @@ def _unit(c: str, sel: str = "") -> str:
 
 
 def unit_stat_rules(w: str) -> list[dict]:
-    """The per-unit stats over ranks the Prometheus source reads (module docstring), from the
-    recorded per-step rates (`per_step_rules`, recorded before them in the same group)."""
-    rules = []
+    """The per-unit stats over ranks the Prometheus source reads (module docstring), after
+    the recorded per-step rates they read (`per_step_rules`)."""
+    rules = per_step_rules(w)
     seen = {"unit_job:zerodoc_collective_seconds:per_step",  # recorded below, as they were
             "unit_job:zerodoc_collective_exposed_seconds:per_step",
             "unit_job:zerodoc_collective_bytes:per_step"}
@@ -306,7 +306,7 @@ def unit_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infinib
                                                      "calls"))
     sel_ag = f"{{{AG}}}"
     rules = [
-        *per_step_rules(w),
+        *unit_stat_rules(w),  # the recorded per-step rates first: every rule below reads them
         # ---- per rank, per unit ---------------------------------------------------------
         _rec("unit_rank:zerodoc_all_gather_exposed:fraction",
              f"sum without (phase, collective) ({_unit('exposed_seconds', AG)})\n"
@@ -359,7 +359,6 @@ def unit_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infinib
         _rec("job:zerodoc_comm_avoidable_compute:ratio",
              f"sum by ({JOB}) (unit_job:zerodoc_collective_avoidable_seconds:per_step)\n"
              "/\njob:zerodoc_compute_seconds:median_per_step"),
-        *unit_stat_rules(w),
         # Exposed communication / compute as it is (the engine's raw ratio: ZD006 grades it
         # for synchronous all-gathers, whose time the link partly explains)
         _rec("job:zerodoc_comm_exposed_compute:ratio",
