@@ -4,7 +4,7 @@ log being converted), through the real writer and the same bookkeeping the monit
 `Replay` folds each full step record into cumulative totals exactly as the shim's
 `Monitor._end_step` does (same order of additions), hands the record to `RunLogWriter`
 and, when an interval is due, the totals: the result is the run log the job would have
-written. `python -m zerodoc.cli.convert` uses it to rewrite schema-1 logs as schema 2.
+written. `python -m zerodoc.cli.convert` uses it to rewrite schema-1 logs as the current schema.
 """
 
 from __future__ import annotations
@@ -80,10 +80,12 @@ class Replay:
         if self.writer.units_due(rec["step"]):
             self.writer.write_units(self.totals)
 
-    def close(self, end: bool = True) -> None:
+    def close(self, end: bool = True, timeout: float = 5.0) -> None:
         """A clean close (final totals and the end record), or with `end` False the state a
-        killed job leaves (no end)."""
+        killed job leaves (no end). `timeout`: how long the writer may take to write what is
+        still queued (the writer's bound is the job's, 5 s; what is left then is lost, so a
+        tool that queued a long log ahead gives it more)."""
         if end:
-            self.writer.close(self.totals.steps, self.totals)
+            self.writer.close(self.totals.steps, self.totals, timeout=timeout)
         else:
-            self.writer.abandon()
+            self.writer.abandon(timeout)

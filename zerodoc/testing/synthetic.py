@@ -104,6 +104,12 @@ def step_record(step: int, rank: int, world: int, units: int, end_unix: float,
     return rec, step_s
 
 
+# How long a synthetic rank's writer may take to write what is queued at close or flush: a
+# rank queues its whole log ahead (queue_size 1 << 20), and on a loaded host (load average
+# 200-400) the writer's own 5 s lost the last ~6,000 of 30,000 lines at close
+# (tests/test_runlog.py's seek test). Waits end as soon as the writer is done.
+WRITE_TIMEOUT = 120.0
+
 # Open synthetic runs (end=False): append_steps continues their writers.
 _OPEN: dict[Path, dict[int, Replay]] = {}
 _SAMPLE: dict[Path, int | None] = {}  # their sample_every
@@ -146,13 +152,13 @@ def write_run(run_dir: str | os.PathLike, *, ranks: int = 64, units: int = 128,
             rec["end_unix"] = t
             rep.step(_sample(rec, s, sample_every))
         if r in stop:
-            rep.close(end=False)
+            rep.close(end=False, timeout=WRITE_TIMEOUT)
         elif end:
-            rep.close(end=True)
+            rep.close(end=True, timeout=WRITE_TIMEOUT)
         else:
             replays[r] = rep
     for rep in replays.values():
-        rep.writer.flush(60)
+        rep.writer.flush(WRITE_TIMEOUT)
     if replays:
         _OPEN[run_dir.resolve()] = replays
         _SAMPLE[run_dir.resolve()] = sample_every
@@ -179,10 +185,10 @@ def append_steps(run_dir: str | os.PathLike, *, ranks: int, units: int, first_st
             rec, _ = step_record(s, r, ranks, units, t, straggler)
             rep.step(_sample(rec, s, k))
     for r in range(ranks):
-        replays[r].writer.flush(60)
+        replays[r].writer.flush(WRITE_TIMEOUT)
 
 
 def close_run(run_dir: str | os.PathLike, end: bool = True) -> None:
     """Close an open synthetic run (with the clean end lines, or as a killed job)."""
     for rep in _OPEN.pop(Path(run_dir).resolve(), {}).values():
-        rep.close(end=end)
+        rep.close(end=end, timeout=WRITE_TIMEOUT)
