@@ -27,7 +27,9 @@ from zerodoc.cli.main import main
 from zerodoc.ops import alerts
 from zerodoc.ops.alerts import RuleOptions
 
-pytestmark = pytest.mark.slow
+# the module fixture waits for both stores' first recorded series (a minute or two on a
+# loaded host) and the comparison for both stores' latest data
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 RUN, RANKS = "vmfarm", 8
 SCRAPE = "2s"  # each scrape renders a 1,387-series page in Python: 1 s is short on a busy host
