@@ -136,6 +136,30 @@ def test_report_on_dumps_claims_no_timings(tmp_path, capsys):
     assert "no rank behind another" in text and "nothing the rules know of is wrong" not in text
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_profiler_trace_is_not_taken_for_dumps(tmp_path, gz):
+    """A Kineto trace of a distributed job opens with distributedInfo holding "pg_config"
+    (PyTorch 2.x) and is named with its rank at the end: it is a trace, not a dump."""
+    from zerodoc.sources import flightrec, open_source
+
+    head = {"schemaVersion": 1, "deviceProperties": [],
+            "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 2,
+                                "pg_count": 1, "pg_config": [{"pg_name": "0", "ranks": [0, 1]}]},
+            "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1,
+                             "tid": 1, "ts": 0, "dur": 5}]}
+    data = json.dumps(head).encode()
+    for r in (0, 1):
+        p = tmp_path / f"trace_rank_{r}.json" if not gz else tmp_path / f"trace_{r}.json.gz"
+        p.write_bytes(gzip.compress(data) if gz else data)
+    assert not flightrec.looks_like_dumps(tmp_path)
+    try:
+        src = open_source(str(tmp_path))
+    except Exception as e:  # noqa: BLE001 - a trace source may refuse a trace this thin
+        assert "flight" not in str(e).lower(), e
+    else:
+        assert not isinstance(src, flightrec.FlightRecorderSource)
+
+
 def test_json_and_older_formats_read_alike(tmp_path, capsys):
     """The JSON form (torch's `_dump_nccl_trace_json`: process_group a list, pg_status values
     strings) and a pre-2.4 dump (no pg_status; `seq_id` in the 1.x entries) give the same

@@ -256,8 +256,15 @@ def looks_like_dumps(path: Path) -> bool:
     if head[:1] == b"\x80":
         return b"version" in head or b"entries" in head or b"pg_config" in head or \
             len(head) < 512
+    if any(k in head for k in KINETO_KEYS):  # a profiler trace: its distributedInfo
+        return False                          # holds "pg_config" too (PyTorch 2.x)
     return head.lstrip()[:1] == b"{" and any(
         k in head for k in (b'"comm_lib_version"', b'"entries"', b'"pg_config"', b'"pg_status"'))
+
+
+# Keys a PyTorch profiler (Kineto) trace opens with, none of them a dump's
+KINETO_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"',
+               b'"deviceProperties"', b'"displayTimeUnit"')
 
 
 # --------------------------------------------------------------------------------------
