@@ -141,7 +141,7 @@ def test_run_log_round_trips(tmp_path):
     raw = (tmp_path / "rt" / "rank-00001.jsonl").read_text().splitlines()
     header = json.loads(raw[0])
     assert header["type"] == "header" and header["rank"] == 1 and header["world_size"] == 2
-    assert header["schema"] == 2 and header["segment"] == 0
+    assert header["schema"] == 3 and header["segment"] == 0  # compact columns (issue 33)
     steps = [json.loads(line) for line in raw[1:] if json.loads(line)["type"] == "step"]
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
     assert not any("comm" in s for s in steps)  # step lines: totals only
