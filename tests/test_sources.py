@@ -8,6 +8,7 @@ facts and findings. Then windows, stale ranks and the errors a user meets.
 
 from __future__ import annotations
 
+import copy
 import math
 import shutil
 import time
@@ -17,6 +18,7 @@ import pytest
 
 from tests.support.helpers import LiveDemo, wait_until
 from tests.support.promserver import PromServer
+from zerodoc.catalog import RANK_TOTAL_UNIT
 from zerodoc.demo.launch import free_port
 from zerodoc.diagnosis import diagnose
 from zerodoc.errors import UserError
@@ -57,6 +59,18 @@ def close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
 
 
+def framework_as_served(ref, rank: int) -> dict:
+    """A run log window's framework time per (unit, phase) as the rank serves it: rank 0 per
+    unit, every other rank summed over its units per phase, under RANK_TOTAL_UNIT (issue 33:
+    the series budget; docs/metrics.md)."""
+    if rank == 0:
+        return dict(ref.unit_framework)
+    out: dict = {}
+    for (_u, p), v in ref.unit_framework.items():
+        out[(RANK_TOTAL_UNIT, p)] = out.get((RANK_TOTAL_UNIT, p), 0.0) + v
+    return out
+
+
 def mismatches(snap, demo) -> list[str]:
     """Where a scrape snapshot differs from the run log at the same step."""
     bad = []
@@ -78,10 +92,10 @@ def mismatches(snap, demo) -> list[str]:
                 bad.append(f"rank {r}: comm {k}: {s} vs {t}")
         if set(w.comm) != set(ref.comm):
             bad.append(f"rank {r}: comm keys differ")
-        if set(w.unit_framework) != set(ref.unit_framework) or not all(
-                close(w.unit_framework[k], v) for k, v in ref.unit_framework.items()):
-            bad.append(f"rank {r}: framework per unit {w.unit_framework} vs "
-                       f"{ref.unit_framework}")
+        want_fw = framework_as_served(ref, r)
+        if set(w.unit_framework) != set(want_fw) or not all(
+                close(w.unit_framework[k], v) for k, v in want_fw.items()):
+            bad.append(f"rank {r}: framework per unit {w.unit_framework} vs {want_fw}")
         if w.memory.get("capacity") != ref.memory.get("capacity"):
             bad.append(f"rank {r}: capacity")
         fu = [(u.name, u.params, u.param_bytes, u.gather_bytes, u.sharded_bytes, u.group_size,
@@ -157,9 +171,10 @@ def test_prometheus_equals_the_run_log_at_the_same_step(live):
 
 def test_framework_time_per_unit_from_the_scrape_sources(live):
     """Issue 22: the framework's time per unit and phase reaches the endpoints and Prometheus
-    sources (zerodoc_framework_unit_seconds_total) as the run log has it, per rank (checked in
-    `mismatches`) and aggregated over the ranks (unit stats: PromQL on the server, numpy on
-    the run log's windows)."""
+    sources (zerodoc_framework_unit_seconds_total) as the run log has it. Issue 33: rank 0
+    serves it per unit, every other rank summed over its units per phase (checked per rank in
+    `mismatches`), so the scrape sources' per-unit stats are rank 0's (PromQL on the server,
+    numpy on the endpoints' windows) while the run log has every rank's."""
     from zerodoc.report import unit_rows
     from zerodoc.unitstats import unit_stats
     from zerodoc.whatif.stepmodel import fit
@@ -172,29 +187,50 @@ def test_framework_time_per_unit_from_the_scrape_sources(live):
         for r, w in ref.ranks.items():  # the witness has it for every unit, both phases
             assert {u for u, _p in w.unit_framework} == set(units), r
             assert {p for _u, p in w.unit_framework} == {"forward", "backward"}, r
+        # the scrape: per unit from rank 0, one sum per phase from rank 1
+        assert {u for u, _p in snap.ranks[0].unit_framework} == set(units)
+        assert set(snap.ranks[1].unit_framework) == \
+            {(RANK_TOTAL_UNIT, "forward"), (RANK_TOTAL_UNIT, "backward")}
         ranks = sorted(ref.ranks)
-        want = unit_stats(ref, ranks).units
+        want = unit_stats(ref, [0]).units  # rank 0's, from the run log
         got = (snap.unit_stats or unit_stats(snap, ranks)).units
         for u in units:
             a, b = got[u]["framework_seconds"], want[u]["framework_seconds"]
-            assert b.n == 2 and a.n == b.n, (u, a, b)
+            assert b.n == 1 and a.n == b.n, (u, a, b)
             for f in ("min", "median", "mean", "max"):
                 assert close(getattr(a, f), getattr(b, f)), (u, f, a, b)
-        # the report's unit rows show it (mean over the ranks, per step)
+        # the report's unit rows show it: rank 0's per step (the run log's rows: both ranks')
         rows = {r["unit"]: r["framework_seconds_per_step"] for r in unit_rows(snap)}
-        want_rows = {r["unit"]: r["framework_seconds_per_step"] for r in unit_rows(ref)}
-        assert set(rows) == set(want_rows) == set(units)
+        steps0 = ref.ranks[0].per_sampled_step
+        want_rows = {u: steps0(ref.ranks[0].unit_framework[(u, "forward")]
+                               + ref.ranks[0].unit_framework[(u, "backward")]) for u in units}
+        assert set(rows) == set(units)
         for u, v in want_rows.items():
             assert v is not None and v > 0 and rows[u] is not None, (u, rows[u], v)
             assert math.isclose(rows[u], v, rel_tol=1e-4, abs_tol=1e-6), (u, rows[u], v)
-        # the what-if prices the framework time per unit from this source as from the run log,
-        # with the units' parameter tensor counts (zerodoc_unit_parameter_tensors) the same
+        # the what-if prices the framework time per unit on rank 0 as from the run log, with
+        # the units' parameter tensor counts (zerodoc_unit_parameter_tensors) the same, and per
+        # step on rank 1 (its note says why)
         assert all(u.tensors for u in snap.any_rank.facts.units)
-        assert [rm.framework_per_unit for rm in fit(snap).ranks] == \
-            [rm.framework_per_unit for rm in fit(ref).ranks] == [True, True]
-        assert [(f.tensor_note, f.per_tensor_s) for f in
-                (rm.framework_fit for rm in fit(snap).ranks)] == \
-            [(f.tensor_note, f.per_tensor_s) for f in (rm.framework_fit for rm in fit(ref).ranks)]
+        # (witness: the run log with rank 1's framework time summed as rank 1 serves it)
+        folded = copy.copy(ref.ranks[1])
+        folded.unit_framework = framework_as_served(ref.ranks[1], 1)
+        witness = type(ref)(source="run log, as served", ranks={0: ref.ranks[0], 1: folded})
+        got_fit, want_fit = fit(snap), fit(witness)
+        assert [rm.framework_per_unit for rm in fit(ref).ranks] == [True, True]
+        assert [rm.framework_per_unit for rm in got_fit.ranks] == \
+            [rm.framework_per_unit for rm in want_fit.ranks] == [True, False]
+        f0, w0 = got_fit.ranks[0].framework_fit, want_fit.ranks[0].framework_fit
+        assert f0 is not None and w0 is not None and f0.tensor_note == w0.tensor_note
+        for k in ("per_call_s", "per_byte_s", "per_tensor_s", "rest_s"):
+            assert close(getattr(f0, k), getattr(w0, k)), (k, f0, w0)
+        assert got_fit.ranks[1].framework_fit is None
+        pricing = got_fit.framework_pricing()  # priced on the replay's rank
+        if got_fit.overhead_rank() is got_fit.ranks[1]:
+            assert pricing["pricing"] == "per step", pricing
+            assert "from rank 0 alone" in pricing["note"], pricing
+        else:
+            assert pricing["pricing"] == "per unit", pricing
 
 
 def test_same_run_same_findings_from_every_source(live):
