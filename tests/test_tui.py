@@ -469,7 +469,8 @@ async def test_stale_rank_is_shown_stale(recorded, tmp_path):
         await pilot.press("4")
         await pilot.pause()
         table = app.query_one("#ranks-table", ZTable)
-        assert str(table.get_cell("1", "state")).startswith("STALE 60m")
+        # 60 minutes old when copied; a loaded host may take a minute or more to show it
+        assert re.match(r"STALE 6\dm", str(table.get_cell("1", "state")))
         assert str(table.get_cell("0", "state")) == "ended"
         assert int(str(table.get_cell("1", "last_step"))) == 4
         await pilot.press("2")  # aggregates leave the stale rank out
