@@ -1,4 +1,4 @@
-"""Rewrite a schema-1 run directory as schema 2, through the real writer.
+"""Rewrite a schema-1 run directory in the current schema (3), through the real writer.
 
     python -m zerodoc.cli.convert SRC_RUN_DIR DST_RUN_DIR [--every N]
 
