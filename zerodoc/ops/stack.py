@@ -154,6 +154,9 @@ class Stack:
                 "job_name": "zerodoc", "honor_labels": True,
                 "file_sd_configs": [{"files": [str(self.work_dir / "file_sd" / "*.json")],
                                      "refresh_interval": "2s"}],
+            }, {  # itself: the monitoring alerts read its prometheus_rule_group_* series
+                "job_name": "prometheus",
+                "static_configs": [{"targets": [f"127.0.0.1:{self.port}"]}],
             }],
         }
         if self.am_port:
