@@ -220,6 +220,16 @@ def test_stack_starts_and_stops_cleanly(live):
             groups = {g["name"] for g in json.load(r)["data"]["groups"]}
         want = _generated_groups(data)
         assert groups == want and {"zerodoc.recording", "zerodoc.alerts"} <= want
+
+        def own_rule_metrics() -> list:  # the server scrapes itself: the alerts on the
+            q = urllib.parse.urlencode({"query":  # monitoring (ZerodocRuleGroupSlow) read these
+                                        'prometheus_rule_group_last_duration_seconds'})
+            with urllib.request.urlopen(f"{url}query?{q}", timeout=2) as r:
+                return [s for s in json.load(r)["data"]["result"]
+                        if s["metric"].get("rule_group", "").endswith(";zerodoc.recording")]
+
+        wait_until(own_rule_metrics, 60, "the stack's Prometheus scraping its own rule groups",
+                   interval=0.5)
         prom_pid = int((data / "prometheus.pid").read_text())
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert proc.wait(timeout=30) == 0
