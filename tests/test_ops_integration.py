@@ -182,9 +182,13 @@ def _stack(live, name: str, *extra: str):
     try:
         yield SimpleNamespace(proc=proc, port=port, data=data, log=log)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # a failed test: Ctrl-C first, so the stack stops the
+            proc.send_signal(signal.SIGINT)  # servers it started in their own sessions (a
+            try:                             # SIGKILL left them running for good)
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         out.close()
 
 
