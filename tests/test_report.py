@@ -75,7 +75,9 @@ def test_json_report_is_stable_and_complete():
                          "window", "ranks", "stale_ranks", "stopped", "summary", "findings",
                          "units", "steps", "thresholds", "ended_ranks", "data_problems",
                          "missing_ranks", "interrupted_ranks", "log_notes", "trace_scope", "device",
-                         "waiting", "notes", "exposed_comm", "breakdown_steps", "live"]
+                         "waiting", "notes", "exposed_comm", "breakdown_steps", "live",
+                         "source_kind"]
+    assert rep["source_kind"] == "run"
     assert rep["notes"] == []
     assert rep["stopped"] is None
     assert rep["window"] == {"steps_requested": 5, "steps": 5, "first_step": 6, "last_step": 10,
