@@ -239,7 +239,8 @@ def test_rules_without_the_framework_series_fall_back_to_the_raw_ones(prom_rules
     _demo, prom = prom_rules
     have = PrometheusSource(prom.url, window=5).snapshot().unit_stats.units
     fw = {u: row["framework_seconds"] for u, row in have.items() if "framework_seconds" in row}
-    assert fw and all(s.n == 2 for s in fw.values()), fw
+    # one rank: every rank but rank 0 serves its framework time summed over units (issue 33)
+    assert fw and all(s.n == 1 for s in fw.values()), fw
     old = {a: f"{name}_not_in_an_older_rule_file" for a, name in pm.UNIT_FRAMEWORK.items()}
     monkeypatch.setattr(pm, "UNIT_FRAMEWORK", old)
     src = PrometheusSource(prom.url, window=5)
@@ -249,4 +250,4 @@ def test_rules_without_the_framework_series_fall_back_to_the_raw_ones(prom_rules
     assert any("zerodoc_framework_unit_seconds_total" in e for e in seen)  # the raw series
     got = {u: row["framework_seconds"] for u, row in st.units.items()
            if "framework_seconds" in row}
-    assert set(got) == set(fw) and all(s.n == 2 and s.mean > 0 for s in got.values()), got
+    assert set(got) == set(fw) and all(s.n == 1 and s.mean > 0 for s in got.values()), got
