@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,34 +25,55 @@ from zerodoc.testing import hostile
 MAX_RSS_MB = 500
 
 
+# Runs the command as its own child and writes that child's peak RSS (KiB) to argv[1]. A
+# child exec'd straight from pytest would report pytest's peak instead: the kernel carries
+# the forking process's high-water RSS into the child's ru_maxrss at exec (vfork shares the
+# memory map), so late in a full run every report measured 508.7 MB, pytest's own size.
+_RSS_WRAPPER = """
+import os, subprocess, sys
+p = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(p.pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status) & 0xFF)
+"""
+
+
 def report_process(*args: str, timeout: float = 120) -> tuple[int, str, str, float, float]:
     """`zerodoc report ARGS` as a process: (rc, stdout, stderr, its own peak RSS in MB from
-    the kernel's rusage of that one child, wall seconds)."""
+    the kernel's rusage of that one process, wall seconds)."""
+    import signal
+    import tempfile
     import threading
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    fd, rss_file = tempfile.mkstemp(prefix="zerodoc-rss-")
+    os.close(fd)
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "zerodoc", "report", *args], env=env,
+    p = subprocess.Popen([sys.executable, "-c", _RSS_WRAPPER, rss_file,
+                          sys.executable, "-m", "zerodoc", "report", *args], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         stdin=subprocess.DEVNULL)
+                         stdin=subprocess.DEVNULL, start_new_session=True)
     got: dict[str, bytes] = {}
     readers = [threading.Thread(target=lambda k=k, f=f: got.__setitem__(k, f.read()))
                for k, f in (("out", p.stdout), ("err", p.stderr))]
     for t in readers:
         t.start()
-    killer = threading.Timer(timeout, p.kill)
+    killer = threading.Timer(timeout, lambda: os.killpg(p.pid, signal.SIGKILL))
     killer.start()
     try:
-        _, status, usage = os.wait4(p.pid, 0)
+        p.wait()
     finally:
         killer.cancel()
-    p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait
     for t in readers:
         t.join()
     wall = time.monotonic() - t0
     assert wall < timeout, f"report took over {timeout} s"
-    return (p.returncode, got["out"].decode(), got["err"].decode(), usage.ru_maxrss / 1024,
-            wall)
+    try:
+        rss_kib = int(Path(rss_file).read_text())
+    finally:
+        os.unlink(rss_file)
+    return p.returncode, got["out"].decode(), got["err"].decode(), rss_kib / 1024, wall
 
 
 def one_line_error(capsys, argv: list[str]) -> str:
