@@ -25,20 +25,6 @@ from zerodoc.testing import hostile
 MAX_RSS_MB = 500
 
 
-# Runs the command as its own child and writes that child's peak RSS (KiB) to argv[1]. A
-# child exec'd straight from pytest would report pytest's peak instead: the kernel carries
-# the forking process's high-water RSS into the child's ru_maxrss at exec (vfork shares the
-# memory map), so late in a full run every report measured 508.7 MB, pytest's own size.
-_RSS_WRAPPER = """
-import os, subprocess, sys
-p = subprocess.Popen(sys.argv[2:])
-_, status, usage = os.wait4(p.pid, 0)
-with open(sys.argv[1], "w") as f:
-    f.write(str(usage.ru_maxrss))
-sys.exit(os.waitstatus_to_exitcode(status) & 0xFF)
-"""
-
-
 def report_process(*args: str, timeout: float = 120) -> tuple[int, str, str, float, float]:
     """`zerodoc report ARGS` as a process: (rc, stdout, stderr, its own peak RSS in MB from
     the kernel's rusage of that one process, wall seconds)."""
@@ -50,7 +36,8 @@ def report_process(*args: str, timeout: float = 120) -> tuple[int, str, str, flo
     fd, rss_file = tempfile.mkstemp(prefix="zerodoc-rss-")
     os.close(fd)
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-c", _RSS_WRAPPER, rss_file,
+    p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "jobs" / "own_rss.py"),
+                          rss_file,  # its child's own peak, not pytest's (see own_rss.py)
                           sys.executable, "-m", "zerodoc", "report", *args], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, start_new_session=True)
