@@ -28,7 +28,8 @@ from zerodoc.ops import alerts
 from zerodoc.ops.alerts import RuleOptions
 
 # the module fixture waits for both stores' first recorded series (a minute or two on a
-# loaded host) and the comparison for both stores' latest data
+# loaded host) and the comparison for both stores' latest data: at a load average of ~300
+# the fixture and two reports took the whole default 300 s (2026-11-29), hence 600 s
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 RUN, RANKS = "vmfarm", 8
