@@ -45,7 +45,6 @@ import re
 import sqlite3
 import sys
 import urllib.parse
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,8 +142,16 @@ def check_schema(con: sqlite3.Connection, path: Path) -> dict[str, bool]:
 
 GOOD = 'start IS NOT NULL AND "end" IS NOT NULL AND start >= 0 AND "end" >= start'
 CHUNK_ROWS = 1 << 18  # rows (by rowid) read at a time
+SLICE_KERNELS = 250_000  # kernels attributed at a time (module docstring: bounded memory)
 _RANK_ROWS = f"globalPid IS ? AND deviceId IS ? AND {GOOD}"
 PROCESS = 1 << 24  # the globalTids of a process: [globalPid, globalPid + PROCESS)
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+MEMORY_TABLES = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+KERNEL_READ = ("start", '"end"', "coalesce(correlationId, -1)", "coalesce(demangledName, -1)",
+               "coalesce(streamId, 0)")
+COMPUTE, COMM, MEMORY = 0, 1, 2  # what a device row is (`Export._classes`)
+_FAR = 1 << 62
 
 
 @dataclass
@@ -153,18 +160,104 @@ class Device:
 
     gpid: int  # nsys globalPid (the tid bits zero)
     device: int
-    kernels: int  # kernel rows, good or not
-    bad: int  # rows with a missing, negative or backward time (skipped, counted)
+    bad: int  # kernel rows with a missing, negative or backward time (skipped, counted)
 
     @property
     def pid(self) -> int:
         return self.gpid >> 24 & TID_BITS
 
 
+class _Unsorted(Exception):
+    """A table's rows of a rank do not come in start order by rowid."""
+
+
+class _Rows:
+    """One table's good rows of one rank in start order, as numpy column chunks (`next()`,
+    None at the end). By rowid ranges (`Export._chunks`) while the rows come in start order,
+    as nsys writes them (checked on every chunk: `_Unsorted` if not); `ordered`: an
+    `ORDER BY start` query instead (SQLite sorts in its own bounded memory, spilling to
+    temporary files, never beside the export). `frontier` (ns): no row still to come starts
+    before it."""
+
+    def __init__(self, ex: "Export", table: str, cols: tuple[str, ...], d: Device,
+                 ordered: bool):
+        self.kernels = table == KERNEL
+        self.frontier = -np.inf
+        self._cur = self._it = None
+        if ordered:
+            self._cur = ex.con.execute(f'SELECT {", ".join(cols)} FROM "{table}" WHERE '
+                                       f"{_RANK_ROWS} ORDER BY start, rowid", _key(d))
+        else:
+            self._it = ex._chunks(table, cols, _RANK_ROWS, _key(d))
+
+    def next(self) -> list[np.ndarray] | None:
+        if self._cur is not None:
+            rows = self._cur.fetchmany(CHUNK_ROWS)
+            cols = list(np.array(rows, dtype=np.int64).T) if rows else None
+        else:
+            cols = next(self._it, None)
+            if cols is not None and (cols[0][0] < self.frontier or
+                                     np.any(cols[0][1:] < cols[0][:-1])):
+                raise _Unsorted
+        self.frontier = np.inf if cols is None else cols[0][-1]
+        return cols
+
+
+class _Pending:
+    """Device rows read and not yet attributed: chunks of columns (`NAMES`; times in
+    microseconds), cut where the device is idle (`take`)."""
+
+    NAMES = ("ts", "end", "corr", "cls", "name", "stream")
+
+    def __init__(self):
+        self.chunks: list[dict] = []
+        self.kernels = 0
+
+    def add(self, rows: dict) -> None:
+        self.chunks.append(rows)
+        self.kernels += int(np.count_nonzero(rows["cls"] != MEMORY))
+
+    def _joined(self) -> dict | None:
+        if len(self.chunks) > 1:
+            self.chunks = [{n: np.concatenate([c[n] for c in self.chunks]) for n in self.NAMES}]
+        return self.chunks[0] if self.chunks else None
+
+    def take(self, safe: float, limit: int) -> list[dict]:
+        """Slices of the rows pending, of at least `limit` kernels each, each ending where the
+        device is idle (at the end of an interval of the union of every row pending) at or
+        before `safe` (no row still to come starts earlier); the rest stays pending."""
+        rows = self._joined()
+        _s, e = tl.merge(rows["ts"], rows["end"])
+        e = e[:np.searchsorted(e, safe, side="right")]
+        kernel = rows["cls"] != MEMORY
+        before = np.searchsorted(np.sort(rows["ts"][kernel]), e, side="right")
+        cuts, done = [], 0
+        while True:  # the first idle moment after `limit` more kernels, then again
+            j = int(np.searchsorted(before, done + limit))
+            if j >= len(e):
+                break
+            cuts.append(e[j])
+            done = before[j]
+        if not cuts:
+            return []
+        # the interval after an idle moment starts after it: a row is in the slice of the
+        # first cut at or after its start
+        where = np.searchsorted(np.array(cuts), rows["ts"], side="left")
+        out = [{n: c[where == i] for n, c in rows.items()} for i in range(len(cuts))]
+        self.chunks = [{n: c[where == len(cuts)] for n, c in rows.items()}]
+        self.kernels = int(np.count_nonzero(self.chunks[0]["cls"] != MEMORY))
+        return out
+
+    def rest(self) -> dict | None:
+        rows = self._joined()
+        self.chunks, self.kernels = [], 0
+        return rows
+
+
 class Export:
     """One export, open: its ranks (`devices`) and the capture's span, found with aggregate
-    queries; `events(device)` then reads one rank's rows in chunks, so only one rank's events
-    are in memory at a time (module docstring)."""
+    queries; `host_events(device)` reads one rank's host side and `rank_result(...)` streams
+    its device rows in start order, attributing them slice by slice (module docstring)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -173,10 +266,16 @@ class Export:
             self.have = check_schema(self.con, path)
             self.schema = schema_version(self.con)
             self.host = _meta(self.con, "EXPORT_HOST")
+            self.kind: dict[int, int] = {}  # kernel name id -> COMPUTE / COMM / MEMORY
+            self.comm: dict[int, str] = {}  # NCCL kernel name id -> name
             self.devices = self._devices()
-            self.comm, self.memory = self._kernel_names()
             self.nvtx_where = self._kept_nvtx() if self.have["NVTX_EVENTS"] else None
+            self.mem_corr = {t: "coalesce(correlationId, -1)" if self.have[t] and
+                             "correlationId" in _columns(self.con, t) else "-1"
+                             for t in MEMORY_TABLES}
             self.span = self._span()
+            self._zones = self._launch_ids = None
+            self._has_runtime: dict[int, bool] = {}
         except sqlite3.DatabaseError as e:
             self.close()
             raise NsysError(f"{path}: cannot read the export ({e})") from None
@@ -188,28 +287,33 @@ class Export:
         self.con.close()
 
     def _devices(self) -> list[Device]:
-        rows = self.con.execute(
-            f'SELECT globalPid, deviceId, count(*), sum(NOT ({GOOD})) FROM '
-            "CUPTI_ACTIVITY_KIND_KERNEL GROUP BY globalPid, deviceId").fetchall()
-        out = [Device(gp or 0, dev if dev is not None else -1, n, bad or 0)
-               for gp, dev, n, bad in rows]
+        pairs = self.con.execute(f"SELECT DISTINCT globalPid, deviceId FROM {KERNEL}").fetchall()
+        bad = {k[:2]: k[2] for k in self.con.execute(
+            f"SELECT globalPid, deviceId, count(*) FROM {KERNEL} WHERE NOT ({GOOD}) GROUP BY "
+            "globalPid, deviceId")}
+        out = [Device(gp or 0, dev if dev is not None else -1, bad.get((gp, dev), 0))
+               for gp, dev in pairs]
         if not out:
             raise NsysError(f"{self.path}: no CUDA kernels in the export (nothing ran on a "
                             "device while it was captured)")
         return sorted(out, key=lambda d: (d.device, d.pid))
 
-    def _kernel_names(self) -> tuple[dict[int, str], np.ndarray]:
-        """Name ids of NCCL kernels (id -> name) and of memory kernels, by a trace's rules."""
-        comm, memory = {}, []
-        for sid, name in self.con.execute(
-                "SELECT id, value FROM StringIds WHERE id IN (SELECT DISTINCT demangledName "
-                "FROM CUPTI_ACTIVITY_KIND_KERNEL)"):
-            name = str(name or "")
-            if COMM_KERNEL.match(name):
-                comm[sid] = name
-            elif NOT_COMPUTE.match(name):
-                memory.append(sid)
-        return comm, np.array(memory, dtype=np.int64)
+    def _classes(self, names: np.ndarray) -> np.ndarray:
+        """COMPUTE / COMM / MEMORY for kernel name ids, by a trace's rules (`events.py`); each
+        id's name looked up in StringIds once."""
+        ids, inv = np.unique(names, return_inverse=True)
+        new = [int(i) for i in ids if int(i) not in self.kind]
+        for i in range(0, len(new), 500):
+            part = new[i:i + 500]
+            found = dict(self.con.execute(f"SELECT id, value FROM StringIds WHERE id IN "
+                                          f"({','.join('?' * len(part))})", part))
+            for sid in part:
+                name = str(found.get(sid) or "")
+                self.kind[sid] = COMM if COMM_KERNEL.match(name) else \
+                    MEMORY if NOT_COMPUTE.match(name) else COMPUTE
+                if self.kind[sid] == COMM:
+                    self.comm[sid] = name
+        return np.array([self.kind[int(i)] for i in ids], dtype=np.int8)[inv]
 
     def _kept_nvtx(self) -> tuple[str, list]:
         """The WHERE clause selecting the NVTX ranges the model keeps (inline text or a
@@ -225,100 +329,175 @@ class Export:
 
     def _span(self) -> tuple[float, float]:
         """From the first to the last kernel or memory operation of a rank, or kept NVTX
-        range (microseconds)."""
-        keys = {(d.gpid, d.device) for d in self.devices}
-        lo, hi = np.inf, -np.inf
-        tables = ["CUPTI_ACTIVITY_KIND_KERNEL"] + [t for t in (
-            "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if self.have[t]]
-        for t in tables:
-            for gp, dev, a, b in self.con.execute(
-                    f'SELECT globalPid, deviceId, min(start), max("end") FROM {t} WHERE {GOOD} '
-                    "GROUP BY globalPid, deviceId"):
-                if (gp or 0, dev if dev is not None else -1) in keys:
-                    lo, hi = min(lo, a), max(hi, b)
+        range (microseconds). Every kernel row is a rank's; memory operations are those of
+        the ranks' (process, device) pairs."""
+        bounds = [self.con.execute(f'SELECT min(start), max("end") FROM {KERNEL} WHERE {GOOD}'
+                                   ).fetchone()]
+        ranks = " OR ".join("(globalPid IS ? AND deviceId IS ?)" for _ in self.devices)
+        args = [x for d in self.devices for x in _key(d)]
+        for t in MEMORY_TABLES:
+            if self.have[t]:
+                bounds.append(self.con.execute(f'SELECT min(start), max("end") FROM {t} WHERE '
+                                               f"{GOOD} AND ({ranks})", args).fetchone())
         if self.nvtx_where is not None:
             where, args = self.nvtx_where
-            a, b = self.con.execute(f'SELECT min(start), max("end") FROM NVTX_EVENTS WHERE '
-                                    f"{where} AND {GOOD}", args).fetchone()
-            if a is not None:
-                lo, hi = min(lo, a), max(hi, b)
+            bounds.append(self.con.execute(f'SELECT min(start), max("end") FROM NVTX_EVENTS '
+                                           f"WHERE {where} AND {GOOD}", args).fetchone())
+        got = [b for b in bounds if b[0] is not None]
+        lo = min((a for a, _ in got), default=np.inf)
+        hi = max((b for _, b in got), default=-np.inf)
         return lo / NS_PER_US, hi / NS_PER_US
 
-    def events(self, d: Device) -> RankEvents:
-        """One rank's events (module docstring)."""
+    def host_events(self, d: Device) -> RankEvents:
+        """One rank's host side: the NVTX ranges kept (module docstring); no device rows."""
         ev = RankEvents(pid=d.pid)
-        ev.events, ev.bad_times = d.kernels, d.bad
+        ev.bad_times = d.bad
+        if self.nvtx_where is not None:
+            self._wrapped(self._annotations, ev, d)
+        return ev
+
+    def rank_result(self, d: Device, host: RankEvents, group_size: int | None) -> RankResult:
+        """One rank attributed slice by slice (module docstring), its device rows streamed in
+        start order: by rowid when the export holds them so, else sorted by SQLite."""
         try:
-            self._kernels(ev, d)
-            for t in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
-                if self.have[t]:
-                    self._memory(ev, d, t)
-            if self.have["CUPTI_ACTIVITY_KIND_RUNTIME"]:
-                self._launches(ev, d)
-            if self.nvtx_where is not None:
-                self._annotations(ev, d)
+            return self._wrapped(self._streamed, d, host, group_size, False)
+        except _Unsorted:
+            return self._wrapped(self._streamed, d, host, group_size, True)
+
+    def _wrapped(self, fn, *args):
+        try:
+            return fn(*args)
         except sqlite3.DatabaseError as e:
             raise NsysError(f"{self.path}: cannot read the export ({e})") from None
-        return ev
+
+    def _streamed(self, d: Device, host: RankEvents, group_size: int | None,
+                  ordered: bool) -> RankResult:
+        """Read the kernel and memory tables side by side (always the one whose rows so far
+        start earliest), and attribute the rows pending whenever `SLICE_KERNELS` kernels are
+        and the device was idle since: every row still to come starts later."""
+        streams = [_Rows(self, KERNEL, KERNEL_READ, d, ordered)]
+        streams += [_Rows(self, t, ("start", '"end"', self.mem_corr[t]), d, ordered)
+                    for t in MEMORY_TABLES if self.have[t]]
+        pending, slices = _Pending(), _Slices(self, d, host, group_size)
+        limit = SLICE_KERNELS
+        while streams:
+            s = min(streams, key=lambda r: r.frontier)
+            cols = s.next()
+            if cols is None:
+                streams.remove(s)
+                continue
+            pending.add(self._rows(s, cols))
+            if pending.kernels >= limit:
+                safe = min((r.frontier for r in streams), default=np.inf) / NS_PER_US
+                taken = pending.take(safe, SLICE_KERNELS)
+                for rows in taken:
+                    slices.add(rows)
+                # no idle moment yet: read on (and look again after as many more kernels)
+                limit = SLICE_KERNELS if taken else pending.kernels + SLICE_KERNELS
+        if pending.kernels:
+            for rows in pending.take(np.inf, SLICE_KERNELS):
+                slices.add(rows)
+        rows = pending.rest()
+        if rows is not None:
+            slices.add(rows)
+        return slices.result()
+
+    def _rows(self, s: _Rows, cols: list[np.ndarray]) -> dict:
+        """A chunk's columns as `_Pending` keeps them."""
+        n = len(cols[0])
+        if s.kernels:
+            a, b, corr, name, stream = cols
+            cls = self._classes(name)
+        else:
+            (a, b, corr), name, stream = cols, np.full(n, -1), np.zeros(n, dtype=np.int64)
+            cls = np.full(n, MEMORY, dtype=np.int8)
+        return {"ts": a / NS_PER_US, "end": b / NS_PER_US, "corr": corr, "cls": cls,
+                "name": name, "stream": stream}
 
     def _chunks(self, table: str, columns: tuple[str, ...], where: str, args=()):
         """Integer columns of `table`'s rows matching `where`, as numpy arrays, CHUNK_ROWS
-        rows (by rowid) at a time. SQLite writes each chunk's columns as text
-        (`group_concat`, all in one scan, so aligned row by row) and numpy parses them:
-        several times faster than a Python tuple per row. A NULL in a column must be replaced
-        (`coalesce`) by the caller, or the columns would not line up."""
+        rows (by rowid) at a time, in rowid order (empty chunks skipped). SQLite writes each
+        chunk's columns as text (`group_concat`, all in one scan, so aligned row by row) and
+        numpy parses them: several times faster than a Python tuple per row. A NULL in a
+        column must be replaced (`coalesce`) by the caller, or the columns would not line
+        up."""
         lo, hi = self.con.execute(f'SELECT min(rowid), max(rowid) FROM "{table}"').fetchone()
         if lo is None:
             return
-        sel = ", ".join(f"group_concat({c})" for c in columns)
-        q = f'SELECT {sel} FROM "{table}" WHERE rowid >= ? AND rowid < ? AND ({where})'
         for first in range(lo, hi + 1, CHUNK_ROWS):
-            texts = self.con.execute(q, (first, first + CHUNK_ROWS, *args)).fetchone()
-            if texts[0] is None:
-                continue
-            yield [np.fromstring(t, dtype=np.int64, sep=",") for t in texts]
+            cols = self._text_columns(table, columns, where, (first, first + CHUNK_ROWS, *args))
+            if cols is not None:
+                yield cols
 
-    def _kernels(self, ev: RankEvents, d: Device) -> None:
-        cols = ("start", '"end"', "coalesce(correlationId, -1)", "coalesce(demangledName, -1)",
-                "coalesce(streamId, 0)")
-        comm_ids = np.array(list(self.comm), dtype=np.int64)
-        for a, b, corr, name, stream in self._chunks("CUPTI_ACTIVITY_KIND_KERNEL", cols,
-                                                     _RANK_ROWS, _key(d)):
-            a, b = a / NS_PER_US, b / NS_PER_US
-            comm = np.isin(name, comm_ids)
-            mem = np.isin(name, self.memory)
-            comp = ~(comm | mem)
-            _extend(ev.kernel_ts, a[comp])
-            _extend(ev.kernel_end, b[comp])
-            _extend(ev.kernel_corr, corr[comp])
-            _extend(ev.mem_ts, a[mem])
-            _extend(ev.mem_end, b[mem])
-            for i in np.flatnonzero(comm):
-                text = self.comm[int(name[i])]
-                ev.comm_kernels.append(Kernel(text, int(stream[i]), float(a[i]), float(b[i]),
-                                              None, int(corr[i]), kernel_kind(text), None,
-                                              None, None, None))
-            ev._check_size()
+    def _text_columns(self, table: str, columns, where: str, args):
+        """`_chunks`' query for the rowids [args[0], args[1])."""
+        sel = ", ".join(f"group_concat({c})" for c in columns)
+        texts = self.con.execute(f'SELECT {sel} FROM "{table}" WHERE rowid >= ? AND rowid < ? '
+                                 f"AND ({where})", args).fetchone()
+        if texts[0] is None:
+            return None
+        return [np.fromstring(t, dtype=np.int64, sep=",") for t in texts]
 
-    def _memory(self, ev: RankEvents, d: Device, table: str) -> None:
-        for a, b in self._chunks(table, ("start", '"end"'), _RANK_ROWS, _key(d)):
-            _extend(ev.mem_ts, a / NS_PER_US)
-            _extend(ev.mem_end, b / NS_PER_US)
+    def host_calls(self, d: Device, corr: np.ndarray):
+        """The process's host runtime calls that carry one of the correlation ids `corr`:
+        (their ids: every call, for the no-launch-in-the-capture rule; the launches, sorted by
+        id, the first of each: ids, threads, times). Only the runtime table's chunks whose
+        range of ids meets `corr`'s are read (`_runtime_zones`)."""
+        none = (np.zeros(0, dtype=np.int64),) * 3
+        c = corr[corr >= 0]
+        if not self.have[RUNTIME] or not len(c) or not self.launched_here(d):
+            return np.zeros(0, dtype=np.int64), none
+        lo, hi = int(c.min()), int(c.max())
+        firsts, zlo, zhi = self._runtime_zones()
+        hit = np.flatnonzero((zlo <= hi) & (zhi >= lo))
+        got = []
+        for run in np.split(hit, np.flatnonzero(np.diff(hit) > 1) + 1):
+            if len(run):
+                cols = self._text_columns(
+                    RUNTIME, ("start", "globalTid", "correlationId", "coalesce(nameId, -1)"),
+                    "correlationId BETWEEN ? AND ? AND globalTid >= ? AND globalTid < ? AND "
+                    "start IS NOT NULL", (int(firsts[run[0]]), int(firsts[run[-1]]) +
+                                          CHUNK_ROWS, lo, hi, d.gpid, d.gpid + PROCESS))
+                if cols is not None:
+                    got.append(cols)
+        if not got:
+            return np.zeros(0, dtype=np.int64), none
+        start, tid, ids, name = (np.concatenate(x) for x in zip(*got))
+        launch = np.isin(name, self._launches())
+        lc = ids[launch]
+        order = np.argsort(lc, kind="stable")
+        launches = lc[order], (tid[launch] & TID_BITS)[order], (start[launch] / NS_PER_US)[order]
+        return ids, launches
 
-    def _launches(self, ev: RankEvents, d: Device) -> None:
-        """Host launches of kernels (`*Launch*` runtime / driver calls) by the process."""
-        ids = [r[0] for r in self.con.execute("SELECT id FROM StringIds WHERE value LIKE "
-                                              "'%Launch%'")]
-        if not ids:
-            return
-        where = ("globalTid >= ? AND globalTid < ? AND start IS NOT NULL AND correlationId IS "
-                 f"NOT NULL AND nameId IN ({','.join('?' * len(ids))})")
-        for a, tid, corr in self._chunks("CUPTI_ACTIVITY_KIND_RUNTIME", (
-                "start", "globalTid", "correlationId"), where, [d.gpid, d.gpid + PROCESS, *ids]):
-            _extend(ev.launch_corr, corr)
-            _extend(ev.launch_tid, tid & TID_BITS)
-            _extend(ev.launch_ts, a / NS_PER_US)
-            ev._check_size()
+    def launched_here(self, d: Device) -> bool:
+        """Whether the process has any host runtime call with a correlation id: if not
+        (a device-only capture), no device row is left out for want of its launch."""
+        if d.gpid not in self._has_runtime:
+            self._has_runtime[d.gpid] = self.have[RUNTIME] and self.con.execute(
+                f"SELECT 1 FROM {RUNTIME} WHERE globalTid >= ? AND globalTid < ? AND "
+                "correlationId IS NOT NULL LIMIT 1", (d.gpid, d.gpid + PROCESS)).fetchone() \
+                is not None
+        return self._has_runtime[d.gpid]
+
+    def _runtime_zones(self):
+        """Per CHUNK_ROWS rows (by rowid) of the runtime table: the first rowid and the
+        smallest and largest correlation id (a coarse index, one scan, kept)."""
+        if self._zones is None:
+            lo, hi = self.con.execute(f"SELECT min(rowid), max(rowid) FROM {RUNTIME}").fetchone()
+            firsts = np.arange(lo, hi + 1, CHUNK_ROWS) if lo is not None else np.zeros(0, int)
+            zones = [self.con.execute(f"SELECT min(correlationId), max(correlationId) FROM "
+                                      f"{RUNTIME} WHERE rowid >= ? AND rowid < ?",
+                                      (int(f), int(f) + CHUNK_ROWS)).fetchone() for f in firsts]
+            self._zones = (firsts, np.array([_FAR if a is None else a for a, _ in zones]),
+                           np.array([-_FAR if b is None else b for _, b in zones]))
+        return self._zones
+
+    def _launches(self) -> np.ndarray:
+        """Name ids of kernel launches (`*Launch*` runtime / driver calls)."""
+        if self._launch_ids is None:
+            self._launch_ids = np.array([r[0] for r in self.con.execute(
+                "SELECT id FROM StringIds WHERE value LIKE '%Launch%'")], dtype=np.int64)
+        return self._launch_ids
 
     def _annotations(self, ev: RankEvents, d: Device) -> None:
         """The NVTX ranges the trace model keeps (module docstring), of the process."""
@@ -337,6 +516,63 @@ class Export:
             elif name.startswith(ANNOTATION_PREFIXES):
                 ev.spans.append(Span(name, gtid & TID_BITS, a, b))
         ev._check_size()
+
+
+class _Slices:
+    """One rank's slices of device rows, each attributed with the rank's whole host side
+    (`attribute`), and their sum (`result`)."""
+
+    def __init__(self, ex: Export, d: Device, host: RankEvents, group_size: int | None):
+        self.ex, self.d, self.host, self.group_size = ex, d, host, group_size
+        self.parts: list[RankResult] = []
+        self.comm_lengths: list[float] = []
+        self.memory_only: list[tuple[np.ndarray, np.ndarray]] = []
+        self.unlaunched = 0  # left out of the memory-only slices
+
+    def add(self, rows: dict) -> None:
+        h = self.host
+        part = RankEvents(spans=h.spans, comm_ops=h.comm_ops, busy=h.busy,
+                          backward_starts=h.backward_starts, pid=h.pid)
+        cls, corr = rows["cls"], rows["corr"]
+        for c, (ts, end, cr) in ((COMPUTE, ("kernel_ts", "kernel_end", "kernel_corr")),
+                                 (MEMORY, ("mem_ts", "mem_end", "mem_corr"))):
+            sel = cls == c
+            _extend(getattr(part, ts), rows["ts"][sel])
+            _extend(getattr(part, end), rows["end"][sel])
+            _extend(getattr(part, cr), corr[sel])
+        for i in np.flatnonzero(cls == COMM):
+            text = self.ex.comm[int(rows["name"][i])]
+            part.comm_kernels.append(Kernel(text, int(rows["stream"][i]), float(rows["ts"][i]),
+                                            float(rows["end"][i]), None, int(corr[i]),
+                                            kernel_kind(text), None, None, None, None))
+        ids, launches = self.ex.host_calls(self.d, corr)
+        if self.ex.launched_here(self.d):
+            # -1 is no operation's id (those are kept anyway): the rule applies even to a
+            # slice none of whose operations was launched in the capture
+            _extend(part.host_corr, np.append(ids, -1))
+        _launches_of(part, launches, corr)
+        part.drop_unlaunched()
+        if not part.is_gpu:  # memory operations alone: device busy, nothing else
+            self.unlaunched += part.unlaunched
+            self.memory_only.append(tl.merge(part.mem_ts, part.mem_end))
+            return
+        self.comm_lengths.append(tl.length(tl.merge([k.ts for k in part.comm_kernels],
+                                                    [k.end for k in part.comm_kernels])))
+        self.parts.append(attribute(part, self.group_size))
+
+    def result(self) -> RankResult:
+        if not self.parts:  # no kernel counted: the host side alone
+            self.parts.append(attribute(self.host, self.group_size))
+            self.comm_lengths.append(0.0)
+        res = self.parts[0] if len(self.parts) == 1 else _merged(self.parts, self.comm_lengths)
+        res.unlaunched += self.unlaunched
+        if self.memory_only:
+            ws = np.array([s.ts for s in res.steps], dtype=float)
+            we = np.array([s.end for s in res.steps], dtype=float)
+            for busy in self.memory_only:
+                for st, v in zip(res.steps, tl.overlap_each(ws, we, busy)):
+                    st.device_busy += float(v)
+        return res
 
 
 def _key(d: Device) -> tuple:
@@ -369,80 +605,15 @@ def _meta(con: sqlite3.Connection, name: str) -> str:
     return str(row[0]) if row else ""
 
 
-SLICE_KERNELS = 500_000  # kernels attributed at a time (module docstring: bounded memory)
-
-
-def attribute_sliced(ev: RankEvents, group_size: int | None,
-                     limit: int | None = None) -> RankResult:
-    """`attribute(ev)`, in slices of at most about `limit` kernels, for bounded memory: the
-    attribution's own arrays take about 200 bytes per kernel, the events 50. The device
-    timeline is cut only where the device is idle (between two intervals of the union of
-    every kernel and memory operation), and each slice is attributed with all of the host's
-    side (annotations, launches, steps) and its own device work: no kernel crosses a cut, so
-    every union, each kernel's share of it and each collective's exposure are the same as in
-    one pass, and each step's numbers are the sums of its slices'."""
-    limit = SLICE_KERNELS if limit is None else limit
-    kt, ke = np.asarray(ev.kernel_ts), np.asarray(ev.kernel_end)
-    ct = np.array([k.ts for k in ev.comm_kernels], dtype=float)
-    if len(kt) + len(ct) <= limit:
-        return attribute(ev, group_size)
-    mt, me = np.asarray(ev.mem_ts), np.asarray(ev.mem_end)
-    ce = np.array([k.end for k in ev.comm_kernels], dtype=float)
-    ends = tl.merge(np.concatenate([kt, ct, mt]), np.concatenate([ke, ce, me]))[1]
-    starts = np.sort(np.concatenate([kt, ct]))  # kernels (not memory operations) counted
-    before = np.searchsorted(starts, ends, side="right")  # kernels starting by each idle point
-    cuts, done = [], 0
-    for j in range(len(ends) - 1):
-        if before[j + 1] - done > limit and before[j] > done:
-            cuts.append(ends[j])
-            done = before[j]
-    cuts = np.array(cuts)
-    del ends, starts, before
-    ks, cs, ms = (np.searchsorted(cuts, x, side="right") for x in (kt, ct, mt))
-    launches = _by_correlation(ev)
-    # a stretch of memory operations alone is no slice (it would read as a CPU trace)
-    n = len(cuts) + 1
-    has = np.bincount(ks, minlength=n) + np.bincount(cs, minlength=n) > 0
-    remap = np.maximum.accumulate(np.where(has, np.arange(n), 0))
-    ks, cs, ms = remap[ks], remap[cs], remap[ms]
-    parts, lengths = [], []
-    for i in np.flatnonzero(has):
-        part = RankEvents(spans=ev.spans, comm_ops=ev.comm_ops, busy=ev.busy,
-                          backward_starts=ev.backward_starts, pid=ev.pid)
-        sel = ks == i
-        corr = np.asarray(ev.kernel_corr)[sel]
-        _extend(part.kernel_ts, kt[sel])
-        _extend(part.kernel_end, ke[sel])
-        _extend(part.kernel_corr, corr)
-        _extend(part.mem_ts, mt[ms == i])
-        _extend(part.mem_end, me[ms == i])
-        part.comm_kernels = [k for k, c in zip(ev.comm_kernels, cs) if c == i]
-        _launches_of(part, launches, np.concatenate([corr, np.array(
-            [k.correlation for k in part.comm_kernels], dtype=np.int64)]))
-        lengths.append(tl.length(tl.merge(ct[cs == i], ce[cs == i])))
-        parts.append(attribute(part, group_size))
-        del part
-    return _merged(parts, lengths)
-
-
-def _by_correlation(ev: RankEvents) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The launches (correlation, thread, time), sorted by correlation; `ev`'s own arrays are
-    emptied (they are not needed again, and a large rank's are tens of MB)."""
-    lc = np.asarray(ev.launch_corr)
-    order = np.argsort(lc, kind="stable")
-    out = lc[order], np.asarray(ev.launch_tid)[order], np.asarray(ev.launch_ts)[order]
-    del lc, order
-    ev.launch_corr, ev.launch_tid, ev.launch_ts = array("q"), array("q"), array("d")
-    return out
-
-
 def _launches_of(part: RankEvents, launches, corr: np.ndarray) -> None:
-    """Give a slice the launches of its own kernels (by correlation id)."""
+    """Give a slice the launches of its own device rows (by correlation id; `launches`
+    sorted by it)."""
     lc, lt, lts = launches
     if not len(lc) or not len(corr):
         return
     i = np.clip(np.searchsorted(lc, corr), 0, len(lc) - 1)
-    i = np.unique(i[lc[i] == corr])
+    i = np.sort(i[lc[i] == corr])
+    i = i[np.concatenate(([True], i[1:] != i[:-1]))]  # unique (np.unique hashes: slow)
     _extend(part.launch_corr, lc[i])
     _extend(part.launch_tid, lt[i])
     _extend(part.launch_ts, lts[i])
@@ -471,7 +642,8 @@ def _merged(parts: list[RankResult], comm_lengths: list[float]) -> RankResult:
     overlap = sum((p.overlap_ratio or 0.0) * t for p, t in zip(parts, comm_lengths)) / total \
         if total > 0 else None
     return RankResult(parts[0].framework, parts[0].device_type, steps, colls, order, overlap,
-                      sum(p.comm_kernels for p in parts), sum(p.comm_outside for p in parts))
+                      sum(p.comm_kernels for p in parts), sum(p.comm_outside for p in parts),
+                      sum(p.unlaunched for p in parts))
 
 
 def one_window(ev: RankEvents, span: tuple[float, float]) -> bool:
@@ -516,19 +688,18 @@ class NsysSource(TraceSource):
         self.overlap = {r: t.result.overlap_ratio for r, t in self.ranks.items()}
 
     def _add(self, ex: Export) -> None:
-        """Each rank of one export, read and attributed in turn (its events then dropped)."""
+        """Each rank of one export, read and attributed in turn."""
         added = False
         for d in ex.devices:
             rank = len(self.ranks)
-            ev = ex.events(d)
-            added |= one_window(ev, ex.span)
+            host = ex.host_events(d)
+            added |= one_window(host, ex.span)
+            result = ex.rank_result(d, host, self.opts.world_size)
             header = {"host_name": ex.host, "trace_id": ex.path.stem,
-                      "_bad_times": ev.bad_times, "nsys_pid": d.pid, "nsys_device": d.device,
+                      "_bad_times": host.bad_times, "nsys_pid": d.pid, "nsys_device": d.device,
                       "nsys_schema": ex.schema}
-            self.ranks[rank] = RankTrace(rank, ex.path, header,
-                                         attribute_sliced(ev, self.opts.world_size), d.pid)
+            self.ranks[rank] = RankTrace(rank, ex.path, header, result, d.pid)
             self.where[rank] = f"{ex.path.name} process {d.pid} device {d.device}"
-            del ev
         if added:
             a, b = ex.span
             self.windowed.append(f"{ex.path.name}: no ProfilerStep ranges: one window (steps: "
