@@ -122,10 +122,12 @@ def test_yaml_emitter_round_trips():
         want = alerts.recording_rules() if name == alerts.RECORDING_FILE else \
             alerts.alerting_rules()
         assert got == want
-    # the per-unit group states its interval (the rate window); the others use the server's
+    # the per-unit groups state their interval (their rate window, four times the
+    # rank-level window); the rank-level group uses the server's
     groups = yaml.safe_load(alerts.rule_files()[alerts.RECORDING_FILE])["groups"]
     assert [(g["name"], g.get("interval")) for g in groups] == \
-        [("zerodoc.recording", None), ("zerodoc.units", "1m")]
+        [("zerodoc.recording", None), ("zerodoc.unit_rates", "4m"), ("zerodoc.units", "4m")]
+    assert "[4m]" in yaml.dump(groups[1]) and "[4m]" not in yaml.dump(groups[0])
     k8s = yaml.safe_load(alerts.prometheus_rule())
     assert k8s["kind"] == "PrometheusRule"
     assert [r for g in k8s["spec"]["groups"] for r in g["rules"]] == \

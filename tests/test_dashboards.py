@@ -193,10 +193,13 @@ def test_required_panels_and_thresholds_from_thresholds():
     kinds = {p["type"] for p in panels(layers)}
     assert "heatmap" in kinds
     hm = next(p for p in panels(layers) if p["type"] == "heatmap")
-    assert "unit_rank:zerodoc_all_gather_exposed:fraction" in hm["targets"][0]["expr"]
+    # the per-unit panels read the rules' per-unit series over ranks, not every rank's
+    # (issue 33: 8-23 s a query at 1,024 ranks)
+    assert "unit_job:zerodoc_all_gather_exposed:fraction_max" in hm["targets"][0]["expr"]
     assert _steps(by_title(layers, "Bytes per all-gather call")) == [None, t.wrap_fine_median_bytes]
     exprs = " ".join(e for _, e in all_queries(layers))
-    assert "busbw" in exprs and "zerodoc_collective_bytes_total" in exprs
+    assert "busbw" in exprs and "unit_job:zerodoc_collective_bytes:per_step_mean" in exprs
+    assert "unit_collective_rank:" not in exprs and "_total" not in exprs
     mem = load(DASHBOARDS / "zerodoc-memory.json")
     reserved = by_title(mem, "Reserved vs allocated (GPU) / resident (CPU)")
     assert 'population=~"reserved|allocated|' in reserved["targets"][0]["expr"]

@@ -62,8 +62,10 @@ def live(tmp_path_factory):
     with LiveDemo(tmp, attach={"inject_latency_s": SLOW_LINK_S}, name="slowrun") as demo:
         sd = tmp / "file_sd" / "zerodoc.json"
         assert main(["targets", str(demo.run_dir), "--write", str(sd), "--mkdir"]) == 0
+        # per-unit groups at the rank-level window (production: 4x it): this test's subject
+        # is the alerts firing, and a 4x per-unit window would only add waiting
         rules = alerts.write_rules(tmp / "rules", opts=RuleOptions(
-            window=WINDOW, alert_for=FOR, link=LINK))
+            window=WINDOW, unit_window=WINDOW, alert_for=FOR, link=LINK))
         example = yaml.safe_load((ROOT / "exporters" / "prometheus.yml").read_text())
         job = dict(example["scrape_configs"][0])
         job.update(scrape_interval="1s", scrape_timeout="1s", file_sd_configs=[

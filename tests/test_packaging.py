@@ -201,12 +201,12 @@ def test_stack_loads_the_packaged_rules_and_alertmanager_config(venv):
             proc.wait()
         out.close()
     text = (venv.cwd / "stack.out").read_text()
-    # every group of the repository's generated rule files (issue 33 added zerodoc.units)
+    # every group of the repository's generated rule files (issue 33 added the per-unit ones)
     import yaml
 
     want = {g["name"] for f in sorted((ROOT / "rules").glob("*.yml"))
             for g in yaml.safe_load(f.read_text())["groups"]}
-    assert {"zerodoc.recording", "zerodoc.units", "zerodoc.alerts"} <= want
+    assert {"zerodoc.recording", "zerodoc.unit_rates", "zerodoc.units", "zerodoc.alerts"} <= want
     assert groups == want, text
     assert code == 0 and "zerodoc stack: stopped" in text and "Traceback" not in text, text
     if shutil.which("prometheus-alertmanager") or shutil.which("alertmanager"):

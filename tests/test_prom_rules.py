@@ -37,10 +37,12 @@ WINDOW = "10s"
 def prom_rules(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("promrules")
     rules = tmp / "zerodoc-recording.yml"
-    # the per-unit group evaluated every scrape (not once per window): the tests compare
-    # several recent evaluations with the raw series
+    # the per-unit groups evaluated every scrape (not once per window), over the same window
+    # as the rank-level rules (not twice it): the tests compare several recent evaluations
+    # with the raw series over WINDOW
     rules.write_text(alerts.rule_files(opts=RuleOptions(
-        window=WINDOW, alert_for="5s", link="gloo-cpu", unit_interval="1s"))[alerts.RECORDING_FILE])
+        window=WINDOW, unit_window=WINDOW, alert_for="5s", link="gloo-cpu",
+        unit_interval="1s"))[alerts.RECORDING_FILE])
     sd = tmp / "sd"
     sd.mkdir()
     # Per-unit detail on every step: these tests hold the recording rules against the raw

@@ -3,8 +3,13 @@
 `tests/data/rules_before/zerodoc-recording.yml` is the generator's output before the rewrite
 (one group; each per-unit rule rate()s the raw per-unit counters itself, 41 rate() calls).
 The shipped `rules/zerodoc-recording.yml` records each rank's per-step rate of each per-unit
-counter once (group `zerodoc.units`) and aggregates those. `promtool test rules` evaluates
-both files at the same instants over the same input, old names renamed `old_<name>`:
+counter once (group `zerodoc.unit_rates`) and aggregates those (group `zerodoc.units`); four
+per-rank, per-unit series it no longer records at all (`unit_rank_views`: the layers
+dashboard computes them at query time from the recorded rates). The shipped file's per-unit
+groups use a 2m window; the new rules are generated here with the old 1m window
+(`unit_window="1m"`, the one difference the generator's option makes) so both read the same
+samples. `promtool test rules` evaluates both files at the same instants over the same input,
+old names renamed `old_<name>`:
 
 - 8 ranks made from a real 81-unit rank's page (tests/data/pages), its first 9 units (the root
   and 8 blocks; promtool's evaluation is single-threaded): rank 0 from rank 0's page
@@ -19,7 +24,8 @@ both files at the same instants over the same input, old names renamed `old_<nam
 - Counters advance by seeded pseudo-random steps (not linearly: a rate over another window
   or at another instant would differ) and one per-unit counter resets midway.
 
-For every name the old file records, one expression must be empty at each instant: values
+For every name the old file records, one expression must be empty at each instant (for the
+four no longer recorded, the query-time expression against the old recorded series): values
 differing beyond 1e-9 relative, a label set on one side only, NaN or an infinity on one side
 only, or no series at all (the names this data leaves empty are listed with why). promtool
 evaluates every group at every tick whatever its `interval`, in `group_eval_order`: the new
@@ -40,6 +46,9 @@ import pytest
 import yaml
 
 from tests.support.helpers import ROOT
+from zerodoc.ops import alerts
+from zerodoc.ops.alerts import RuleOptions
+from zerodoc.ops.alerts.recording import unit_rank_views
 from tests.support.promserver import require_binary
 
 pytestmark = pytest.mark.slow
@@ -159,9 +168,11 @@ def _recorded(path: Path) -> list[str]:
     return [r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r]
 
 
-def differs(n: str) -> str:
-    """Empty where the new rules' `n` equals the old rules' (module docstring)."""
+def differs(n: str, new: str | None = None) -> str:
+    """Empty where the new rules' `n` (or the expression `new`) equals the old rules' `n`
+    (module docstring)."""
     o = f"old_{n}"
+    n = f"({new})" if new else n
     return (f"(abs({n} - {o}) > 1e-9 * abs({o}) + 1e-12)"
             f" or ({n} unless {o}) or ({o} unless {n})"
             f" or (({n} != {n}) unless ({o} != {o})) or (({o} != {o}) unless ({n} != {n}))"
@@ -170,18 +181,26 @@ def differs(n: str) -> str:
             + ("" if n in EMPTY else f" or absent({n})"))
 
 
-def write_suite(tmp: Path, new_rules: Path = SHIPPED) -> tuple[Path, list[str]]:
+def new_rules_text() -> str:
+    """The shipped generator's recording rules with the old 1m per-unit window (docstring)."""
+    return alerts.rule_files(opts=RuleOptions(unit_window="1m"))[alerts.RECORDING_FILE]
+
+
+def write_suite(tmp: Path, new_text: str | None = None) -> tuple[Path, list[str]]:
     old = _recorded(BEFORE)
+    new_text = new_rules_text() if new_text is None else new_text
     (tmp / "old.yml").write_text(_renamed(BEFORE.read_text(), set(old))
                                  .replace("name: zerodoc.recording", "name: old.recording"))
-    (tmp / "new.yml").write_text(new_rules.read_text())
+    (tmp / "new.yml").write_text(new_text)
     times = [f"{s}s" for s in range(5 * EVERY, STEPS * EVERY, 4 * EVERY)]
-    tests = [{"expr": differs(n), "eval_time": t, "exp_samples": []} for n in old for t in times]
+    views = unit_rank_views()
+    tests = [{"expr": differs(n, views.get(n)), "eval_time": t, "exp_samples": []}
+             for n in old for t in times]
     tests += [{"expr": f"count({n}) > 0", "eval_time": times[-1], "exp_samples": []}
               for n in EMPTY]
     suite = {"rule_files": ["new.yml", "old.yml"], "evaluation_interval": f"{EVERY}s",
-             "group_eval_order": [*(g["name"] for g in yaml.safe_load(new_rules.read_text())
-                                    ["groups"]), "old.recording"],
+             "group_eval_order": [*(g["name"] for g in yaml.safe_load(new_text)["groups"]),
+                                  "old.recording"],
              "tests": [{"interval": f"{EVERY}s", "input_series": input_series(),
                         "promql_expr_test": tests}]}
     path = tmp / "suite.yml"
@@ -198,8 +217,10 @@ def test_rewritten_rules_equal_the_ones_they_replace(tmp_path):
     path, old = write_suite(tmp_path)
     new = set(_recorded(SHIPPED))
     # every name the old file recorded is still recorded (readers: the Prometheus source,
-    # dashboards, alerts), and the shipped file is the per-unit-rates-once one
-    assert set(old) <= new and len(old) == 69
+    # dashboards, alerts) but the four the dashboard now computes, and the shipped file is
+    # the per-unit-rates-once one
+    views = set(unit_rank_views())
+    assert set(old) - views <= new and len(old) == 69 and views <= set(old) and not views & new
     assert {"unit_collective_rank:zerodoc_collective_seconds:per_step",
             "unit_collective_rank:zerodoc_collective_exposed_seconds:per_step"} <= new
     shipped = SHIPPED.read_text()

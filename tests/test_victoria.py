@@ -46,7 +46,10 @@ def engines(tmp_path_factory):
     for b in ("prometheus", "victoria-metrics", "vmagent", "vmalert"):
         require_binary(b)
     tmp = tmp_path_factory.mktemp("victoria")
+    # per-unit groups at the rank-level window (production: 4x it): this test's subject is
+    # the pipeline, and a 40 s per-unit window would only add waiting
     rules = alerts.write_rules(tmp / "rules", opts=RuleOptions(window="10s", alert_for="5s",
+                                                                 unit_window="10s",
                                                                  link="gloo-cpu"))
     pages = shipped_pages()
     with RankFarm(pages, RANKS, run_id=RUN, period_s=4.0) as farm:

@@ -23,6 +23,9 @@ def add_parser(sub) -> None:
                    help="link class the bandwidth alerts are judged against (nvlink, pcie, "
                         "infiniband, ethernet, gloo-cpu; default infiniband)")
     p.add_argument("--window", default="1m", help="rate() window of the rules (default 1m)")
+    p.add_argument("--unit-window", default=None,
+                   help="rate window and interval of the per-unit rule groups (default: four "
+                        "times --window, 4m; docs/operations.md has what they cost)")
     p.add_argument("--for", dest="alert_for", default=None,
                    help="for: of the engine-mirroring alerts (default: the thresholds' 5m)")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
@@ -51,10 +54,12 @@ def run(args, out=None) -> int:
         args._parser.error("DIR is required (or --list)")
     t = Thresholds.with_overrides(args.threshold)
     try:
-        opts = RuleOptions(window=args.window, alert_for=args.alert_for, link=args.link,
+        opts = RuleOptions(window=args.window, unit_window=args.unit_window,
+                           alert_for=args.alert_for, link=args.link,
                            runbook_base=args.runbook_base)
     except ValueError as e:
-        raise UserError(str(e).replace("RuleOptions.", "--").replace("alert_for", "for")) \
+        raise UserError(str(e).replace("RuleOptions.", "--").replace("alert_for", "for")
+                        .replace("unit_window", "unit-window")) \
             from None
     tree = export.build(t, opts)
     if args.check:

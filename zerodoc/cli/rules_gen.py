@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k8s-out", default=None,
                    help="directory of the PrometheusRule manifest ('' to skip it)")
     p.add_argument("--window", default="1m", help="rate() window")
+    p.add_argument("--unit-window", default=None,
+                   help="rate window and interval of the per-unit rule groups (default: four "
+                        "times --window, 4m; docs/operations.md has what they cost)")
     p.add_argument("--for", dest="alert_for", default=None,
                    help="for: of the engine-mirroring alerts (default Thresholds.alert_for)")
     p.add_argument("--link", default="infiniband", choices=list(LINK_BUSBW),
@@ -37,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         t = Thresholds.with_overrides(a.threshold)
-        opts = RuleOptions(window=a.window, alert_for=a.alert_for, link=a.link,
+        opts = RuleOptions(window=a.window, unit_window=a.unit_window,
+                           alert_for=a.alert_for, link=a.link,
                            runbook_base=a.runbook_base)
         a.out = a.out or str(resources.rules_dir())
         if a.k8s_out is None:

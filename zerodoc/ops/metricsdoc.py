@@ -31,8 +31,9 @@ def markdown() -> str:
     lines += [
         "",
         "Bus bandwidth is not exported: it is bytes / seconds times the nccl-tests factor of "
-        "the unit's group (`zerodoc_unit_group_size`), and the recording rule "
-        "`unit_collective_rank:zerodoc_collective_busbw:bytes_per_second` computes it.",
+        "the unit's group (`zerodoc_unit_group_size`): the recording rule "
+        "`collective_rank:zerodoc_collective_busbw:bytes_per_second` computes it per rank and "
+        "collective, the layers dashboard per unit.",
         "",
         "Rank-level totals: every rank, at either detail level, also serves its compute per "
         "phase and its exposed collective time per phase and collective summed over its "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from ...thresholds import DEFAULT, LINK_BUSBW, Thresholds
 from ..cardinality import BUDGET_FULL
+from .recording import unit_window as default_unit_window
 
 RUNBOOKS = "docs/runbooks.md"
 DEFAULT_STALL_AFTER_S = 120.0  # zerodoc.shim.config.AttachConfig.stall_after_s (the shim's default)
@@ -57,8 +58,12 @@ def _cap(s: str) -> str:
 
 def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: str | None = None,
                    link: str = "infiniband", runbook_base: str = "",
-                   extra_labels: dict[str, str] | None = None) -> list[dict]:
+                   extra_labels: dict[str, str] | None = None,
+                   unit_window: str | None = None) -> list[dict]:
+    # uw: the window of the per-unit groups' series (recording.unit_window) the ZD004/5/6
+    # alerts read; w: the rank-level one
     w, for_ = window, alert_for or t.alert_for
+    uw = unit_window or default_unit_window(window)
     link_bw = LINK_BUSBW[link]
     rules: list[dict] = []
 
@@ -78,7 +83,7 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
               sev, "ZD004",
               "All-gathers of {{ $labels.run_id }} expose {{ $value | humanizePercentage }} "
               "of the step: prefetch is not keeping up",
-              f"Over the last {w}, {RUN} waited on all-gathers for {{{{ $value | "
+              f"Over the last {uw}, {RUN} waited on all-gathers for {{{{ $value | "
               f"humanizePercentage }}}} of its median step time beyond what the {link} link "
               f"explains (link-attributable: the rank that waited least; warning at "
               f"{_pct(t.exposed_fraction_warn)}, critical at {_pct(t.exposed_fraction_crit)}). "
@@ -94,7 +99,7 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
               "ZD006",
               "{{ $labels.run_id }} is communication-bound (exposed comm / compute "
               "{{ $value | printf \"%.2f\" }})",
-              f"Over the last {w}, {RUN} waited {{{{ $value | printf \"%.2f\" }}}} s on exposed "
+              f"Over the last {uw}, {RUN} waited {{{{ $value | printf \"%.2f\" }}}} s on exposed "
               f"collectives (beyond what the {link} link explains) per second of compute "
               f"(warning at {t.comm_compute_ratio_warn:g}, critical at "
               f"{t.comm_compute_ratio_crit:g}; with synchronous all-gathers also a warning "
@@ -162,7 +167,7 @@ def alerting_rules(t: Thresholds = DEFAULT, *, window: str = "1m", alert_for: st
         alert("ZerodocSlowLink", expr, sev, "ZD005",
               "{{ $labels.collective }} bus bandwidth of {{ $labels.run_id }} is "
               "{{ $value | humanize }}B/s, far below the link's",
-              f"Over the last {w}, {RUN} moved its {{{{ $labels.collective }}}} calls of at "
+              f"Over the last {uw}, {RUN} moved its {{{{ $labels.collective }}}} calls of at "
               f"least {t.slow_link_min_bytes} bytes at {{{{ $value | humanize }}}}B/s bus "
               f"bandwidth (link-attributable), below {_pct(t.slow_link_busbw_fraction)} of the "
               f"{_gbps(link_bw)} expected for link class {link} (or below "

@@ -2,9 +2,9 @@
 
 Two levels:
 
-- per rank (`rank:`, `unit_rank:`, `collective_rank:`): what one rank saw over the window —
-  its exposed all-gather fraction per unit, comm/compute, headroom, bus bandwidth, step time
-  quantiles. The dashboards plot these.
+- per rank (`rank:`, `unit_collective_rank:`, `collective_rank:`): what one rank saw over the
+  window — its per-step rates per unit, comm/compute, headroom, bus bandwidth per collective,
+  step time quantiles. The dashboards plot these.
 - per job (`unit_job:`, `collective_job:`, `job:`): the rules engine's numbers
   (`zerodoc.diagnosis.context`). Per unit, phase and collective the *link-attributable* time
   (the smallest per-step time over the ranks, so a straggler's waiting peers are not blamed
@@ -28,21 +28,35 @@ collective and compute counters without a `unit` label (summed over units). Per-
 read the rank-level totals every rank serves; per-unit rules select `unit!=""`, so a unit's
 numbers come from the ranks that keep unit detail.
 
-Two groups (issue 33 item 2). `zerodoc.recording` holds the rules that read rank-level
+Three groups (issue 33 item 2). `zerodoc.recording` holds the rules that read rank-level
 series (a few a rank): the run's facts, step time, exposure and compute per rank, memory, the
-straggler; it runs at the server's evaluation interval. `zerodoc.units` holds every rule that
-reads the per-unit counters (~243 series a rank each at 81 units): it records each rank's
-per-step rate of each per-unit collective counter ONCE (`unit_collective_rank:...:per_step`,
-`PER_STEP`, the coarse ranks' unit-less totals included) and every per-unit, per-collective
-and per-job number aggregates those recorded series, instead of rate()-ing the raw counters
-once per rule (41 rate() calls over 243k series per evaluation at 1,024 ranks: 170-255 s
-against a 15 s interval). It runs once per rate window (`interval` = the window): each
-evaluation reads a fresh window, and the per-unit views, the per-layer dashboard and the
-engine-mirroring alerts (whose `for:` is minutes) need nothing finer. Its rules read the
-first group's series (bus factors, median step) as of that group's last evaluation. The
-recorded rates cost 4 series per per-unit collective series a rank serves (~1M at 1,024
-ranks x 81 units), held at one sample a minute; the compute per unit (read by two rules)
-stays inline.
+straggler; it runs at the server's evaluation interval. The rules that read the per-unit
+counters (~243 series a rank each at 81 units) run in two groups of their own, once per
+per-unit rate window (`unit_window`: four times the rank-level window, 4m in production;
+each evaluation reads a fresh window):
+
+- `zerodoc.unit_rates` records each rank's per-step rate of each per-unit collective counter
+  ONCE (`unit_collective_rank:...:per_step`, `PER_STEP`, the coarse ranks' unit-less totals
+  included), and the rules that read raw per-unit counters (compute and framework time per
+  unit, over ranks). Before, 41 rate() calls over 243k series per evaluation at 1,024 ranks
+  took 170-255 s against a 15 s interval.
+- `zerodoc.units` aggregates those recorded rates: every per-unit, per-collective and per-job
+  number. It reads them, and the first group's series (bus factors, median step), as of those
+  groups' last evaluations: at most one per-unit window late, and at start-up it records
+  nothing until the rates exist.
+
+Why two groups, and why 4m: a group's rules run one after another on one core, while groups
+run side by side. At 1,024 ranks x 81 units on a 2-core Debian Prometheus 2.42 (measured:
+docs/operations.md) the recorded rates take ~45 s and the aggregates ~60 s an evaluation, and
+the rank-level group must still finish within half of its 15 s beside them; at 2m the
+per-unit groups alone kept one of the two cores busy and the aggregates took 64 s (over half
+of 2m). Each aggregate reads ~249k recorded series (~8 us a series on that server) and each
+recorded rate writes as many, so per rank AND unit nothing is recorded beyond the four rates
+(~1M series at 1,024 ranks, one sample a window): a unit's exposed share, bytes per call and
+bus bandwidth per rank (486 series a rank before) are computed by the layers dashboard at
+query time, for the ranks it shows (`unit_rank_views`). The compute per unit (read by two
+rules) stays inline. Smaller jobs can take a shorter window (`--unit-window`): the per-unit
+groups' time grows with ranks x units (~20 s at 256 ranks).
 
 Per-unit stats over ranks (`unit_stat_rules`, `unit_job:...:per_step_<agg>`): for each unit,
 phase and collective the median / mean / max (min where the engine reads it) of each rank's
@@ -91,7 +105,7 @@ def _factor(g: str) -> str:
     return "\nor\n".join(f'label_replace({e}, "collective", "{c}", "", "")' for e, c in parts)
 
 
-def _bus(expr: str) -> str:
+def bus_bytes(expr: str) -> str:
     """Bus bytes of a byte vector (labels `collective`, `unit`, the run's): times its unit's
     group factor, or where no group size is known (no facts from rank 0, a coarse rank's
     unit-less totals), the world size's."""
@@ -119,7 +133,13 @@ def _seconds(window: str) -> float:
 PER_STEP = {c: f"unit_collective_rank:zerodoc_collective_{c}:per_step"
             for c in ("calls", "bytes", "seconds", "exposed_seconds")}
 FRAMEWORK_PER_STEP = "unit_rank:zerodoc_framework_unit_seconds:per_step"
-RANK_GROUP, UNIT_GROUP = "zerodoc.recording", "zerodoc.units"
+BUCKET_RATE = "rank:zerodoc_step_duration_seconds_bucket:rate"
+# per unit, the worst rank's exposed all-gather share of its step / of the all-gather time
+UNIT_SHARES = {"unit_job:zerodoc_all_gather_exposed:fraction_max":
+               "unit_rank:zerodoc_all_gather_exposed:fraction",
+               "unit_job:zerodoc_all_gather_exposed:ratio_max":
+               "unit_rank:zerodoc_all_gather_exposed:ratio"}
+RANK_GROUP, RATES_GROUP, UNIT_GROUP = "zerodoc.recording", "zerodoc.unit_rates", "zerodoc.units"
 
 
 def _steps(w: str) -> str:
@@ -150,6 +170,35 @@ def per_step_rules(w: str) -> list[dict]:
 def _unit(c: str, sel: str = "") -> str:
     """A recorded per-step series of per-unit numbers only (not a coarse rank's totals)."""
     return f"{PER_STEP[c]}{{{UNITS}{', ' + sel if sel else ''}}}"
+
+
+def unit_rank_views(sel: str = "", rank_sel: str = "", only: str = "") -> dict[str, str]:
+    """Per rank AND unit, at query time from the recorded per-step rates (not recorded: module
+    docstring), keyed by the names they were recorded as before issue 33: a unit's exposed
+    all-gather share of the step, its exposed / total all-gather time, its bytes per call
+    and its bus bandwidth per collective. `sel`: matchers on the per-unit series (the layers
+    dashboard's job, rank and unit variables), `rank_sel` on the rank-level series, `only`
+    on the bytes-per-call sides (e.g. one collective)."""
+    def per_unit(c: str, extra: str = "") -> str:
+        return f"{PER_STEP[c]}{{{', '.join(x for x in (UNITS, sel, extra) if x)}}}"
+
+    def over(c: str, without: str, extra: str = "") -> str:
+        return f"sum without ({without}) ({per_unit(c, extra)})"
+
+    mean_step = "rank:zerodoc_step_seconds:mean" + (f"{{{rank_sel}}}" if rank_sel else "")
+    return {
+        "unit_rank:zerodoc_all_gather_exposed:fraction":
+            f"{over('exposed_seconds', 'phase, collective', AG)}\n"
+            f"/ ignoring (unit) group_left ()\n{mean_step}",
+        "unit_rank:zerodoc_all_gather_exposed:ratio":
+            f"{over('exposed_seconds', 'phase, collective', AG)}\n/\n"
+            f"{over('seconds', 'phase, collective', AG)}",
+        "unit_rank:zerodoc_collective_bytes:per_call":
+            f"{over('bytes', 'phase', only)}\n/\n{over('calls', 'phase', only)}",
+        "unit_collective_rank:zerodoc_collective_busbw:bytes_per_second":
+            f"sum without (phase) (\n{bus_bytes(per_unit('bytes'))}\n)\n/\n"
+            f"({over('seconds', 'phase')} > 0)",
+    }
 
 
 def unit_stat_rules(w: str) -> list[dict]:
@@ -199,13 +248,29 @@ def recording_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "in
     return [r for _name, _interval, rules in recording_groups(t, window, link) for r in rules]
 
 
+UNIT_WINDOW_FACTOR = 4
+
+
+def unit_window(window: str) -> str:
+    """The per-unit groups' rate window (and interval) for a rank-level `window`: four times
+    it (module docstring)."""
+    s = _seconds(window) * UNIT_WINDOW_FACTOR
+    return f"{s / 60:g}m" if s >= 60 and s % 60 == 0 else f"{s:g}s"
+
+
 def recording_groups(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infiniband",
-                     unit_interval: str | None = None) -> list[tuple[str, str | None, list[dict]]]:
+                     unit_interval: str | None = None, unit_win: str | None = None,
+                     ) -> list[tuple[str, str | None, list[dict]]]:
     """(group name, its interval or None for the server's, its rules): the rank-level group,
-    then the per-unit group at one evaluation per rate window unless told otherwise (module
-    docstring)."""
+    then the two per-unit groups, each at one evaluation per per-unit rate window (`unit_win`,
+    default `unit_window(window)`) unless told otherwise (module docstring)."""
+    uw = unit_win or unit_window(window)
+    rules = unit_rules(t, uw, link)
+    first = set(PER_STEP.values()) | set(UNIT_COMPUTE.values()) | \
+        set(UNIT_FRAMEWORK.values()) | {FRAMEWORK_PER_STEP, RULE_WINDOW}
     return [(RANK_GROUP, None, rank_rules(t, window)),
-            (UNIT_GROUP, unit_interval or window, unit_rules(t, window, link))]
+            (RATES_GROUP, unit_interval or uw, [r for r in rules if r["record"] in first]),
+            (UNIT_GROUP, unit_interval or uw, [r for r in rules if r["record"] not in first])]
 
 
 def rank_rules(t: Thresholds = DEFAULT, window: str = "1m") -> list[dict]:
@@ -222,6 +287,8 @@ def rank_rules(t: Thresholds = DEFAULT, window: str = "1m") -> list[dict]:
     # rules read these 5 series a rank, not its ~400 per-unit ones
     rank_exposed = f"sum without (phase, collective) (rate({RANK_EXPOSED}[{w}]))"
     rank_compute = f"sum without (phase) (rate({RANK_COMPUTE}[{w}]))"
+    exposed_step = "rank:zerodoc_comm_exposed_seconds:per_step"
+    compute_step = "rank:zerodoc_compute_seconds:per_step"
 
     rules = [
         # ---- the run's facts (rank 0) and the busbw factors ------------------------------
@@ -235,22 +302,25 @@ def rank_rules(t: Thresholds = DEFAULT, window: str = "1m") -> list[dict]:
         _rec(mean_step, f"{step_sum}\n/\n{steps}"),
         _rec(sampled, f"rate(zerodoc_detail_steps_total[{w}])\nor\n{steps}"),
     ]
+    # the step-time buckets' rates recorded once (17 series a rank) for the six quantiles
+    # below: each rate()d them itself before (half the group's time at 1,024 ranks)
+    rules.append(_rec(BUCKET_RATE, f"rate(zerodoc_step_duration_seconds_bucket[{w}])"))
     for q in (0.5, 0.9, 0.99):
         rules.append(_rec(f"rank:zerodoc_step_seconds:p{round(q * 100)}",
-                          f"histogram_quantile({q}, rate(zerodoc_step_duration_seconds_bucket[{w}]))"))
+                          f"histogram_quantile({q}, {BUCKET_RATE})"))
     for q in (0.5, 0.9, 0.99):
         rules.append(_rec(f"job:zerodoc_step_seconds:p{round(q * 100)}",
-                          f"histogram_quantile({q},\n  sum by ({JOB}, le) "
-                          f"(rate(zerodoc_step_duration_seconds_bucket[{w}]))\n)"))
+                          f"histogram_quantile({q},\n  sum by ({JOB}, le) ({BUCKET_RATE})\n)"))
     rules += [
         # ---- per rank: exposure, compute, skew ------------------------------------------
         _rec("rank:zerodoc_all_gather_exposed:fraction",
              f"sum without (phase, collective) (rate({RANK_EXPOSED}{{{AG}}}[{w}]))\n/\n"
              f"{sampled}\n/\n{mean_step}"),
-        _rec("rank:zerodoc_comm_exposed:fraction",
-             f"{rank_exposed}\n/\n{sampled}\n/\n{mean_step}"),
-        _rec("rank:zerodoc_comm_compute:ratio", f"{rank_exposed}\n/\n{rank_compute}"),
-        _rec("rank:zerodoc_compute_seconds:per_step", f"{rank_compute}\n/\n{sampled}"),
+        # the rank's exposed and compute time per step once; the shares below reuse them
+        _rec(exposed_step, f"{rank_exposed}\n/\n{sampled}"),
+        _rec(compute_step, f"{rank_compute}\n/\n{sampled}"),
+        _rec("rank:zerodoc_comm_exposed:fraction", f"{exposed_step}\n/\n{mean_step}"),
+        _rec("rank:zerodoc_comm_compute:ratio", f"{exposed_step}\n/\n{compute_step}"),
         # The engine's straggler ratio: a rank's compute per step over the median of the
         # *other* ranks. For the slowest rank that is the median of all but the slowest;
         # every other rank's ratio is below it, so "some rank above the threshold" agrees.
@@ -263,7 +333,6 @@ def rank_rules(t: Thresholds = DEFAULT, window: str = "1m") -> list[dict]:
              "     max by (job, run_id) (rank:zerodoc_compute_seconds:per_step))\n)"),
         # The straggler's cost: the other ranks' exposed time beyond its own, per step (the
         # median over them), as a share of the median step.
-        _rec("rank:zerodoc_comm_exposed_seconds:per_step", f"{rank_exposed}\n/\n{sampled}"),
         _rec("job:zerodoc_slowest_rank_exposed_seconds:per_step",
              f"max by ({JOB}) (\n  rank:zerodoc_comm_exposed_seconds:per_step\n  and\n"
              f"  (rank:zerodoc_compute_seconds:per_step == on ({JOB}) group_left ()\n"
@@ -301,37 +370,34 @@ def unit_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infinib
     """Rules over the per-unit counters: their per-step rates recorded once, then every
     per-unit, per-collective and per-job number from those."""
     w = window
-    mean_step = "rank:zerodoc_step_seconds:mean"  # the rank group's (its last evaluation)
-    sec, exp, nbytes, calls = (PER_STEP[c] for c in ("seconds", "exposed_seconds", "bytes",
-                                                     "calls"))
+    sec, exp, nbytes = (PER_STEP[c] for c in ("seconds", "exposed_seconds", "bytes"))
     sel_ag = f"{{{AG}}}"
     rules = [
         *unit_stat_rules(w),  # the recorded per-step rates first: every rule below reads them
-        # ---- per rank, per unit ---------------------------------------------------------
-        _rec("unit_rank:zerodoc_all_gather_exposed:fraction",
-             f"sum without (phase, collective) ({_unit('exposed_seconds', AG)})\n"
-             f"/ ignoring (unit) group_left ()\n{mean_step}"),
-        _rec("unit_rank:zerodoc_all_gather_exposed:ratio",
-             f"sum without (phase, collective) ({_unit('exposed_seconds', AG)})\n/\n"
-             f"sum without (phase, collective) ({_unit('seconds', AG)})"),
-        # ---- per rank: bandwidth and bytes (ratios of per-step numbers: the steps cancel) --
-        _rec("unit_rank:zerodoc_collective_bytes:per_call",
-             f"sum without (phase) ({_unit('bytes')})\n/\nsum without (phase) ({_unit('calls')})"),
-        _rec("unit_collective_rank:zerodoc_collective_busbw:bytes_per_second",
-             f"sum without (phase) (\n{_bus(_unit('bytes'))}\n)\n/\n"
-             f"(sum without (phase) ({_unit('seconds')}) > 0)"),
+        # ---- per rank, over its units: bandwidth (ratios of per-step numbers: the steps
+        # cancel). Per rank AND unit (a unit's exposed share, bytes per call, busbw) the
+        # layers dashboard computes at query time for the ranks it shows, from the recorded
+        # per-step rates: recorded, they were 486 series a rank written every evaluation
+        # (~500k at 1,024 ranks, a quarter of this group's time; issue 33).
+        # phases summed first (the factor is a unit's, not a phase's): the join and the `or`
+        # over a third fewer series (13 s of this group's 64 s at 1,024 ranks before)
         _rec("collective_rank:zerodoc_collective_busbw:bytes_per_second",
-             f"sum without (unit, phase) (\n{_bus(nbytes)}\n)\n/\n"
+             f"sum without (unit) (\n{bus_bytes(f'sum without (phase) ({nbytes})')}\n)\n/\n"
              f"(sum without (unit, phase) ({sec}) > 0)"),
         _rec("collective_rank:zerodoc_collective_algbw:bytes_per_second",
              f"sum without (unit, phase) ({nbytes})\n/\nsum without (unit, phase) ({sec})"),
+        # ---- per unit over ranks: the layers dashboard's shares (worst rank), recorded so
+        # its panels read a few series a unit instead of every rank's (issue 33: 8-23 s a
+        # panel query at 1,024 ranks)
+        *(_rec(name, f"max by ({JOB}, unit) (\n{unit_rank_views()[view]}\n)")
+          for name, view in UNIT_SHARES.items()),
         # ---- per job: link-attributable views (the engine's CommView) ---------------------
         _rec("unit_job:zerodoc_collective_seconds:per_step", _agg("min", _unit("seconds"))),
         _rec("unit_job:zerodoc_collective_exposed_seconds:per_step",
              _agg("min", _unit("exposed_seconds"))),
         _rec("unit_job:zerodoc_collective_bytes:per_step", _agg("median", _unit("bytes"))),
         _rec("unit_job:zerodoc_collective_bus_bytes:per_step",
-             _bus("unit_job:zerodoc_collective_bytes:per_step")),
+             bus_bytes("unit_job:zerodoc_collective_bytes:per_step")),
         _rec("unit_job:zerodoc_collective_bytes:per_call",
              "unit_job:zerodoc_collective_bytes:per_step\n/\n" + _agg("median", _unit("calls"))),
         # Time the link explains: the bus bytes at slow_link_busbw_fraction of the link's

@@ -19,9 +19,11 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
 from .. import resources
-from ..alerts.recording import ALLOCATED, PEAK_ALLOCATED, PEAK_RESERVED, RESERVED
+from ..alerts.recording import (ALLOCATED, PEAK_ALLOCATED, PEAK_RESERVED, RESERVED,
+                                UNIT_SHARES)
+from ...catalog import UNIT_COMPUTE, UNIT_FRAMEWORK, UNIT_RANKS, UNIT_STAT
 from ...thresholds import DEFAULT, Thresholds
-from .panels import (RATE, SEL, SEL_UNIT, bars, big, cells, falling, grid, links, q, rising,
+from .panels import (SEL, bars, big, cells, falling, grid, links, q, rising,
                      row, steps, ts, variables)
 
 DASHBOARDS_DIR = resources.dashboards_dir()
@@ -114,44 +116,45 @@ def overview(t: Thresholds) -> db.Dashboard:
     return d
 
 
+UNIT_SHARE_FRACTION, UNIT_SHARE_RATIO = UNIT_SHARES
+
+
 def layers(t: Thresholds) -> db.Dashboard:
     d = _dashboard("zerodoc-layers", "zerodoc / Per layer",
                    "Per sharded unit: exposed all-gathers against the compute that should hide "
                    "them, bus bandwidth and bytes. With metrics_detail=coarse the per-unit "
                    "panels show the ranks of the unit sample only.")
-    # per-unit counters cover the sampled steps: per step of those (recording rules)
-    per_step = f"/ ignoring (unit) group_left () rank:zerodoc_detail_steps:rate{{{SEL}}}"
+    # Every per-unit panel reads the per-unit series the rules record over the ranks (a few a
+    # unit: `unit_job:` / `unit_phase_job:`, every 4m), not every rank's: at 1,024 ranks x 81
+    # units a panel over the ranks' own series took 8-23 s a query (issue 33).
+    ju = f'{JOB}, unit=~"$unit"'
+    over = "over the ranks of the run (recorded every 4m by the per-unit rules)"
     d = (d.with_row(row("Exposure"))
          .with_panel(cells("Exposed all-gather per unit (share of step time)",
-                           "One row per unit, one column per scrape: the share of step time "
-                           "the worst selected rank waited for that unit's all-gathers. A dark "
-                           "row is a unit prefetch does not hide.",
-                           q(f"max by (unit) (unit_rank:zerodoc_all_gather_exposed:fraction{{{SEL_UNIT}}})",
-                             "{{unit}}"), "percentunit"))
+                           "One row per unit, one column per evaluation: the share of step "
+                           "time the worst rank waited for that unit's all-gathers, "
+                           f"{over}. A dark row is a unit prefetch does not hide.",
+                           q(f"max by (unit) ({UNIT_SHARE_FRACTION}{{{ju}}})", "{{unit}}"),
+                           "percentunit"))
          .with_panel(ts("Exposed share of each unit's all-gather",
-                        "Exposed / total all-gather time per unit (1 = nothing hidden). Dashed: "
+                        "Exposed / total all-gather time per unit, the worst rank's "
+                        f"(1 = nothing hidden), {over}. Dashed: "
                         f"{t.unit_exposed_ratio_warn:.0%}, where prefetch is not keeping up.",
-                        [q(f"max by (unit) (unit_rank:zerodoc_all_gather_exposed:ratio{{{SEL_UNIT}}})",
-                           "{{unit}}")], "percentunit", rising(t.unit_exposed_ratio_warn),
-                        min_=0))
+                        [q(f"max by (unit) ({UNIT_SHARE_RATIO}{{{ju}}})", "{{unit}}")],
+                        "percentunit", rising(t.unit_exposed_ratio_warn), min_=0))
          .with_panel(ts("All-gather vs compute per unit (per step)",
-                        "Seconds per step, averaged over the selected ranks: each unit's "
-                        "compute, its all-gather time, the exposed part of it, and the "
+                        "Seconds per sampled step, the mean over the ranks of the run: each "
+                        "unit's compute, its all-gather time, the exposed part of it, and the "
                         "framework's own time charged to the unit (copy-in / copy-out, "
-                        "gradient copies): served per unit by rank 0 only (the other ranks "
-                        "serve it summed over units), so shown only when rank 0 is selected.",
-                        [q("avg by (unit) (sum without (phase) (rate(zerodoc_compute_seconds_total"
-                           f"{{{SEL_UNIT}}}[{RATE}])) {per_step})", "{{unit}} compute"),
-                         q("avg by (unit) (sum without (phase, collective) (rate("
-                           f"zerodoc_collective_seconds_total{{{SEL_UNIT}, {AG}}}[{RATE}])) "
-                           f"{per_step})", "{{unit}} all-gather", "B"),
-                         q("avg by (unit) (sum without (phase, collective) (rate("
-                           f"zerodoc_collective_exposed_seconds_total{{{SEL_UNIT}, {AG}}}[{RATE}])) "
-                           f"{per_step})", "{{unit}} exposed", "C"),
-                         q("avg by (unit) (sum without (phase) (rate("
-                           f"zerodoc_framework_unit_seconds_total{{{SEL_UNIT}}}[{RATE}])) "
-                           f"{per_step})", "{{unit}} framework (rank 0)", "D")], "s",
-                        min_=0))
+                        "gradient copies; from the ranks that serve it per unit: rank 0). "
+                        "Recorded every 4m by the per-unit rules.",
+                        [q(f"sum by (unit) ({UNIT_COMPUTE['mean']}{{{ju}}})", "{{unit}} compute"),
+                         q(f"sum by (unit) ({UNIT_STAT['seconds'][1]['mean']}{{{ju}, {AG}}})",
+                           "{{unit}} all-gather", "B"),
+                         q(f"sum by (unit) ({UNIT_STAT['exposed'][1]['mean']}{{{ju}, {AG}}})",
+                           "{{unit}} exposed", "C"),
+                         q(f"sum by (unit) ({UNIT_FRAMEWORK['mean']}{{{ju}}})",
+                           "{{unit}} framework", "D")], "s", min_=0))
          .with_panel(bars("Wait beyond the link per unit (job)",
                           "Per step, link-attributable: each unit's exposed all-gather time "
                           "that the link's expected bandwidth does not explain (what ZD004 "
@@ -160,12 +163,14 @@ def layers(t: Thresholds) -> db.Dashboard:
                             "{{unit}}", instant=True), "s"))
          .with_row(row("Bandwidth and bytes"))
          .with_panel(ts("Bus bandwidth per unit",
-                        "nccl-tests bus bandwidth per unit and collective: bus bytes (bytes x "
-                        "the factor of the unit's group) over collective time, all phases "
-                        "together, averaged over the selected ranks. Compare with the link: "
-                        "the slow-link alert (ZD005) fires below "
-                        f"{t.slow_link_busbw_fraction:.0%} of it.",
-                        [q(f"avg by (unit, collective) (unit_collective_rank:zerodoc_collective_busbw:bytes_per_second{{{SEL_UNIT}}})",
+                        "nccl-tests bus bandwidth per unit and collective, link-attributable: "
+                        "bus bytes (the median rank's bytes x the factor of the unit's group) "
+                        "over the least time any rank took, all phases together (the numbers "
+                        "the slow-link alert, ZD005, reads; it fires below "
+                        f"{t.slow_link_busbw_fraction:.0%} of the link).",
+                        [q("sum by (unit, collective) (unit_job:zerodoc_collective_bus_bytes:"
+                           f"per_step{{{ju}}})\n/\n(sum by (unit, collective) ("
+                           f"unit_job:zerodoc_collective_seconds:per_step{{{ju}}}) > 0)",
                            "{{unit}} {{collective}}")], "Bps", min_=0))
          .with_panel(ts("Bus bandwidth of large collectives (job)",
                         "Link-attributable bus bandwidth of collectives of at least "
@@ -173,17 +178,19 @@ def layers(t: Thresholds) -> db.Dashboard:
                         "slow-link alert (ZD005) compares with the link class.",
                         [q(f"collective_job:zerodoc_collective_busbw_large:bytes_per_second{{{JOB}}}",
                            "{{collective}} {{run_id}}")], "Bps", min_=0))
-         .with_panel(ts("Collective bytes per second per unit",
-                        "Bytes moved per second by each unit's collectives (full buffer "
-                        "size), summed over the selected ranks.",
-                        [q(f"sum by (unit, collective) (rate(zerodoc_collective_bytes_total{{{SEL_UNIT}}}[{RATE}]))",
-                           "{{unit}} {{collective}}")], "Bps", min_=0))
+         .with_panel(ts("Collective bytes per step per unit",
+                        "Bytes moved per sampled step by each unit's collectives (full "
+                        "buffer size), summed over the ranks of the run: the mean rank's "
+                        "times the ranks that serve the unit.",
+                        [q(f"sum by (unit, collective) ({UNIT_STAT['bytes'][1]['mean']}{{{ju}}} "
+                           f"* {UNIT_RANKS}{{{ju}}})", "{{unit}} {{collective}}")],
+                        "bytes", min_=0))
          .with_panel(bars("Bytes per all-gather call",
-                          "Size of one all-gather per unit. Below "
+                          "Size of one all-gather per unit, the median rank's. Below "
                           f"{t.wrap_fine_median_bytes / 2**20:g} MiB collectives are "
                           "latency-bound (yellow): wrapping may be too fine (ZD002).",
-                          q(f"max by (unit) (unit_rank:zerodoc_collective_bytes:per_call{{{SEL_UNIT}, {AG}}})",
-                            "{{unit}}", instant=True), "bytes",
+                          q("max by (unit) (unit_job:zerodoc_collective_bytes:per_call"
+                            f"{{{ju}, {AG}}})", "{{unit}}", instant=True), "bytes",
                           steps((None, "yellow"), (t.wrap_fine_median_bytes, "green"))))
          .with_panel(bars("Share of parameters per unit",
                           "Each unit's share of the model's parameters. One unit at "
