@@ -144,13 +144,15 @@ def detail_names(rank: int) -> tuple[str, str]:
 def lean_record(t: tuple) -> dict:
     """The `step` record of a step without per-unit detail, from `write_lean_step`'s tuple;
     the per-unit-derived fields are null (not measured), never 0."""
-    step, end_unix, step_s, optimizer_s, self_s, mem, coll, dev, errors, k = t
+    step, end_unix, step_s, optimizer_s, self_s, mem, coll, dev, errors, k, *seq = t
     rec = {"type": "step", "step": step, "end_unix": end_unix, "detail": False,
            "step_s": step_s, "optimizer_s": optimizer_s, "self_s": self_s, "compute": [],
            "comm": [], "mem": mem, "framework_s": None, "other_s": None, "wait_s": None,
            "compute_s": None, "exposed_s": None, "detail_k": k}
     if coll is not None:
         rec["coll"] = coll
+    if seq and seq[0]:  # the process groups' sequence numbers at the step's end
+        rec["seq"] = seq[0]
     if dev is not None:
         rec["device_step_s_for"], rec["device_step_s"] = dev
     if errors:
@@ -510,8 +512,8 @@ class RunLogWriter:
     def write_lean_step(self, t: tuple) -> None:
         """Hand over a step without per-unit detail as a tuple (step, end_unix, step_s,
         optimizer_s, self_s, mem, coll, (device_step_s_for, device_step_s) or None,
-        errors or None, K in force): the writer thread builds its `step` record
-        (docs/runlog.md), so the training thread builds no dict on such a step. `mem` and
+        errors or None, K in force[, seq: the groups' sequence numbers at the step's end]):
+        the writer thread builds its `step` record (docs/runlog.md), so the training thread builds no dict on such a step. `mem` and
         `errors` are not changed after the hand-over (the monitor replaces them, never
         mutates them).
         The common case is one append here, no further call (`_put` for the rest: closed,

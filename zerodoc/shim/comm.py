@@ -31,6 +31,7 @@ from .recorder import B_WAIT, Recorder
 
 class HostTimer:
     device = False
+    order = None  # collorder.CollOrder: the collectives' sequence numbers (set by the monitor)
 
     def __init__(self, rec: Recorder, registry, callbacks: bool = True):
         self.rec = rec

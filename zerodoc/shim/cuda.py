@@ -153,6 +153,7 @@ class CudaTimer:
     on CUDA events. With a `DeviceRecorder` the windows use its switch marks."""
 
     device = True
+    order = None  # collorder.CollOrder (comm.HostTimer.order)
 
     def __init__(self, rec: Recorder, registry, event_factory=None, max_pending: int = 65536,
                  stream_factory=None, host_ms=None):

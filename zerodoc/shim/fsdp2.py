@@ -173,6 +173,9 @@ def _make_comm_classes():
             return self.inner.allocate(size, dtype=dtype, device=device)
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            order = self.timer.order
+            if order is not None:  # its sequence number (collorder.py)
+                order.issued(group, self.unit, ALL_GATHER)
             if self.host:
                 if async_op:
                     return self.timer.async_call3(self.inner, output_tensor, input_tensor,
@@ -192,6 +195,9 @@ def _make_comm_classes():
             return self.inner.allocate(size, dtype=dtype, device=device)
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            order = self.timer.order
+            if order is not None:
+                order.issued(group, self.unit, REDUCE_SCATTER)
             return self.timer.call(self.inner, (output_tensor, input_tensor, group, op),
                                    _ASYNC if async_op else _SYNC, self.unit, REDUCE_SCATTER,
                                    input_tensor.nbytes, async_op, group)

@@ -32,7 +32,7 @@ and zerodoc exports what still works.
 | `Optimizer.register_step_pre_hook/post_hook` | yes | step boundaries, optimizer time     | 2.13    |
 | `nn.Module.register_forward_pre_hook(prepend=)` / `register_forward_hook(prepend=)` | yes | forward compute per unit | 2.13 |
 | `nn.Module._forward_pre_hooks` / `_forward_hooks` (OrderedDicts keyed by `RemovableHandle.id`; a prepended hook moved to the front; the side dicts `_forward_pre_hooks_with_kwargs`, `_forward_hooks_with_kwargs`, `_forward_hooks_always_called` hold only hooks registered with those flags) | no | a detail step's install: zerodoc's forward hooks put back under the key torch gave them once (`module_hook_slot`, `detailplan.py`), the order a fresh `register_*` gives; missing: the public `register_*` at every install | 2.13 (run); 2.0-2.12 (read, from copies of their `module.py`, not every release: the same storage since `prepend` came in 2.0); verified at attach on every run |
-| `distributed_c10d._world.pg_map` (the process groups) and `ProcessGroup._get_sequence_number_for_group()` | no | step-level collective counts on steps without per-unit detail (`sampling.SeqCounter`: one C call per group and step, ~0.3 us); missing: no `coll` counts on those steps | 2.13 (gloo); NCCL and gloo implement it since 1.9 (read) |
+| `distributed_c10d._world.pg_map` (the process groups) and `ProcessGroup._get_sequence_number_for_group()` | no | step-level collective counts on steps without per-unit detail (`sampling.SeqCounter`: one C call per group and step, ~0.3 us), each step's `seq` (the groups' numbers at its end, by `ProcessGroup.group_name`: a flight-recorder dump's `process_group[0]`), and on detail steps the number before each collective the FSDP2 comm wrappers issue (`collorder.py`: where a dump's stuck collective falls in a unit and phase; it equals the dumps' `collective_seq_id`, 2.13 gloo, checked by tests/test_flightrec_units.py); missing: no `coll` counts on those steps, no `seq` / `collorder` | 2.13 (gloo); NCCL and gloo implement it since 1.9 (read) |
 | `distributed_c10d._get_default_store()` and the store's `compare_set` (public on `Store`) | no | the job identity when no launcher names the job (`jobid.py`: one key set by the first rank, read back by all); missing: the launcher's start time, else this process's own | 2.13 (run: TCPStore, HashStore, FileStore, PrefixStore) |
 | `DTensor._local_tensor` (else the public `to_local()`) | no | memory walks: a shard's bytes without `to_local()`'s autograd op (~6x faster) | 2.13 |
 
@@ -441,6 +441,37 @@ def process_group_sequence_readers() -> list:
     from torch.distributed.distributed_c10d import _world
 
     return [pg._get_sequence_number_for_group for pg in list(_world.pg_map)]
+
+
+def process_group_names() -> list[str]:
+    """Each process group's name (`group_name`: what a flight-recorder dump's
+    `process_group[0]` says), in `process_group_sequence_readers()`'s order."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return []
+    from torch.distributed.distributed_c10d import _world
+
+    return [group_name(pg) for pg in list(_world.pg_map)]
+
+
+def group_name(group: Any) -> str:
+    """A process group's name (None: the default group); "" when it has none."""
+    if group is None:
+        from torch.distributed.distributed_c10d import _get_default_group
+
+        group = _get_default_group()
+    return str(getattr(group, "group_name", "") or "")
+
+
+def sequence_reader(group: Any):
+    """The bound `_get_sequence_number_for_group` of `group` (None: the default group), or
+    False where the group has none (the per-unit collective order goes unrecorded)."""
+    if group is None:
+        from torch.distributed.distributed_c10d import _get_default_group
+
+        group = _get_default_group()
+    return getattr(group, "_get_sequence_number_for_group", None) or False
 
 
 def default_store() -> Any:

@@ -29,6 +29,8 @@ from ..runlog import DEFAULT_ROOT, RunLogWriter
 from . import adapters, faults, guards, jobid, memory, signals
 from .guards import NullMonitor  # what attach() returns when it does not attach
 from . import hookpoints as hp
+from . import collorder
+from .collorder import CollOrder
 from .comm import HostTimer
 from .sampler import Sampler, SeqCounter
 from .wiring import torch_version
@@ -141,6 +143,10 @@ class Monitor:
         self.sampler = Sampler("every" if inject > 0 else cfg.detail, self.job_id,
                                floor_s=cfg.detail_floor_s, cap=cfg.detail_cap)
         self.seq = SeqCounter(self.registry)
+        # each detail step's collectives by sequence number (collorder.py): the wrappers
+        # find it on the timer; written as a `collorder` record when it changes
+        self.order = self.timer.order = CollOrder(self.rec, self.registry)
+        self._order: tuple = ((), {})  # (group names, order) last written
         self._install_root_hook()
         self._undo += self.adapter.install_always(self.rec, self.timer)
         self._detail_plan()  # built now: a sample's install only puts it in place
@@ -722,7 +728,9 @@ class Monitor:
             k = kinds.setdefault(COLLECTIVES[c], [0, 0])
             k[0] += a[0]
             k[1] += a[1]
+        start = self.seq.by_name()
         coll = self.seq.step(kinds)
+        order = self.order.take(start, self.seq.by_name()) if self.order.items else None
 
         mem = self._memory(now)
         self_s = self._pending_self_s
@@ -755,6 +763,8 @@ class Monitor:
             }
             if coll is not None:
                 rec["coll"] = coll
+            if self.seq.last:
+                rec["seq"] = self.seq.last
             if host is not None:  # GPU: compute rows are device time; launches kept apart
                 rec["host_compute_s"] = host_s
                 rec["launch"] = [checks, caught]
@@ -764,6 +774,7 @@ class Monitor:
             if tot.errors:
                 rec["errors"] = tot.errors
             try:
+                self._write_order(order)
                 self._writer.write(rec)  # a hand-over to the writer thread: no file I/O here
                 if self._writer.units_due(self.step_index):
                     self._writer.write_units(tot)
@@ -825,8 +836,10 @@ class Monitor:
         w = self._writer
         if w is not None:
             try:
+                if seq.names is not self._order[0]:  # groups made or gone: say their names
+                    self._write_order(None)
                 w.write_lean_step((step, end_unix, step_s, opt_s, self_s, mem, coll, dev,
-                                   errors or None, self.sampler.k))
+                                   errors or None, self.sampler.k, seq.last))
                 if w.units_due(step):
                     w.write_units(tot)
             except (OSError, ValueError) as e:
@@ -836,6 +849,17 @@ class Monitor:
         self._pending_self_s = perf_counter() - now
         if step == 1:
             self._first_step_end()
+
+    def _write_order(self, order: dict | None) -> None:
+        """A `collorder` record (collorder.py) before this step's, when the group names or
+        the order (None: unchanged) differ from the last written."""
+        names, last = self._order
+        order = last if not order else order
+        if (self.seq.names is names or not self.seq.names) and order == last:
+            return
+        self._order = (self.seq.names, order)
+        self._writer.write(collorder.record(self.step_index, self.seq.names, order,
+                                            self.unit_names))
 
     def _read_tail(self) -> bool:
         """GPU, a step without detail: read back what the last detail step left (never a

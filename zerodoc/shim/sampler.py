@@ -297,6 +297,7 @@ class SeqCounter:
 
     def __init__(self, registry=None):
         self.readers: list | None = None
+        self.names: list[str] = []  # each reader's group name (replaced, never mutated)
         self.registry = registry
         self.last: list[int] = []
         self.schedule: tuple[int, dict] | None = None  # (count, {kind: [count, bytes]})
@@ -307,8 +308,9 @@ class SeqCounter:
 
             try:
                 self.readers = hp.process_group_sequence_readers()
+                self.names = hp.process_group_names()
             except Exception as e:  # noqa: BLE001 - private: fail soft
-                self.readers = []
+                self.readers, self.names = [], []
                 if self.registry is not None:
                     self.registry.missing("ProcessGroup._get_sequence_number_for_group",
                                           repr(e))
@@ -317,6 +319,10 @@ class SeqCounter:
         except Exception:  # noqa: BLE001 - a group destroyed: look them up again next time
             self.readers = None
             return None
+
+    def by_name(self) -> dict[str, int]:
+        """The groups' numbers at the latest read, by group name."""
+        return dict(zip(self.names, self.last)) if len(self.names) == len(self.last) else {}
 
     def start(self) -> None:
         now = self._read()

@@ -467,6 +467,41 @@ class FlightRecorderSource:
         self.verdict = analyse(self.dumps, self.world)
         n = sum(d.status != "missing" for d in self.dumps.values())
         self.description = f"flight-recorder dumps {self.path} ({n} of {len(self.world)} ranks)"
+        self.places: dict[int, dict] = {}  # rank -> where it is (add_runlog), by step and unit
+        self.runlog_notes: list[str] = []
+
+    def add_runlog(self, run_dir: str | Path) -> None:
+        """Place the verdict's collectives in steps, units and phases from a zerodoc run log
+        of the same job (`--runlog`; flightrec_units.py): a stopped rank where its last
+        entered collective of the group was issued (it stopped after that one, before the
+        next: a sharded unit issues its collectives at its start), a waiting rank where the
+        collective it waits in was. Each rank's own log first, else any other's."""
+        from .flightrec_units import RunLogOrders
+
+        logs = RunLogOrders(run_dir)
+        others = list(self.world)
+        v = self.verdict
+        for s in v.stopped:
+            if s["evidence"] == "behind" and s["last_entered"] is not None:
+                p = logs.place(s["process_group"], s["last_entered"], [s["rank"], *others])
+                if p is not None:
+                    self.places[s["rank"]] = {**p, "after": True}
+            s["awaited_place"] = logs.place(s["process_group"], s["sequence"],
+                                            [*s["waited_by"], *others])
+        for r, w in v.waiting.items():
+            p = logs.place(w["process_group"], w["sequence"], [r, *others])
+            if p is not None:
+                self.places[r] = p
+        wanted = {s["rank"] for s in v.stopped} | set(v.waiting)
+        if wanted and not self.places:
+            self.runlog_notes.append(
+                f"run log {run_dir}: no collective placed in a unit (no `collorder` record "
+                f"in the ranks' logs read ({len(logs.read)}): a zerodoc before issue 34, no "
+                "detail step yet, or another job's run directory)")
+        else:
+            self.runlog_notes.append(
+                f"run log {run_dir}: {len(self.places)} of {len(wanted)} ranks placed in a "
+                "step and unit by their collectives' sequence numbers")
 
     def snapshot(self) -> RunSnapshot:
         snap = RunSnapshot(source=self.description)
@@ -478,14 +513,16 @@ class FlightRecorderSource:
         snap.stale_ranks = set(self.world)
         v = self.verdict
         for s in v.stopped:
-            snap.stalls[s["rank"]] = _record(s, "flightrec", "", confidence=v.confidence,
-                                             dump=s["evidence"], last_entered=s["last_entered"],
+            snap.stalls[s["rank"]] = _record(s, "flightrec", "", self.places.get(s["rank"]),
+                                             confidence=v.confidence, dump=s["evidence"],
+                                             last_entered=s["last_entered"],
                                              waited_by=s["waited_by"],
-                                             awaited=s["collective"])
+                                             awaited=s["collective"],
+                                             awaited_place=s.get("awaited_place"))
         for r, w in v.waiting.items():
             snap.stalls[r] = _record({"rank": r, **w}, "collective", w["collective"],
-                                     waits_for=w["waits_for"])
-        snap.log_notes.extend(self.notes())
+                                     self.places.get(r), waits_for=w["waits_for"])
+        snap.log_notes.extend(self.notes() + self.runlog_notes)
         return snap
 
     def notes(self) -> list[str]:
@@ -514,13 +551,15 @@ class FlightRecorderSource:
             config={"source": "flightrec", "dump_version": self.dumps[r].version})
 
 
-def _record(s: dict, where: str, collective: str, **extra) -> dict:
-    """A watchdog-shaped "stuck" record (zerodoc/stalls.py) from the dumps' verdict."""
-    return {"type": "stall", "state": "stuck", "rank": s["rank"], "step": None,
-            "since_unix": 0.0, "unit": None, "phase": None, "in": where,
-            "collective": collective, "stack": [], "source": "flightrec",
+def _record(s: dict, where: str, collective: str, place: dict | None, **extra) -> dict:
+    """A watchdog-shaped "stuck" record (zerodoc/stalls.py) from the dumps' verdict; step,
+    unit and phase from `place` (a run log of the same job, `add_runlog`), else None."""
+    place = place or {}
+    return {"type": "stall", "state": "stuck", "rank": s["rank"], "step": place.get("step"),
+            "since_unix": 0.0, "unit": place.get("unit"), "phase": place.get("phase"),
+            "in": where, "collective": collective, "stack": [], "source": "flightrec",
             "process_group": s["process_group"], "process_group_desc": s["desc"],
-            "sequence": s["sequence"], **extra}
+            "sequence": s["sequence"], "place": place or None, **extra}
 
 
 def _ranks_text(ranks: list[int]) -> str:

@@ -4,9 +4,12 @@ checks it).
 
 `synthetic.step_record` holds the compute and collective rows; a real run's step record
 also holds the framework's time per unit and phase (`framework`), the step's collective
-calls and bytes (`coll`) and the K in force (`detail_k`), and a step outside the sample is a
-lean record (`writer.lean_record`: step-level numbers, per-unit ones null). `full_record`
-adds those, so the writer writes every line kind a real rank-1 log holds: step lines,
+calls and bytes (`coll`), the K in force (`detail_k`) and the process group's sequence
+number at the step's end (`seq`, issue 34: 8 digits, a run some 40,000 steps in), and a step
+outside the sample is a lean record (`writer.lean_record`: step-level numbers, per-unit ones
+null). `full_record` adds those, and `measure` the one `collorder` record a run with a
+repeating schedule writes (zerodoc/shim/collorder.py, after its first detail step with
+collectives), so the writer writes every line kind a real rank-1 log holds: step lines,
 interval and total lines with their framework columns, the end record.
 """
 
@@ -21,6 +24,24 @@ from ..runlog.writer import RunLogWriter, lean_record
 from . import synthetic
 
 
+SEQ_BASE = 10_000_000  # the group's sequence number before the first step measured
+
+
+def order_record(rec: dict, units: int) -> dict:
+    """The `collorder` record of a detail step's collectives (each comm row's calls in turn:
+    a real run's order differs, its size does not)."""
+    from ..catalog import COLLECTIVES, PHASES
+    from ..shim.collorder import record
+
+    rows, off = [], 0
+    for u, ph, c, n, *_ in rec["comm"]:
+        for _ in range(n):
+            off += 1
+            rows.append([off, u, PHASES.index(ph), COLLECTIVES.index(c)])
+    return record(rec["step"], ["0"], {"0": {"n": off, "at": rows}},
+                  [u.name for u in synthetic.rank_facts(1, 1024, units).units])
+
+
 def full_record(step: int, units: int, end_unix: float, k: int = 1) -> dict:
     """A step record shaped as the shim hands it over: detail on steps 1, 2 and every K-th
     (K = 1: every step, the largest step lines), framework rows on detail steps."""
@@ -32,9 +53,10 @@ def full_record(step: int, units: int, end_unix: float, k: int = 1) -> dict:
         a[1] += b
     rec["coll"] = coll
     rec["detail_k"] = k
+    rec["seq"] = [SEQ_BASE + step * sum(n for n, _ in coll.values())]
     if step > 2 and step % k:
         return lean_record((step, end_unix, rec["step_s"], rec["optimizer_s"], rec["self_s"],
-                            rec["mem"], coll, None, None, k))
+                            rec["mem"], coll, None, None, k, rec["seq"]))
     wobble = 1.0 + 0.05 * math.sin(step * 1.3)
     rec["framework"] = [[u, ph, (0.0004 if ph == "forward" else 0.0007) * wobble * (1 + u % 7)]
                         for u in range(units) for ph in ("forward", "backward")]
@@ -61,6 +83,8 @@ def measure(units: int = 81, steps: int = 240, k: int = 1,
         t = 1.7e9
         for s in range(1, steps + 1):
             rec = full_record(s, units, t, k)
+            if s == 2:  # the first detail step past warm-up: the order, once
+                rep.writer.write(order_record(rec, units))
             t += rec["step_s"]
             rec["end_unix"] = t
             rep.step(rec)

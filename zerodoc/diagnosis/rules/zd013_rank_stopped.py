@@ -256,7 +256,7 @@ def _from_dumps(ctx) -> list:
     """The finding from PyTorch flight-recorder dumps (the source's verdict, carried in
     `snapshot.stalls` with `source: "flightrec"`): the ranks that did not reach the collective
     the others wait in, each with its group and sequence number. No step, unit or phase: a
-    dump has none (a run log of the same job can add them)."""
+    dump has none: a run log of the same job adds them (`--runlog`, the records' `place`)."""
     snap = ctx.snapshot
     stalls = {r: s for r, s in snap.stalls.items() if s.get("source") == DUMPS}
     roots = sorted(r for r, s in stalls.items() if s.get("in") == DUMPS)
@@ -272,7 +272,7 @@ def _from_dumps(ctx) -> list:
         says = _DUMP_SAYS.get(s.get("dump"), "").format(last=s.get("last_entered"))
         parts.append(f"rank {r} did not reach {_coll(s)} of {_group(s)} that rank"
                      f"{'s' if len(s.get('waited_by') or []) > 1 else ''} "
-                     f"{_list(s.get('waited_by') or [])} wait in ({says})")
+                     f"{_list(s.get('waited_by') or [])} wait in ({says})" + _placed(s))
     head = (f"rank{'s' if len(roots) > 1 else ''} {_list(roots)} stopped first (flight-"
             f"recorder dumps, confidence {conf}): " + "; ".join(parts))
     if conf == "low":
@@ -281,14 +281,17 @@ def _from_dumps(ctx) -> list:
                  "dumps do not list (no pg_config in them: give --world-size when a rank's "
                  "dump is missing)")
     evidence = {
-        "rank": first, "ranks": roots, "state": "stuck", "step": None, "last_step": None,
-        "since_unix": None, "in": None, "unit": None, "phase": None,
+        "rank": first, "ranks": roots, "state": "stuck", "step": own.get("step"),
+        "last_step": None, "since_unix": None, "in": None, "unit": own.get("unit"),
+        "phase": own.get("phase"), "place": own.get("place"),
+        "awaited_place": own.get("awaited_place"),
         "collective": own.get("awaited") or None, "frame": None, "error": None,
         "signal": None, "process_group": own.get("process_group"),
         "process_group_desc": own.get("process_group_desc"), "sequence": own.get("sequence"),
         "confidence": conf, "dump": {r: stalls[r].get("dump") for r in roots},
         "waiting_ranks": waiting,
-        "waiting": [{"rank": r, "state": "stuck", "step": None, "unit": None, "phase": None,
+        "waiting": [{"rank": r, "state": "stuck", "step": stalls[r].get("step"),
+                     "unit": stalls[r].get("unit"), "phase": stalls[r].get("phase"),
                      "collective": stalls[r].get("collective"),
                      "process_group": stalls[r].get("process_group"),
                      "sequence": stalls[r].get("sequence"),
@@ -301,7 +304,33 @@ def _from_dumps(ctx) -> list:
            "killer), their Python stack if they still run (`py-spy dump --pid PID`). The "
            f"{len(waiting)} waiting rank{'s' if len(waiting) != 1 else ''} only wait for them.")
     return [finding(CODE, NAME, Severity.CRITICAL, head, evidence=evidence, threshold={},
-                    fix=fix, ranks=tuple(roots), units=(), cost_seconds_per_step=0.0)]
+                    fix=fix, ranks=tuple(roots),
+                    units=(evidence["unit"],) if evidence["unit"] else (),
+                    cost_seconds_per_step=0.0)]
+
+
+def _placed(s: dict) -> str:
+    """Where a zerodoc run log of the same job places a stopped rank (`--runlog`): after
+    its last collective, in that collective's unit and phase; else where the awaited one
+    was issued; "" when no log placed it."""
+    p, a = s.get("place"), s.get("awaited_place")
+    if p and p.get("unit"):
+        out = (f"; it stopped in {p['unit']} ({p['phase']}) of step {p['step']}, after that "
+               f"unit's {str(p['collective']).replace('_', '-')} #{s.get('last_entered')}")
+    elif p:
+        out = (f"; it stopped in step {p['step']}, after #{s.get('last_entered')}, a "
+               "collective no zerodoc wrapper issued")
+    elif a:
+        return (f"; the awaited collective is {a['unit'] or 'outside the sharded units'}"
+                f" ({a['phase'] or '?'}) of step {a['step']} (run log of rank "
+                f"{a['from_rank']})")
+    else:
+        return ""
+    if a and a.get("unit"):
+        out += f", before {a['unit']}'s ({a['phase']})"
+    return out + (f" (run log of rank {p['from_rank']}"
+                  + (f"; {p['steps_past_log']} step(s) past its newest step line, the "
+                     "schedule taken to repeat" if p.get("steps_past_log") else "") + ")")
 
 
 def _list(ranks: list[int]) -> str:
