@@ -1,7 +1,7 @@
 """How fast the TUI refreshes a big run: 64 ranks x 128 units (synthetic run log).
 
     .venv/bin/python bench/tui_render.py [--ranks 64] [--units 128] [--refreshes 20]
-        [--every-steps 100] [--no-cache]
+        [--every-steps 100] [--no-cache] [--profile FILE]
 
 Writes a synthetic run directory (through the real run-log writer) to a temp dir,
 opens it with `zerodoc.sources.open_source` like `zerodoc tui` does, runs the app headless
@@ -12,19 +12,29 @@ from wall-clock time and from the process's CPU time (the rate one free core giv
 shared machine the wall-clock rate also counts other processes' time). Exit status 0 when
 the CPU-time rate of the slowest view is at least 2 refreshes per second.
 
+The run is written by a child process (one `RunLogWriter` per rank, each with its thread,
+as each rank of a real job has its own), stopped (SIGSTOP) while a refresh is timed, its
+writer threads woken only to write: in the TUI's own process, 1,024 writer threads waking
+every 50 ms took a whole core and slowed the TUI's thread ~11x, and the process's CPU time
+counted theirs (before 2026-11-29 the bench measured that, not only the TUI).
+
 `--every-steps N`: the run log's per-unit interval lines every N steps (default 100, as the
 shim). Above 64 ranks the TUI reads per-unit numbers from those lines only, so with the
 default a 20-step run has none past the warm-up and the per-unit rules wait (no step model
 is fitted): `--every-steps 5` times the refresh with them, the step model's what-if in every
 diagnosis. `--no-cache`: the step model rebuilds what each replay asks of every rank's units
 (`zerodoc.whatif.stepmodel.MEMO = False`, as before issue 33): the A side of an A/B.
+`--profile FILE`: a cProfile of the timed refreshes, the UI thread and the fetch thread
+(source snapshot + diagnose) together, saved to FILE and its top printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -35,11 +45,98 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zerodoc.sources import open_source  # noqa: E402
 from zerodoc.tui.feed import default_diagnose  # noqa: E402
-from zerodoc.testing.synthetic import append_steps, close_run, write_run  # noqa: E402
 
 
-async def bench(run_dir: Path, ranks: int, units: int, steps: int, refreshes: int,
-                cache: bool = True) -> int:
+def _generate(conn, run_dir: Path, ranks: int, units: int, steps: int, every: int) -> None:
+    """The child process: writes the run, then one more step per rank per request. Its
+    writer threads wake when flushed, not every 50 ms (`POLL_S`): a thousand of them waking
+    took a core and slowed the writing ~11x (the 1,024-rank run took over 10 minutes)."""
+    from zerodoc.runlog import writer
+    from zerodoc.testing.synthetic import append_steps, close_run, write_run
+
+    writer.POLL_S = 3600.0  # append_steps and write_run flush every writer: they wake it
+
+    t = time.perf_counter()
+    write_run(run_dir, ranks=ranks, units=units, steps=steps, started_unix=time.time() - 60,
+              end=False, every_steps=every)
+    conn.send(time.perf_counter() - t)
+    while (step := conn.recv()) is not None:
+        append_steps(run_dir, ranks=ranks, units=units, first_step=step, end_unix=time.time())
+        conn.send(step)
+    close_run(run_dir, end=False)  # its writers stop before the directory goes
+    conn.send(None)
+
+
+class Generator:
+    """The run's writers in a child process, stopped while the TUI is timed."""
+
+    def __init__(self, run_dir: Path, ranks: int, units: int, steps: int, every: int):
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_generate, daemon=True,
+                                args=(child, run_dir, ranks, units, steps, every))
+        self.proc.start()
+        self.next_step = steps + 1
+        self.write_s = self.conn.recv()
+        self._stop()
+
+    def _stop(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        while stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] not in "tT":
+            time.sleep(0.001)  # until it is stopped (no fixed wait)
+
+    def append(self) -> int:
+        """One new step on every rank, written and flushed; the writers stopped again."""
+        os.kill(self.proc.pid, signal.SIGCONT)
+        self.conn.send(self.next_step)
+        got = self.conn.recv()
+        self._stop()
+        self.next_step += 1
+        return got
+
+    def close(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+        self.conn.send(None)
+        self.conn.recv()
+        self.proc.join(60)
+
+
+class Profiles:
+    """cProfile of the UI thread and of the fetch thread over the timed refreshes."""
+
+    def __init__(self, app):
+        import cProfile
+
+        self.ui, self.fetch = cProfile.Profile(), cProfile.Profile()
+        self.on = False  # from the first timed refresh (not the first frame's full read)
+        feed = app.feed
+        plain = feed.fetch
+
+        def profiled():
+            if not self.on:
+                return plain()
+            self.fetch.enable()
+            try:
+                return plain()
+            finally:
+                self.fetch.disable()
+
+        feed.fetch = profiled
+
+    def save(self, path: str) -> None:
+        import pstats
+
+        stats = pstats.Stats(self.ui)
+        stats.add(self.fetch)
+        stats.dump_stats(path)
+        print(f"profile of the timed refreshes (UI + fetch threads) saved to {path}")
+        stats.sort_stats("cumulative").print_stats(40)
+        stats.sort_stats("tottime").print_stats(25)
+
+
+async def bench(run_dir: Path, gen: Generator, ranks: int, units: int, refreshes: int,
+                cache: bool = True, profile: str | None = None) -> int:
     from zerodoc.tui.app import VIEWS, ZerodocApp, tune_gc
     from zerodoc.whatif import stepmodel
 
@@ -51,7 +148,7 @@ async def bench(run_dir: Path, ranks: int, units: int, steps: int, refreshes: in
     tune_gc()  # as `zerodoc tui` does
     # no timer: the bench drives every refresh
     app = ZerodocApp(source, refresh=None, freeze_heap=True)
-    next_step = steps + 1
+    prof = Profiles(app) if profile else None
     t_start = time.perf_counter()
     async with app.run_test(size=(160, 48)) as pilot:
         while app.frame is None:  # on_mount's first fetch: parses the whole run log
@@ -63,22 +160,26 @@ async def bench(run_dir: Path, ranks: int, units: int, steps: int, refreshes: in
         print(f"rules waiting for per-unit detail: {', '.join(waiting['rules'])}" if waiting
               else "every rule evaluated (per-unit detail in the window)")
         results = {}
+        if prof:
+            prof.on = True
         for view in VIEWS:
             await pilot.press(str(VIEWS.index(view) + 1))
             await pilot.pause()
             times, cpu, snap_times = [], [], []
             for _ in range(refreshes):
-                append_steps(run_dir, ranks=ranks, units=units, first_step=next_step,
-                             end_unix=time.time())
-                next_step += 1
+                newest = gen.append()
                 t, c = time.perf_counter(), time.process_time()
+                if prof:
+                    prof.ui.enable()
                 frame = await app.refresh_now()
                 await pilot.pause()
+                if prof:
+                    prof.ui.disable()
                 times.append(time.perf_counter() - t)
                 cpu.append(time.process_time() - c)
                 assert frame is not None and frame.source_error is None, frame
                 snap_times.append(frame.snapshot.ranks[0].last_step)
-            assert snap_times[-1] == next_step - 1, (snap_times[-1], next_step - 1)
+            assert snap_times[-1] == newest, (snap_times[-1], newest)
             mean, mcpu = statistics.fmean(times), statistics.fmean(cpu)
             p95 = sorted(times)[max(0, int(0.95 * len(times)) - 1)]
             results[view] = (1 / mean, 1 / mcpu)
@@ -93,6 +194,8 @@ async def bench(run_dir: Path, ranks: int, units: int, steps: int, refreshes: in
         idle = (time.perf_counter() - t) / refreshes
         print(f"  unchanged run (coalesced): {1 / idle:5.1f} refreshes/s "
               f"(mean {idle * 1e3:.1f} ms)")
+    if prof:
+        prof.save(profile)
     shown = results
     worst_view = min(shown, key=lambda v: shown[v][0])
     wall, cpu_rate = shown[worst_view]
@@ -119,19 +222,19 @@ def main() -> int:
                          "the step model run at more than 64 ranks)")
     ap.add_argument("--no-cache", action="store_true",
                     help="the step model without its per-model memo (the A/B's A side)")
+    ap.add_argument("--profile", metavar="FILE", default=None,
+                    help="cProfile the timed refreshes (UI and fetch threads) into FILE")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="zerodoc-bench-") as tmp:
         run_dir = Path(args.run_dir or tmp) / "synthetic"
-        t = time.perf_counter()
-        write_run(run_dir, ranks=args.ranks, units=args.units, steps=args.steps,
-                  started_unix=time.time() - 60, end=False, every_steps=args.every_steps)
+        gen = Generator(run_dir, args.ranks, args.units, args.steps, args.every_steps)
         print(f"wrote {run_dir} ({args.ranks} ranks x {args.units} units x {args.steps} steps) "
-              f"in {time.perf_counter() - t:.1f} s")
+              f"in {gen.write_s:.1f} s (a child process, stopped while the TUI is timed)")
         try:
-            return asyncio.run(bench(run_dir, args.ranks, args.units, args.steps,
-                                     args.refreshes, cache=not args.no_cache))
-        finally:  # its writers stop before the directory goes (they would make it again)
-            close_run(run_dir, end=False)
+            return asyncio.run(bench(run_dir, gen, args.ranks, args.units, args.refreshes,
+                                     cache=not args.no_cache, profile=args.profile))
+        finally:
+            gen.close()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,12 @@
 """Following a live run directory: each `poll()` reads only what was appended since the
 last one (the first poll reads each log's tail, never a whole week-long file).
 
+Each log is kept open between polls (a file object, up to half the process's open-file
+limit; the others are opened at each poll that finds them grown) and is read only when its
+size changed: a poll of a thousand ranks that did not advance costs a directory listing and
+a stat per rank. A log whose path now names another file (replaced, rotated) is opened
+again and read as a poll that opened it would.
+
 Two modes. With `detail` (small runs) the full per-unit records of new steps are read from
 the `detail/` files, so windows are exact over the last steps. Without it (big runs: a
 thousand ranks' per-step detail is too much to parse twice a second) only the step lines
@@ -16,7 +22,7 @@ from pathlib import Path
 
 from ..runmodel import RunSnapshot
 from .reader import (
-    RunLogInvalid, RunLogUnreadable, _take, log_window, rank_logs, read_rank_tail,
+    RunLogInvalid, RunLogUnreadable, _take, log_window, rank_log_names, read_rank_tail,
 )
 from .records import RankLog, RunLogError, StepRecord, StepTotals, step_from_dict
 from .scan import MAX_LINE, forward_lines, kind_of
@@ -29,6 +35,8 @@ class _Tail:
 
     def __init__(self, path: Path):
         self.path = path
+        self.file = None  # the log kept open between polls (None: opened when grown)
+        self.ident: tuple[int, int] | None = None  # (st_dev, st_ino) of `file`
         self.log: RankLog | None = None
         self.names: list[str] = []
         self.detail_pos: dict[int, tuple[int, int]] = {}  # slot -> (inode, read offset)
@@ -49,7 +57,9 @@ class RunFollower:
         self.detail = detail
         self.window = window
         self.logs: dict[int, RankLog] = {}
-        self._tails: dict[Path, _Tail] = {}
+        self._tails: dict[str, _Tail] = {}  # by file name
+        self._held = 0  # logs kept open (at most `hold_max`)
+        self.hold_max = _hold_max()
         self.jobs: dict | None = None  # one_job's account: logs of other jobs left out
 
     # -- reading -------------------------------------------------------------------------
@@ -57,10 +67,13 @@ class RunFollower:
         """New steps since the last poll as (rank, record): full records with `detail`,
         step totals without."""
         new: list[tuple[int, StepRecord | StepTotals]] = []
-        for p in rank_logs(self.run_dir):
-            t = self._tails.get(p)
+        names = rank_log_names(self.run_dir)
+        if len(names) != len(self._tails) or any(n not in self._tails for n in names):
+            self._release(set(self._tails) - set(names))  # gone: no fd held on them
+        for name in names:
+            t = self._tails.get(name)
             if t is None:
-                t = self._tails[p] = _Tail(p)
+                t = self._tails[name] = _Tail(self.run_dir / name)
             try:
                 new += self._poll_one(t)
                 t.problem = None
@@ -77,7 +90,8 @@ class RunFollower:
         return [(r, s) for r, s in new if r in self.logs]
 
     def _poll_one(self, t: _Tail) -> list:
-        size = os.stat(t.path).st_size
+        st = os.stat(t.path)
+        size = st.st_size
         if t.log is not None and size < t.log.read_to:
             self._cut(t)  # truncated in place: shorter than what was read
         if t.log is None:
@@ -99,10 +113,14 @@ class RunFollower:
         log = t.log
         out: list = []
         if size > log.read_to:
-            with open_read(t.path) as f:
+            f = self._open(t, st)
+            try:
                 if not self._same(t, f):  # truncated, and written again past that offset
                     self._cut(t)
                 lines, upto, overlong = forward_lines(f, log.read_to, size)
+            finally:
+                if f is not t.file:
+                    f.close()
             log.bad_lines += overlong
             if not lines:
                 log.read_to = upto
@@ -147,6 +165,35 @@ class RunFollower:
 
     MARK = 64  # bytes before the read offset compared at each poll of a grown log
 
+    def _open(self, t: _Tail, st: os.stat_result):
+        """The log as a file object: the one kept open while the path still names that file
+        (`st`: the path's stat now), else opened again (and kept, within `hold_max`)."""
+        if t.file is not None:
+            if t.ident == (st.st_dev, st.st_ino):
+                return t.file
+            self._close(t)  # the path names another file now: read that one
+        f = open_read(t.path)
+        if self._held < self.hold_max:
+            fst = os.fstat(f.fileno())
+            t.file, t.ident = f, (fst.st_dev, fst.st_ino)
+            self._held += 1
+        return f
+
+    def _close(self, t: _Tail) -> None:
+        if t.file is not None:
+            t.file.close()
+            t.file, t.ident = None, None
+            self._held -= 1
+
+    def _release(self, names) -> None:
+        """Close the logs of these names (gone from the directory)."""
+        for n in names:
+            self._close(self._tails[n])
+
+    def close(self) -> None:
+        """Close every log kept open."""
+        self._release(list(self._tails))
+
     @staticmethod
     def _cut(t: _Tail) -> None:
         """The log was truncated in place (logrotate's copytruncate): never a stopped rank.
@@ -160,9 +207,13 @@ class RunFollower:
         """Keep the bytes just before the read offset (`_same` compares them later)."""
         at = max(0, t.log.read_to - self.MARK)
         try:
-            with open_read(t.path) as f:
+            f = self._open(t, os.stat(t.path))
+            try:
                 f.seek(at)
                 t.mark = (at, f.read(t.log.read_to - at))
+            finally:
+                if f is not t.file:
+                    f.close()
         except OSError:
             t.mark = None
 
@@ -270,3 +321,15 @@ class RunFollower:
                 t.log.truncated = True
         annotate(snap, list(self.logs.values()), stale_after_s, time.time(), problems,
                  self.jobs)
+
+
+def _hold_max() -> int:
+    """Logs a follower keeps open: half the process's soft open-file limit (the rest for
+    everything else), 0 where it cannot be known."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 0
+    return max(0, soft // 2) if soft != resource.RLIM_INFINITY else 4096

@@ -45,7 +45,20 @@ COUNT_MAX = 256 << 20  # headerless lines are counted in at most this many bytes
 
 
 def rank_logs(run_dir: str | os.PathLike) -> list[Path]:
-    return sorted(Path(run_dir).glob("rank-*.jsonl"))
+    d = Path(run_dir)
+    return [d / n for n in rank_log_names(d)]
+
+
+def rank_log_names(run_dir: str | os.PathLike) -> list[str]:
+    """The names of the rank logs (rank-*.jsonl) in `run_dir`, sorted; [] when it cannot be
+    listed. One scandir: a follower lists a thousand ranks' directory at every refresh
+    (pathlib's glob and the sort of Path objects took ~6 ms per 256 ranks)."""
+    try:
+        with os.scandir(run_dir) as it:
+            return sorted(e.name for e in it if e.name.startswith("rank-")
+                          and e.name.endswith(".jsonl") and len(e.name) >= 11)
+    except OSError:
+        return []
 
 
 def rank_of(path: Path) -> int | None:
@@ -207,7 +220,7 @@ def log_notes(logs) -> list[str]:
     write lost ("N steps not recorded: disk full at PATH") and lines a reader skipped."""
     out = []
     for log in sorted(logs, key=lambda x: x.facts.rank):
-        name = Path(log.path).name or f"rank {log.facts.rank}"
+        name = os.path.basename(log.path) or f"rank {log.facts.rank}"
         if log.lost:
             what = (f"{log.lost_steps} step{'s' if log.lost_steps != 1 else ''} not recorded"
                     if log.lost_steps else f"{log.lost} record(s) not recorded")

@@ -17,7 +17,7 @@ from ..runmodel import LazyRankWindow, RankWindow, RunSnapshot
 from ..runlog import (
     DETAIL_DIR, RunFollower, RunLogError, load_run, log_window, rank_logs, read_rank_tail,
 )
-from ..runlog.reader import _latest, exposed_times, newest_k
+from ..runlog.reader import _latest, exposed_times, newest_k, rank_log_names
 from ..thresholds import DEFAULT
 
 STALE_AFTER_S = DEFAULT.stale_after_seconds
@@ -121,12 +121,15 @@ class RunDirSource:
     def _has_detail(self) -> bool:
         """Small runs that keep their detail files: read them."""
         return self.run_dir.is_dir() and \
-            len(rank_logs(self.run_dir)) <= DETAIL_MAX_RANKS and \
+            len(rank_log_names(self.run_dir)) <= DETAIL_MAX_RANKS and \
             any((self.run_dir / DETAIL_DIR).glob("*.jsonl"))
 
     def _follow(self, detail: bool) -> None:
         """(Re)start following, with or without the full per-step detail."""
         self.detail = detail
+        old = getattr(self, "follower", None)
+        if old is not None:
+            old.close()  # the logs it kept open
         # Bounded memory on long runs: a few windows of step records per rank.
         window = self.window
         self.follower = RunFollower(self.run_dir, keep=4 * window if window else 1024,
