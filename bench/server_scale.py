@@ -126,12 +126,17 @@ def source_queries(url: str) -> dict:
     for what in ("first", "second"):
         timed.clear()
         t = time.perf_counter()
+        window = None
         try:
-            src.snapshot()
+            snap = src.snapshot()
             err = None
+            # the per-unit stats' rate window when read from the recording rules (None: the
+            # source aggregated every rank's raw per-unit series itself)
+            window = getattr(snap.unit_stats, "window_s", None)
         except Exception as e:  # noqa: BLE001 - a figure, not a crash
             err = f"{type(e).__name__}: {e}"
         out[what] = {"wall_s": round(time.perf_counter() - t, 2), "queries": len(timed),
+                     "unit_stats_rules_window_s": window,
                      "slowest": [(round(s, 3), e) for s, e in sorted(timed, reverse=True)[:5]],
                      "over_5s": sum(s > SLOW_QUERY_S for s, _ in timed), "error": err}
     return out

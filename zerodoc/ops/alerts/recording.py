@@ -115,6 +115,10 @@ def bus_bytes(expr: str) -> str:
 
 UNIT_FACTOR = "unit_collective_job:zerodoc_collective_bus_factor:ratio"
 WORLD_FACTOR = "collective_job:zerodoc_collective_bus_factor:ratio"
+FACTOR_ANY = "unit_collective_job:zerodoc_collective_bus_factor:ratio_or_world"
+RANK_BYTES = "collective_rank:zerodoc_collective_bytes:per_step"
+RANK_SECONDS = "collective_rank:zerodoc_collective_seconds:per_step"
+RANK_BUS_BYTES = "collective_rank:zerodoc_collective_bus_bytes:per_step"
 UNITS = 'unit!=""'  # per-unit numbers: not a coarse rank's totals over units
 
 
@@ -379,13 +383,25 @@ def unit_rules(t: Thresholds = DEFAULT, window: str = "1m", link: str = "infinib
         # layers dashboard computes at query time for the ranks it shows, from the recorded
         # per-step rates: recorded, they were 486 series a rank written every evaluation
         # (~500k at 1,024 ranks, a quarter of this group's time; issue 33).
-        # phases summed first (the factor is a unit's, not a phase's): the join and the `or`
-        # over a third fewer series (13 s of this group's 64 s at 1,024 ranks before)
+        # Each unit's bus factor, the world's where its group's is unknown (and for a coarse
+        # rank's unit-less totals: the row without a unit), one series a unit and collective,
+        # so that the per-rank bus bytes take one join instead of `bus_bytes`' two and an
+        # `or` over every rank's series; then each rank's bytes, bus bytes and seconds per
+        # collective once (a few series a rank) for both bandwidths (26 s of this group's
+        # 89 s at 1,024 ranks before).
+        _rec(FACTOR_ANY,
+             f"{UNIT_FACTOR}\nor\n{WORLD_FACTOR} * on ({JOB}, collective) group_right ()\n"
+             f"(0 * count without (phase) ({UNIT_STAT['bytes'][1]['mean']}) + 1)\nor\n"
+             f"{WORLD_FACTOR}"),
+        _rec(RANK_BYTES, f"sum without (unit, phase) ({nbytes})"),
+        _rec(RANK_SECONDS, f"sum without (unit, phase) ({sec})"),
+        _rec(RANK_BUS_BYTES,
+             f"sum without (unit) (\n  sum without (phase) ({nbytes})\n"
+             f"  * on ({JOB}, unit, collective) group_left ()\n  {FACTOR_ANY}\n)"),
         _rec("collective_rank:zerodoc_collective_busbw:bytes_per_second",
-             f"sum without (unit) (\n{bus_bytes(f'sum without (phase) ({nbytes})')}\n)\n/\n"
-             f"(sum without (unit, phase) ({sec}) > 0)"),
+             f"{RANK_BUS_BYTES}\n/\n({RANK_SECONDS} > 0)"),
         _rec("collective_rank:zerodoc_collective_algbw:bytes_per_second",
-             f"sum without (unit, phase) ({nbytes})\n/\nsum without (unit, phase) ({sec})"),
+             f"{RANK_BYTES}\n/\n{RANK_SECONDS}"),
         # ---- per unit over ranks: the layers dashboard's shares (worst rank), recorded so
         # its panels read a few series a unit instead of every rank's (issue 33: 8-23 s a
         # panel query at 1,024 ranks)
