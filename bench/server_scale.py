@@ -154,7 +154,10 @@ def run(ranks: int, minutes: float, rules: str, tmp: Path,
             (BEFORE if rules == "before" else Path(rules)).read_text())
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    farm = RankFarm(templates(), ranks, run_id="bench", period_s=600.0)
+    # the ranks step once a scrape interval (as bench/scale_vm.py's): every rate window holds
+    # steps, and the run's last step is recent, so the report evaluates now (with a 600 s
+    # period it evaluated at the farm's start, before any rule had run, and read raw series)
+    farm = RankFarm(templates(), ranks, run_id="bench", period_s=15.0)
     with farm:
         sd = farm.file_sd(tmp / "sd")
         cfg = {"global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
