@@ -126,8 +126,9 @@ def test_yaml_emitter_round_trips():
     # rank-level window); the rank-level group uses the server's
     groups = yaml.safe_load(alerts.rule_files()[alerts.RECORDING_FILE])["groups"]
     assert [(g["name"], g.get("interval")) for g in groups] == \
-        [("zerodoc.recording", None), ("zerodoc.unit_rates", "4m"), ("zerodoc.units", "4m")]
-    assert "[4m]" in yaml.dump(groups[1]) and "[4m]" not in yaml.dump(groups[0])
+        [("zerodoc.recording", None), ("zerodoc.step_quantiles", None),
+         ("zerodoc.unit_rates", "4m"), ("zerodoc.units", "4m")]
+    assert "[4m]" in yaml.dump(groups[2]) and "[4m]" not in yaml.dump(groups[:2])
     k8s = yaml.safe_load(alerts.prometheus_rule())
     assert k8s["kind"] == "PrometheusRule"
     assert [r for g in k8s["spec"]["groups"] for r in g["rules"]] == \

@@ -143,7 +143,8 @@ UNIT_SHARES = {"unit_job:zerodoc_all_gather_exposed:fraction_max":
                "unit_rank:zerodoc_all_gather_exposed:fraction",
                "unit_job:zerodoc_all_gather_exposed:ratio_max":
                "unit_rank:zerodoc_all_gather_exposed:ratio"}
-RANK_GROUP, RATES_GROUP, UNIT_GROUP = "zerodoc.recording", "zerodoc.unit_rates", "zerodoc.units"
+RANK_GROUP, QUANTILE_GROUP = "zerodoc.recording", "zerodoc.step_quantiles"
+RATES_GROUP, UNIT_GROUP = "zerodoc.unit_rates", "zerodoc.units"
 
 
 def _steps(w: str) -> str:
@@ -273,6 +274,7 @@ def recording_groups(t: Thresholds = DEFAULT, window: str = "1m", link: str = "i
     first = set(PER_STEP.values()) | set(UNIT_COMPUTE.values()) | \
         set(UNIT_FRAMEWORK.values()) | {FRAMEWORK_PER_STEP, RULE_WINDOW}
     return [(RANK_GROUP, None, rank_rules(t, window)),
+            (QUANTILE_GROUP, None, quantile_rules(window)),
             (RATES_GROUP, unit_interval or uw, [r for r in rules if r["record"] in first]),
             (UNIT_GROUP, unit_interval or uw, [r for r in rules if r["record"] not in first])]
 
@@ -306,15 +308,6 @@ def rank_rules(t: Thresholds = DEFAULT, window: str = "1m") -> list[dict]:
         _rec(mean_step, f"{step_sum}\n/\n{steps}"),
         _rec(sampled, f"rate(zerodoc_detail_steps_total[{w}])\nor\n{steps}"),
     ]
-    # the step-time buckets' rates recorded once (17 series a rank) for the six quantiles
-    # below: each rate()d them itself before (half the group's time at 1,024 ranks)
-    rules.append(_rec(BUCKET_RATE, f"rate(zerodoc_step_duration_seconds_bucket[{w}])"))
-    for q in (0.5, 0.9, 0.99):
-        rules.append(_rec(f"rank:zerodoc_step_seconds:p{round(q * 100)}",
-                          f"histogram_quantile({q}, {BUCKET_RATE})"))
-    for q in (0.5, 0.9, 0.99):
-        rules.append(_rec(f"job:zerodoc_step_seconds:p{round(q * 100)}",
-                          f"histogram_quantile({q},\n  sum by ({JOB}, le) ({BUCKET_RATE})\n)"))
     rules += [
         # ---- per rank: exposure, compute, skew ------------------------------------------
         _rec("rank:zerodoc_all_gather_exposed:fraction",
@@ -367,6 +360,21 @@ def rank_rules(t: Thresholds = DEFAULT, window: str = "1m") -> list[dict]:
              f"    - on ({JOB}) group_left () job:zerodoc_slowest_rank_exposed_seconds:per_step,\n"
              "    0\n  )\n)\n/\njob:zerodoc_step_seconds:median"),
     ]
+    return rules
+
+
+def quantile_rules(window: str = "1m") -> list[dict]:
+    """Step-time quantiles per rank and per run (group `zerodoc.step_quantiles`, beside the
+    rank group: half its time at 1,024 ranks, and nothing there reads them). The buckets'
+    rates are recorded once (17 series a rank) for the six quantiles: each rate()d them
+    itself before."""
+    rules = [_rec(BUCKET_RATE, f"rate(zerodoc_step_duration_seconds_bucket[{window}])")]
+    for q in (0.5, 0.9, 0.99):
+        rules.append(_rec(f"rank:zerodoc_step_seconds:p{round(q * 100)}",
+                          f"histogram_quantile({q}, {BUCKET_RATE})"))
+    for q in (0.5, 0.9, 0.99):
+        rules.append(_rec(f"job:zerodoc_step_seconds:p{round(q * 100)}",
+                          f"histogram_quantile({q},\n  sum by ({JOB}, le) ({BUCKET_RATE})\n)"))
     return rules
 
 
