@@ -28,9 +28,12 @@ collective and compute counters without a `unit` label (summed over units). Per-
 read the rank-level totals every rank serves; per-unit rules select `unit!=""`, so a unit's
 numbers come from the ranks that keep unit detail.
 
-Three groups (issue 33 item 2). `zerodoc.recording` holds the rules that read rank-level
+Four groups (issue 33 item 2). `zerodoc.recording` holds the rules that read rank-level
 series (a few a rank): the run's facts, step time, exposure and compute per rank, memory, the
-straggler; it runs at the server's evaluation interval. The rules that read the per-unit
+straggler; it runs at the server's evaluation interval, and so does `zerodoc.step_quantiles`
+(`quantile_rules`: the step-time quantiles, half of the rank-level work at 1,024 ranks, in a
+group of their own so that each takes well under half of the 15 s while the per-unit groups
+run). The rules that read the per-unit
 counters (~243 series a rank each at 81 units) run in two groups of their own, once per
 per-unit rate window (`unit_window`: four times the rank-level window, 4m in production;
 each evaluation reads a fresh window):
