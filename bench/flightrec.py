@@ -7,9 +7,12 @@ Writes `--ranks` synthetic dumps (zerodoc.testing.flightrec: torch's 2.9 format,
 construction) unless DIR already holds them, then reads them in a fresh interpreter as
 `zerodoc report DIR --json` does (the source and rule ZD013, not the rendering) and prints
 the files' size, the wall and CPU seconds of the read (CPU: every reading process; a big
-folder is read by up to 16 processes), its peak resident memory, and
+folder is read by one process per core, at most 16), its peak resident memory, and
 whether the stopped rank was named. The issue's bound: <= 10 s for 1,024 ranks. Wall time
-grows on a loaded machine; CPU time much less.
+grows on a loaded machine; CPU time much less. Where the CPU goes (a 2,000-entry dump):
+~5 ms unpickling, ~1 ms reducing it to what the analysis reads, the rest freeing it;
+before issue 34's fix the unpickler read a bare BytesIO op by op (torch writes protocol 2,
+no frames: 16 ms) with the cyclic collector passing over its ~50,000 containers.
 """
 
 from __future__ import annotations

@@ -50,14 +50,16 @@ def _dumps_say_rank(dumps: Path, run: Path, rank: int):
     return rep if st and st["ranks"] == [rank] else None
 
 
-@pytest.fixture(scope="module")
-def hung(tmp_path_factory):
-    """The job, rank 1 blocked in blocks.1's forward, dumped; ended after the test's wait."""
-    tmp_path = tmp_path_factory.mktemp("hung")
+@pytest.fixture(scope="module", params=["forward", "backward"])
+def hung(tmp_path_factory, request):
+    """The job, rank 1 blocked in blocks.1's forward or backward, dumped; ended after the
+    test's wait."""
+    phase = request.param
+    tmp_path = tmp_path_factory.mktemp(f"hung-{phase}")
     run, out = tmp_path / "run", tmp_path / "fr"
     spec = {"model": dict(SMALL_MODEL), "steps": 400, "out": str(out),
             "attach": {"run_dir": str(run), "port": False},
-            "hang": {"rank": 1, "module": "blocks.1", "at_step": 6}}
+            "hang": {"rank": 1, "module": "blocks.1", "phase": phase, "at_step": 6}}
     job = Job(2, spec, module="tests.support.jobs.flightrec_units",
               env=job_env({"TORCH_FR_BUFFER_SIZE": "2000", **__import__("os").environ}),
               log_dir=str(tmp_path / "logs")).start()
@@ -74,30 +76,40 @@ def hung(tmp_path_factory):
             job.wait(30)
         finally:
             job.stop(grace=1)
-    yield rep, run, out / "dumps"
+    yield phase, rep, run, out / "dumps"
+
+
+# where the peer waits (the watchdog's placement of the same hang, tests/test_stopped.py):
+# forward, in the next unit's all-gather; backward, in blocks.1's own reduce-scatter (FSDP2's
+# pre-backward of blocks.1 already issued blocks.0's all-gather, a prefetch: rank 1's last
+# collective moves blocks.0's parameters; flightrec._stopped_in)
+PEER = {"forward": ("blocks.2", "all_gather", "blocks.1"),
+        "backward": ("blocks.1", "reduce_scatter", "blocks.0")}
 
 
 @pytest.mark.slow
 def test_dumps_and_runlog_name_the_stopped_ranks_unit_and_phase(hung):
-    rep, run, dumps = hung
+    phase, rep, run, dumps = hung
+    peer_unit, peer_coll, last_of = PEER[phase]
     st = rep["stopped"]
-    # the rank, unit and phase the test chose (rank 1 stopped after blocks.1's all-gather)
-    assert (st["rank"], st["unit"], st["phase"]) == (1, "blocks.1", "forward"), st
+    # the rank, unit and phase the test chose
+    assert (st["rank"], st["unit"], st["phase"]) == (1, "blocks.1", phase), st
     assert st["confidence"] == "high" and st["process_group"] is not None, st
     f = next(x for x in rep["findings"] if x["code"] == "ZD013")
     ev = f["evidence"]
     assert ev["place"]["collective"] == "all_gather" and ev["place"]["from_rank"] == 1, ev
+    assert ev["place"]["unit"] == last_of, ev
     assert ev["place"]["step"] >= 6, ev  # the hang begins at the 6th forward or later
     # placed from rank 1's own step lines up to the step it stopped in (each step's `seq`),
     # not by assuming the schedule repeats past the newest one
     assert ev["place"]["steps_past_log"] == 0, ev
-    # the peer waits in the next unit's forward all-gather: the watchdog's placement of the
-    # same hang (tests/test_stopped.py), here from the dumps' sequence number alone
+    # the peer, from the dumps' sequence number alone
     (w,) = ev["waiting"]
-    assert (w["rank"], w["unit"], w["phase"]) == (0, "blocks.2", "forward"), w
-    assert ev["awaited_place"]["unit"] == "blocks.2", ev
+    assert (w["rank"], w["unit"], w["phase"]) == (0, peer_unit, phase), w
+    assert (ev["awaited_place"]["unit"], ev["awaited_place"]["collective"]) == \
+        (peer_unit, peer_coll), ev
     assert ev["awaited_place"]["step"] == ev["place"]["step"], ev
-    assert "blocks.1 (forward)" in f["title"], f["title"]
+    assert f"blocks.1 ({phase})" in f["title"], f["title"]
     # the dumps alone (no --runlog) still name the rank, and no unit
     alone = report(dumps, "--json")
     assert json.loads(alone.stdout)["stopped"]["unit"] is None, alone.stdout[-2000:]

@@ -104,3 +104,77 @@ async def test_live_run_shows_the_new_straggler(tmp_path):
             assert strip(frame.findings) == strip(again)
     finally:
         close_run(run)
+
+
+async def test_the_tui_follows_new_steps_a_new_rank_and_rotated_or_truncated_logs(tmp_path):
+    """The follower keeps each log open and reads only what was appended (issue 33 item 4);
+    the Ranks view must still show each change as it lands: a step appended to rank 1, rank
+    2's log appearing, rank 0's log moved away and written again by a restarted rank (the
+    file kept open no longer grows), rank 1's log truncated in place (copytruncate: the
+    writer writes its header again). Read at scale (step lines and interval lines)."""
+    import os
+
+    from tests.support.helpers import wait_until
+    from tests.support.runlogfaults import copytruncate, hand_step, lines, writer_of
+    from zerodoc.sources import RunDirSource
+    from zerodoc.tui.widgets.table import ZTable
+
+    run = tmp_path / "run"
+    now = time.time()
+    reps = [writer_of(run, r, 3, None) for r in (0, 1)]
+    late = None
+
+    def steps(rep, first, last):
+        for s in range(first, last + 1):
+            hand_step(rep, s, end_unix=now + s)
+        rep.writer.flush()
+
+    for rep in reps:
+        steps(rep, 1, 5)
+    app = ZerodocApp(RunDirSource(run, window=5, detail=False), refresh=None)
+    try:
+        async with app.run_test(size=(140, 44)) as pilot:
+            await until(pilot, lambda: app.frame is not None, what="first frame")
+            await pilot.press("4")
+            await pilot.pause()
+
+            async def shown():
+                await app.refresh_now()
+                await pilot.pause()
+                return app.query_one("#ranks-table", ZTable).shown
+
+            table = await shown()
+            assert [k for k, _ in table.rows] == ["0", "1"]
+            assert table.cell("1", "last_step") == "5"
+            steps(reps[1], 6, 6)  # an appended step
+            assert (await shown()).cell("1", "last_step") == "6"
+            late = writer_of(run, 2, 3, None)  # a new rank's log
+            steps(late, 1, 3)
+            table = await shown()
+            assert [k for k, _ in table.rows] == ["0", "1", "2"]
+            assert table.cell("2", "last_step") == "3"
+            reps[0].close(end=False)  # rotated: moved aside, a restarted rank writes anew
+            os.rename(run / "rank-00000.jsonl", run / "rank-00000.jsonl.1")
+            reps[0] = writer_of(run, 0, 3, None)
+            steps(reps[0], 1, 8)
+            assert (await shown()).cell("0", "last_step") == "8"
+            path = run / "rank-00001.jsonl"  # truncated in place under its writer
+            copytruncate(path)
+            step = [6]
+
+            def header_back():
+                step[0] += 1
+                steps(reps[1], step[0], step[0])
+                return any(x["type"] == "header" for x in lines(path))
+
+            wait_until(header_back, 20, "the writer's header written again")
+            steps(reps[1], step[0] + 1, step[0] + 1)
+            table = await shown()
+            assert table.cell("1", "last_step") == str(step[0] + 1)
+            # the frame carries what the source said of the cut (none of the views shows the
+            # run log's notes yet: `zerodoc report` does)
+            assert any("truncated in place" in n for n in app.frame.snapshot.log_notes)
+    finally:
+        for rep in (*reps, late):
+            if rep is not None:
+                rep.close()

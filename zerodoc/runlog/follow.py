@@ -4,8 +4,8 @@ last one (the first poll reads each log's tail, never a whole week-long file).
 Each log is kept open between polls (a file object, up to half the process's open-file
 limit; the others are opened at each poll that finds them grown) and is read only when its
 size changed: a poll of a thousand ranks that did not advance costs a directory listing and
-a stat per rank. A log whose path now names another file (replaced, rotated) is opened
-again and read as a poll that opened it would.
+a stat per rank. A log whose path now names another file (moved away and written anew) is
+read from its tail as a fresh read would, not taken for one truncated in place.
 
 Two modes. With `detail` (small runs) the full per-unit records of new steps are read from
 the `detail/` files, so windows are exact over the last steps. Without it (big runs: a
@@ -35,8 +35,8 @@ class _Tail:
 
     def __init__(self, path: Path):
         self.path = path
+        self.ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
         self.file = None  # the log kept open between polls (None: opened when grown)
-        self.ident: tuple[int, int] | None = None  # (st_dev, st_ino) of `file`
         self.log: RankLog | None = None
         self.names: list[str] = []
         self.detail_pos: dict[int, tuple[int, int]] = {}  # slot -> (inode, read offset)
@@ -92,12 +92,16 @@ class RunFollower:
     def _poll_one(self, t: _Tail) -> list:
         st = os.stat(t.path)
         size = st.st_size
+        if t.log is not None and t.ident != (st.st_dev, st.st_ino):
+            self._close(t)  # another file at this path (moved away, written anew): read it
+            t.log, t.mark = None, None  # from its tail, as a fresh read does
         if t.log is not None and size < t.log.read_to:
             self._cut(t)  # truncated in place: shorter than what was read
         if t.log is None:
             if size == 0:
                 return []
             fresh = t.log is None
+            t.ident = (st.st_dev, st.st_ino)
             t.log = read_rank_tail(t.path, self._tail_window(), detail=self.detail)
             t.names = [u.name for u in t.log.facts.units]
             t.detail_pos = {}
@@ -113,7 +117,7 @@ class RunFollower:
         log = t.log
         out: list = []
         if size > log.read_to:
-            f = self._open(t, st)
+            f = self._open(t)
             try:
                 if not self._same(t, f):  # truncated, and written again past that offset
                     self._cut(t)
@@ -165,24 +169,21 @@ class RunFollower:
 
     MARK = 64  # bytes before the read offset compared at each poll of a grown log
 
-    def _open(self, t: _Tail, st: os.stat_result):
-        """The log as a file object: the one kept open while the path still names that file
-        (`st`: the path's stat now), else opened again (and kept, within `hold_max`)."""
+    def _open(self, t: _Tail):
+        """The log as a file object: the one kept open (`_poll_one` closes it when the path
+        names another file), else opened (and kept, within `hold_max`)."""
         if t.file is not None:
-            if t.ident == (st.st_dev, st.st_ino):
-                return t.file
-            self._close(t)  # the path names another file now: read that one
+            return t.file
         f = open_read(t.path)
         if self._held < self.hold_max:
-            fst = os.fstat(f.fileno())
-            t.file, t.ident = f, (fst.st_dev, fst.st_ino)
+            t.file = f
             self._held += 1
         return f
 
     def _close(self, t: _Tail) -> None:
         if t.file is not None:
             t.file.close()
-            t.file, t.ident = None, None
+            t.file = None
             self._held -= 1
 
     def _release(self, names) -> None:
@@ -207,7 +208,7 @@ class RunFollower:
         """Keep the bytes just before the read offset (`_same` compares them later)."""
         at = max(0, t.log.read_to - self.MARK)
         try:
-            f = self._open(t, os.stat(t.path))
+            f = self._open(t)
             try:
                 f.seek(at)
                 t.mark = (at, f.read(t.log.read_to - at))

@@ -170,6 +170,10 @@ class RunDirSource:
         self.follower.annotate(snap, self.stale_after_s)  # ended / stale / missing, stalls
         return snap
 
+    def close(self) -> None:
+        """Close the run logs the follower keeps open (the TUI calls it when it quits)."""
+        self.follower.close()
+
     def take_points(self) -> dict[int, list[tuple[int, float, float, float]]]:
         pts, self.points = self.points, {}
         return pts

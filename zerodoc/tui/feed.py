@@ -287,7 +287,8 @@ class Feed:
         full = RunSnapshot(source=snap.source or self.description,
                            ranks=dict(sorted(ranks.items())), stale_ranks=set(stale),
                            ended_ranks=set(ended), stalls=dict(snap.stalls),
-                           missing_ranks=set(snap.missing_ranks), unit_stats=snap.unit_stats)
+                           missing_ranks=set(snap.missing_ranks), unit_stats=snap.unit_stats,
+                           log_notes=list(snap.log_notes), jobs=snap.jobs)
 
         self._history_update(full)
         findings, diag_error = self._diagnose(full)

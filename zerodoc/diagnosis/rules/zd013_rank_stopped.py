@@ -314,9 +314,11 @@ def _placed(s: dict) -> str:
     its last collective, in that collective's unit and phase; else where the awaited one
     was issued; "" when no log placed it."""
     p, a = s.get("place"), s.get("awaited_place")
-    if p and p.get("unit"):
-        out = (f"; it stopped in {p['unit']} ({p['phase']}) of step {p['step']}, after that "
-               f"unit's {str(p['collective']).replace('_', '-')} #{s.get('last_entered')}")
+    if p and (p.get("stopped_in") or {}).get("unit"):
+        at = p["stopped_in"]
+        out = (f"; it stopped in {at['unit']} ({at['phase']}) of step {p['step']}, after "
+               f"its {str(p['collective']).replace('_', '-')} #{s.get('last_entered')} (of "
+               f"{p['unit']})")
     elif p:
         out = (f"; it stopped in step {p['step']}, after #{s.get('last_entered')}, a "
                "collective no zerodoc wrapper issued")
@@ -327,7 +329,8 @@ def _placed(s: dict) -> str:
     else:
         return ""
     if a and a.get("unit"):
-        out += f", before {a['unit']}'s ({a['phase']})"
+        out += (f", before {a['unit']}'s {str(a['collective']).replace('_', '-')} "
+                f"({a['phase']})")
     return out + (f" (run log of rank {p['from_rank']}"
                   + (f"; {p['steps_past_log']} step(s) past its newest step line, the "
                      "schedule taken to repeat" if p.get("steps_past_log") else "") + ")")
