@@ -385,6 +385,7 @@ def test_sliced_attribution_equals_one_pass(exports, name, monkeypatch, tmp_path
         real = nsys.attribute
         monkeypatch.setattr(nsys, "SLICE_KERNELS", limit)
         monkeypatch.setattr(nsys, "CHUNK_ROWS", 512 if limit < 10**9 else 1 << 18)
+        monkeypatch.setattr(nsys, "ZONE_ROWS", 128 if limit < 10**9 else 1 << 16)
         monkeypatch.setattr(nsys, "attribute", lambda *a: calls.append(1) or real(*a))
         snap = open_source(str(exports[name]), None, trace_facts={"progress": False}).snapshot()
         monkeypatch.setattr(nsys, "attribute", real)
@@ -445,6 +446,7 @@ def test_rows_out_of_start_order_are_read_sorted(exports, tmp_path, monkeypatch)
     for limit in (10**9, 300):
         monkeypatch.setattr(nsys, "SLICE_KERNELS", limit)
         monkeypatch.setattr(nsys, "CHUNK_ROWS", 1 << 18 if limit == 10**9 else 256)
+        monkeypatch.setattr(nsys, "ZONE_ROWS", 1 << 16 if limit == 10**9 else 100)
         ordered.clear()
         got = read(p)
         assert any(ordered)  # read again sorted by SQLite

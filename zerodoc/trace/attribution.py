@@ -197,10 +197,10 @@ class _Phases:
 class _Units:
     """Unit of a collective: innermost FSDP2 span on the issuing thread; FSDP1 by order."""
 
-    def __init__(self, ev: RankEvents, framework: str):
+    def __init__(self, ev: RankEvents, framework: str, seg: dict | None = None):
         self.framework = framework
-        self.seg: dict[int, tuple] = {}
-        if framework == "fsdp2":
+        self.seg: dict[int, tuple] = {} if seg is None else seg
+        if framework == "fsdp2" and seg is None:
             per_tid = defaultdict(list)
             for s in ev.spans:
                 m = FSDP2.match(s.name)
@@ -406,9 +406,29 @@ def _device_steps(ev: RankEvents, steps) -> None:
             setattr(st, name, float(v))
 
 
-def _gpu_compute(ev: RankEvents, steps, phases: "_Phases", framework: str) -> None:
+def _region_codes(ev: RankEvents, framework: str) -> tuple[list, list]:
+    """The compute regions (`_regions`) as disjoint segments per thread, each with the index
+    of its label: (labels, [(thread, starts, ends, label indexes)])."""
+    labels: list = ["optimizer", "framework", (MODEL, "forward"), (MODEL, "backward")]
+    index = {lab: i for i, lab in enumerate(labels)}
+    out = []
+    for tid, ivs in _regions(ev, framework).items():
+        a, b, labs = tl.segments(ivs)
+        if not a:
+            continue
+        for lab in labs:
+            if lab not in index:
+                index[lab] = len(labels)
+                labels.append(lab)
+        out.append((tid, np.array(a), np.array(b), np.array([index[lab] for lab in labs])))
+    return labels, out
+
+
+def _gpu_compute(ev: RankEvents, steps, phases: "_Phases", framework: str,
+                 regions: tuple | None = None) -> None:
     """GPU: each compute kernel's share of the compute union, per step, to the optimizer,
-    FSDP's own work, its unit and phase, or "(model)" (module docstring: GPU steps)."""
+    FSDP's own work, its unit and phase, or "(model)" (module docstring: GPU steps).
+    `regions`: `_region_codes(ev, framework)`, when already computed."""
     _device_steps(ev, steps)
     for st in steps:
         st.optimizer = st.framework = 0.0
@@ -426,23 +446,13 @@ def _gpu_compute(ev: RankEvents, steps, phases: "_Phases", framework: str) -> No
     ref_t = np.where(host_ok, k_host, kt)
     ref_i = np.where(host_ok, hs, ds)
     backward = ref_t >= phases.backward_from[ref_i]
-    labels: list = ["optimizer", "framework", (MODEL, "forward"), (MODEL, "backward")]
     codes = np.where(backward, 3, 2)
-    regions = _regions(ev, framework)
-    index = {lab: i for i, lab in enumerate(labels)}
-    for tid, ivs in regions.items():
-        a, b, labs = tl.segments(ivs)
-        if not a:
-            continue
-        a, b = np.array(a), np.array(b)
+    labels, segs = regions if regions is not None else _region_codes(ev, framework)
+    for tid, a, b, lab_codes in segs:
         sel = np.flatnonzero(host_ok & (k_tid == tid))
         k = np.searchsorted(a, k_host[sel], side="right") - 1
         hit = (k >= 0) & (k_host[sel] < b[np.clip(k, 0, None)])
-        for lab in labs:
-            if lab not in index:
-                index[lab] = len(labels)
-                labels.append(lab)
-        codes[sel[hit]] = np.array([index[lab] for lab in labs])[k[hit]]
+        codes[sel[hit]] = lab_codes[k[hit]]
     codes[host_ok & tl.contains(phases.optimizer, k_host)] = 0
     ca, cb = tl.credit(kt, np.asarray(ev.kernel_end, dtype=float))
     pi, wi, ln = tl.split(ca, cb, ws, we)
@@ -466,15 +476,36 @@ def _gpu_compute(ev: RankEvents, steps, phases: "_Phases", framework: str) -> No
             steps[i].compute[lab] += v
 
 
-def attribute(ev: RankEvents, group_size: int | None = None) -> RankResult:
+class HostSide:
+    """What `attribute` derives from a rank's host side alone (annotations, backward marks):
+    framework, steps, phases, FSDP2 unit segments, compute regions. Built once when a rank is
+    attributed in slices that share one host side and differ in device work (nsys.py), so
+    that each slice costs its own size; its steps must come from `ProfilerStep#N` spans."""
+
+    def __init__(self, ev: RankEvents):
+        self.framework = detect_framework(ev)
+        self.steps = _steps(ev)
+        self.phases = _Phases(ev, self.steps, self.framework)
+        self.unit_seg = _Units(ev, self.framework).seg
+        self.regions = _region_codes(ev, self.framework)
+
+
+def attribute(ev: RankEvents, group_size: int | None = None,
+              host: HostSide | None = None) -> RankResult:
     """Attribute one rank's events (see the module docstring). `group_size`: ranks of the
-    default process group, for collectives whose recorded shapes are one rank's input."""
+    default process group, for collectives whose recorded shapes are one rank's input.
+    `host`: the host side's derived structures, when already built for `ev`'s host side."""
     ev.finish()
     ev.drop_unlaunched()
-    framework = detect_framework(ev)
-    steps = _steps(ev)
-    phases = _Phases(ev, steps, framework)
-    units = _Units(ev, framework)
+    if host is None:
+        framework = detect_framework(ev)
+        steps = _steps(ev)
+        phases = _Phases(ev, steps, framework)
+        units = _Units(ev, framework)
+    else:
+        framework, phases = host.framework, host.phases
+        steps = [StepNumbers(s.step, s.ts, s.end) for s in host.steps]
+        units = _Units(ev, framework, host.unit_seg)
     gpu = ev.is_gpu
     colls: list[Collective] = []
 
@@ -507,7 +538,7 @@ def attribute(ev: RankEvents, group_size: int | None = None) -> RankResult:
                 op.group_size or (group_size if op.per_rank else None))
         _cpu_exposure(colls, ev, {tid: tl.merge(a, b) for tid, (a, b) in ops.items()})
     if gpu:
-        _gpu_compute(ev, steps, phases, framework)
+        _gpu_compute(ev, steps, phases, framework, host.regions if host else None)
     else:
         _compute(ev, steps, phases, framework, colls)
     order: list[str] = []

@@ -432,7 +432,7 @@ class RankEvents:
             dropped += int(len(keep) - np.count_nonzero(keep))
             for name in (ts, end, corr):
                 a = getattr(self, name)
-                setattr(self, name, array(a.typecode, np.asarray(a)[keep].tolist()))
+                setattr(self, name, array(a.typecode, np.asarray(a)[keep].tobytes()))
         if self.comm_kernels:
             keep = kept([-1 if k.correlation is None else k.correlation
                          for k in self.comm_kernels])

@@ -29,13 +29,23 @@ without `ProfilerStep#N` ranges is one window, step 0, over the capture's span: 
 to the last kernel, memory operation or kept NVTX range of the file (the same for every rank
 of the file); the report says so (`log_notes`).
 
+Work queued before the capture: a kernel, copy or set whose correlation id no CUDA runtime call
+of its process carries was launched before the capture began; it is left out, by the trace
+reader's rule (`RankEvents.drop_unlaunched`, HTA's), with the process's runtime calls of each
+slice as `host_corr` (a process without runtime calls keeps everything).
+
 Bounded memory: the database is opened read-only (`mode=ro`, never written, no index built);
-ranks and the span come from aggregate queries; then one rank at a time is read, in chunks of
-rows (by rowid), keeping about 50 bytes per kernel (interval, correlation, launch), and
-attributed in slices of at most `SLICE_KERNELS` kernels cut where the device is idle
-(`attribute_sliced`: the attribution's own arrays would take about 200 bytes per kernel of a
-rank at once). A file that is not an SQLite database, or an export without the tables and
-columns above, is refused with one line naming what is missing.
+ranks come from `SELECT DISTINCT` and the span from plain aggregates (no GROUP BY: SQLite would
+sort every row). Then, one rank at a time, the kernel, memcpy and memset rows are streamed in
+start order (`_Rows`: by rowid while the table holds them so, as nsys writes it, checked per
+chunk; else through `ORDER BY start`), the three tables side by side, and attributed in slices
+of about `SLICE_KERNELS` kernels cut where the device is idle (`_Pending.take`: no row pending
+or still to come crosses the cut, so every union, credit and exposure is the one-pass result
+and the steps' numbers add up), each slice with the rank's whole host side (derived once:
+`HostSide`) and the launches of its own rows, looked up by correlation id in the chunks of the
+runtime table whose ids meet the slice's (`Export.host_calls`, `_runtime_zones`). Memory holds
+a slice, not the rank. A file that is not an SQLite database, or an export without the tables
+and columns above, is refused with one line naming what is missing.
 """
 
 from __future__ import annotations
@@ -52,7 +62,7 @@ import numpy as np
 
 from ..errors import UserError
 from . import timeline as tl
-from .attribution import RankResult, attribute
+from .attribution import HostSide, RankResult, attribute
 from .events import (ANNOTATION_PREFIXES, BACKWARD_FN, COMM_KERNEL, NOT_COMPUTE, STEP, Kernel,
                      RankEvents, Span, kernel_kind)
 from .nsysfiles import nsys_files
@@ -142,6 +152,7 @@ def check_schema(con: sqlite3.Connection, path: Path) -> dict[str, bool]:
 
 GOOD = 'start IS NOT NULL AND "end" IS NOT NULL AND start >= 0 AND "end" >= start'
 CHUNK_ROWS = 1 << 18  # rows (by rowid) read at a time
+ZONE_ROWS = 1 << 16  # rows (by rowid) of the runtime table per entry of its coarse index
 SLICE_KERNELS = 250_000  # kernels attributed at a time (module docstring: bounded memory)
 _RANK_ROWS = f"globalPid IS ? AND deviceId IS ? AND {GOOD}"
 PROCESS = 1 << 24  # the globalTids of a process: [globalPid, globalPid + PROCESS)
@@ -429,14 +440,16 @@ class Export:
             if cols is not None:
                 yield cols
 
-    def _text_columns(self, table: str, columns, where: str, args):
-        """`_chunks`' query for the rowids [args[0], args[1])."""
+    def _text_columns(self, table: str, columns, where: str, args, empty: bool = False):
+        """`_chunks`' query for the rowids [args[0], args[1]) (None: no row); `empty`: a
+        column may be NULL for every row (a FILTER clause), then read as no value."""
         sel = ", ".join(f"group_concat({c})" for c in columns)
         texts = self.con.execute(f'SELECT {sel} FROM "{table}" WHERE rowid >= ? AND rowid < ? '
                                  f"AND ({where})", args).fetchone()
         if texts[0] is None:
             return None
-        return [np.fromstring(t, dtype=np.int64, sep=",") for t in texts]
+        return [np.fromstring(t, dtype=np.int64, sep=",") if t is not None or not empty
+                else np.zeros(0, dtype=np.int64) for t in texts]
 
     def host_calls(self, d: Device, corr: np.ndarray):
         """The process's host runtime calls that carry one of the correlation ids `corr`:
@@ -450,24 +463,23 @@ class Export:
         lo, hi = int(c.min()), int(c.max())
         firsts, zlo, zhi = self._runtime_zones()
         hit = np.flatnonzero((zlo <= hi) & (zhi >= lo))
+        launch = f"nameId IN ({','.join(map(str, self._launches()))})"
+        cols = ["correlationId"] + [f"{c}) FILTER (WHERE {launch}" for c in (
+            "correlationId", "globalTid", "start")]  # every call's id; the launches'
         got = []
         for run in np.split(hit, np.flatnonzero(np.diff(hit) > 1) + 1):
             if len(run):
-                cols = self._text_columns(
-                    RUNTIME, ("start", "globalTid", "correlationId", "coalesce(nameId, -1)"),
-                    "correlationId BETWEEN ? AND ? AND globalTid >= ? AND globalTid < ? AND "
-                    "start IS NOT NULL", (int(firsts[run[0]]), int(firsts[run[-1]]) +
-                                          CHUNK_ROWS, lo, hi, d.gpid, d.gpid + PROCESS))
-                if cols is not None:
-                    got.append(cols)
+                got.append(self._text_columns(
+                    RUNTIME, cols, "correlationId BETWEEN ? AND ? AND globalTid >= ? AND "
+                    "globalTid < ? AND start IS NOT NULL", (
+                        int(firsts[run[0]]), int(firsts[run[-1]]) + self._zone_rows, lo, hi,
+                        d.gpid, d.gpid + PROCESS), empty=True))
+        got = [g for g in got if g is not None]
         if not got:
             return np.zeros(0, dtype=np.int64), none
-        start, tid, ids, name = (np.concatenate(x) for x in zip(*got))
-        launch = np.isin(name, self._launches())
-        lc = ids[launch]
+        ids, lc, tid, start = (np.concatenate(x) for x in zip(*got))
         order = np.argsort(lc, kind="stable")
-        launches = lc[order], (tid[launch] & TID_BITS)[order], (start[launch] / NS_PER_US)[order]
-        return ids, launches
+        return ids, (lc[order], (tid & TID_BITS)[order], (start / NS_PER_US)[order])
 
     def launched_here(self, d: Device) -> bool:
         """Whether the process has any host runtime call with a correlation id: if not
@@ -480,14 +492,15 @@ class Export:
         return self._has_runtime[d.gpid]
 
     def _runtime_zones(self):
-        """Per CHUNK_ROWS rows (by rowid) of the runtime table: the first rowid and the
+        """Per ZONE_ROWS rows (by rowid) of the runtime table: the first rowid and the
         smallest and largest correlation id (a coarse index, one scan, kept)."""
         if self._zones is None:
+            n = self._zone_rows = ZONE_ROWS
             lo, hi = self.con.execute(f"SELECT min(rowid), max(rowid) FROM {RUNTIME}").fetchone()
-            firsts = np.arange(lo, hi + 1, CHUNK_ROWS) if lo is not None else np.zeros(0, int)
+            firsts = np.arange(lo, hi + 1, n) if lo is not None else np.zeros(0, int)
             zones = [self.con.execute(f"SELECT min(correlationId), max(correlationId) FROM "
                                       f"{RUNTIME} WHERE rowid >= ? AND rowid < ?",
-                                      (int(f), int(f) + CHUNK_ROWS)).fetchone() for f in firsts]
+                                      (int(f), int(f) + n)).fetchone() for f in firsts]
             self._zones = (firsts, np.array([_FAR if a is None else a for a, _ in zones]),
                            np.array([-_FAR if b is None else b for _, b in zones]))
         return self._zones
@@ -520,10 +533,12 @@ class Export:
 
 class _Slices:
     """One rank's slices of device rows, each attributed with the rank's whole host side
-    (`attribute`), and their sum (`result`)."""
+    (`attribute`; what it derives from the host side built once: `HostSide`), and their sum
+    (`result`)."""
 
     def __init__(self, ex: Export, d: Device, host: RankEvents, group_size: int | None):
         self.ex, self.d, self.host, self.group_size = ex, d, host, group_size
+        self.derived: HostSide | None = None  # built once, for every slice
         self.parts: list[RankResult] = []
         self.comm_lengths: list[float] = []
         self.memory_only: list[tuple[np.ndarray, np.ndarray]] = []
@@ -558,7 +573,9 @@ class _Slices:
             return
         self.comm_lengths.append(tl.length(tl.merge([k.ts for k in part.comm_kernels],
                                                     [k.end for k in part.comm_kernels])))
-        self.parts.append(attribute(part, self.group_size))
+        if self.derived is None:
+            self.derived = HostSide(self.host)
+        self.parts.append(attribute(part, self.group_size, self.derived))
 
     def result(self) -> RankResult:
         if not self.parts:  # no kernel counted: the host side alone
