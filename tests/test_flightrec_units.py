@@ -123,6 +123,44 @@ def test_runlog_goes_with_dumps_only_and_must_be_a_run_dir(tmp_path, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
+async def test_tui_with_runlog_names_the_unit_and_phase(hung):
+    """`zerodoc tui DUMPS --runlog RUNDIR`: the findings view says where the rank stopped, as
+    the report does (the CLI joins the run directory as `apply_runlog` does here)."""
+    from tests.test_tui import SIZE, app_text, first_frame
+    from zerodoc.cli.options import apply_runlog
+    from zerodoc.sources import open_source
+    from zerodoc.tui.app import ZerodocApp
+
+    phase, _rep, run, dumps = hung
+
+    class Args:
+        runlog = str(run)
+    app = ZerodocApp(apply_runlog(Args, open_source(str(dumps))), refresh=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await first_frame(app, pilot)
+        await pilot.press("3")
+        await pilot.pause()
+        text = app_text(app)
+        assert f"blocks.1 ({phase})" in text, text[:3000]
+        await pilot.press("q")
+        await pilot.pause()
+
+
+def test_tui_runlog_goes_with_dumps_only(tmp_path, capsys):
+    """The TUI's --runlog is checked before any terminal work: one line, exit 2."""
+    from zerodoc.cli.main import main
+
+    for src, runlog, says in ((OLD_RUN, OLD_RUN, "--runlog goes with a folder of flight-recorder"),
+                              (NVRX, tmp_path / "nowhere", "not a zerodoc run directory")):
+        try:
+            code = main(["tui", str(src), "--runlog", str(runlog)])
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err
+        assert code == 2 and says in err and "Traceback" not in err, err
+
+
 def test_a_runlog_without_the_record_names_no_unit_and_says_so(capsys):
     """A run log from before the record (or another job's): the rank is still named from
     the dumps; no unit is made up, and the notes say why."""

@@ -58,3 +58,23 @@ def link_profile_option(args):
     from ..whatif.linkprofile import load_profile
 
     return load_profile(path)
+
+
+def add_runlog_argument(p) -> None:
+    p.add_argument("--runlog", default=None, metavar="RUNDIR",
+                   help="with a folder of flight-recorder dumps: a zerodoc run directory of "
+                        "the same job; its run logs' process-group sequence numbers place the "
+                        "stopped rank and the waiting ones in a step, unit and phase "
+                        "(docs/report.md)")
+
+
+def apply_runlog(args, source):
+    """`--runlog`: the run directory joined to a dumps source (one line otherwise)."""
+    if getattr(args, "runlog", None) is not None:
+        from ..errors import UserError
+
+        if not hasattr(source, "add_runlog"):
+            raise UserError(f"--runlog goes with a folder of flight-recorder dumps, not "
+                            f"{source.description}")
+        source.add_runlog(args.runlog)
+    return source

@@ -56,11 +56,9 @@ def add_parser(sub) -> None:
     p.add_argument("--fail-on", default=None, metavar="SEVERITY",
                    help=f"exit 1 if a finding at or above this severity is present, or if "
                         f"the run has no data to diagnose ({', '.join(SEVERITY_NAMES)})")
-    p.add_argument("--runlog", default=None, metavar="RUNDIR",
-                   help="with a folder of flight-recorder dumps: a zerodoc run directory of "
-                        "the same job; its run logs' process-group sequence numbers place the "
-                        "stopped rank and the waiting ones in a step, unit and phase "
-                        "(docs/report.md)")
+    from .options import add_runlog_argument
+
+    add_runlog_argument(p)
     from ..trace import add_arguments
 
     add_arguments(p)
@@ -83,11 +81,9 @@ def run(args) -> int:
                          run_id=getattr(args, "run_id", None),
                          segment=getattr(args, "segment", None),
                          skip_warmup=not args.include_warmup)
-    if args.runlog is not None:
-        if not hasattr(source, "add_runlog"):
-            raise UserError(f"--runlog goes with a folder of flight-recorder dumps, not "
-                            f"{source.description}")
-        source.add_runlog(args.runlog)
+    from .options import apply_runlog
+
+    apply_runlog(args, source)
     snap = source.snapshot()
     if not snap.ranks:
         raise UserError(f"{source.description}: no ranks to report on")

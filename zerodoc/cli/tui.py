@@ -30,9 +30,10 @@ def add_parser(sub) -> None:
 
     add_run_arguments(p)
     add_warmup_argument(p)
-    from .options import add_link_profile_argument
+    from .options import add_link_profile_argument, add_runlog_argument
 
     add_link_profile_argument(p)  # the findings' what-if, as report's
+    add_runlog_argument(p)
     p.set_defaults(func=run)
 
 
@@ -57,6 +58,9 @@ def run(args) -> int:
                          trace_facts=facts_from_args(args), run_id=getattr(args, "run_id", None),
                          segment=getattr(args, "segment", None), wait=True,
                          skip_warmup=not args.include_warmup)
+    from .options import apply_runlog
+
+    apply_runlog(args, source)  # a wrong --runlog: one line, before any terminal work
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UserError("needs an interactive terminal (stdin and stdout are not a TTY); "
                         "`zerodoc report` prints the same diagnosis as text")
