@@ -11,7 +11,7 @@ in a fresh interpreter, `NsysSource` reads it and takes a snapshot (what `zerodo
 does), and the bench prints the file's size and rows, the wall and CPU time, and the peak
 resident memory (VmHWM) beside an interpreter that only imported the same modules.
 
-Large: run it under the machine's lock, `flock /work/notes/bigrun.lock python bench/nsys_big.py`.
+Large: run it alone on the machine (its time is the figure), `python bench/nsys_big.py`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python bench/server_scale.py --ranks 32                 # the shipped rule files
     python bench/server_scale.py --ranks 32 --rules before  # the rules before issue 33
-    flock /work/notes/bigrun.lock timeout 3000 python bench/server_scale.py --ranks 1024
+    python bench/server_scale.py --ranks 1024 --minutes 9   # ~13 GB; the as-shipped row of docs/operations.md
 
 A `RankFarm` (bench/rankfarm.py, one process, one port, one path a rank) serves N ranks' pages
 made from a real 81-unit rank's page (tests/data/pages: rank 0's for rank 0, rank 1's for the
