@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--scrape-interval", default="2s", help="scrape and rule evaluation interval")
     p.add_argument("--window", default="30s",
                    help="rate() window of the rules (production rules in rules/ use 1m)")
+    p.add_argument("--unit-window", default=None,
+                   help="window and interval of the per-unit rules (default: --window: a "
+                        "local stack watches a small run; production rules use 4x --window)")
     p.add_argument("--for", dest="alert_for", default="1m",
                    help="for: of the alerts (production: 5m)")
     p.add_argument("--link", default=None,
@@ -62,11 +65,11 @@ def _validate(args) -> None:
     if not 1 <= args.port <= 65535:
         raise UserError(f"--port {args.port} is not a port number")
     try:
-        RuleOptions(window=args.window, alert_for=args.alert_for,
-                    **({"link": args.link} if args.link else {}))
+        RuleOptions(window=args.window, unit_window=args.unit_window,
+                    alert_for=args.alert_for, **({"link": args.link} if args.link else {}))
     except ValueError as e:
-        raise UserError(str(e).replace("RuleOptions.", "--").replace("alert_for", "for")) \
-            from None
+        raise UserError(str(e).replace("RuleOptions.", "--").replace("alert_for", "for")
+                        .replace("unit_window", "unit-window")) from None
 
 
 def run(args, out=sys.stdout) -> int:
@@ -77,7 +80,8 @@ def run(args, out=sys.stdout) -> int:
 
     _validate(args)
     stack = Stack(Path(args.runs), port=args.port, scrape_interval=args.scrape_interval,
-                  window=args.window, alert_for=args.alert_for, link=args.link,
+                  window=args.window, unit_window=args.unit_window,
+                  alert_for=args.alert_for, link=args.link,
                   work_dir=Path(args.data_dir) if args.data_dir else None,
                   alertmanager="" if args.no_alertmanager else None,
                   alertmanager_config=args.alertmanager_config, thresholds=args.thresholds,
@@ -105,7 +109,8 @@ def run(args, out=sys.stdout) -> int:
             say("  Alertmanager not started: " if args.no_alertmanager else
                 "  Alertmanager not installed (Debian: prometheus-alertmanager): ", end="")
             say(f"alerts are visible at {alerts_at}")
-        say(f"  rules: window {args.window}, for {args.alert_for}, link {stack.link}; "
+        say(f"  rules: window {args.window} (per-unit {args.unit_window or args.window}), "
+            f"for {args.alert_for}, link {stack.link}; "
             f"runbooks {resources.runbooks()}")
         if stack.rules_url:
             say(f"  targets {stack.agent_url}/targets   alerts {stack.rules_url}/vmalert/alerts"

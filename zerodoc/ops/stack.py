@@ -74,6 +74,9 @@ class Stack:
     alert_for: str = "1m"
     link: str | None = None
     work_dir: Path | None = None
+    unit_window: str | None = None
+    """The per-unit rule groups' window (None: `window`: a local stack watches a small run,
+    and its per-unit alerts should fire within its first minutes; production rules use 4x)."""
     prometheus: str | None = None
     alertmanager: str | None = None
     """Alertmanager binary; None: look for it on PATH; "": do not start one."""
@@ -144,7 +147,8 @@ class Stack:
         runs = find_runs(self.source)
         self.link = self.link or infer_link(runs)
         write_rules(self.work_dir / "rules", self.thresholds, RuleOptions(
-            window=self.window, alert_for=self.alert_for, link=self.link,
+            window=self.window, unit_window=self.unit_window or self.window,
+            alert_for=self.alert_for, link=self.link,
             runbook_base=resources.root().as_uri() + "/"))
         cfg: dict = {
             "global": {"scrape_interval": self.scrape_interval,
