@@ -91,7 +91,9 @@ def test_per_unit_stats_come_from_the_recording_rules(prom_rules):
     assert not any("unit_job:" in e for e in seen)
 
 
-def _differences(recorded, raw) -> list:
+def _differences(recorded, raw, raw_units=None) -> list:
+    """Where the recorded stats differ from the raw aggregation: the per-collective ones from
+    `raw`, the per-unit compute ones from `raw_units` (default `raw`)."""
     out = []
     if recorded.comm.keys() != raw.comm.keys():
         return [("keys", sorted(recorded.comm), sorted(raw.comm))]
@@ -102,7 +104,7 @@ def _differences(recorded, raw) -> list:
                     for a in ("min", "median", "mean", "max", "n")
                     if not math.isclose(getattr(r, a), getattr(s, a), rel_tol=1e-9,
                                         abs_tol=1e-12)]
-    for unit, row in raw.units.items():
+    for unit, row in (raw_units or raw).units.items():
         for f, s in row.items():
             r = recorded.units[unit][f]
             out += [(unit, f, a) for a in ("mean", "max")
@@ -114,10 +116,15 @@ def _differences(recorded, raw) -> list:
 
 
 def test_recorded_answers_equal_the_raw_ones(prom_rules):
-    """At a rule evaluation's own timestamp the recorded stats equal the raw aggregation over
-    the rules' window. A scrape whose samples were appended while the rule group was being
-    evaluated makes that one evaluation differ (later rules of the group see them, earlier
-    ones do not), so the newest few evaluations are tried: one must agree exactly."""
+    """The recorded stats equal the raw aggregation over the rules' window at the instant of
+    the per-step rates they aggregate. Two groups record them (recording.py): at a stamp t of
+    the aggregates' group (`zerodoc.units`), the per-unit compute stats are the rates
+    group's newest evaluation at or before t and the collective stats aggregate the rates of
+    that evaluation or of the one before (the groups run side by side: which one the
+    aggregates read depends on whether the rates group had finished), so both are tried. A
+    scrape whose samples were appended while a group was being evaluated makes that one
+    evaluation differ (later rules of the group see them, earlier ones do not), so the newest
+    few evaluations are tried: one must agree exactly."""
     _demo, prom = prom_rules
     src = PrometheusSource(prom.url, window=5, run_id="rules-run")
     snap = src.snapshot()
@@ -129,19 +136,25 @@ def test_recorded_answers_equal_the_raw_ones(prom_rules):
     def rng(name: str, extra: str = "") -> str:
         return f"increase({name}{{{sel}{extra}}}[{WINDOW}])"
 
+    # the rates group's evaluation stamps (one of its recorded series)
+    rows = prom.query(f'{alerts.recording.PER_STEP["calls"]}{{{sel}}}[20s]')
+    rates_at = sorted({float(t) for r in rows for t, _v in r["values"]})
     ranks = tuple(sorted(snap.ranks))
     seen = []
     for t in stamps:
         src.recorded = True
         recorded = src._unit_stats(sel, rng, t, ranks, snap)
         src.recorded = False
-        raw = src._unit_stats(sel, rng, t, ranks, snap)
-        assert recorded.window_s == 10.0 and raw.window_s is None
-        assert len(raw.comm) >= 8 and raw.units
-        diff = _differences(recorded, raw)
-        if not diff:
-            return
-        seen.append((t, diff[:3]))
+        before = [x for x in rates_at if x <= t][-2:]
+        assert len(before) == 2, (t, rates_at)
+        raws = [src._unit_stats(sel, rng, x, ranks, snap) for x in before]
+        assert recorded.window_s == 10.0 and all(r.window_s is None for r in raws)
+        assert all(len(r.comm) >= 8 and r.units for r in raws)
+        for raw in raws:
+            diff = _differences(recorded, raw, raws[-1])
+            if not diff:
+                return
+            seen.append((t, before, diff[:3]))
     raise AssertionError(f"no evaluation agrees with the raw aggregation: {seen}")
 
 
