@@ -129,10 +129,12 @@ def users() -> dict[str, str]:
 
 def fake_clock(srv) -> list:
     """The server's Authenticator on a clock of the test's (its windows and check turns),
-    with a full bucket of checks at t = 0."""
-    now = [0.0]
+    with a full bucket of checks now. The clock starts at the real monotonic time, not at 0:
+    what the server noted before the switch (a request already answered) is on that clock,
+    and from 0 it lay ~uptime in the future (the test failed on a machine up 12 hours)."""
+    now = [time.monotonic()]
     srv._auth.clock = lambda: now[0]
-    srv._auth._refilled = 0.0
+    srv._auth._refilled = now[0]
     return now
 
 
