@@ -61,6 +61,7 @@ def link_profile_option(args):
 
 
 def add_runlog_argument(p) -> None:
+    """`--runlog RUNDIR` (report, tui): the one option, the one help text."""
     p.add_argument("--runlog", default=None, metavar="RUNDIR",
                    help="with a folder of flight-recorder dumps: a zerodoc run directory of "
                         "the same job; its run logs' process-group sequence numbers place the "
