@@ -455,23 +455,25 @@ def process_group_names() -> list[str]:
     return [group_name(pg) for pg in list(_world.pg_map)]
 
 
-def group_name(group: Any) -> str:
-    """A process group's name (None: the default group); "" when it has none."""
+def _group(group: Any) -> Any:
+    """`group`, or the default process group for None (what a collective's `group=None`
+    means)."""
     if group is None:
         from torch.distributed.distributed_c10d import _get_default_group
 
         group = _get_default_group()
-    return str(getattr(group, "group_name", "") or "")
+    return group
+
+
+def group_name(group: Any) -> str:
+    """A process group's name (None: the default group); "" when it has none."""
+    return str(getattr(_group(group), "group_name", "") or "")
 
 
 def sequence_reader(group: Any):
     """The bound `_get_sequence_number_for_group` of `group` (None: the default group), or
     False where the group has none (the per-unit collective order goes unrecorded)."""
-    if group is None:
-        from torch.distributed.distributed_c10d import _get_default_group
-
-        group = _get_default_group()
-    return getattr(group, "_get_sequence_number_for_group", None) or False
+    return getattr(_group(group), "_get_sequence_number_for_group", None) or False
 
 
 def default_store() -> Any:
