@@ -13,6 +13,7 @@ unit and phase, and the peer's unit, as zerodoc's watchdog places the same hang
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,22 +51,18 @@ def _dumps_say_rank(dumps: Path, run: Path, rank: int):
     return rep if st and st["ranks"] == [rank] else None
 
 
-@pytest.fixture(scope="module", params=["forward", "backward"])
-def hung(tmp_path_factory, request):
-    """The job, rank 1 blocked in blocks.1's forward or backward, dumped; ended after the
-    test's wait."""
-    phase = request.param
-    tmp_path = tmp_path_factory.mktemp(f"hung-{phase}")
+def hung_job(tmp_path: Path, spec: dict, what: str, module: str, framework: str = "fsdp2"):
+    """Run `module` (a job of tests/support/jobs/) with `spec` ("hang" rank 1), wait until
+    rank 1 blocks (`what`), dump both ranks, end the job: the report of the dumps with the
+    run log once they show rank 1 behind, the run directory and the dumps."""
     run, out = tmp_path / "run", tmp_path / "fr"
-    spec = {"model": dict(SMALL_MODEL), "steps": 400, "out": str(out),
-            "attach": {"run_dir": str(run), "port": False},
-            "hang": {"rank": 1, "module": "blocks.1", "phase": phase, "at_step": 6}}
-    job = Job(2, spec, module="tests.support.jobs.flightrec_units",
-              env=job_env({"TORCH_FR_BUFFER_SIZE": "2000", **__import__("os").environ}),
-              log_dir=str(tmp_path / "logs")).start()
+    spec = {"model": dict(SMALL_MODEL), "steps": 400, "out": str(out), "framework": framework,
+            "attach": {"run_dir": str(run), "port": False}, **spec}
+    env = {"TORCH_FR_BUFFER_SIZE": "2000", "DS_ACCELERATOR": "cpu", **os.environ}
+    job = Job(2, spec, module=module, env=job_env(env), log_dir=str(tmp_path / "logs")).start()
     try:
-        wait_until(lambda: (out / "hung-1").exists() or not job.running(), 240,
-                   "rank 1 to block in blocks.1", interval=0.2)
+        wait_until(lambda: (out / "hung-1").exists() or not job.running(), 300,
+                   f"rank 1 to block in {what}", interval=0.2)
         assert job.running(), (tmp_path / "logs" / "rank-1.out").read_text()[-3000:]
         (out / "dump").touch()
         rep = wait_until(lambda: _dumps_say_rank(out / "dumps", run, 1), 120,
@@ -76,7 +73,18 @@ def hung(tmp_path_factory, request):
             job.wait(30)
         finally:
             job.stop(grace=1)
-    yield phase, rep, run, out / "dumps"
+    return rep, run, out / "dumps"
+
+
+@pytest.fixture(scope="module", params=["forward", "backward"])
+def hung(tmp_path_factory, request):
+    """The job, rank 1 blocked in blocks.1's forward or backward, dumped; ended after the
+    test's wait."""
+    phase = request.param
+    spec = {"hang": {"rank": 1, "module": "blocks.1", "phase": phase, "at_step": 6}}
+    rep, run, dumps = hung_job(tmp_path_factory.mktemp(f"hung-{phase}"), spec,
+                               "blocks.1", "tests.support.jobs.flightrec_units")
+    yield phase, rep, run, dumps
 
 
 # where the peer waits (the watchdog's placement of the same hang, tests/test_stopped.py):

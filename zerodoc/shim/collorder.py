@@ -17,9 +17,19 @@ and phase:
   and its count in the step; the monitor writes them as a `collorder` record only when they
   change (a repeating schedule: once).
 
-A collective the wrappers do not see (the user's own all-reduce of a loss) has no row: its
-offset is simply missing, and the others keep their exact offsets. Nothing here can raise
-into the job: a group whose number cannot be read is left out.
+A collective the wrappers do not see (the user's own all-reduce of a loss, DDP's buffer
+broadcast) has no row: its offset is simply missing, and the others keep their exact offsets,
+as each row holds the group's number read at its own issue. A wrapped call that may issue
+several collectives (DeepSpeed's coalesced all-gather: one per tensor under torch's
+coalescing manager) notes the number before and after it (`begin` / `end`): one row per
+collective it issued. Nothing here can raise into the job: a group whose number cannot be
+read is left out.
+
+What "unit" means per engine (docs/runlog.md): FSDP2 and FSDP1, the sharded module whose
+parameters the collective moves; ZeRO-1 (and DDP), "(model)" for every collective (the
+gradient buckets and the parameter broadcasts); DeepSpeed, the unit the comm wrapper books
+the call on (ZeRO-3: the fetch's unit; the gradient buckets, grad-norm and post-step
+collectives: "(model)").
 """
 
 from __future__ import annotations
@@ -50,6 +60,33 @@ class CollOrder:
             except Exception:  # noqa: BLE001 - a destroyed group: no row, never an error
                 self._readers[group] = False
 
+    def begin(self, group, unit: int, coll: int):
+        """As `issued`, for a call that may issue several collectives: a token for `end`
+        (None: unreadable group)."""
+        f = self._readers.get(group)
+        if f is None:
+            f = self._readers[group] = self._reader(group)
+        if f:
+            try:
+                items = self.items
+                items.append((group, f(), unit, self.rec.phase, coll))
+                return items, len(items) - 1, f
+            except Exception:  # noqa: BLE001 - as in `issued`
+                self._readers[group] = False
+        return None
+
+    def end(self, token) -> None:
+        """The call of `begin`'s `token` returned: one row per collective it issued (none
+        issued: no row)."""
+        items, i, f = token
+        try:
+            group, before, unit, phase, coll = items[i]
+            n = f() - before
+        except Exception:  # noqa: BLE001 - a destroyed group: keep the one row
+            return
+        if n != 1:
+            items[i] = (group, before, unit, phase, coll, n)
+
     def _reader(self, group):
         try:
             return hp.sequence_reader(group)
@@ -65,13 +102,15 @@ class CollOrder:
         `start` and `end` (by name). Clears the list."""
         items, self.items = self.items, []
         out: dict[str, dict] = {}
-        for group, before, unit, phase, coll in items:
+        for group, before, unit, phase, coll, *n in items:
             name = hp.group_name(group)
             s0 = start.get(name)
             if s0 is None or name not in end:
                 continue
             g = out.setdefault(name, {"n": end[name] - s0, "at": []})
-            g["at"].append([before + 1 - s0, unit, phase, coll])
+            at = g["at"]
+            for k in range(n[0] if n else 1):  # `end`: one row per collective issued
+                at.append([before + 1 + k - s0, unit, phase, coll])
         return out
 
 

@@ -5,7 +5,11 @@ Every `deepspeed.comm` call ends in a method of DeepSpeed's backend object
 object with timed wrappers while attached, and undo puts the originals back. Asynchronous calls
 (ZeRO-3 parameter fetches) return the timer's `TimedWork`, which DeepSpeed's
 `AllGatherCoalescedHandle.wait()` waits on. The simulated slow link sits beneath the
-measurement. Hook points: see `hookpoints.py`.
+measurement. On a detail step each call is noted in the step's collective order
+(`collorder.py`: `begin` / `end`, one row per collective the call issued on its group; the
+unit is the one the call is booked on), so that a flight-recorder dump's sequence number
+names it. DeepSpeed's own collectives all pass here (the loss-scale overflow and grad-norm
+all-reduces included). Hook points: see `hookpoints.py`.
 """
 
 from __future__ import annotations
@@ -78,9 +82,18 @@ def _delayed(orig, delay_s: float, async_pos: int | None):
     return call
 
 
+def _group(args: tuple, kwargs: dict, pos: int | None):
+    """The call's process group (None: the default), as `_async_op` reads `async_op`."""
+    if "group" in kwargs:
+        return kwargs["group"]
+    return args[pos] if pos is not None and len(args) > pos else None
+
+
 def _wrap_comm(orig, coll: int, t_pos: int, t_name: str, async_default: int, st: _State,
                delay_s: float):
     async_pos = _arg_pos(orig, "async_op", async_default)
+    # `group` comes just before `async_op` in every method of COMM_METHODS
+    group_pos = _arg_pos(orig, "group", async_default - 1)
     inner = _delayed(orig, delay_s, async_pos) if delay_s > 0 and coll == ALL_GATHER else orig
     timer = st.timer
 
@@ -90,6 +103,10 @@ def _wrap_comm(orig, coll: int, t_pos: int, t_name: str, async_default: int, st:
         try:
             nbytes = _nbytes(args[t_pos] if len(args) > t_pos else kwargs.get(t_name))
             async_op = _async_op(args, kwargs, async_pos)
+            group = _group(args, kwargs, group_pos)
+            order = timer.order
+            # its sequence number(s) (collorder.py)
+            token = order.begin(group, st.unit, coll) if order is not None else None
         except Exception as e:  # never break the job
             st.registry.error("deepspeed.comm wrapper", e)
             return orig(*args, **kwargs)
@@ -97,13 +114,15 @@ def _wrap_comm(orig, coll: int, t_pos: int, t_name: str, async_default: int, st:
         try:
             if timer.device:
                 return timer.call(inner, args, kwargs, st.unit, coll, nbytes, async_op,
-                                  kwargs.get("group"))
+                                  group)
             # On the host a call that blocks (a slow link under a ZeRO-3 parameter fetch) is
             # exposed communication, not the fetch's framework time (issue 20 item 9).
             return timer.call_blocking_issue(inner, args, kwargs, st.unit, coll, nbytes,
                                              async_op)
         finally:
             st.depth -= 1
+            if token is not None:
+                order.end(token)
 
     call.__wrapped__ = orig
     return call

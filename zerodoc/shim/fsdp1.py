@@ -21,7 +21,10 @@ FSDP at call time and restored by the undo):
 Handles the adapter does not know (another model) pass through untouched. On CUDA the
 switches open and close the exposure windows of `cuda.py` (pre-forward, pre-backward; the
 end-of-backward wait on the post-backward stream from an autograd callback queued behind
-FSDP's final callback). Hook points: see `hookpoints.py`. Strategy -> equivalent ZeRO
+FSDP's final callback). On a detail step every wrapped collective is noted in the step's
+collective order (`collorder.py`) with its unit and the group it runs on (the handle's
+process group; the reduction's `group=`, HSDP's inter-node all-reduce included), so that a
+flight-recorder dump's sequence number names it. Hook points: see `hookpoints.py`. Strategy -> equivalent ZeRO
 stage: docs/frameworks.md.
 """
 
@@ -159,8 +162,15 @@ class _DistProxy(DistProxy):
         a.reduce_calls += 1
         if coll == ALL_REDUCE and a.delay_all_reduce_s > 0:
             fn = SlowLink(fn, a.delay_all_reduce_s)  # NO_SHARD: see FSDP1Adapter.instrument
-        return a.timer.call(fn, args, kwargs, unit, coll, _nbytes(tensor),
-                            bool(kwargs.get("async_op", False)), kwargs.get("group"))
+        group, order = kwargs.get("group"), a.timer.order
+        # its sequence number(s) (collorder.py): a `reduce_scatter_single` may be several
+        token = order.begin(group, unit, coll) if order is not None else None
+        try:
+            return a.timer.call(fn, args, kwargs, unit, coll, _nbytes(tensor),
+                                bool(kwargs.get("async_op", False)), group)
+        finally:
+            if token is not None:
+                order.end(token)
 
     def reduce_scatter_single(self, output, input, *args, **kwargs):  # noqa: A002
         return self._timed("reduce_scatter_single", REDUCE_SCATTER, input,
@@ -298,6 +308,9 @@ class FSDP1Adapter(Adapter):
                 def all_gather_flat_param(padded_unsharded, _inner=inner, _idx=idx, _pg=pg):
                     if not self.active:
                         return orig(padded_unsharded)
+                    order = timer.order
+                    if order is not None:  # its sequence number (collorder.py)
+                        order.issued(_pg, _idx, ALL_GATHER)
                     return timer.call(_inner, (padded_unsharded,), {}, _idx, ALL_GATHER,
                                       _nbytes(padded_unsharded), False, _pg)
 

@@ -30,6 +30,11 @@ Memory: the monitor is handed a view whose `state` is the local optimizer's (thi
 shard) and whose step hooks are the `ZeroRedundancyOptimizer`'s.
 Slow link (`inject_latency_s`, tests and demo): ZeRO-1's broadcasts complete that much later;
 plain DDP, which gathers no parameters, has its bucket all-reduces delayed instead.
+Collective order (`collorder.py`, detail steps): every bucket's all-reduce (on DDP's group;
+a user's hook behind ours: whatever it issues there) and every broadcast is noted with unit
+"(model)", so that a flight-recorder dump's sequence number names its phase (backward:
+buckets; optimizer: broadcasts). DDP's own forward broadcast of buffers is not seen: no row
+(the other offsets stay exact).
 Not measured: `overlap_with_ddp=True` (the step runs inside DDP's hook; only detected and
 reported in the facts), the C++ reducer's own copy of gradients into buckets (counted as
 backward compute). DDP has no way to remove a comm hook: after `close()` ours stays
@@ -111,8 +116,11 @@ class _ZeroDistProxy(DistProxy):
         fn = self._real.broadcast
         if a.slow_link_s > 0:
             fn = SlowLink(fn, a.slow_link_s)
+        group, order = kwargs.get("group"), a.timer.order
+        if order is not None:  # its sequence number (collorder.py)
+            order.issued(group, UNIT, BROADCAST)
         return a.timer.call(fn, args, kwargs, UNIT, BROADCAST, _nbytes(tensor),
-                            bool(kwargs.get("async_op", False)), kwargs.get("group"))
+                            bool(kwargs.get("async_op", False)), group)
 
 
 class _ZeroStepView:
@@ -355,7 +363,7 @@ class DDPAdapter(Adapter):
         size = pg.size()
         device = self.timer.device
         default = self._device_hook(pg, size) if device else self._host_hook(pg, size)
-        chained = self._chained_device_hook(pg) if device else self._chained_host_hook()
+        chained = self._chained_device_hook(pg) if device else self._chained_host_hook(pg)
         self._user_hook: tuple | None = None  # (hook, state) the user registered after attach
 
         def hook(state, bucket):
@@ -434,6 +442,8 @@ class DDPAdapter(Adapter):
             t_issue = perf_counter()
             tensor = bucket.buffer()
             tensor.div_(size)
+            if self.active:
+                self._note(pg)
             work = dist.all_reduce(tensor, group=pg, async_op=True)
             if self.delay_gradients and self.slow_link_s > 0 and self.active:
                 work = DelayedWork(work, self.slow_link_s)  # simulated slow link
@@ -443,7 +453,20 @@ class DDPAdapter(Adapter):
             return self._timed(t_issue, _nbytes(tensor), fut, _first)
         return hook
 
-    def _chained_host_hook(self):
+    def _note(self, pg) -> None:
+        """A bucket's all-reduce on DDP's group `pg`, in the step's collective order
+        (collorder.py; detail steps only): unit "(model)", phase backward."""
+        order = self.timer.order
+        if order is not None:
+            order.issued(pg, UNIT, ALL_REDUCE)
+
+    def _begin(self, pg):
+        """The user's comm hook in place of the default: whatever it issues on DDP's group
+        (none, one or several collectives) is noted as the bucket's (collorder.py)."""
+        order = self.timer.order
+        return order.begin(pg, UNIT, ALL_REDUCE) if order is not None else None
+
+    def _chained_host_hook(self, pg):
         """The user's hook in place of the default; on a detail step its future is timed
         like ours (bytes: the bucket's, before whatever the hook does with them; the
         simulated slow link does not delay it). A failure of zerodoc's own part leaves the
@@ -455,10 +478,15 @@ class DDPAdapter(Adapter):
                 return fn(state, bucket)
             try:
                 nbytes, t_issue = _nbytes(bucket.buffer()), perf_counter()
+                token = self._begin(pg)
             except Exception as e:  # noqa: BLE001 - the user's hook runs regardless
                 self.registry.error("ddp.user_comm_hook", e)
                 return fn(state, bucket)
-            fut = fn(state, bucket)
+            try:
+                fut = fn(state, bucket)
+            finally:
+                if token is not None:
+                    self.timer.order.end(token)
             try:
                 return self._timed(t_issue, nbytes, fut, _value)
             except Exception as e:  # noqa: BLE001 - not a future: DDP says so
@@ -475,7 +503,10 @@ class DDPAdapter(Adapter):
         def hook(state, bucket):
             tensor = bucket.buffer()
             tensor.div_(size)
-            h = timer.issue(UNIT, ALL_REDUCE, _nbytes(tensor), pg) if self.active else None
+            h = None
+            if self.active:
+                h = timer.issue(UNIT, ALL_REDUCE, _nbytes(tensor), pg)
+                self._note(pg)
             work = dist.all_reduce(tensor, group=pg, async_op=True)
 
             def done(f):
@@ -492,13 +523,18 @@ class DDPAdapter(Adapter):
 
         def chained(user, bucket):
             fn, state = user
-            h = None
+            h = token = None
             if self.active:
                 try:
                     h = timer.issue(UNIT, ALL_REDUCE, _nbytes(bucket.buffer()), pg)
+                    token = self._begin(pg)
                 except Exception as e:  # noqa: BLE001 - the user's hook runs regardless
                     self.registry.error("ddp.user_comm_hook", e)
-            fut = fn(state, bucket)
+            try:
+                fut = fn(state, bucket)
+            finally:
+                if token is not None:
+                    timer.order.end(token)
             if h is None:
                 return fut
 

@@ -559,14 +559,27 @@ class FlightRecorderSource:
             config={"source": "flightrec", "dump_version": self.dumps[r].version})
 
 
+# Collectives that end a unit's work in a phase (a gradient's reduce-scatter or all-reduce, a
+# ZeRO-1 parameter broadcast after the local step); an all-gather starts one.
+_ENDS_WORK = ("reduce_scatter", "all_reduce", "broadcast")
+ENGINE_UNIT = "(model)"  # ZeRO-1's only unit, DeepSpeed's engine-wide collectives' unit
+
+
 def _stopped_in(last: dict, awaited: dict | None) -> dict:
     """The unit and phase of a rank that entered collective `last` and not `awaited` (both
-    placed). A unit's reduce-scatter ends its backward: a rank short of it is still in that
-    unit's backward (its last collective may be the previous unit's all-gather, which FSDP2
-    prefetches as the unit's backward starts). Otherwise it is in the unit of its last
-    collective: a unit's all-gather starts its work. A forward prefetch (opt-in in FSDP2)
-    would place it one unit late."""
-    if awaited and awaited.get("unit") and awaited.get("collective") == "reduce_scatter":
+    placed). A collective that ends a unit's work in a phase (`_ENDS_WORK`): a rank short of
+    it is still in that unit and phase (FSDP's reduce-scatter ends a unit's backward; the
+    last collective may be the previous unit's all-gather, which FSDP prefetches as the unit's
+    backward starts; a ZeRO-1 broadcast: the optimizer step). Where that one is the engine's
+    own (`ENGINE_UNIT`: DeepSpeed's gradient bucket) and the last collective named a module
+    unit in the same step and phase, the rank is in that module's work. Otherwise it is in
+    the unit of its last collective: a unit's all-gather starts its work. A forward prefetch
+    (opt-in in FSDP2, DeepSpeed's prefetch bucket) would place it one unit late."""
+    if awaited and awaited.get("unit") and awaited.get("collective") in _ENDS_WORK:
+        if awaited["unit"] == ENGINE_UNIT and last.get("unit") not in (None, ENGINE_UNIT) \
+                and (last.get("step"), last.get("phase")) == (awaited.get("step"),
+                                                                awaited.get("phase")):
+            return {"unit": last["unit"], "phase": last["phase"]}
         return {"unit": awaited["unit"], "phase": awaited["phase"]}
     return {"unit": last.get("unit"), "phase": last.get("phase")}
 
