@@ -57,6 +57,87 @@ def test_step_model_memo_gives_the_same_answers(tmp_path):
     assert len(set(plain)) >= 6
 
 
+def _json(model) -> str:
+    return json.dumps(answer(model, Changes(prefetch=1), memory=False), sort_keys=True,
+                      default=repr)
+
+
+def _fresh(snap) -> str:
+    """The answer of a model fitted with nothing kept from an earlier fit."""
+    old = stepmodel.MEMO
+    stepmodel.MEMO = False
+    try:
+        return _json(fit(snap))
+    finally:
+        stepmodel.MEMO = old
+
+
+def _refit(snap) -> tuple[int, str]:
+    """(per-unit parts built by this fit, its answer)."""
+    built = stepmodel.PARTS_BUILT[0]
+    got = _json(fit(snap))
+    return stepmodel.PARTS_BUILT[0] - built, got
+
+
+def test_step_model_refits_only_when_the_per_unit_numbers_change(tmp_path):
+    """The TUI refits the step model on every refresh; its part read from the per-unit
+    numbers (`stepmodel.UnitPart`) is rebuilt only when they change (issue 33 item 4). Read
+    at scale (per-unit numbers as interval-line arrays, every 3 steps): a step without
+    per-unit numbers reuses the part, and the answer moves with the new step times and equals
+    a fresh fit's; the next interval line (rank 1 now the straggler) refits, and so do a
+    rank that goes and one that comes back; an unchanged snapshot reuses the part."""
+    from zerodoc.runmodel import LazyRankWindow, RunSnapshot
+
+    run = write_run(tmp_path / "run", ranks=4, units=5, steps=9, every_steps=3, detail=False,
+                    end=False, straggler=3, started_unix=time.time() - 30)
+    try:
+        src = open_source(str(run), window=6)  # per-unit numbers over 6 steps throughout
+        snap = src.snapshot()
+        w = snap.ranks[0]
+        assert isinstance(w, LazyRankWindow) and w.unit_arrays is not None  # the arrays' key
+        n, first = _refit(snap)
+        assert (n, first) == (1, _fresh(snap))
+        assert _refit(snap) == (0, first)
+
+        append_steps(run, ranks=4, units=5, first_step=10, end_unix=time.time())
+        snap = src.snapshot()
+        assert snap.ranks[0].last_step == 10 and snap.ranks[0].detail_last_step <= 9
+        n, second = _refit(snap)
+        assert n == 0 and second == _fresh(snap) and second != first
+
+        append_steps(run, ranks=4, units=5, first_step=11, count=2, straggler=1,
+                     end_unix=time.time())
+        snap = src.snapshot()
+        assert snap.ranks[0].per_unit_steps == 6  # only the values tell the change
+        n, third = _refit(snap)
+        assert n == 1 and third == _fresh(snap) and third != second
+        assert _refit(src.snapshot()) == (0, third)  # nothing new: the same part
+
+        fewer = RunSnapshot(snap.source, ranks={r: w for r, w in snap.ranks.items() if r != 2})
+        n, without = _refit(fewer)
+        assert n == 1 and without == _fresh(fewer) and without != third
+        n, back = _refit(snap)  # rank 2 comes back
+        assert n == 1 and back == third
+    finally:
+        close_run(run)
+
+
+def test_step_model_reads_the_per_step_numbers_on_every_fit(tmp_path):
+    """Per-unit numbers unchanged, a rank's per-step ones (optimizer, framework, other
+    time; read as dicts, the run log's detail) changed: the part is reused, and the answer
+    is a fresh fit's, not the earlier one's."""
+    run = write_run(tmp_path / "run", ranks=4, units=5, steps=8, straggler=2)
+    snap = open_source(str(run), window=20).snapshot()
+    n, before = _refit(snap)
+    assert n == 1
+    for field in ("optimizer_seconds", "framework_seconds", "other_seconds"):
+        slow = dataclasses.replace(snap, ranks={
+            r: dataclasses.replace(w, **{field: getattr(w, field) + 0.3 * w.steps})
+            if r == 1 else w for r, w in snap.ranks.items()})
+        n, after = _refit(slow)
+        assert n == 0 and after == _fresh(slow) and after != before, field
+
+
 def test_unit_index_follows_the_facts():
     f = rank_facts(0, 4, 3)
     assert f.unit("layers.0") is f.units[1] and f.unit("nope") is None

@@ -186,6 +186,38 @@ def test_arrival_spread_the_ranks_wait_for_each_other_at_every_call():
     assert (lo, hi) == pytest.approx((6 * delta * 12 / 18, 9 * delta), rel=1e-9)
 
 
+def test_arrival_spread_kept_from_fit_to_fit_takes_each_fits_time_outside_the_units():
+    """The arrival spread's per-unit part is kept while the per-unit numbers are unchanged
+    (`stepmodel.UnitPart`); the time outside the units is a per-step number, taken on every
+    fit: rank 1 5 ms slower outside the units leaves rank 0 5 ms less of unexplained wait per
+    step (the replay's step has it from rank 1), as a fresh fit gives."""
+    import dataclasses
+
+    from zerodoc.whatif import stepmodel
+
+    snap, _ = synthetic(SIX, extra=_spread(lambda _u: 0.001))
+    r0 = fit(snap).ranks[0]
+    wait = r0.arrival_wait_per_call_s * r0.arrival_calls
+    assert wait > 0.005
+    more = dataclasses.replace(snap, ranks={
+        r: dataclasses.replace(w, other_seconds=w.other_seconds + 0.005 * w.steps * (r == 1))
+        for r, w in snap.ranks.items()})
+    built = stepmodel.PARTS_BUILT[0]
+    m = fit(more)
+    assert stepmodel.PARTS_BUILT[0] == built  # the per-unit part was kept
+    r0 = m.ranks[0]
+    assert r0.arrival_wait_per_call_s * r0.arrival_calls == pytest.approx(wait - 0.005,
+                                                                          rel=1e-9)
+    stepmodel.MEMO = False
+    try:
+        fresh = fit(more)
+    finally:
+        stepmodel.MEMO = True
+    for ch in (Changes(), Changes(merge=2)):
+        assert json.dumps(answer(m, ch, memory=False), sort_keys=True, default=repr) == \
+            json.dumps(answer(fresh, ch, memory=False), sort_keys=True, default=repr)
+
+
 def test_reshard_after_forward_off_drops_the_backward_all_gathers():
     snap, step = synthetic()
     m = fit(snap)
@@ -296,6 +328,37 @@ def test_framework_fit_recovers_the_injected_per_call_and_per_byte_parts():
     b = answer(fit(old), Changes(merge=2))
     assert b["framework"]["pricing"] == "per step"
     assert b["predicted"]["step_s"] - step_b == pytest.approx(6 * FW_CALL, rel=1e-6)
+
+
+def test_framework_fit_kept_from_fit_to_fit_takes_each_fits_total():
+    """The framework fit is read from the per-unit numbers and kept while they are unchanged
+    (`stepmodel.UnitPart`); the time of no unit is the rank's per-step total beyond its
+    units' and is taken on every fit: 5 ms more framework time per step outside the units
+    (per-unit numbers unchanged) is `rest_s`, the replay's step 5 ms longer, as a fresh fit
+    gives."""
+    import dataclasses
+
+    from zerodoc.whatif import stepmodel
+
+    snap, _ = synthetic(extra=_fw_per_unit)
+    base = answer(fit(snap), Changes(merge=2), memory=False)
+    more = dataclasses.replace(snap, ranks={
+        r: dataclasses.replace(w, framework_seconds=w.framework_seconds + 0.005 * w.steps,
+                               step_seconds=w.step_seconds + 0.005 * w.steps)
+        for r, w in snap.ranks.items()})
+    built = stepmodel.PARTS_BUILT[0]
+    m = fit(more)
+    assert stepmodel.PARTS_BUILT[0] == built  # the per-unit part was kept
+    assert m.ranks[0].framework_fit.rest_s == pytest.approx(0.005, rel=1e-9)
+    a = answer(m, Changes(merge=2), memory=False)
+    assert a["baseline"]["step_s"] - base["baseline"]["step_s"] == pytest.approx(0.005, rel=1e-6)
+    stepmodel.MEMO = False
+    try:
+        fresh = answer(fit(more), Changes(merge=2), memory=False)
+    finally:
+        stepmodel.MEMO = True
+    assert json.dumps(a, sort_keys=True, default=repr) == \
+        json.dumps(fresh, sort_keys=True, default=repr)
 
 
 def test_framework_beyond_the_runs_largest_unit_widens_only_the_high_end():

@@ -59,6 +59,10 @@ class UnitModel:
     group: dict[str, int] = field(default_factory=dict)  # collective -> group size
     parts: tuple[str, ...] = ()  # a merged unit: the measured units it is made of
     tensors: int | None = None  # parameter tensors (None: the run did not record them)
+    # `_calls` / `_bytes_moved` / `_largest_call` by (what, reshard): a unit's collectives are
+    # not changed once it is built (`_rank_units`, `_merge`); a fit asks each ~4 times per
+    # rank and unit, and the units are kept from fit to fit (`UnitPart`)
+    sums: dict = field(default_factory=dict, repr=False, compare=False)
 
     def calls(self) -> float:
         return sum(v[0] for p in self.comm.values() for v in p.values())
@@ -93,6 +97,8 @@ class FrameworkFit:
     max_bytes: float = 0.0  # the fit's largest unit (its bytes per call, as the fit's x)
     max_call_bytes: float = 0.0  # the run's largest single call among the fit's units
     per_byte_avg_s: float = 0.0  # the run's framework time per byte over its units
+    # the framework time per step its units measured (`rest_s`: the rank's total beyond it)
+    units_s: float = 0.0
 
     @property
     def per_tensor(self) -> bool:
@@ -248,7 +254,8 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
                                 tensor_note=note, max_bytes=max(x for x, *_ in pts),
                                 max_call_bytes=max(_largest_call(u) for u in units_r
                                                    if u.name in per_unit_r),
-                                per_byte_avg_s=measured / sum(x * n for x, _y, n, _t in pts)))
+                                per_byte_avg_s=measured / sum(x * n for x, _y, n, _t in pts),
+                                units_s=measured))
     return out
 
 
@@ -811,8 +818,16 @@ def _rows(u: UnitModel, reshard: bool):
         yield "backward", "all_gather", u.comm["forward"]["all_gather"]
 
 
+def _kept(u: UnitModel, what: str, reshard: bool | None, make) -> float:
+    """`make()` once per unit, `what` and `reshard` (`UnitModel.sums`)."""
+    got = u.sums.get((what, reshard))
+    if got is None:
+        got = u.sums[what, reshard] = make()
+    return got
+
+
 def _calls(u: UnitModel, reshard: bool) -> float:
-    return sum(v[0] for _p, _c, v in _rows(u, reshard))
+    return _kept(u, "calls", reshard, lambda: sum(v[0] for _p, _c, v in _rows(u, reshard)))
 
 
 def _rows_as(u: UnitModel, reshard: bool | None):
@@ -824,13 +839,15 @@ def _rows_as(u: UnitModel, reshard: bool | None):
 
 def _largest_call(u: UnitModel, reshard: bool | None = None) -> float:
     """The unit's largest single call, bytes (`reshard` None: as measured)."""
-    return max((v[1] for _p, _c, v in _rows_as(u, reshard) if v[0] > 0), default=0.0)
+    return _kept(u, "largest", reshard, lambda: max(
+        (v[1] for _p, _c, v in _rows_as(u, reshard) if v[0] > 0), default=0.0))
 
 
 def _bytes_moved(u: UnitModel, reshard: bool | None = None) -> float:
     """Bytes per step of a unit's collectives (calls x bytes per call); `reshard` None: as
     measured."""
-    return sum(v[0] * v[1] for _p, _c, v in _rows_as(u, reshard))
+    return _kept(u, "bytes", reshard, lambda: sum(v[0] * v[1] for _p, _c, v in
+                                                 _rows_as(u, reshard)))
 
 
 def _slowest(per_rank: list[list[UnitModel]]) -> list[UnitModel]:
@@ -881,6 +898,24 @@ def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool,
     a recorded pair under load 1.85. The replay's range takes the ratio of the calls once
     more either way: for 54 -> 15 calls from 0.08 of the run's spread per step to all of
     it."""
+    return arrival_spread(arrival_excess(ranks, units, reshard), outside or [0.0] * len(units))
+
+
+def arrival_spread(excess: list[tuple[float, float] | None], outside: list[float]
+                   ) -> list[tuple[float, float]]:
+    """`arrival_wait` from each rank's `arrival_excess` and its time outside the units."""
+    top = max(outside, default=0.0)
+    return [(0.0, 0.0) if part is None else
+            (max(0.0, part[0] - (top - o)) / part[1] if part[1] else 0.0, part[1])
+            for part, o in zip(excess, outside)]
+
+
+def arrival_excess(ranks: dict, units: list[list[UnitModel]], reshard: bool
+                   ) -> list[tuple[float, float] | None]:
+    """`arrival_wait`'s part read from the per-unit numbers only: per rank its wait in the
+    collectives beyond the link minus its mean compute deficit, and its calls per step (None:
+    a single rank, or no per-unit steps); the time outside the units (per-step numbers, new
+    every step) is taken off in `arrival_wait`."""
     keys: dict[tuple, float] = {}
     for w in ranks.values():
         for k, c in w.comm.items():
@@ -888,13 +923,11 @@ def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool,
                 per_call = c.seconds / c.count
                 keys[k] = min(keys.get(k, per_call), per_call)
     slowest = _slowest(units)
-    outside = outside or [0.0] * len(units)
-    top = max(outside, default=0.0)
-    out = []
-    for w, us, o in zip(ranks.values(), units, outside):
+    out: list[tuple[float, float] | None] = []
+    for w, us in zip(ranks.values(), units):
         n = w.per_unit_steps
         if len(ranks) < 2 or not n:
-            out.append((0.0, 0.0))
+            out.append(None)
             continue
         wait = 0.0
         calls = sum(_calls(u, reshard) for u in us)
@@ -903,8 +936,7 @@ def arrival_wait(ranks: dict, units: list[list[UnitModel]], reshard: bool,
                 continue
             extra = c.seconds - keys[k] * c.count
             wait += max(0.0, extra) * min(1.0, c.exposed_seconds / c.seconds) / n
-        spread = max(0.0, wait - _deficit(slowest, us) - (top - o))
-        out.append((spread / calls if calls else 0.0, calls))
+        out.append((wait - _deficit(slowest, us), calls))
     return out
 
 
@@ -937,84 +969,142 @@ def _merge(group: list[UnitModel]) -> UnitModel:
     return out
 
 
+@dataclass
+class UnitPart:
+    """What a fit reads from the per-unit numbers alone (`RankWindow.unit_key`), kept from
+    one fit to the next while they are equal: a live run brings per-unit numbers 1 step in K
+    (`detail_every`), its step times every step, and the TUI refits on every refresh (at
+    1,024 ranks x 81 units this part was ~90 % of a refresh). Per rank, in rank order: its
+    units, whether it recorded framework time per unit, its framework fit (`rest_s` 0:
+    the rank's total is a per-step number, added in `fit`), its compute outside the named
+    phases per step, and `arrival_excess`; then the ordering semantics, the link fits and
+    the models' shared memo of what replays ask of the units (`StepModel._memo`)."""
+
+    key: tuple
+    units: list[list[UnitModel]]
+    framework_per_unit: list[bool]
+    framework: list[FrameworkFit | None]
+    other_compute: list[float]
+    arrival: list[tuple[float, float] | None]
+    sem: Semantics
+    links: dict
+    memo: dict = field(default_factory=dict)
+
+
+# The last fit's `UnitPart` (one: a TUI follows one run), and how many were built (the
+# tests count refits). With `MEMO` off every fit builds its own.
+_LAST_PART: list[UnitPart] = []
+PARTS_BUILT = [0]
+
+
+def _unit_part(ranks: dict, ctx) -> UnitPart:
+    """The fit's `UnitPart` for `ranks` (rank -> RankWindow, in rank order): the last one
+    when its key is equal, else built (and kept)."""
+    facts = next(iter(ranks.values())).facts
+    key = (ctx.group_size, ctx.block_container, facts,
+           tuple((r, w.facts, w.unit_key()) for r, w in ranks.items()))
+    if MEMO and _LAST_PART and _LAST_PART[0].key == key:
+        return _LAST_PART[0]
+    PARTS_BUILT[0] += 1
+    cfg = facts.config if isinstance(facts.config, dict) else {}
+    pf = cfg.get("prefetch") if isinstance(cfg.get("prefetch"), dict) else {}
+    hidden = rs_hidden = 0.0
+    for w in ranks.values():
+        for (_, _, coll), c in w.comm.items():
+            if coll in GATHER:
+                hidden += c.hidden_seconds
+            elif coll in REDUCE:
+                rs_hidden += c.hidden_seconds
+    sync_unshard = not pf.get("unshard_async", hidden > 0) and hidden == 0
+    depth = 0 if sync_unshard else max(1, int(pf.get("forward") or 1))
+    reshard = any(u.reshard_after_forward for u in facts.units) or facts.zero_stage == 3
+    sem = Semantics(facts.framework, sync_unshard, rs_hidden == 0, depth, reshard)
+    all_units, other_compute = [], []
+    fw_inputs = []  # per rank: units, framework time per unit, (0: see `UnitPart`)
+    for w in ranks.values():
+        units, other = _rank_units(w)
+        per_unit_fw: dict[str, float] = {}
+        for (unit, _phase), s in w.unit_framework.items():
+            if unit != RANK_TOTAL_UNIT:  # a sum over units (Prometheus: every rank but 0)
+                per_unit_fw[unit] = per_unit_fw.get(unit, 0.0) + s / w.per_unit_steps
+        all_units.append(units)
+        other_compute.append(other)
+        fw_inputs.append((units, per_unit_fw, 0.0))
+    part = UnitPart(key, all_units, [bool(fw) for _u, fw, _t in fw_inputs],
+                    fit_framework(fw_inputs), other_compute,
+                    arrival_excess(ranks, all_units, reshard), sem,
+                    fit_links(ctx.snapshot, ranks=set(ranks)))
+    if MEMO:
+        _LAST_PART[:] = [part]
+    return part
+
+
+def _rank_units(w) -> tuple[list[UnitModel], float]:
+    """One rank's units per step from its per-unit totals, in the facts' order (units the
+    facts do not name after them), and its compute outside the named phases per step (e.g.
+    a "step" phase: overhead)."""
+    n = w.per_unit_steps
+    units = {u.name: UnitModel(u.name, u.params, tensors=u.tensors) for u in w.facts.units}
+    order = [u.name for u in w.facts.units]
+    for (unit, phase), s in w.compute.items():
+        if unit not in units:
+            units[unit] = UnitModel(unit, 0)
+            order.append(unit)
+        if phase == "forward":
+            units[unit].forward_s += s / n
+        elif phase == "backward":
+            units[unit].backward_s += s / n
+    for (unit, phase, coll), c in w.comm.items():
+        if unit not in units:
+            units[unit] = UnitModel(unit, 0)
+            order.append(unit)
+        if c.count <= 0:
+            continue
+        um = units[unit]
+        facts_u = w.facts.unit(unit)
+        um.group[coll] = facts_u.collective_group_size(coll) if facts_u else \
+            w.facts.world_size
+        um.comm.setdefault(phase, {})[coll] = [c.count / n, c.bytes / c.count, c.seconds / n]
+    other = sum(s for (_, p), s in w.compute.items() if p not in ("forward", "backward")) / n
+    return [units[name] for name in order], other
+
+
 def fit(snapshot: RunSnapshot, profile: LinkProfile | None = None) -> StepModel:
     """The model of a measured run (every active rank with per-unit detail); `profile`: a
-    measured link profile pricing the calls beyond the run's sizes (`linkprofile`)."""
+    measured link profile pricing the calls beyond the run's sizes (`linkprofile`). The
+    part read from the per-unit numbers alone is the last fit's while they are unchanged
+    (`UnitPart`); the per-step numbers are read on every fit."""
     from ..diagnosis.context import Context
 
-    ranks = {r: w for r, w in snapshot.ranks.items()
+    ranks = {r: w for r, w in sorted(snapshot.ranks.items())
              if w.steps and w.unit_detail and r not in snapshot.stale_ranks}
     if not ranks:
         raise UserError(f"{snapshot.source}: no rank with per-unit detail to fit a step model "
                         "to (a run with detail steps is needed)")
     ctx = Context(snapshot)
-    first = next(iter(ranks.values()))
-    facts = first.facts
-    cfg = facts.config if isinstance(facts.config, dict) else {}
-    pf = cfg.get("prefetch") if isinstance(cfg.get("prefetch"), dict) else {}
-    hidden = sum(c.hidden_seconds for w in ranks.values() for (_, _, coll), c in w.comm.items()
-                 if coll in GATHER)
-    rs_hidden = sum(c.hidden_seconds for w in ranks.values()
-                    for (_, _, coll), c in w.comm.items() if coll in REDUCE)
-    sync_unshard = not pf.get("unshard_async", hidden > 0) and hidden == 0
-    depth = 0 if sync_unshard else max(1, int(pf.get("forward") or 1))
-    reshard = any(u.reshard_after_forward for u in facts.units) or facts.zero_stage == 3
-    sem = Semantics(facts.framework, sync_unshard, rs_hidden == 0, depth, reshard)
+    part = _unit_part(ranks, ctx)
     rank_models = []
-    fw_inputs = []  # per rank: units, framework time per unit, framework time per step
-    for r, w in sorted(ranks.items()):
-        n = w.per_unit_steps
-        units = {u.name: UnitModel(u.name, u.params, tensors=u.tensors)
-                 for u in w.facts.units}
-        order = [u.name for u in w.facts.units]
-        for (unit, phase), s in w.compute.items():
-            if unit not in units:
-                units[unit] = UnitModel(unit, 0)
-                order.append(unit)
-            if phase == "forward":
-                units[unit].forward_s += s / n
-            elif phase == "backward":
-                units[unit].backward_s += s / n
-        for (unit, phase, coll), c in w.comm.items():
-            if unit not in units:
-                units[unit] = UnitModel(unit, 0)
-                order.append(unit)
-            if c.count <= 0:
-                continue
-            um = units[unit]
-            facts_u = w.facts.unit(unit)
-            um.group[coll] = facts_u.collective_group_size(coll) if facts_u else \
-                w.facts.world_size
-            um.comm.setdefault(phase, {})[coll] = [c.count / n, c.bytes / c.count, c.seconds / n]
-        # compute outside the named phases (e.g. a "step" phase) counts as overhead
-        other_compute = sum(s for (_, p), s in w.compute.items()
-                            if p not in ("forward", "backward")) / n
+    for i, (r, w) in enumerate(ranks.items()):
         steps = w.steps
         times = list(w.step_times) or [w.mean_step_seconds]
         framework_s = w.per_sampled_step(w.framework_seconds) or 0.0
-        per_unit_fw: dict[str, float] = {}
-        for (unit, _phase), s in w.unit_framework.items():
-            if unit != RANK_TOTAL_UNIT:  # a sum over units (Prometheus: every rank but 0)
-                per_unit_fw[unit] = per_unit_fw.get(unit, 0.0) + s / n
-        unit_list = [units[name] for name in order]
+        fw = part.framework[i]
         rank_models.append(RankModel(
-            r, unit_list, w.optimizer_seconds / steps, framework_s,
-            (w.per_sampled_step(w.other_seconds) or 0.0) + other_compute,
+            r, part.units[i], w.optimizer_seconds / steps, framework_s,
+            (w.per_sampled_step(w.other_seconds) or 0.0) + part.other_compute[i],
             w.self_seconds / steps, w.mean_step_seconds, w.exposed_seconds / steps, times,
-            list(w.exposed_times)))
-        fw_inputs.append((unit_list, per_unit_fw, framework_s))
-    for rm, f, (_u, per_unit_fw, _t) in zip(rank_models, fit_framework(fw_inputs), fw_inputs):
-        rm.framework_fit = f
-        rm.framework_per_unit = bool(per_unit_fw)
-    spread = arrival_wait({r: ranks[r] for r in sorted(ranks)},
-                          [rm.units for rm in rank_models], reshard,
-                          [outside_units_s(rm) for rm in rank_models])
+            list(w.exposed_times),
+            framework_fit=None if fw is None else replace(
+                fw, rest_s=max(0.0, framework_s - fw.units_s)),
+            framework_per_unit=part.framework_per_unit[i]))
+    spread = arrival_spread(part.arrival, [outside_units_s(rm) for rm in rank_models])
     for rm, (s, calls) in zip(rank_models, spread):
         rm.arrival_wait_per_call_s, rm.arrival_calls = s, calls
-    links = fit_links(snapshot, ranks=set(ranks))
-    model = StepModel(snapshot, rank_models, links, sem, max(1, ctx.group_size),
+    model = StepModel(snapshot, rank_models, part.links, part.sem, max(1, ctx.group_size),
                       ctx.block_container, min(w.per_unit_steps for w in ranks.values()))
     model.profile = profile
+    if MEMO:
+        model._memo = part.memo  # the units are the part's: what replays ask of them too
     return model
 
 
