@@ -15,6 +15,7 @@ its fetch is booked on.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -58,3 +59,82 @@ def test_dumps_and_runlog_name_the_stopped_ranks_unit_and_phase(case, tmp_path, 
     # the dumps alone (no --runlog) still name the rank, and no unit
     alone = report(dumps, "--json")
     assert json.loads(alone.stdout)["stopped"]["unit"] is None, alone.stdout[-2000:]
+    # rank 1's dump missing or empty (a rank that could not write it): placed by its own run
+    # log alone, at the collective before the awaited one (its peer completed it), and said
+    for how in ("missing", "empty"):
+        silent = tmp_path / how
+        silent.mkdir()
+        shutil.copy(dumps / "nccl_trace_rank_0", silent)
+        if how == "empty":
+            (silent / "nccl_trace_rank_1").write_text('{"version": "2.10", "entries": []}')
+        got = json.loads(report(silent, "--runlog", run, "--world-size", "2", "--json").stdout)
+        g = next(x for x in got["findings"] if x["code"] == "ZD013")["evidence"]
+        assert g["dump"] == {"1": how} and g["confidence"] == "medium", g
+        assert (g["rank"], g["unit"], g["phase"]) == (1, unit, named_phase), g
+        assert g["place"]["confidence"] == "runlog" and g["place"]["from_rank"] == 1, g
+        assert g["place"]["sequence"] == ev["sequence"] - 1, g
+        same = ("step", "offset", "unit", "phase", "collective")
+        assert [g["place"][k] for k in same] == [ev["place"][k] for k in same], (g, ev)
+
+
+class _Group:
+    """A process group as the order reads it: its name and its sequence number."""
+
+    group_name = "7"
+
+    def __init__(self):
+        self.seq = 10
+
+    def _get_sequence_number_for_group(self):
+        return self.seq
+
+
+def test_order_rows_one_per_collective_a_call_issued():
+    """A call noted with begin / end (DeepSpeed's coalesced all-gather, FSDP1's reduction)
+    gets one row per collective it issued on its group, none when it issued none; a
+    collective no wrapper saw (the user's own) has no row and moves no other offset."""
+    from zerodoc.shim.collorder import CollOrder
+    from zerodoc.shim.recorder import ALL_GATHER, BACKWARD, FORWARD, REDUCE_SCATTER
+
+    class Rec:
+        phase = FORWARD
+
+    rec, g = Rec(), _Group()
+    order = CollOrder(rec)
+    order.issued(g, 0, ALL_GATHER)
+    g.seq += 1  # 11: unit 0's all-gather
+    rec.phase = BACKWARD
+    token = order.begin(g, 1, REDUCE_SCATTER)
+    g.seq += 3  # 12-14: one call, three collectives
+    order.end(token)
+    g.seq += 1  # 15: the user's own, unwrapped
+    order.end(order.begin(g, 2, ALL_GATHER))  # a call that issued nothing
+    token = order.begin(g, 2, ALL_GATHER)
+    g.seq += 1  # 16
+    order.end(token)
+    got = order.take({"7": 10}, {"7": 16})
+    assert got == {"7": {"n": 6, "at": [[1, 0, FORWARD, ALL_GATHER],
+                                        [2, 1, BACKWARD, REDUCE_SCATTER],
+                                        [3, 1, BACKWARD, REDUCE_SCATTER],
+                                        [4, 1, BACKWARD, REDUCE_SCATTER],
+                                        [6, 2, BACKWARD, ALL_GATHER]]}}, got
+    assert order.items == []
+
+
+def test_a_stale_end_of_a_collective_every_member_entered_is_no_wait():
+    """DeepSpeed's start-up broadcasts on its own group (gloo: no pg_config, the group's
+    members guessed from the dumps) are async and never waited on: a rank's dump may keep
+    them "started" although its peer saw the newest complete, which needs every member.
+    That rank waits for nobody there: the rank behind in the default group is named with
+    confidence high, not as a circle (seen on a real DeepSpeed ZeRO-3 job, rank 1's dump)."""
+    from zerodoc.sources.flightrec import Group, RankDump, analyse
+
+    def dump(rank, default, ds):
+        return RankDump(rank, "ok", groups={
+            "0": Group(desc="default_pg", entered=default[0], completed=default[1],
+                       ops={default[0]: "gloo:all_reduce"}),
+            "1": Group(desc="undefined", entered=ds[0], completed=ds[1],
+                       ops={ds[0]: "gloo:broadcast"})})
+    v = analyse({0: dump(0, (230, 229), (52, 52)), 1: dump(1, (229, 229), (52, 48))}, [0, 1])
+    assert [(s["rank"], s["sequence"]) for s in v.stopped] == [(1, 230)], v
+    assert v.confidence == "high" and list(v.waiting) == [0], v

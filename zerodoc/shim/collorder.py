@@ -102,15 +102,23 @@ class CollOrder:
         `start` and `end` (by name). Clears the list."""
         items, self.items = self.items, []
         out: dict[str, dict] = {}
-        for group, before, unit, phase, coll, *n in items:
-            name = hp.group_name(group)
+        names: dict = {}  # group -> its name, looked up once a step, not once a row
+        for it in items:  # (group, before, unit, phase, kind[, collectives: `end`])
+            group = it[0]
+            name = names.get(group)
+            if name is None:
+                name = names[group] = hp.group_name(group)
             s0 = start.get(name)
             if s0 is None or name not in end:
                 continue
-            g = out.setdefault(name, {"n": end[name] - s0, "at": []})
-            at = g["at"]
-            for k in range(n[0] if n else 1):  # `end`: one row per collective issued
-                at.append([before + 1 + k - s0, unit, phase, coll])
+            g = out.get(name)
+            if g is None:
+                g = out[name] = {"n": end[name] - s0, "at": []}
+            off = it[1] + 1 - s0
+            if len(it) == 5:
+                g["at"].append([off, it[2], it[3], it[4]])
+            else:  # one row per collective the call issued
+                g["at"].extend([off + k, it[2], it[3], it[4]] for k in range(it[5]))
         return out
 
 

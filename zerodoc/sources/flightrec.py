@@ -335,16 +335,25 @@ def _edges(dumps: dict[int, RankDump], members: dict[str, list[int]], guessed: s
             elif gq is not None and gq.entered is not None:
                 entered.append((gq.entered, q))
         entered.sort()
+        # a collective some member saw complete was entered by every member: a rank whose
+        # newest is that old waits for nobody there, only its record of the end is stale
+        # (an async collective nobody waited on: DeepSpeed's start-up broadcasts on gloo)
+        done = max((c for _, q in entered
+                    if (c := dumps[q].groups[name].completed) is not None), default=-1)
         behind: dict[int, list] = {}  # a sequence number -> members short of it (once each)
         for e_r, r in entered:
             g = dumps[r].groups[name]
-            if g.completed is not None and g.completed >= e_r:
+            if (g.completed is not None and g.completed >= e_r) or e_r <= done:
                 continue  # it completed all it entered: waits for nobody in this group
             if e_r not in behind:
-                short = [(q, e + 1) for e, q in entered[:bisect.bisect_left(entered, (e_r,))]]
-                behind[e_r] = short + [(q, None) for q in silent]
-            if behind[e_r]:
-                out.setdefault(r, []).extend((name, e_r, q, lacks) for q, lacks in behind[e_r])
+                behind[e_r] = [(q, e + 1) for e, q in
+                               entered[:bisect.bisect_left(entered, (e_r,))]]
+            # a member with no record lacks the first collective `r` did not see complete
+            # (all before it completed, with every member; r may have issued more, async)
+            lacks = g.completed + 1 if g.completed is not None else None
+            short = behind[e_r] + [(q, lacks) for q in silent]
+            if short:
+                out.setdefault(r, []).extend((name, e_r, q, lacks) for q, lacks in short)
             elif name in guessed:
                 unseen.add(r)
     return out, unseen
@@ -496,6 +505,11 @@ class FlightRecorderSource:
                 p = logs.place(s["process_group"], s["last_entered"], [s["rank"], *others])
                 if p is not None:
                     self.places[s["rank"]] = {**p, "stopped_in": _stopped_in(p, a)}
+            elif s["evidence"] != "behind":
+                p = self._place_silent(logs, s)
+                if p is not None:
+                    self.places[s["rank"]] = {**p, "stopped_in": _stopped_in(p, a) if p[
+                        "offset"] else {"unit": None, "phase": None}}
         for r, w in v.waiting.items():
             p = logs.place(w["process_group"], w["sequence"], [r, *others])
             if p is not None:
@@ -510,6 +524,37 @@ class FlightRecorderSource:
             self.runlog_notes.append(
                 f"run log {run_dir}: {len(self.places)} of {len(wanted)} ranks placed in a "
                 "step and unit by their collectives' sequence numbers")
+
+    def _place_silent(self, logs, s: dict) -> dict | None:
+        """A stopped rank whose dump is empty, missing or unreadable, placed by its own run
+        log alone (`confidence: "runlog"`: not from its dump). Its peers completed
+        collective `sequence` - 1 of the group (their dumps say so), which needs every
+        member: it entered that one, placed as a dumped rank's last. Without that (or where
+        its own newest step record ends past that one: it finished that step), only its
+        step: the one after its newest step record. None when its log has no collective
+        order, or its newest step ends at or past the awaited collective (another process's
+        log: the dump is of a newer one)."""
+        r, name, seq = s["rank"], s["process_group"], s["sequence"]
+        o = logs.rank(r)
+        if o is None or not o.steps or seq is None:
+            return None
+        step, ends = o.steps[0]  # its newest step record
+        if ends.get(name, -1) >= seq:
+            self.runlog_notes.append(
+                f"run log of rank {r}: its newest step ({step}) ends at #{ends[name]} of "
+                f"process group {name}, past the awaited #{seq}: not the process whose dump "
+                "is missing; not placed")
+            return None
+        last = seq - 1
+        done = [self.dumps[w].groups.get(name) for w in s["waited_by"]]
+        p = o.place(name, last) if last > ends.get(name, -1) and last >= 1 and any(
+            g is not None and g.completed is not None and g.completed >= last
+            for g in done) else None
+        if p is None:
+            p = {"step": step + 1, "offset": None, "of": None, "unit": None, "phase": None,
+                 "collective": None, "steps_past_log": 0}
+        return {**p, "sequence": last if p["offset"] is not None else None,
+                "from_rank": r, "confidence": "runlog"}
 
     def snapshot(self) -> RunSnapshot:
         snap = RunSnapshot(source=self.description)

@@ -314,14 +314,16 @@ def _placed(s: dict) -> str:
     its last collective, in that collective's unit and phase; else where the awaited one
     was issued; "" when no log placed it."""
     p, a = s.get("place"), s.get("awaited_place")
+    last = p.get("sequence", s.get("last_entered")) if p else None
     if p and (p.get("stopped_in") or {}).get("unit"):
         at = p["stopped_in"]
         out = (f"; it stopped in {at['unit']} ({at['phase']}) of step {p['step']}, after "
-               f"its {str(p['collective']).replace('_', '-')} #{s.get('last_entered')} (of "
-               f"{p['unit']})")
+               f"its {str(p['collective']).replace('_', '-')} #{last} (of {p['unit']})")
+    elif p and p.get("offset") is None:  # a rank without a dump: its log's newest step
+        out = f"; it stopped in step {p['step']}"
     elif p:
-        out = (f"; it stopped in step {p['step']}, after #{s.get('last_entered')}, a "
-               "collective no zerodoc wrapper issued")
+        out = (f"; it stopped in step {p['step']}, after #{last}, a collective no zerodoc "
+               "wrapper issued")
     elif a:
         return (f"; the awaited collective is {a['unit'] or 'outside the sharded units'}"
                 f" ({a['phase'] or '?'}) of step {a['step']} (run log of rank "
@@ -331,6 +333,11 @@ def _placed(s: dict) -> str:
     if a and a.get("unit"):
         out += (f", before {a['unit']}'s {str(a['collective']).replace('_', '-')} "
                 f"({a['phase']})")
+    if p.get("confidence") == "runlog":
+        return out + (f" (run log of rank {p['from_rank']} alone, not its dump: its last "
+                      "collective is the one before the awaited, which its peers completed"
+                      if p.get("offset") else f" (run log of rank {p['from_rank']} alone: "
+                      "the step after its newest step record") + ")"
     return out + (f" (run log of rank {p['from_rank']}"
                   + (f"; {p['steps_past_log']} step(s) past its newest step line, the "
                      "schedule taken to repeat" if p.get("steps_past_log") else "") + ")")
