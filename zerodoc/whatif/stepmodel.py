@@ -41,8 +41,10 @@ GATHER = ("all_gather",)
 # size, and of the measured mean step) either side.
 Z = 2.0
 REDUCE = ("reduce_scatter", "all_reduce")
-# A model keeps what every replay asks of every rank's units (`StepModel._per_rank`); False
-# rebuilds it on each ask, as before (bench/tui_render.py --no-cache; the tests compare both)
+# A model keeps what every replay asks of every rank's units (`StepModel._per_rank`), and a
+# fit keeps the last fit's part read from the per-unit numbers while they are unchanged
+# (`UnitPart`); False rebuilds both on each ask, as before (bench/tui_render.py --no-cache;
+# the tests compare both)
 MEMO = True
 
 
