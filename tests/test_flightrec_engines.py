@@ -138,3 +138,41 @@ def test_a_stale_end_of_a_collective_every_member_entered_is_no_wait():
     v = analyse({0: dump(0, (230, 229), (52, 52)), 1: dump(1, (229, 229), (52, 48))}, [0, 1])
     assert [(s["rank"], s["sequence"]) for s in v.stopped] == [(1, 230)], v
     assert v.confidence == "high" and list(v.waiting) == [0], v
+
+
+@pytest.mark.parametrize("newest_end", [4, 8, 12])
+def test_a_rank_without_a_dump_is_placed_by_its_own_log_only_where_it_agrees(
+        tmp_path, capsys, newest_end):
+    """Rank 0's dump: group 0's collectives 1-8 complete, 9 entered and waiting; rank 1 left
+    no dump. Rank 1's log, 4 collectives a step, its newest step record ending at
+    `newest_end`: at 4 it entered #8 (its peer completed it): step 2, offset 4 (unit b,
+    backward); at 8 it finished the step holding #8: only its step (3) is said; at 12 its
+    log is past the awaited #9 (another process's): nothing placed, and the notes say why."""
+    from tests.test_flightrec import stopped_of
+    from tests.test_flightrec_units import ORDER, _log
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    entries = [{"collective_seq_id": k, "process_group": ["0", "default_pg"],
+                "profiling_name": "gloo:all_gather",
+                "state": "completed" if k < 9 else "started"} for k in range(1, 10)]
+    (dumps / "nccl_trace_rank_0").write_text(json.dumps({"version": "2.10",
+                                                         "entries": entries}))
+    run = tmp_path / "run"
+    run.mkdir()
+    _log(run / "rank-00001.jsonl", [(s, 4 * s) for s in range(1, newest_end // 4 + 1)], ORDER)
+    rep = stopped_of(capsys, dumps, "--runlog", run, "--world-size", "2")
+    ev = next(x for x in rep["findings"] if x["code"] == "ZD013")["evidence"]
+    assert ev["rank"] == 1 and ev["sequence"] == 9 and ev["dump"] == {"1": "missing"}, ev
+    p = ev["place"]
+    if newest_end == 4:
+        assert (p["step"], p["offset"], p["unit"], p["phase"], p["sequence"],
+                p["confidence"]) == (2, 4, "b", "backward", 8, "runlog"), p
+        assert (ev["unit"], ev["phase"]) == ("b", "backward"), ev
+    elif newest_end == 8:
+        assert (p["step"], p["offset"], p["unit"], p["confidence"]) == (3, None, None,
+                                                                        "runlog"), p
+        assert ev["unit"] is None, ev
+    else:
+        assert p is None, p
+        assert any("past the awaited #9" in n for n in rep["log_notes"]), rep["log_notes"]
