@@ -338,6 +338,9 @@ class PrometheusSource:
         ranks = tuple(sorted(r for r, w in snap.ranks.items() if w.steps))
         snap.unit_stats = self._unit_stats_reused((run, ranks, self.window), sel, rng, at,
                                                   ranks, snap)
+        note = _median_note(snap.unit_stats)
+        if note:
+            snap.log_notes.append(note)
         # a rank's last step is judged against the newest time the store answers for
         self._states(snap, got, sel, asked, min(now, time.time() - self.settle_s), interval)
         snap.missing_ranks = missing(snap)
@@ -545,6 +548,7 @@ class PrometheusSource:
         out.units = _unit_table(out.comm, comp, order, groups,
                                 first.facts.world_size if first else 1, fw)
         out.order = tuple(order)
+        out.medians_unrecorded = _medians_unrecorded(vals, fw)
         return out
 
     def _states(self, snap: RunSnapshot, got: dict, sel: str, at: float | None, now: float,
@@ -563,6 +567,33 @@ class PrometheusSource:
             elif up_now.get(inst, 1.0) == 0 or (
                     w.updated_unix and now - w.updated_unix > self.stale_after_s):
                 snap.stale_ranks.add(rank)
+
+
+def _medians_unrecorded(vals: dict, framework: dict) -> dict[str, int]:
+    """{field: how many keys} whose median over ranks the store does not hold while their
+    mean is there: the two-level layout's central rules record a median only where every
+    rank of every rack has the same number (it does not combine across racks;
+    zerodoc.ops.alerts.twolevel). Those medians read as the mean (`Stat`), and the report
+    says so (`_median_note`)."""
+    out: dict[str, int] = {}
+    for d in vals.values():
+        for f, aggs in _NEEDED.items():
+            if "median" in aggs and (f, "mean") in d and (f, "median") not in d:
+                out[f] = out.get(f, 0) + 1
+    n = sum(1 for f in framework.values() if "mean" in f and "median" not in f)
+    if n:
+        out["framework"] = n
+    return out
+
+
+def _median_note(stats) -> str | None:
+    missing = getattr(stats, "medians_unrecorded", None)
+    if not missing:
+        return None
+    what = ", ".join(f"{f} ({n})" for f, n in sorted(missing.items()))
+    return (f"per-unit medians over ranks not in the store for {what}: shown as the mean "
+            "(a two-level layout records a median only where every rank has the same "
+            "number; medians do not combine across racks)")
 
 
 def _unit_table(comm: dict, comp: dict, order: list[str], groups: dict,
@@ -623,7 +654,8 @@ def _unit_table(comm: dict, comp: dict, order: list[str], groups: dict,
             row["ag_busbw"] = Stat(worst, bw, bw, bw, 1)
         f = framework.get(u)
         if f and int(f.get("n", 0)) > 0:
-            row["framework_seconds"] = Stat(f.get("min", 0.0), f.get("median", 0.0),
+            row["framework_seconds"] = Stat(f.get("min", 0.0),
+                                            f.get("median", f.get("mean", 0.0)),
                                             f.get("mean", 0.0), f.get("max", 0.0), int(f["n"]))
         out[u] = row
     return out

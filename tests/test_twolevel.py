@@ -1,0 +1,216 @@
+"""The two-level layout, for real (issue 33 item 3): two rack Prometheus servers pre-aggregate
+per unit and remote-write into a central VictoriaMetrics whose vmalert combines the racks;
+every central `unit_job:` / `job:` / `collective_*:` series and `zerodoc report`'s numbers
+must equal those of one flat Prometheus scraping the same pages with the flat rules.
+
+Eight synthetic ranks (bench/rankfarm.py: the real 81-unit pages of tests/data/pages) in two
+racks of UNEQUAL size (3 and 5): rank 0's page differs from the others', so a central mean
+taken as the mean of the racks' means differs from the flat mean (the test checks the data
+says so: otherwise it could not catch that rule broken). Every per-step figure is a ratio of
+a rank's counters, constant while the farm advances by whole copies of its pages, so both
+layouts must give the same numbers whenever each evaluates; the only tolerance is
+VictoriaMetrics' 12 significant digits (rel 1e-9 here) and the report's 6.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from bench.rankfarm import RankFarm, shipped_pages
+from tests.support.helpers import wait_until
+from tests.support.promserver import PromServer, query, require_binary
+from tests.support.vmserver import _Server
+from tests.test_victoria import _per_step, _same
+from zerodoc.cli.main import main
+from zerodoc.ops import alerts
+from zerodoc.catalog import UNIT_FRAMEWORK, UNIT_STAT
+from zerodoc.ops.alerts import RuleOptions, twolevel
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+RUN, RACKS = "twolevel", {"rack-a": range(0, 3), "rack-b": range(3, 8)}
+SCRAPE = "2s"
+# the per-unit windows at the rank-level one, evaluated every 4 s (production: 4x, once a
+# window): this test's subject is the layout's arithmetic, and waiting adds nothing
+OPTS = dict(window="10s", unit_window="10s", unit_interval="4s", alert_for="5s", link="gloo-cpu")
+MIN_NAMES = 30  # of the 39 compared: measured, the rest record nothing on these pages
+REL = 1e-9
+# vmalert evaluates behind the store's -search.latencyOffset (30 s here, as test_victoria's):
+# near "now" VictoriaMetrics moves each series' query back by its own amount, and the
+# central rank-level rules (ratios of two counters of a rank) came out 3/2 of the flat ones
+LATENCY_OFFSET, LOOKBACK = "30s", "35s"  # VictoriaMetrics keeps 12 significant digits of a sample
+
+
+def _central_names() -> list[str]:
+    return [r["record"] for r in twolevel.central_unit_rules(window="10s", link="gloo-cpu")]
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    for b in ("prometheus", "victoria-metrics", "vmalert"):
+        require_binary(b)
+    tmp = tmp_path_factory.mktemp("twolevel")
+    flat = alerts.write_rules(tmp / "flat", opts=RuleOptions(**OPTS))
+    two = alerts.write_rules(tmp / "two", opts=RuleOptions(layout="two-level", **OPTS))
+    central_rules = [p for p in two if p.name == twolevel.CENTRAL_FILE] + \
+        [p for p in flat if p.name == alerts.ALERTS_FILE]
+    rack_rules = next(p for p in two if p.name == twolevel.RACK_FILE)
+    with RankFarm(shipped_pages(), 8, run_id=RUN, period_s=4.0) as farm:
+        targets = farm.targets()
+        sd = farm.file_sd(tmp / "sd-all")
+        (tmp / "sd-rank0.json").write_text(json.dumps(targets[:1]))
+        vm = _Server(tmp, "victoria-metrics", [f"-storageDataPath={tmp / 'vmdata'}",
+                                               f"-search.latencyOffset={LATENCY_OFFSET}"])
+        with vm:
+            alert = _Server(tmp, "vmalert", [
+                *[f"-rule={r}" for r in central_rules], f"-datasource.url={vm.url}",
+                f"-remoteWrite.url={vm.url}", f"-remoteRead.url={vm.url}",
+                f"-evaluationInterval={SCRAPE}", "-notifier.url=http://127.0.0.1:9",
+                f"-datasource.lookback={LOOKBACK}"])
+            racks = []
+            for name, ranks in RACKS.items():
+                (tmp / name).mkdir()
+                (tmp / name / "sd.json").write_text(json.dumps([targets[r] for r in ranks]))
+                cfg = twolevel.rack_prometheus_config(
+                    name, f"{vm.url}/api/v1/write", ranks_sd=[str(tmp / name / "sd.json")],
+                    facts_sd=[str(tmp / "sd-rank0.json")], scrape_interval=SCRAPE,
+                    rule_file=str(rack_rules), unit_win="10s")
+                cfg["remote_write"][0]["queue_config"] = {"batch_send_deadline": "1s"}
+                racks.append(PromServer(tmp / name, config=cfg))
+            (tmp / "flat-prom").mkdir()
+            flat_prom = PromServer(tmp / "flat-prom", rule_files=[str(p) for p in flat],
+                                   file_sd=[str(sd)], scrape_interval=SCRAPE)
+            with alert, racks[0], racks[1], flat_prom:
+                last = twolevel.PER_CALL  # the central group's last combined series
+                for url in (flat_prom.url, vm.url):
+                    wait_until(lambda u=url: query(u, f'{last}{{run_id="{RUN}"}}'),
+                               timeout=240, what=f"{last} at {url}", interval=1)
+                yield SimpleNamespace(flat=flat_prom.url, central=vm.url, racks=racks, tmp=tmp)
+
+
+def _series(url: str, name: str, rack: bool = False) -> dict:
+    """{labels (without the rack's unless `rack`): value} of `name` for the run."""
+    out = {}
+    drop = ("__name__",) if rack else ("__name__", twolevel.RACK_LABEL)
+    for r in query(url, f'{name}{{run_id="{RUN}"}}'):
+        m = {k: v for k, v in r["metric"].items() if k not in drop}
+        out[tuple(sorted(m.items()))] = float(r["value"][1])
+    return out
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=REL, abs_tol=1e-15) or (math.isnan(a) and math.isnan(b))
+
+
+MEDIANS = {aggs["median"]: field for f, (_m, aggs) in UNIT_STAT.items() if "median" in aggs
+           for field in [twolevel._STAT_FIELD[f]]}
+
+
+def _unmergeable(layouts, name: str, keys) -> list:
+    """Of the flat median series `keys` the centre lacks, those whose ranks all agree (the
+    central rules record a median exactly there, so it should be there)."""
+    if name == UNIT_FRAMEWORK["median"]:
+        lo = _series(layouts.central, UNIT_FRAMEWORK["min"])
+        hi = _series(layouts.central, UNIT_FRAMEWORK["max"])
+    else:
+        lo, hi = _combined(layouts, MEDIANS[name])
+    return [k for k in keys if k in lo and lo[k] == hi.get(k)]
+
+
+def _combined(layouts, field: str) -> tuple[dict, dict]:
+    """min of the racks' mins and max of their maxes per key, from the central store."""
+    lo, hi = {}, {}
+    for side, agg, pick in ((lo, "min", min), (hi, "max", max)):
+        for k, v in _series(layouts.central, twolevel.rack_name(field, agg)).items():
+            side[k] = pick(v, side.get(k, v))
+    return lo, hi
+
+
+def _differences(layouts) -> list[str]:
+    bad, present = [], 0
+    for name in _central_names() + list(twolevel.RANK_BANDWIDTHS):
+        flat, central = _series(layouts.flat, name), _series(layouts.central, name)
+        present += bool(flat)
+        if name in MEDIANS or name == UNIT_FRAMEWORK["median"]:
+            # a median is recorded only where all ranks agree (module docstring of twolevel)
+            missing = [k for k in flat if k not in central]
+            if _unmergeable(layouts, name, missing) or central.keys() - flat.keys():
+                bad.append(f"{name}: a median missing where every rank agrees, or extra")
+            flat = {k: v for k, v in flat.items() if k in central}
+        if flat.keys() != central.keys():
+            bad.append(f"{name}: {len(flat)} flat series, {len(central)} central, "
+                       f"e.g. {sorted(flat.keys() ^ central.keys())[:1]}")
+            continue
+        off = [k for k in flat if not _close(flat[k], central[k])]
+        if off:
+            k = off[0]
+            bad.append(f"{name}: {len(off)} of {len(flat)} differ, e.g. {dict(k)}: "
+                       f"flat {flat[k]!r}, central {central[k]!r}")
+    # some rules record nothing on these pages (e.g. the large collectives' rules: none
+    # reaches slow_link_min_bytes); the rest must be there, on both
+    return bad + ([f"only {present} names recorded on the flat server"] if present < MIN_NAMES
+                  else [])
+
+
+def test_every_central_series_equals_the_flat_one(layouts):
+    """Each series the central rules record (and the racks' per-rank bandwidths) has the
+    flat server's label sets and values; waits for both stores to have caught up."""
+    got: list[str] = []
+
+    def same() -> bool:
+        got[:] = _differences(layouts)
+        return not got
+
+    try:
+        wait_until(same, timeout=120, what="the central series to equal the flat ones",
+                   interval=2)
+    except AssertionError:
+        pass  # the differences say more than "timed out"
+    assert not got, "\n".join(got)
+
+
+def test_the_racks_are_unequal_so_a_mean_of_means_would_differ(layouts):
+    """The data can catch a central mean taken as the mean of the racks' means."""
+    sums = _series(layouts.central, twolevel.rack_name("seconds", "sum"), rack=True)
+    counts = _series(layouts.central, twolevel.RACK_RANKS, rack=True)
+    flat = _series(layouts.flat, "unit_job:zerodoc_collective_seconds:per_step_mean")
+    racks: dict[tuple, list[float]] = {}
+    for k, s in sums.items():
+        racks.setdefault(tuple(x for x in k if x[0] != twolevel.RACK_LABEL), []
+                         ).append(s / counts[k])
+    assert sorted({len(v) for v in racks.values()}) == [2]
+    assert sorted(set(counts.values())) == [3.0, 5.0]
+    off = [k for k, v in racks.items() if not _close(sum(v) / 2, flat[k])]
+    assert len(off) > len(racks) // 2, "the racks' means agree: a mean of means would pass"
+
+
+def test_only_rank_level_series_and_rack_aggregates_reach_the_centre(layouts):
+    """The keep-list: no rank's per-unit series (raw or rated) in the central store."""
+    for name in ("zerodoc_collective_seconds_total", "zerodoc_compute_seconds_total",
+                 "unit_collective_rank:zerodoc_collective_seconds:per_step"):
+        assert not query(layouts.central, f'count({name}{{run_id="{RUN}"}})'), name
+    assert query(layouts.central, f'count(zerodoc_step_duration_seconds_count{{run_id="{RUN}"}})'
+                 )[0]["value"][1] == "8"
+    assert not query(layouts.central, f'zerodoc_world_size{{{twolevel.FACTS_LABEL}="1"}}')
+
+
+def _report(url: str, capsys) -> dict:
+    assert main(["report", url, "--json", "--window", "0"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_report_reads_the_same_numbers_from_the_central_store(layouts, capsys):
+    flat = _report(layouts.flat, capsys)
+    central = _report(layouts.central, capsys)
+    rules = [n for n in flat["notes"] if n.startswith("per-unit numbers: the Prometheus recording")]
+    assert flat["units"] and rules and rules == [n for n in central["notes"] if n in rules]
+    # these pages' framework time per unit differs between rank 0 and the others: its
+    # median over ranks is not in the central store, and the report says what it shows
+    assert not any("medians" in n for n in flat["log_notes"])
+    assert any(n.startswith("per-unit medians over ranks not in the store for framework")
+               for n in central["log_notes"]), central["log_notes"]
+    assert _same(_per_step(flat), _per_step(central)), (_per_step(flat), _per_step(central))
