@@ -1,7 +1,7 @@
 """What noting a collective's sequence number costs the training thread (issue 34: the step,
 unit and phase a flight-recorder dump's collective came from; zerodoc/shim/collorder.py).
 
-    python bench/collorder.py [--calls 20000]
+    python bench/collorder.py [--calls 4000]
 
 A 1-rank gloo process group (127.0.0.1) and a real `CollOrder`: CPU nanoseconds per call
 (`bench/hotpath_micro.CpuMeter`, the minimum over repeats) of
@@ -40,11 +40,12 @@ def _free_port() -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--calls", type=int, default=20000, help="calls per timed loop")
+    p.add_argument("--calls", type=int, default=4000,
+                   help="calls per timed loop (at most collorder.MAX_ROWS: a step's bound)")
     args = p.parse_args()
     import torch.distributed as dist
 
-    from zerodoc.shim.collorder import CollOrder
+    from zerodoc.shim.collorder import MAX_ROWS, CollOrder
     from zerodoc.shim.recorder import ALL_GATHER, FORWARD
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
@@ -54,7 +55,7 @@ def main() -> None:
     class Rec:
         phase = FORWARD
 
-    order, meter, n = CollOrder(Rec()), CpuMeter(), args.calls
+    order, meter, n = CollOrder(Rec()), CpuMeter(), min(args.calls, MAX_ROWS)
 
     def base(k):
         for _ in range(k):

@@ -176,3 +176,23 @@ def test_a_rank_without_a_dump_is_placed_by_its_own_log_only_where_it_agrees(
     else:
         assert p is None, p
         assert any("past the awaited #9" in n for n in rep["log_notes"]), rep["log_notes"]
+
+
+def test_order_rows_are_bounded():
+    """Past MAX_ROWS collectives a step (a ZeRO-1 broadcast per parameter of a big model) a
+    collective gets no row, as an unwrapped one: the list, and the record, stay bounded."""
+    from zerodoc.shim.collorder import MAX_ROWS, CollOrder
+    from zerodoc.shim.recorder import BROADCAST, OPTIMIZER
+
+    class Rec:
+        phase = OPTIMIZER
+
+    g, order = _Group(), CollOrder(Rec())
+    for _ in range(MAX_ROWS + 10):
+        order.issued(g, 0, BROADCAST)
+        g.seq += 1
+    token = order.begin(g, 0, BROADCAST)
+    assert token is None and len(order.items) == MAX_ROWS
+    got = order.take({"7": 10}, {"7": g.seq})["7"]
+    assert got["n"] == MAX_ROWS + 10 and len(got["at"]) == MAX_ROWS
+    assert got["at"][-1] == [MAX_ROWS, 0, OPTIMIZER, BROADCAST]

@@ -37,6 +37,11 @@ from __future__ import annotations
 from . import hookpoints as hp
 from .recorder import COLLECTIVES, PHASES
 
+# Collectives noted a step at most (a ZeRO-1 job without `parameters_as_bucket_view` broadcasts
+# every parameter: thousands): past it a collective has no row, as an unwrapped one, and the
+# record stays under ~60 KB, written once a schedule.
+MAX_ROWS = 4096
+
 
 class CollOrder:
     """The collectives of the current detail step, in issue order (module docstring)."""
@@ -54,7 +59,7 @@ class CollOrder:
         f = self._readers.get(group)
         if f is None:
             f = self._readers[group] = self._reader(group)
-        if f:
+        if f and len(self.items) < MAX_ROWS:
             try:
                 self.items.append((group, f(), unit, self.rec.phase, coll))
             except Exception:  # noqa: BLE001 - a destroyed group: no row, never an error
@@ -66,7 +71,7 @@ class CollOrder:
         f = self._readers.get(group)
         if f is None:
             f = self._readers[group] = self._reader(group)
-        if f:
+        if f and len(self.items) < MAX_ROWS:
             try:
                 items = self.items
                 items.append((group, f(), unit, self.rec.phase, coll))
@@ -118,7 +123,8 @@ class CollOrder:
             if len(it) == 5:
                 g["at"].append([off, it[2], it[3], it[4]])
             else:  # one row per collective the call issued
-                g["at"].extend([off + k, it[2], it[3], it[4]] for k in range(it[5]))
+                g["at"].extend([off + k, it[2], it[3], it[4]]
+                               for k in range(min(it[5], MAX_ROWS)))
         return out
 
 
