@@ -1951,3 +1951,107 @@ def test_step_range_never_below_zero():
     lo, hi = a["predicted"]["step_s_range"]
     assert lo == 0.0 and hi > 2 * a["predicted"]["step_s"]
     assert a["noise"]["step_t"] == 12.71
+
+
+def _uneven_run():
+    """Four ranks, none like another: rank 1 a straggler (each unit's forward 5 ms slower,
+    its peers wait in the next all-gather; rank 0 10 ms more at one call), rank 2 without unit l2 (no compute or calls of
+    it) and over 12 steps, rank 3 on a slow link for l3 (its reduce-scatter 30 % slower,
+    part hidden), with calls of a unit its facts do not name and a collective it never
+    called (count 0); the framework time per unit recorded, unequal by rank."""
+    import copy
+
+    def uneven(d):
+        _fw_per_unit(d, noise=[0.0002, -0.0001, 0.0003])
+        r0 = d["ranks"][0]
+        r1, r2, r3 = (copy.deepcopy(r0) for _ in range(3))
+        for row in r1["compute"]:
+            if row[1] == "forward":
+                row[2] += 0.005
+        for row in r0["comm"] + r2["comm"] + r3["comm"]:
+            if (row[1], row[2]) == ("forward", "all_gather") and row[0] != "(root)":
+                row[5] += 0.005
+                row[6] += 0.005
+        for row in r0["comm"]:  # rank 0 late beyond the straggler's compute: 10 ms at l1
+            if row[:3] == ["l1", "backward", "reduce_scatter"]:
+                row[5] += 0.01
+                row[6] += 0.01
+        r2["steps"] = 12
+        r2["compute"] = [row for row in r2["compute"] if row[0] != "l2"]
+        r2["comm"] = [row for row in r2["comm"] if row[0] != "l2"]
+        r2["unit_framework"] = [row for row in r2["unit_framework"] if row[0] != "l2"]
+        for row in r3["comm"]:
+            if row[:3] == ["l3", "backward", "reduce_scatter"]:
+                row[5] *= 1.3
+                row[6] = row[5] * 0.6
+                row[7] = row[5] * 0.4
+        r3["comm"] += [["head", "forward", "all_gather", 1, 400_000, 0.006, 0.006, 0.0],
+                       ["l0", "forward", "all_reduce", 0, 0, 0.0, 0.0, 0.0]]
+        r3["compute"] += [["head", "forward", 0.003], ["l0", "step", 0.001]]
+        d["ranks"], d["copies"] = [r0, r1, r2, r3], 1
+        d["run"]["world_size"] = 4
+    snap, _ = synthetic(SIX, extra=uneven)
+    return snap
+
+
+def _as_arrays(snap):
+    """The snapshot with every rank's per-unit numbers as the arrays a run log read at scale
+    holds (`LazyRankWindow.unit_arrays`), its dicts not read, and its step totals as its
+    step lines give them (`compute_total`, `exposed_total`)."""
+    import dataclasses
+
+    import numpy as np
+
+    from zerodoc.runmodel import LazyRankWindow
+
+    ranks = {}
+    for r, w in snap.ranks.items():
+        fields = {f.name: getattr(w, f.name) for f in dataclasses.fields(w)
+                  if f.name not in ("compute", "comm")}
+        fields.update(compute_total=w.compute_seconds, exposed_total=w.exposed_seconds)
+        arrays = (tuple(w.compute), np.array(list(w.compute.values())), tuple(w.comm),
+                  np.array([(c.count, c.bytes, c.seconds, c.exposed_seconds,
+                             c.hidden_seconds) for c in w.comm.values()]))
+        ranks[r] = LazyRankWindow(unit_arrays=arrays, **fields)
+    return dataclasses.replace(snap, ranks=ranks)
+
+
+def test_unit_part_from_the_arrays_equals_the_dicts_row_by_row():
+    """The step model's per-unit part read from every rank's arrays at once (`unittable`,
+    `stepmodel.FAST`) is, float for float, what reading each rank's dicts row by row gives
+    (the witness: FAST off), on an uneven run (a straggler, a rank short of a unit and over
+    more steps, a slow link, a unit the facts do not name, a call never made): the units,
+    the framework fits, the arrival excess, the link fits, and every answer's JSON; from
+    the arrays without turning them into dicts."""
+    from zerodoc.whatif import stepmodel
+
+    snap = _uneven_run()
+    stepmodel.MEMO = False
+    try:
+        stepmodel.FAST = False
+        want = stepmodel.fit(snap)
+        stepmodel.FAST = True
+        got = {"dicts": stepmodel.fit(snap), "arrays": stepmodel.fit(_as_arrays(snap))}
+        ans = {name: [json.dumps(answer(m, ch, memory=False), sort_keys=True, default=repr)
+                      for ch in (Changes(), Changes(merge=2), Changes(merge=3),
+                                 Changes(reshard_after_forward=False), Changes(prefetch=1),
+                                 Changes(latency_set_s=0.001), Changes(world_size=8))]
+               for name, m in (("want", want), *got.items())}
+    finally:
+        stepmodel.MEMO, stepmodel.FAST = True, True
+    assert want.ranks[1].arrival_wait_per_call_s == 0  # the straggler waits for none
+    assert want.ranks[0].arrival_wait_per_call_s > 0
+    l2 = want.ranks[2].units[3]
+    assert (l2.name, l2.forward_s, l2.comm) == ("l2", 0.0, {})  # the facts name it, no numbers
+    assert want.ranks[3].units[-1].name == "head"
+    for m in got.values():
+        for a, b in zip(m.ranks, want.ranks):
+            assert a.units == b.units
+            assert (a.framework_fit, a.other_s, a.arrival_wait_per_call_s, a.arrival_calls) \
+                == (b.framework_fit, b.other_s, b.arrival_wait_per_call_s, b.arrival_calls)
+        assert m.links == want.links and m.semantics == want.semantics
+    assert not want.semantics.sync_reduce  # rank 3's hidden reduce-scatter
+    assert ans["dicts"] == ans["want"] and ans["arrays"] == ans["want"]
+    arrays = _as_arrays(snap)
+    stepmodel.fit(arrays)
+    assert all(w.unit_arrays is not None for w in arrays.ranks.values())  # no dicts read

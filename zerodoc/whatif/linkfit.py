@@ -141,7 +141,11 @@ def fit_links(snapshot: RunSnapshot, ranks=None) -> dict[tuple[str, int], LinkFi
     """One `LinkFit` per (collective, group size) from the per-unit totals of `ranks` (all
     ranks with per-unit detail by default), over their link-attributable points
     (`link_points`)."""
-    best = link_points(snapshot, ranks)
+    return links_from_points(link_points(snapshot, ranks))
+
+
+def links_from_points(best: dict) -> dict[tuple[str, int], LinkFit]:
+    """`fit_links` from the link-attributable points (`link_points`)."""
     pts: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     for (_unit, _phase, coll), (n, nbytes, secs, calls) in sorted(best.items()):
         pts.setdefault((coll, n), []).append((nbytes, secs, calls))

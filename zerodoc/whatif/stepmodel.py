@@ -33,8 +33,9 @@ from dataclasses import dataclass, field, replace
 from ..catalog import RANK_TOTAL_UNIT
 from ..errors import UserError
 from ..runmodel import RunSnapshot
-from .linkfit import LinkFit, _wls, fit_links, wire_factor
+from .linkfit import LinkFit, _wls, fit_links, links_from_points, wire_factor
 from .linkprofile import LinkProfile, ProfileLink
+from .unittable import Tables, rank_rows
 
 GATHER = ("all_gather",)
 # The ranges are about 95 % intervals: two standard errors (of the link fit at each call's
@@ -46,6 +47,9 @@ REDUCE = ("reduce_scatter", "all_reduce")
 # (`UnitPart`); False rebuilds both on each ask, as before (bench/tui_render.py --no-cache;
 # the tests compare both)
 MEMO = True
+# The per-unit part read from every rank's arrays at once (`unittable`); False: from each
+# rank's dicts, one row at a time (the witness the tests compare it with)
+FAST = True
 
 
 @dataclass
@@ -147,7 +151,7 @@ def _framework_points(units: list[UnitModel], per_unit: dict[str, float]) -> lis
     pts = []
     for u in units:
         s = per_unit.get(u.name)
-        calls, nbytes = u.calls(), _bytes_moved(u)
+        calls, nbytes = _kept(u, "all_calls", None, u.calls), _bytes_moved(u)
         if s is not None and calls > 0 and nbytes > 0:
             pts.append((nbytes / calls, s / calls, calls, u.tensors))
     return pts
@@ -924,21 +928,29 @@ def arrival_excess(ranks: dict, units: list[list[UnitModel]], reshard: bool
             if c.count > 0 and c.seconds > 0:
                 per_call = c.seconds / c.count
                 keys[k] = min(keys.get(k, per_call), per_call)
-    slowest = _slowest(units)
-    out: list[tuple[float, float] | None] = []
-    for w, us in zip(ranks.values(), units):
+    waits = []
+    for w in ranks.values():
         n = w.per_unit_steps
-        if len(ranks) < 2 or not n:
-            out.append(None)
-            continue
         wait = 0.0
-        calls = sum(_calls(u, reshard) for u in us)
-        for k, c in w.comm.items():
+        for k, c in (w.comm.items() if len(ranks) > 1 and n else ()):
             if c.count <= 0 or c.seconds <= 0:
                 continue
             extra = c.seconds - keys[k] * c.count
             wait += max(0.0, extra) * min(1.0, c.exposed_seconds / c.seconds) / n
-        out.append((wait - _deficit(slowest, us), calls))
+        waits.append(wait)
+    return _excess(ranks, units, reshard, waits)
+
+
+def _excess(ranks: dict, units: list[list[UnitModel]], reshard: bool, waits: list[float]
+            ) -> list[tuple[float, float] | None]:
+    """`arrival_excess` from each rank's wait beyond the link per step (`waits`)."""
+    slowest = _slowest(units)
+    out: list[tuple[float, float] | None] = []
+    for w, us, wait in zip(ranks.values(), units, waits):
+        if len(ranks) < 2 or not w.per_unit_steps:
+            out.append(None)
+            continue
+        out.append((wait - _deficit(slowest, us), sum(_calls(u, reshard) for u in us)))
     return out
 
 
@@ -1010,21 +1022,28 @@ def _unit_part(ranks: dict, ctx) -> UnitPart:
     PARTS_BUILT[0] += 1
     cfg = facts.config if isinstance(facts.config, dict) else {}
     pf = cfg.get("prefetch") if isinstance(cfg.get("prefetch"), dict) else {}
-    hidden = rs_hidden = 0.0
-    for w in ranks.values():
-        for (_, _, coll), c in w.comm.items():
-            if coll in GATHER:
-                hidden += c.hidden_seconds
-            elif coll in REDUCE:
-                rs_hidden += c.hidden_seconds
+    tables = Tables([rank_rows(w) for w in ranks.values()]) if FAST else None
+    if tables is not None:
+        hidden, rs_hidden = tables.hidden(GATHER), tables.hidden(REDUCE)
+    else:
+        hidden = rs_hidden = 0.0
+        for w in ranks.values():
+            for (_, _, coll), c in w.comm.items():
+                if coll in GATHER:
+                    hidden += c.hidden_seconds
+                elif coll in REDUCE:
+                    rs_hidden += c.hidden_seconds
     sync_unshard = not pf.get("unshard_async", hidden > 0) and hidden == 0
     depth = 0 if sync_unshard else max(1, int(pf.get("forward") or 1))
     reshard = any(u.reshard_after_forward for u in facts.units) or facts.zero_stage == 3
     sem = Semantics(facts.framework, sync_unshard, rs_hidden == 0, depth, reshard)
     all_units, other_compute = [], []
     fw_inputs = []  # per rank: units, framework time per unit, (0: see `UnitPart`)
-    for w in ranks.values():
-        units, other = _rank_units(w)
+    for i, w in enumerate(ranks.values()):
+        units, other = _rank_units(w, tables.rows[i] if tables else None)
+        if tables is not None:
+            for u in units:
+                _prime(u, reshard)
         per_unit_fw: dict[str, float] = {}
         for (unit, _phase), s in w.unit_framework.items():
             if unit != RANK_TOTAL_UNIT:  # a sum over units (Prometheus: every rank but 0)
@@ -1034,21 +1053,35 @@ def _unit_part(ranks: dict, ctx) -> UnitPart:
         fw_inputs.append((units, per_unit_fw, 0.0))
     part = UnitPart(key, all_units, [bool(fw) for _u, fw, _t in fw_inputs],
                     fit_framework(fw_inputs), other_compute,
-                    arrival_excess(ranks, all_units, reshard), sem,
-                    fit_links(ctx.snapshot, ranks=set(ranks)))
+                    arrival_excess(ranks, all_units, reshard) if tables is None else
+                    _excess(ranks, all_units, reshard,
+                            tables.waits([w.per_unit_steps for w in ranks.values()])), sem,
+                    fit_links(ctx.snapshot, ranks=set(ranks)) if tables is None else
+                    links_from_points(tables.link_points([w.facts for w in ranks.values()])))
     if MEMO:
         _LAST_PART[:] = [part]
     return part
 
 
-def _rank_units(w) -> tuple[list[UnitModel], float]:
+def _rank_units(w, rows=None) -> tuple[list[UnitModel], float]:
     """One rank's units per step from its per-unit totals, in the facts' order (units the
     facts do not name after them), and its compute outside the named phases per step (e.g.
-    a "step" phase: overhead)."""
+    a "step" phase: overhead). `rows`: its `unittable.RankRows` (the arrays), else its
+    dicts are read."""
+    if rows is not None:
+        return _units_from(w, zip(rows.ck, rows.cv), zip(rows.mk, rows.rows))
+    return _units_from(w, w.compute.items(),
+                       ((k, (c.count, c.bytes, c.seconds)) for k, c in w.comm.items()))
+
+
+def _units_from(w, compute, comm) -> tuple[list[UnitModel], float]:
+    """`_rank_units` from ((unit, phase), seconds) and ((unit, phase, collective), (count,
+    bytes, seconds, ...)) pairs."""
     n = w.per_unit_steps
     units = {u.name: UnitModel(u.name, u.params, tensors=u.tensors) for u in w.facts.units}
     order = [u.name for u in w.facts.units]
-    for (unit, phase), s in w.compute.items():
+    other = []
+    for (unit, phase), s in compute:
         if unit not in units:
             units[unit] = UnitModel(unit, 0)
             order.append(unit)
@@ -1056,19 +1089,44 @@ def _rank_units(w) -> tuple[list[UnitModel], float]:
             units[unit].forward_s += s / n
         elif phase == "backward":
             units[unit].backward_s += s / n
-    for (unit, phase, coll), c in w.comm.items():
+        else:
+            other.append(s)
+    for (unit, phase, coll), c in comm:
         if unit not in units:
             units[unit] = UnitModel(unit, 0)
             order.append(unit)
-        if c.count <= 0:
+        count = c[0]
+        if count <= 0:
             continue
         um = units[unit]
         facts_u = w.facts.unit(unit)
         um.group[coll] = facts_u.collective_group_size(coll) if facts_u else \
             w.facts.world_size
-        um.comm.setdefault(phase, {})[coll] = [c.count / n, c.bytes / c.count, c.seconds / n]
-    other = sum(s for (_, p), s in w.compute.items() if p not in ("forward", "backward")) / n
-    return [units[name] for name in order], other
+        um.comm.setdefault(phase, {})[coll] = [count / n, c[1] / count, c[2] / n]
+    return [units[name] for name in order], sum(other) / n
+
+
+def _prime(u: UnitModel, reshard: bool) -> None:
+    """Fill a unit's kept sums (`UnitModel.sums`) that a fit and its replays ask in one
+    pass over its rows: its calls with the run's resharding (`_calls`), and as measured its
+    calls, bytes moved and largest call; each the same sum, in the same order, as asked
+    one by one."""
+    calls, moved, sizes, kept = [], [], [], []
+    for phase, colls in u.comm.items():
+        for coll, v in colls.items():
+            calls.append(v[0])
+            moved.append(v[0] * v[1])
+            if v[0] > 0:
+                sizes.append(v[1])
+            if not (phase == "backward" and coll in GATHER and not reshard):
+                kept.append(v[0])
+    if reshard and not u.comm.get("backward", {}).get("all_gather") and \
+            u.comm.get("forward", {}).get("all_gather"):
+        kept.append(u.comm["forward"]["all_gather"][0])
+    u.sums["calls", reshard] = sum(kept)
+    u.sums["all_calls", None] = sum(calls)
+    u.sums["bytes", None] = sum(moved)
+    u.sums["largest", None] = max(sizes, default=0.0)
 
 
 def fit(snapshot: RunSnapshot, profile: LinkProfile | None = None) -> StepModel:
