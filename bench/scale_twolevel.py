@@ -1,0 +1,229 @@
+"""The two-level layout at N ranks: per-rack Prometheus servers + a central VictoriaMetrics
+with vmalert; prints one JSON object.
+
+    python bench/scale_twolevel.py --ranks 1024 --racks 8 --minutes 9
+
+N synthetic ranks (bench/rankfarm.py: the real 81-unit pages of tests/data/pages, counters
+advancing by whole copies of the template every scrape interval) are split into `--racks`
+racks of consecutive ranks. Each rack is a Debian Prometheus 2.42 with the generated rack
+configuration (`zerodoc.ops.alerts.twolevel.rack_prometheus_config`: its ranks, rank 0's run
+facts, rules/two-level/rack/zerodoc-rack.yml, the keep-list remote write) writing into one
+VictoriaMetrics 1.79.5 single node, whose vmalert evaluates rules/two-level/zerodoc-central.yml
+and the flat alerts file (`-datasource.lookback` past the store's `-search.latencyOffset`:
+tests/test_twolevel.py says why). After `--minutes` it reads:
+
+- per rack: each rule group's last duration and the largest seen (polled every 15 s), its
+  interval, iterations missed (`prometheus_rule_group_iterations_missed_total`), head
+  series, samples remote-written per second (`prometheus_remote_storage_samples_total`
+  over the run) and the Prometheus' resident memory, now and peak;
+- central: vmalert's groups (as bench/scale_vm.py: last, mean, p99 against the interval,
+  missed), the store's series, samples ingested per second, the resident memory of
+  VictoriaMetrics and vmalert, and the wall time of every dashboard panel query, of
+  `zerodoc report` and of a TUI's refreshes against the central store (whether the report
+  read the rules' per-unit series: `unit_stats_rules_window_s`).
+
+Every figure says what it covers; the racks' per-rank per-unit drill-down (the layers
+dashboard's per-rank panels) is not timed: in this layout it queries a rack, not the centre.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.rankfarm import RankFarm, shipped_pages  # noqa: E402
+from bench.scale_prom import _peak, _rss  # noqa: E402
+from bench.scale_vm import (  # noqa: E402
+    _free_port, _get, _groups, _metrics, _source_times, _spawn, _time_queries, _wait_ready,
+)
+
+LATENCY_OFFSET, LOOKBACK = "5s", "10s"
+
+
+def _rack_groups(url: str, worst: dict) -> dict:
+    """A rack Prometheus' groups: interval, last duration, the largest seen, missed."""
+    missed = {lab.get("rule_group", ""): v for n, lab, v in _metrics(url)
+              if n == "prometheus_rule_group_iterations_missed_total"}
+    out = {}
+    for g in json.loads(_get(f"{url}/api/v1/rules"))["data"]["groups"]:
+        name, last = g["name"], float(g.get("evaluationTime") or 0)
+        worst[name] = max(worst.get(name, 0.0), last)
+        out[name] = {"interval_s": g["interval"], "rules": len(g["rules"]),
+                     "last_duration_s": round(last, 3), "largest_seen_s": round(worst[name], 3),
+                     "missed": next((v for k, v in missed.items() if k.endswith(";" + name)), None),
+                     "within_half_interval": worst[name] <= g["interval"] / 2}
+    return out
+
+
+def _remote_samples(url: str) -> float:
+    return sum(v for n, _lab, v in _metrics(url) if n == "prometheus_remote_storage_samples_total")
+
+
+def _report_reads(url: str) -> dict:
+    """Whether a report read the rules' per-unit series (their window) and its notes."""
+    from zerodoc.sources import PrometheusSource
+
+    try:
+        snap = PrometheusSource(url, window=20).snapshot()
+    except Exception as e:  # noqa: BLE001 - a figure, not a crash
+        return {"report_error": str(e)[:200]}
+    return {"unit_stats_rules_window_s": getattr(snap.unit_stats, "window_s", None),
+            "report_ranks": len(snap.ranks), "report_notes": list(snap.log_notes)}
+
+
+def run(ranks: int, racks: int, minutes: float, interval_s: int, unit_window: str | None,
+        max_rss_gb: float | None = None) -> dict:
+    from zerodoc.ops import alerts
+    from zerodoc.ops.alerts import twolevel
+
+    tmp = Path(tempfile.mkdtemp(prefix="zerodoc-scale-twolevel-"))
+    opts = alerts.RuleOptions(layout="two-level", unit_window=unit_window)
+    files = alerts.write_rules(tmp / "rules", opts=opts)
+    flat = alerts.write_rules(tmp / "flat")
+    central_rules = [p for p in files if p.name == twolevel.CENTRAL_FILE] + \
+        [p for p in flat if p.name == alerts.ALERTS_FILE]
+    rack_rules = next(p for p in files if p.name == twolevel.RACK_FILE)
+    uw = opts.unit_window or alerts.recording.unit_window(opts.window)
+    procs: dict[str, subprocess.Popen] = {}
+    per = -(-ranks // racks)
+    result: dict = {"layout": "two-level", "ranks": ranks, "racks": racks,
+                    "ranks_per_rack": per, "units": 81, "scrape_interval_s": interval_s,
+                    "unit_window": uw, "minutes": minutes,
+                    "engines": "rack: Prometheus 2.42 (Debian); central: VictoriaMetrics "
+                               "1.79.5 + vmalert (Debian)"}
+    try:
+        with RankFarm(shipped_pages(), ranks, run_id="bench", period_s=interval_s) as farm:
+            targets = farm.targets()
+            (tmp / "rank0.json").write_text(json.dumps(targets[:1]))
+            vm_port, al_port = _free_port(), _free_port()
+            vm = f"http://127.0.0.1:{vm_port}"
+            procs["victoria-metrics"] = _spawn(tmp, "vm", [
+                shutil.which("victoria-metrics"), f"-storageDataPath={tmp / 'vmdata'}",
+                f"-httpListenAddr=127.0.0.1:{vm_port}", f"-search.latencyOffset={LATENCY_OFFSET}",
+                "-search.maxUniqueTimeseries=10000000"])
+            _wait_ready(vm)
+            rack_urls = {}
+            for k in range(racks):
+                name = f"rack{k}"
+                d = tmp / name
+                d.mkdir()
+                (d / "sd.json").write_text(json.dumps(targets[k * per:(k + 1) * per]))
+                cfg = twolevel.rack_prometheus_config(
+                    name, f"{vm}/api/v1/write", ranks_sd=[str(d / "sd.json")],
+                    facts_sd=[str(tmp / "rank0.json")], scrape_interval=f"{interval_s}s",
+                    rule_file=str(rack_rules), unit_win=uw)
+                cfg["scrape_configs"].append({"job_name": "prometheus", "static_configs": [
+                    {"targets": [f"127.0.0.1:{(port := _free_port())}"]}]})
+                (d / "prometheus.yml").write_text(json.dumps(cfg))
+                procs[name] = _spawn(d, "prometheus", [
+                    "/usr/bin/prometheus", f"--config.file={d / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={d / 'data'}", "--storage.tsdb.retention.time=1h",
+                    f"--web.listen-address=127.0.0.1:{port}"])
+                rack_urls[name] = f"http://127.0.0.1:{port}"
+            for url in rack_urls.values():
+                _wait_ready(url, 120)
+            procs["vmalert"] = _spawn(tmp, "vmalert", [
+                shutil.which("vmalert"), *[f"-rule={r}" for r in central_rules],
+                f"-datasource.url={vm}", f"-remoteWrite.url={vm}",
+                f"-evaluationInterval={interval_s}s", f"-datasource.lookback={LOOKBACK}",
+                "-notifier.url=http://127.0.0.1:9", f"-httpListenAddr=127.0.0.1:{al_port}"])
+            start = time.time()
+            worst: dict[str, dict] = {n: {} for n in rack_urls}
+            base = None
+            peaks: dict[str, int] = {}
+            deadline = time.monotonic() + minutes * 60
+            while time.monotonic() < deadline:
+                dead = [n for n, p in procs.items() if p.poll() is not None]
+                if dead:
+                    raise RuntimeError(f"{dead} exited")
+                try:
+                    for n, url in rack_urls.items():
+                        _rack_groups(url, worst[n])
+                    if base is None:
+                        base = (time.time(), {n: _remote_samples(u) for n, u in rack_urls.items()},
+                                sum(v for n, _l, v in _metrics(vm) if n == "vm_rows_inserted_total"))
+                except OSError:
+                    pass
+                for n, p in procs.items():
+                    peaks[n] = max(peaks.get(n, 0), _rss(p.pid) or 0)
+                held = sum(_rss(p.pid) or 0 for p in procs.values())
+                if max_rss_gb and held > max_rss_gb * 2**30:
+                    result["stopped"] = f"all processes held {held / 2**30:.1f} GB " \
+                                        f"> --max-rss-gb {max_rss_gb:g}: figures at that time"
+                    break
+                time.sleep(15)
+            now = time.time()
+            rk = {}
+            for n, url in rack_urls.items():
+                tsdb = json.loads(_get(f"{url}/api/v1/status/tsdb"))["data"]
+                rk[n] = {"groups": _rack_groups(url, worst[n]),
+                         "head_series": tsdb["headStats"]["numSeries"],
+                         "remote_written_samples_per_s": round(
+                             (_remote_samples(url) - base[1][n]) / (now - base[0]))
+                         if base else None,
+                         "rss_bytes": _rss(procs[n].pid), "peak_rss_bytes": _peak(procs[n].pid)}
+            result["racks_detail"] = rk
+            m_vm, m_al = _metrics(vm), _metrics(f"http://127.0.0.1:{al_port}")
+            rows = sum(v for n, _l, v in m_vm if n == "vm_rows_inserted_total")
+            central = {
+                "series_total": json.loads(_get(f"{vm}/api/v1/status/tsdb"))["data"]
+                .get("totalSeries"),
+                "samples_per_s_ingested": round((rows - base[2]) / (now - base[0]))
+                if base else None,
+                "rule_groups": _groups(f"http://127.0.0.1:{al_port}", m_al),
+                "rss_bytes": {n: _rss(procs[n].pid) for n in ("victoria-metrics", "vmalert")},
+                "peak_rss_bytes": {n: _peak(procs[n].pid) for n in ("victoria-metrics", "vmalert")},
+            }
+            central["queries"] = _time_queries(vm, time.time() - 15)
+            central["source"] = _source_times(vm)
+            central["source"].update(_report_reads(vm))
+            result["central"] = central
+            result["sum_rack_rss_bytes"] = sum(r["rss_bytes"] or 0 for r in rk.values())
+            result["max_rss_seen_bytes"] = peaks
+            result["met"] = all(g["within_half_interval"] and not g["missed"]
+                                for r in rk.values() for g in r["groups"].values()) and \
+                all(g["within_half_interval"] and not g["missed"]
+                    for g in central["rule_groups"].values()) and \
+                not central["queries"]["over_5s"]
+            result["farm_scrapes"] = farm.scrapes
+            result["wall_s"] = round(time.time() - start, 1)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=32)
+    ap.add_argument("--racks", type=int, default=2)
+    ap.add_argument("--minutes", type=float, default=4.0,
+                    help="how long the rules run before the figures are read")
+    ap.add_argument("--scrape-interval", type=int, default=15, help="seconds")
+    ap.add_argument("--unit-window", default=None,
+                    help="per-unit rate window and interval (default: the production 4m)")
+    ap.add_argument("--max-rss-gb", type=float, default=None,
+                    help="stop early (and say so) when all the processes hold more than this")
+    a = ap.parse_args()
+    print(json.dumps(run(a.ranks, a.racks, a.minutes, a.scrape_interval, a.unit_window,
+                         a.max_rss_gb), indent=1))
+
+
+if __name__ == "__main__":
+    main()
