@@ -460,10 +460,16 @@ class StepModel:
                 self._memo[key] = top
             for us in self._per_rank("units", ch):
                 for u in us:
-                    for _p, c, (calls, nbytes, _s) in _rows(u, reshard):
-                        g = u.group.get(c, self.world_size)
-                        if calls > 0 and (ch.world_size or g) > 1:
-                            top[c, g] = max(top.get((c, g), 0.0), nbytes)
+                    # `_rows`: the row it adds with resharding on is the forward all-gather's
+                    # (its size counted there), the rows it drops the backward all-gathers
+                    for phase, colls in u.comm.items():
+                        drop = phase == "backward" and not reshard
+                        for c, (calls, nbytes, _s) in colls.items():
+                            if calls <= 0 or drop and c in GATHER:
+                                continue
+                            g = u.group.get(c, self.world_size)
+                            if (ch.world_size or g) > 1 and nbytes > top.get((c, g), 0.0):
+                                top[c, g] = nbytes
         out = []
         for (c, g), nbytes in sorted(top.items()):
             f = self.link(c, g)
@@ -1081,6 +1087,12 @@ def _units_from(w, compute, comm) -> tuple[list[UnitModel], float]:
     units = {u.name: UnitModel(u.name, u.params, tensors=u.tensors) for u in w.facts.units}
     order = [u.name for u in w.facts.units]
     other = []
+    # (unit, collective) -> group size, kept on the facts (frozen: set beside the fields, as
+    # `RankFacts.unit`'s index): every fit asks it of each row of every rank
+    groups = w.facts.__dict__.get("_group_sizes")
+    if groups is None:
+        groups = {}
+        object.__setattr__(w.facts, "_group_sizes", groups)
     for (unit, phase), s in compute:
         if unit not in units:
             units[unit] = UnitModel(unit, 0)
@@ -1099,9 +1111,12 @@ def _units_from(w, compute, comm) -> tuple[list[UnitModel], float]:
         if count <= 0:
             continue
         um = units[unit]
-        facts_u = w.facts.unit(unit)
-        um.group[coll] = facts_u.collective_group_size(coll) if facts_u else \
-            w.facts.world_size
+        g = groups.get((unit, coll))
+        if g is None:
+            facts_u = w.facts.unit(unit)
+            g = groups[unit, coll] = facts_u.collective_group_size(coll) if facts_u else \
+                w.facts.world_size
+        um.group[coll] = g
         um.comm.setdefault(phase, {})[coll] = [count / n, c[1] / count, c[2] / n]
     return [units[name] for name in order], sum(other) / n
 
