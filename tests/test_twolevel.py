@@ -30,7 +30,7 @@ from zerodoc.ops import alerts
 from zerodoc.catalog import UNIT_FRAMEWORK, UNIT_STAT
 from zerodoc.ops.alerts import RuleOptions, twolevel
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # processes: 2 racks, VM, vmalert
 
 RUN, RACKS = "twolevel", {"rack-a": range(0, 3), "rack-b": range(3, 8)}
 SCRAPE = "2s"
@@ -214,3 +214,10 @@ def test_report_reads_the_same_numbers_from_the_central_store(layouts, capsys):
     assert any(n.startswith("per-unit medians over ranks not in the store for framework")
                for n in central["log_notes"]), central["log_notes"]
     assert _same(_per_step(flat), _per_step(central)), (_per_step(flat), _per_step(central))
+
+
+def test_the_two_level_files_are_up_to_date():
+    """rules/two-level/ is what the generator writes now (as tests/test_alert_rules.py holds
+    rules/ to it); regenerate with zerodoc.ops.alerts.write_rules(opts=RuleOptions(
+    layout="two-level"))."""
+    assert not alerts.stale_files(opts=RuleOptions(layout="two-level"))
