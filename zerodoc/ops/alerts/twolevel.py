@@ -50,10 +50,10 @@ from ...catalog import (
 )
 from ...thresholds import DEFAULT, Thresholds
 from .recording import (
-    AG, FACTOR_ANY, FRAMEWORK_PER_STEP, JOB, KEY, PER_STEP, QUANTILE_GROUP, RANK_BUS_BYTES,
-    RANK_BYTES, RANK_GROUP, RANK_SECONDS, UNIT_FACTOR, UNIT_GROUP, UNIT_SHARES, UNITS,
-    WORLD_FACTOR, _agg, _factor, _rec, _seconds, _steps, _unit, per_step_rules, quantile_rules,
-    rank_rules, unit_rank_views, unit_rules, unit_window,
+    FACTOR_ANY, FRAMEWORK_PER_STEP, JOB, KEY, PER_STEP, QUANTILE_GROUP, RANK_BUS_BYTES,
+    RANK_BYTES, RANK_GROUP, RANK_SECONDS, UNIT_FACTOR, UNIT_SHARES, UNITS, WORLD_FACTOR, _rec,
+    _seconds, _steps, _unit, per_step_rules, quantile_rules, rank_rules, unit_rank_views,
+    unit_rules, unit_window,
 )
 
 RACK_FILE = "zerodoc-rack.yml"
