@@ -24,7 +24,8 @@ default a 20-step run has none past the warm-up and the per-unit rules wait (no 
 is fitted): `--every-steps 5` times the refresh with them, the step model's what-if in every
 diagnosis; its part read from the per-unit numbers is rebuilt only on the refreshes that
 bring a new per-unit line (1 in 5 here), and the bench prints the CPU of those and of the
-others apart. `--no-cache`: the step model rebuilds what each replay asks of every rank's
+others apart (`--steps 98 --every-steps 100`: the shim's cadence, a per-unit line arriving
+at the second timed refresh; the bench says so at the end). `--no-cache`: the step model rebuilds what each replay asks of every rank's
 units and its per-unit part on every refresh (`zerodoc.whatif.stepmodel.MEMO = False`, as
 before issue 33): the A side of an A/B.
 `--profile FILE`: a cProfile of the timed refreshes, the UI thread and the fetch thread
@@ -197,6 +198,9 @@ async def bench(run_dir: Path, gen: Generator, ranks: int, units: int, refreshes
             print(f"  {view:9s}: {1 / mean:5.2f} refreshes/s wall (mean {mean * 1e3:6.1f} ms, "
                   f"p95 {p95 * 1e3:6.1f} ms) | CPU {mcpu * 1e3:6.1f} ms = {1 / mcpu:5.2f}/s "
                   f"| n={len(times)}")
+        w1 = app.frame.snapshot.ranks[min(app.frame.snapshot.ranks)]
+        if w1.per_unit_steps != w0.per_unit_steps:  # a per-unit line came while timed
+            print(f"  at the last refresh: per-unit numbers over {w1.per_unit_steps} steps")
         for refit, xs in split.items():
             if xs:
                 print(f"  {len(xs)} refreshes {'that' if refit else 'that did not'} "
