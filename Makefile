@@ -59,9 +59,11 @@ bench: $(VENV)/.installed
 clean:
 	rm -rf $(VENV) zerodoc-runs .pytest_cache
 
-# Regenerate the generated operations files: Prometheus rules (rules/, the PrometheusRule in
+# Regenerate the generated operations files: Prometheus rules (rules/, rules/two-level/, the
+# PrometheusRule in
 # exporters/kubernetes/) from zerodoc/thresholds.py, and the Grafana dashboards (dashboards/).
 .PHONY: dashboards
 dashboards: $(VENV)/.installed
 	$(PY) -m zerodoc.cli.rules_gen
+	$(PY) -m zerodoc.cli.rules_gen --layout two-level
 	$(PY) -m zerodoc.cli.dashboards_gen

@@ -114,6 +114,24 @@ def test_generator_check_mode_and_bad_input(tmp_path):
     assert r.returncode == 2 and "unknown threshold" in r.stderr
 
 
+@pytest.mark.slow
+def test_generator_writes_and_checks_the_two_level_layout(tmp_path):
+    """`--layout two-level` checks rules/two-level/ by default, writes the three files of the
+    layout (and no PrometheusRule manifest: that one holds the flat groups) where --out says,
+    and --check then finds them up to date."""
+    run = [sys.executable, "-m", "zerodoc.cli.rules_gen", "--layout", "two-level"]
+    assert subprocess.run(run + ["--check"], cwd=ROOT).returncode == 0
+    r = subprocess.run(run + ["--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.yml"))
+    assert written == sorted(alerts.rule_files(opts=RuleOptions(layout="two-level"))), written
+    assert not list(tmp_path.rglob("*.yaml"))  # no manifest
+    assert subprocess.run(run + ["--out", str(tmp_path), "--check"], cwd=ROOT).returncode == 0
+    r = subprocess.run(run[:-2] + ["--out", str(tmp_path), "--k8s-out", "", "--check"],
+                       cwd=ROOT, capture_output=True, text=True)  # the flat files are not there
+    assert r.returncode == 1 and "stale:" in r.stderr
+
+
 def test_yaml_emitter_round_trips():
     """What the stdlib emitter writes is what the generator meant (quoting, block scalars)."""
     for name, text in alerts.rule_files().items():

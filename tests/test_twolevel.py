@@ -218,6 +218,5 @@ def test_report_reads_the_same_numbers_from_the_central_store(layouts, capsys):
 
 def test_the_two_level_files_are_up_to_date():
     """rules/two-level/ is what the generator writes now (as tests/test_alert_rules.py holds
-    rules/ to it); regenerate with zerodoc.ops.alerts.write_rules(opts=RuleOptions(
-    layout="two-level"))."""
+    rules/ to it); regenerate with `python -m zerodoc.cli.rules_gen --layout two-level`."""
     assert not alerts.stale_files(opts=RuleOptions(layout="two-level"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..ops import resources
 from ..ops.alerts import (
-    PROMETHEUS_RULE_FILE, RuleOptions, stale_files, stale_prometheus_rule,
+    PROMETHEUS_RULE_FILE, RuleOptions, rules_dir, stale_files, stale_prometheus_rule,
     write_prometheus_rule, write_rules,
 )
 from ..thresholds import LINK_BUSBW, Thresholds
@@ -20,10 +20,17 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m zerodoc.cli.rules_gen",
                                 description="Generate zerodoc's Prometheus rule files.")
+    p.add_argument("--layout", default="flat", choices=["flat", "two-level"],
+                   help="flat: one server scrapes every rank (rules/); two-level: rack "
+                        "servers pre-aggregate into a central store (rules/two-level/: the "
+                        "centre's rules, a rack's rules and a rack Prometheus' configuration; "
+                        "docs/operations.md, \"The two-level layout\")")
     p.add_argument("--out", default=None,
-                   help="output directory (default: rules/ of zerodoc's operations files)")
+                   help="output directory (default: rules/ of zerodoc's operations files, "
+                        "rules/two-level/ with --layout two-level)")
     p.add_argument("--k8s-out", default=None,
-                   help="directory of the PrometheusRule manifest ('' to skip it)")
+                   help="directory of the PrometheusRule manifest ('' to skip it; the flat "
+                        "layout's only)")
     p.add_argument("--window", default="1m", help="rate() window")
     p.add_argument("--unit-window", default=None,
                    help="rate window and interval of the per-unit rule groups (default: four "
@@ -42,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         t = Thresholds.with_overrides(a.threshold)
         opts = RuleOptions(window=a.window, unit_window=a.unit_window,
                            alert_for=a.alert_for, link=a.link,
-                           runbook_base=a.runbook_base)
-        a.out = a.out or str(resources.rules_dir())
-        if a.k8s_out is None:
+                           runbook_base=a.runbook_base, layout=a.layout)
+        a.out = a.out or str(rules_dir(opts))
+        if a.layout != "flat":
+            a.k8s_out = ""  # the PrometheusRule manifest holds the flat layout's groups
+        elif a.k8s_out is None:
             a.k8s_out = str(resources.kubernetes_dir())
     except Exception as e:  # UserError / ValueError / ResourcesMissing: one line, no traceback
         print(f"zerodoc.cli.rules_gen: error: {e}", file=sys.stderr)
@@ -54,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.k8s_out and stale_prometheus_rule(a.k8s_out, t, opts):
             stale.append(str(Path(a.k8s_out) / PROMETHEUS_RULE_FILE))
         for name in stale:
-            print(f"stale: {name} (run `python -m zerodoc.cli.rules_gen`)",
+            print(f"stale: {name} (run `python -m zerodoc.cli.rules_gen"
+                  f"{'' if a.layout == 'flat' else ' --layout ' + a.layout}`)",
                   file=sys.stderr)
         return 1 if stale else 0
     paths = write_rules(a.out, t, opts)

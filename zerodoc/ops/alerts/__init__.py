@@ -35,7 +35,7 @@ TWO_LEVEL_DIR = "two-level"
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 
 __all__ = ["RuleOptions", "recording_rules", "alerting_rules", "recording_names",
-           "rule_files", "write_rules", "stale_files", "prometheus_rule",
+           "rule_files", "rules_dir", "write_rules", "stale_files", "prometheus_rule",
            "write_prometheus_rule", "stale_prometheus_rule", "runbook_url"]
 
 
@@ -134,7 +134,7 @@ def _two_level_files(t: Thresholds, o: RuleOptions) -> dict[str, str]:
         "rack0", "http://central.example:8428/api/v1/write",
         ranks_sd=["/var/lib/zerodoc/targets/rack0/*.json"],
         facts_sd=["/var/lib/zerodoc/targets/rank-00000.json"], t=t, unit_win=uw)
-    how = "zerodoc.ops.alerts.write_rules(opts=RuleOptions(layout=\"two-level\"))"
+    how = "python -m zerodoc.cli.rules_gen --layout two-level"
     example = ("# An example: one rack's Prometheus (rack0). Set external_labels."
                f"{twolevel.RACK_LABEL} per rack,\n# the file_sd paths of its ranks and of rank 0, "
                "and the central store's write URL.\n")
@@ -164,7 +164,7 @@ def write_prometheus_rule(out_dir: str | Path | None = None, t: Thresholds = DEF
     return path
 
 
-def _rules_dir(opts: RuleOptions | None) -> Path:
+def rules_dir(opts: RuleOptions | None) -> Path:
     """rules/, or rules/two-level/ for that layout's files."""
     top = Path(resources.rules_dir())
     return top / TWO_LEVEL_DIR if opts and opts.layout == "two-level" else top
@@ -172,7 +172,7 @@ def _rules_dir(opts: RuleOptions | None) -> Path:
 
 def write_rules(out_dir: str | Path | None = None, t: Thresholds = DEFAULT,
                 opts: RuleOptions | None = None) -> list[Path]:
-    out_dir = Path(out_dir or _rules_dir(opts))
+    out_dir = Path(out_dir or rules_dir(opts))
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, text in rule_files(t, opts).items():
@@ -185,7 +185,7 @@ def write_rules(out_dir: str | Path | None = None, t: Thresholds = DEFAULT,
 def stale_files(out_dir: str | Path | None = None, t: Thresholds = DEFAULT,
                 opts: RuleOptions | None = None) -> list[str]:
     """Rule files whose committed text differs from what the generator writes now."""
-    out_dir = Path(out_dir or _rules_dir(opts))
+    out_dir = Path(out_dir or rules_dir(opts))
     return [name for name, text in rule_files(t, opts).items()
             if not (out_dir / name).exists()
             or (out_dir / name).read_text(encoding="utf-8") != text]
