@@ -60,8 +60,8 @@ clean:
 	rm -rf $(VENV) zerodoc-runs .pytest_cache
 
 # Regenerate the generated operations files: Prometheus rules (rules/, rules/two-level/, the
-# PrometheusRule in
-# exporters/kubernetes/) from zerodoc/thresholds.py, and the Grafana dashboards (dashboards/).
+# PrometheusRule in exporters/kubernetes/) from zerodoc/thresholds.py, and the Grafana
+# dashboards (dashboards/).
 .PHONY: dashboards
 dashboards: $(VENV)/.installed
 	$(PY) -m zerodoc.cli.rules_gen
