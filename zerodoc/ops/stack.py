@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -61,6 +62,50 @@ def infer_link(runs: list[Path]) -> str:
 # VictoriaMetrics' ingestion lag guard (its default, 30 s, would show a live run 30 s late)
 VM_LATENCY_OFFSET = "5s"
 VM_MAX_SERIES_PER_QUERY = 5_000_000
+
+
+def vmalert_rules(paths: list[Path], out_dir: Path) -> list[Path]:
+    """The rule files as vmalert must read them to record Prometheus' numbers: each
+    per-second rate a group records (a `...:rate` record) written out in full where a later
+    rule of the same group reads it. The one place that says why (bench/scale_vm.py and
+    tests/test_victoria.py use it).
+
+    Prometheus evaluates a group's rules one after another at one instant, and a rule reads
+    what the rules before it recorded at that instant. vmalert writes what a rule records
+    through remote write: a later rule of the same evaluation reads the value recorded one
+    evaluation (or more) before. A ratio of two counters per step (a rank's compute seconds
+    over its sampled steps' rate, `rank:zerodoc_detail_steps:rate`) then divides this window's
+    rate by an earlier window's: measured in tests/test_victoria.py on pages that advance a
+    step every 4 s, scraped every 2 s over a 10 s window, it came out 3/2 of Prometheus'
+    (3 steps in one window, 2 in the other), whatever `-datasource.lookback` (35 s past a
+    30 s `-search.latencyOffset` did not help). A recorded per-step ratio, gauge or quantile
+    read from an earlier evaluation is the same number, and a rule that reads only recorded
+    series (the step-time quantiles over the bucket rates) reads them all from one
+    evaluation: the rates are written out only where a rule reads them beside a window of
+    its own (a range selector)."""
+    import yaml
+
+    from .alerts.yamltext import dump
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in paths:
+        doc = yaml.safe_load(path.read_text())
+        for group in doc.get("groups", []):
+            rates: dict[str, str] = {}
+            for rule in group.get("rules", []):
+                expr = str(rule["expr"])
+                for name, body in rates.items() if "[" in expr else ():
+                    expr = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:{{\[])",
+                                  f"({body})", expr)
+                rule["expr"] = expr
+                if rule.get("record", "").endswith(":rate"):
+                    rates[rule["record"]] = expr
+        written.append(out_dir / path.name)
+        written[-1].write_text(dump(doc))
+    return written
+
+
 ENGINES = ("prometheus", "victoria")
 _VM_BINARIES = ("victoria-metrics", "vmagent", "vmalert")
 
@@ -250,8 +295,9 @@ class Stack:
         # vmalert will not run alerting rules without a notifier: with no Alertmanager the
         # alerts are on its own /api/v1/alerts and each send fails (logged) to a closed port
         notifier = f"http://127.0.0.1:{self.am_port}" if self.am_port else "http://127.0.0.1:9"
+        vmalert_rules(sorted((wd / "rules").glob("*.yml")), wd / "vmalert-rules")
         self._spawn("vmalert", [
-            b["vmalert"], f"-rule={wd / 'rules' / '*.yml'}", f"-datasource.url={self.url}",
+            b["vmalert"], f"-rule={wd / 'vmalert-rules' / '*.yml'}", f"-datasource.url={self.url}",
             f"-remoteWrite.url={self.url}", f"-remoteRead.url={self.url}",
             f"-notifier.url={notifier}", f"-evaluationInterval={self.scrape_interval}",
             f"-external.url={self.url}", f"-httpListenAddr={self.rules_url.removeprefix('http://')}"])
