@@ -5,7 +5,8 @@
 N synthetic ranks (bench/rankfarm.py: the real 81-unit pages of tests/data/pages, labels
 rewritten, counters advancing by whole copies of the template every scrape interval) are
 scraped every `--scrape-interval` by vmagent, which remote-writes them into a VictoriaMetrics
-single node; vmalert evaluates the shipped rule files (rules/*.yml, unchanged) against it,
+single node; vmalert evaluates the shipped rule files (rules/*.yml, as zerodoc stack gives
+them: zerodoc.ops.stack.vmalert_rules) against it,
 every group at its own interval (the global one `--scrape-interval`), and writes the recorded
 series back. After `--minutes` the bench reads:
 
@@ -43,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.rankfarm import RankFarm, shipped_pages  # noqa: E402
 from bench.scale_prom import _peak, _queries, _rss, _subst  # noqa: E402
+from zerodoc.ops.stack import VM_LATENCY_OFFSET, vmalert_rules  # noqa: E402
 
 
 def _get(url: str, timeout: float = 120) -> bytes:
@@ -178,7 +180,8 @@ def run(ranks: int, minutes: float, interval_s: int) -> dict:
     procs: dict[str, subprocess.Popen] = {}
     result: dict = {"engine": "VictoriaMetrics 1.79.5 (Debian) + vmagent + vmalert",
                     "ranks": ranks, "units": 81, "scrape_interval_s": interval_s,
-                    "minutes": minutes, "rule_files": "rules/*.yml as shipped"}
+                    "minutes": minutes, "rule_files": "rules/*.yml as shipped, through "
+                                                  "zerodoc.ops.stack.vmalert_rules"}
     try:
         with RankFarm(shipped_pages(), ranks, run_id="bench", period_s=interval_s) as farm:
             sd = farm.file_sd(tmp / "file_sd")
@@ -190,14 +193,15 @@ def run(ranks: int, minutes: float, interval_s: int) -> dict:
                                     "file_sd_configs": [{"files": [str(sd)]}]}]}))
             procs["victoria-metrics"] = _spawn(tmp, "vm", [
                 vm_bin["victoria-metrics"], f"-storageDataPath={tmp / 'vmdata'}",
-                f"-httpListenAddr=127.0.0.1:{vm_port}", "-search.latencyOffset=5s",
+                f"-httpListenAddr=127.0.0.1:{vm_port}", f"-search.latencyOffset={VM_LATENCY_OFFSET}",
                 "-search.maxUniqueTimeseries=10000000"])
             _wait_ready(vm)
             procs["vmagent"] = _spawn(tmp, "vmagent", [
                 vm_bin["vmagent"], f"-promscrape.config={tmp / 'vmagent.yml'}",
                 f"-remoteWrite.url={vm}/api/v1/write", f"-httpListenAddr=127.0.0.1:{ag_port}",
                 f"-remoteWrite.tmpDataPath={tmp / 'vmagent-queue'}"])
-            rules = sorted(str(p) for p in (ROOT / "rules").glob("*.yml"))
+            # as zerodoc stack gives them to vmalert (zerodoc.ops.stack.vmalert_rules says why)
+            rules = vmalert_rules(sorted((ROOT / "rules").glob("*.yml")), tmp / "vmalert-rules")
             procs["vmalert"] = _spawn(tmp, "vmalert", [
                 vm_bin["vmalert"], *[f"-rule={r}" for r in rules], f"-datasource.url={vm}",
                 f"-remoteWrite.url={vm}", f"-evaluationInterval={interval_s}s",
