@@ -9,8 +9,8 @@ racks of consecutive ranks. Each rack is a Debian Prometheus 2.42 with the gener
 configuration (`zerodoc.ops.alerts.twolevel.rack_prometheus_config`: its ranks, rank 0's run
 facts, rules/two-level/rack/zerodoc-rack.yml, the keep-list remote write) writing into one
 VictoriaMetrics 1.79.5 single node, whose vmalert evaluates rules/two-level/zerodoc-central.yml
-and the flat alerts file (`-datasource.lookback` past the store's `-search.latencyOffset`:
-tests/test_twolevel.py says why). After `--minutes` it reads:
+and the flat alerts file, as `zerodoc.ops.stack.vmalert_rules` writes them for vmalert (its
+docstring says why). After `--minutes` it reads:
 
 - per rack: each rule group's last duration and the largest seen (polled every 15 s), its
   interval, iterations missed (`prometheus_rule_group_iterations_missed_total`), head
@@ -84,13 +84,15 @@ def run(ranks: int, racks: int, minutes: float, interval_s: int, unit_window: st
         max_rss_gb: float | None = None) -> dict:
     from zerodoc.ops import alerts
     from zerodoc.ops.alerts import twolevel
+    from zerodoc.ops.stack import vmalert_rules
 
     tmp = Path(tempfile.mkdtemp(prefix="zerodoc-scale-twolevel-"))
     opts = alerts.RuleOptions(layout="two-level", unit_window=unit_window)
     files = alerts.write_rules(tmp / "rules", opts=opts)
     flat = alerts.write_rules(tmp / "flat")
-    central_rules = [p for p in files if p.name == twolevel.CENTRAL_FILE] + \
-        [p for p in flat if p.name == alerts.ALERTS_FILE]
+    central_rules = vmalert_rules([p for p in files if p.name == twolevel.CENTRAL_FILE] +
+                                  [p for p in flat if p.name == alerts.ALERTS_FILE],
+                                  tmp / "vmalert-rules")  # as vmalert must read them
     rack_rules = next(p for p in files if p.name == twolevel.RACK_FILE)
     uw = opts.unit_window or alerts.recording.unit_window(opts.window)
     procs: dict[str, subprocess.Popen] = {}
