@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 from bench.rankfarm import RankFarm, shipped_pages  # noqa: E402
 from bench.scale_prom import _peak, _rss  # noqa: E402
 from bench.scale_vm import (  # noqa: E402
-    _free_port, _get, _groups, _metrics, _source_times, _spawn, _time_queries, _wait_ready,
+    _free_port, _get, _groups, _metrics, _source_times, _spawn, _stop, _time_queries,
+    _wait_ready,
 )
 
 LATENCY_OFFSET, LOOKBACK = "5s", "10s"
@@ -199,14 +200,7 @@ def run(ranks: int, racks: int, minutes: float, interval_s: int, unit_window: st
             result["farm_scrapes"] = farm.scrapes
             result["wall_s"] = round(time.time() - start, 1)
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs, 60)  # 8 rack servers flush their heads
         shutil.rmtree(tmp, ignore_errors=True)
     return result
 

@@ -235,16 +235,21 @@ def run(ranks: int, minutes: float, interval_s: int) -> dict:
             result["peak_rss_bytes"] = {n: _peak(p.pid) for n, p in procs.items()}
             result["wall_s"] = round(time.time() - start, 1)
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs, 30)
         shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def _stop(procs: dict, timeout_s: float) -> None:
+    """Terminate every server started, then wait for each (killed past `timeout_s`)."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()
+    for p in procs.values():
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def main() -> None:
