@@ -200,7 +200,10 @@ class PrometheusSource:
 
     def _many(self, exprs: dict, at: float | None, workers: int = 8,
               timeout_s: float | None = None) -> dict:
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(exprs)))) as pool:
+        # its threads named after the caller's: a profile tells a refresh's queries from
+        # the background per-unit stats' (bench/scale_twolevel.py)
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(exprs))),
+                                thread_name_prefix=threading.current_thread().name) as pool:
             futs = {k: pool.submit(self._query, e, at, timeout_s) for k, e in exprs.items()}
             return {k: f.result() for k, f in futs.items()}
 
