@@ -29,7 +29,8 @@ at the second timed refresh; the bench says so at the end). `--no-cache`: the st
 units and its per-unit part on every refresh (`zerodoc.whatif.stepmodel.MEMO = False`, as
 before issue 33): the A side of an A/B.
 `--profile FILE`: a cProfile of the timed refreshes, the UI thread and the fetch thread
-(source snapshot + diagnose) together, saved to FILE and its top printed.
+(source snapshot + diagnose) together, saved to FILE (the refreshes that rebuilt the step
+model's per-unit part) and FILE.kept (the others), each's top printed.
 """
 
 from __future__ import annotations
@@ -107,18 +108,21 @@ class Generator:
 
 
 class Profiles:
-    """cProfile of the UI thread and of the fetch thread over the timed refreshes."""
+    """cProfile of the UI thread and of the fetch thread over the timed refreshes, those that
+    rebuilt the step model's per-unit part apart from the others (a refit's cost is not
+    averaged into the kept refreshes')."""
 
     def __init__(self, app):
         import cProfile
 
-        self.ui, self.fetch = cProfile.Profile(), cProfile.Profile()
-        self.on = False  # from the first timed refresh (not the first frame's full read)
+        self._new = cProfile.Profile
+        self.ui = self.fetch = None  # this refresh's, from the first timed refresh on
+        self.by_refit: dict[bool, list] = {True: [], False: []}
         feed = app.feed
         plain = feed.fetch
 
         def profiled():
-            if not self.on:
+            if self.fetch is None:
                 return plain()
             self.fetch.enable()
             try:
@@ -128,15 +132,30 @@ class Profiles:
 
         feed.fetch = profiled
 
+    def start(self) -> None:
+        self.ui, self.fetch = self._new(), self._new()
+        self.ui.enable()
+
+    def stop(self, refit: bool) -> None:
+        self.ui.disable()
+        self.by_refit[refit] += [self.ui, self.fetch]
+        self.ui = self.fetch = None
+
     def save(self, path: str) -> None:
         import pstats
 
-        stats = pstats.Stats(self.ui)
-        stats.add(self.fetch)
-        stats.dump_stats(path)
-        print(f"profile of the timed refreshes (UI + fetch threads) saved to {path}")
-        stats.sort_stats("cumulative").print_stats(40)
-        stats.sort_stats("tottime").print_stats(25)
+        for refit, profs in self.by_refit.items():
+            profs = [p for p in profs if p.getstats()]  # a refresh that fetched nothing
+            if not profs:
+                continue
+            out = path if refit else f"{path}.kept"
+            stats = pstats.Stats(*profs)
+            stats.dump_stats(out)
+            print(f"profile of the timed refreshes that "
+                  f"{'rebuilt' if refit else 'kept'} the per-unit part (UI + fetch threads) "
+                  f"saved to {out}")
+            stats.sort_stats("cumulative").print_stats(40)
+            stats.sort_stats("tottime").print_stats(25)
 
 
 async def bench(run_dir: Path, gen: Generator, ranks: int, units: int, refreshes: int,
@@ -170,8 +189,6 @@ async def bench(run_dir: Path, gen: Generator, ranks: int, units: int, refreshes
         print(mode)
         results = {}
         split: dict[bool, list[float]] = {True: [], False: []}  # CPU by refit or not
-        if prof:
-            prof.on = True
         for view in VIEWS:
             await pilot.press(str(VIEWS.index(view) + 1))
             await pilot.pause()
@@ -181,11 +198,11 @@ async def bench(run_dir: Path, gen: Generator, ranks: int, units: int, refreshes
                 built = stepmodel.PARTS_BUILT[0]
                 t, c = time.perf_counter(), time.process_time()
                 if prof:
-                    prof.ui.enable()
+                    prof.start()
                 frame = await app.refresh_now()
                 await pilot.pause()
                 if prof:
-                    prof.ui.disable()
+                    prof.stop(stepmodel.PARTS_BUILT[0] > built)
                 times.append(time.perf_counter() - t)
                 cpu.append(time.process_time() - c)
                 split[stepmodel.PARTS_BUILT[0] > built].append(cpu[-1])

@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from ..catalog import RANK_TOTAL_UNIT
 from ..errors import UserError
 from ..runmodel import RunSnapshot
 from .linkfit import LinkFit, _wls, fit_links, links_from_points, wire_factor
 from .linkprofile import LinkProfile, ProfileLink
+from . import unitgrid
+from .unitgrid import UnitGrid
 from .unittable import Tables, rank_rows
 
 GATHER = ("all_gather",)
@@ -204,7 +207,17 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
     fit saying why. None for a rank without framework time per unit, when fewer than 3 units
     per rank had any, or when the units are of one size (within ~5 %): too few sizes to part
     the two."""
-    per_rank = [_framework_points(units, per_unit) for units, per_unit, _t in ranks]
+    return fit_framework_points([
+        (_framework_points(units, per_unit), max((_largest_call(u) for u in units
+                                                  if u.name in per_unit), default=None), t)
+        for units, per_unit, t in ranks])
+
+
+def fit_framework_points(ranks: list[tuple[list, float | None, float]]
+                         ) -> list[FrameworkFit | None]:
+    """`fit_framework` from each rank's points (`_framework_points`), the largest call
+    among its units with framework time (None: none) and its framework total per step."""
+    per_rank = [pts for pts, _top, _t in ranks]
     pooled = [p for pts in per_rank for p in pts]
     if not pooled or min(len(p) for p in per_rank if p) < 3:
         return [None] * len(ranks)
@@ -246,7 +259,7 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
     widen = math.sqrt(max(1, len(pooled) - dof) / max(1, n_units - dof))
     se_a, se_b, se_c, cov = se_a * widen, se_b * widen, se_c * widen, cov * widen ** 2
     out: list[FrameworkFit | None] = []
-    for pts, (units_r, per_unit_r, total) in zip(per_rank, ranks):
+    for pts, (_pts, top, total) in zip(per_rank, ranks):
         measured = sum(y * n for _x, y, n, _t in pts)
         line = sum(n * (a + b * x + c * (t or 0)) for x, _y, n, t in pts)
         if len(pts) < 3 or measured <= 0 or line <= 0:
@@ -258,8 +271,7 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
                                 per_tensor_s=k * c, se_per_tensor_s=k * se_c,
                                 mean_tensors=mt, cov_byte_tensor=k * k * cov,
                                 tensor_note=note, max_bytes=max(x for x, *_ in pts),
-                                max_call_bytes=max(_largest_call(u) for u in units_r
-                                                   if u.name in per_unit_r),
+                                max_call_bytes=top,
                                 per_byte_avg_s=measured / sum(x * n for x, _y, n, _t in pts),
                                 units_s=measured))
     return out
@@ -268,7 +280,9 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
 @dataclass
 class RankModel:
     rank: int
-    units: list[UnitModel]
+    # its units (`units`), or what builds them when first read (`UnitGrid.units`: the
+    # replays read every rank's figures from the grid, the objects of a few ranks only)
+    units_src: object
     optimizer_s: float
     framework_s: float
     other_s: float
@@ -288,6 +302,12 @@ class RankModel:
     # (`arrival_wait`), and the calls per step it was measured over
     arrival_wait_per_call_s: float = 0.0
     arrival_calls: float = 0.0
+
+    @property
+    def units(self) -> list[UnitModel]:
+        if callable(self.units_src):
+            self.units_src = self.units_src()
+        return self.units_src
 
     @property
     def framework_per_call_s(self) -> float:
@@ -395,6 +415,9 @@ class StepModel:
         # (a fitted model's units are never changed; a diagnosis replays ~10 times): (what,
         # merge, reshard) -> per rank, in `ranks` order (`_per_rank`)
         self._memo: dict = {}
+        # every rank's per-unit figures over ranks x units (`unitgrid`, the fit's part):
+        # what the replays ask of every rank's units as measured; None: from the units
+        self.grid: UnitGrid | None = None
 
     # --- the link -----------------------------------------------------------------------
     def link(self, coll: str, n: int) -> LinkFit | None:
@@ -458,18 +481,10 @@ class StepModel:
             top = {}
             if MEMO:
                 self._memo[key] = top
-            for us in self._per_rank("units", ch):
-                for u in us:
-                    # `_rows`: the row it adds with resharding on is the forward all-gather's
-                    # (its size counted there), the rows it drops the backward all-gathers
-                    for phase, colls in u.comm.items():
-                        drop = phase == "backward" and not reshard
-                        for c, (calls, nbytes, _s) in colls.items():
-                            if calls <= 0 or drop and c in GATHER:
-                                continue
-                            g = u.group.get(c, self.world_size)
-                            if (ch.world_size or g) > 1 and nbytes > top.get((c, g), 0.0):
-                                top[c, g] = nbytes
+            if ch.merge is None and self.grid is not None:
+                top.update(self.grid.top_bytes(reshard, ch.world_size))
+            else:
+                self._top_bytes(ch, reshard, top)
         out = []
         for (c, g), nbytes in sorted(top.items()):
             f = self.link(c, g)
@@ -491,6 +506,22 @@ class StepModel:
             out.append(row)
         return out
 
+    def _top_bytes(self, ch: Changes, reshard: bool, top: dict) -> None:
+        """`beyond_sizes`' largest bytes per call by (collective, group size), from every
+        rank's units after the change (`UnitGrid.top_bytes`: the same as measured)."""
+        for us in self._per_rank("units", ch):
+            for u in us:
+                # `_rows`: the row it adds with resharding on is the forward all-gather's
+                # (its size counted there), the rows it drops the backward all-gathers
+                for phase, colls in u.comm.items():
+                    drop = phase == "backward" and not reshard
+                    for c, (calls, nbytes, _s) in colls.items():
+                        if calls <= 0 or drop and c in GATHER:
+                            continue
+                        g = u.group.get(c, self.world_size)
+                        if (ch.world_size or g) > 1 and nbytes > top.get((c, g), 0.0):
+                            top[c, g] = nbytes
+
     # --- the units after a change ---------------------------------------------------------
     def _per_rank(self, what: str, ch: Changes, reshard: bool | None = None):
         """Once per model and change of the units (`ch.merge`, `reshard`): "units" each rank's
@@ -499,8 +530,11 @@ class StepModel:
         was rebuilt by every replay (4-6 per answer, an answer per rule)."""
         key = (what, ch.merge, reshard)
         got = self._memo.get(key) if MEMO else None
+        grid = self.grid if ch.merge is None else None  # the units as measured: the grid's
         if got is None:
-            if what == "units":
+            if grid is not None and what != "units":
+                got = self._from_grid(grid, what, reshard)
+            elif what == "units":
                 got = [self._merged(rm, ch) for rm in self.ranks]
             elif what == "slowest":
                 got = _slowest(self._per_rank("units", ch))
@@ -512,6 +546,17 @@ class StepModel:
             if MEMO:
                 self._memo[key] = got
         return got
+
+    def _from_grid(self, grid: UnitGrid, what: str, reshard: bool | None):
+        """`_per_rank` of the units as measured from every rank's figures (`unitgrid`):
+        the same floats, without every rank's unit objects."""
+        if what == "slowest":
+            f, b = grid.slowest()
+            return [replace(u, forward_s=fs, backward_s=bs)
+                    for u, fs, bs in zip(self.ranks[0].units, f.tolist(), b.tolist())]
+        if what == "calls":
+            return grid.rank_calls(reshard)
+        return grid.deficits()
 
     def _units(self, rm: RankModel, ch: Changes) -> list[UnitModel]:
         if ch.merge is None:
@@ -559,7 +604,6 @@ class StepModel:
         time; a faster rank waits for the slower one inside the collective (peer wait: its
         exposed time includes it). So the replay runs once with the largest compute, and
         the worst rank's exposed time adds its peer wait."""
-        per_rank = self._per_rank("units", ch)
         scale = ch.micro_batch_scale
         units = self._per_rank("slowest", ch)
         reshard = self._reshard(ch)
@@ -577,7 +621,8 @@ class StepModel:
             if bound:
                 calls *= min(ratio, 1 / ratio) if bound < 0 else max(ratio, 1 / ratio)
             spread.append(rm.arrival_wait_per_call_s * calls)
-        worst = max(range(len(per_rank)), key=lambda i: deficits[i] + spread[i], default=None)
+        worst = max(range(len(self.ranks)), key=lambda i: deficits[i] + spread[i],
+                    default=None)
         r = self._replay_rank(self.overhead_rank(), ch, bound, units)
         if worst is not None:
             r.exposed_s += deficits[worst] + spread[worst]
@@ -1009,6 +1054,7 @@ class UnitPart:
     sem: Semantics
     links: dict
     memo: dict = field(default_factory=dict)
+    grid: UnitGrid | None = None  # every rank's figures (`unitgrid`); its units built when read
 
 
 # The last fit's `UnitPart` (one: a TUI follows one run), and how many were built (the
@@ -1043,27 +1089,49 @@ def _unit_part(ranks: dict, ctx) -> UnitPart:
     depth = 0 if sync_unshard else max(1, int(pf.get("forward") or 1))
     reshard = any(u.reshard_after_forward for u in facts.units) or facts.zero_stage == 3
     sem = Semantics(facts.framework, sync_unshard, rs_hidden == 0, depth, reshard)
-    all_units, other_compute = [], []
-    fw_inputs = []  # per rank: units, framework time per unit, (0: see `UnitPart`)
-    for i, w in enumerate(ranks.values()):
-        units, other = _rank_units(w, tables.rows[i] if tables else None)
-        if tables is not None:
-            for u in units:
-                _prime(u, reshard)
+    fw = []  # per rank: its framework time per step by unit
+    for w in ranks.values():
         per_unit_fw: dict[str, float] = {}
         for (unit, _phase), s in w.unit_framework.items():
             if unit != RANK_TOTAL_UNIT:  # a sum over units (Prometheus: every rank but 0)
                 per_unit_fw[unit] = per_unit_fw.get(unit, 0.0) + s / w.per_unit_steps
-        all_units.append(units)
-        other_compute.append(other)
-        fw_inputs.append((units, per_unit_fw, 0.0))
-    part = UnitPart(key, all_units, [bool(fw) for _u, fw, _t in fw_inputs],
-                    fit_framework(fw_inputs), other_compute,
-                    arrival_excess(ranks, all_units, reshard) if tables is None else
-                    _excess(ranks, all_units, reshard,
-                            tables.waits([w.per_unit_steps for w in ranks.values()])), sem,
+        fw.append(per_unit_fw)
+    windows = list(ranks.values())
+    g = None
+    if tables is not None:
+        def build(i: int) -> list[UnitModel]:
+            units = _rank_units(windows[i], tables.rows[i])[0]
+            for u in units:
+                _prime(u, reshard)
+            return units
+        g = unitgrid.grid(windows, tables.rows, build)
+    if g is not None:
+        all_units = [None] * len(windows)  # built when read (`UnitGrid.units`)
+        other_compute = g.per_rank(lambda b: b.other)
+        framework = fit_framework_points([(pts, top, 0.0) for pts, top in
+                                          g.framework_points(fw)])
+        calls, deficits = g.rank_calls(reshard), g.deficits()
+        waits = tables.waits([w.per_unit_steps for w in windows])
+        arrival = [None if len(windows) < 2 else (wait - d, c)
+                   for wait, d, c in zip(waits, deficits, calls)]
+    else:
+        all_units, other_compute = [], []
+        for i, w in enumerate(windows):
+            units, other = _rank_units(w, tables.rows[i] if tables else None)
+            if tables is not None:
+                for u in units:
+                    _prime(u, reshard)
+            all_units.append(units)
+            other_compute.append(other)
+        framework = fit_framework([(us, f, 0.0) for us, f in zip(all_units, fw)])
+        arrival = arrival_excess(ranks, all_units, reshard) if tables is None else \
+            _excess(ranks, all_units, reshard,
+                    tables.waits([w.per_unit_steps for w in windows]))
+    part = UnitPart(key, all_units, [bool(f) for f in fw], framework, other_compute,
+                    arrival, sem,
                     fit_links(ctx.snapshot, ranks=set(ranks)) if tables is None else
-                    links_from_points(tables.link_points([w.facts for w in ranks.values()])))
+                    links_from_points(tables.link_points([w.facts for w in windows])),
+                    grid=g)
     if MEMO:
         _LAST_PART[:] = [part]
     return part
@@ -1165,7 +1233,8 @@ def fit(snapshot: RunSnapshot, profile: LinkProfile | None = None) -> StepModel:
         framework_s = w.per_sampled_step(w.framework_seconds) or 0.0
         fw = part.framework[i]
         rank_models.append(RankModel(
-            r, part.units[i], w.optimizer_seconds / steps, framework_s,
+            r, part.units[i] if part.grid is None else partial(part.grid.units, i),
+            w.optimizer_seconds / steps, framework_s,
             (w.per_sampled_step(w.other_seconds) or 0.0) + part.other_compute[i],
             w.self_seconds / steps, w.mean_step_seconds, w.exposed_seconds / steps, times,
             list(w.exposed_times),
@@ -1178,6 +1247,7 @@ def fit(snapshot: RunSnapshot, profile: LinkProfile | None = None) -> StepModel:
     model = StepModel(snapshot, rank_models, part.links, part.sem, max(1, ctx.group_size),
                       ctx.block_container, min(w.per_unit_steps for w in ranks.values()))
     model.profile = profile
+    model.grid = part.grid
     if MEMO:
         model._memo = part.memo  # the units are the part's: what replays ask of them too
     return model
