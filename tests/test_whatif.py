@@ -2055,3 +2055,91 @@ def test_unit_part_from_the_arrays_equals_the_dicts_row_by_row():
     arrays = _as_arrays(snap)
     stepmodel.fit(arrays)
     assert all(w.unit_arrays is not None for w in arrays.ranks.values())  # no dicts read
+
+
+def _shared_layout_run():
+    """Eight ranks of 12 units, five of one layout (the same keys, unit names, group sizes and calls:
+    they share the grid's `Layout`) and three each their own: rank 1 a straggler (each
+    unit's forward 5 ms slower), rank 3 on a slow link for l3 (its reduce-scatter 30 %
+    slower, part hidden), rank 4 over 12 steps; rank 5 without unit l2's numbers (its facts
+    name it), rank 6 with a collective it never called (count 0) and compute outside the
+    named phases and no framework time of l3 (its largest unit), rank 7 with calls of a
+    unit its facts do not name and its l3 backward all-gathers larger than the link's
+    calls (beyond them with resharding on); the framework time per unit recorded, unequal
+    by rank."""
+    import copy
+
+    def shared(d):
+        _fw_per_unit(d, noise=[0.0002, -0.0001, 0.0003])
+        r0 = d["ranks"][0]
+        rs = [r0] + [copy.deepcopy(r0) for _ in range(7)]
+        for row in rs[1]["compute"]:
+            if row[1] == "forward":
+                row[2] += 0.005
+        for row in rs[3]["comm"]:
+            if row[:3] == ["l3", "backward", "reduce_scatter"]:
+                row[5] *= 1.3
+                row[6] = row[5] * 0.6
+                row[7] = row[5] * 0.4
+        rs[4]["steps"] = 12
+        rs[4]["unit_framework"] = [[u, p, s * 1.1] for u, p, s in rs[4]["unit_framework"]]
+        for key in ("compute", "comm", "unit_framework"):
+            rs[5][key] = [row for row in rs[5][key] if row[0] != "l2"]
+        rs[6]["comm"] += [["l0", "forward", "all_reduce", 0, 0, 0.0, 0.0, 0.0]]
+        rs[6]["compute"] += [["l0", "step", 0.001]]
+        rs[6]["unit_framework"] = [row for row in rs[6]["unit_framework"] if row[0] != "l3"]
+        for row in rs[7]["comm"]:  # larger than the link's calls, and slower per call
+            if row[:3] == ["l3", "backward", "all_gather"]:
+                row[4], row[5], row[6] = row[4] * 1.5, row[5] * 2, row[6] * 2
+        rs[7]["comm"] += [["head", "forward", "all_gather", 1, 400_000, 0.006, 0.006, 0.0]]
+        rs[7]["compute"] += [["head", "forward", 0.003]]
+        d["ranks"], d["copies"] = rs, 1
+        d["run"]["world_size"] = 8
+    snap, _ = synthetic(TWELVE, extra=shared)
+    return snap
+
+
+# more than 8 units: numpy's own sums (pairwise past 8 terms) would part from Python's
+TWELVE = SIX + (("l5", 300_000), ("l6", 700_000), ("l7", 1_500_000), ("l8", 200_000),
+                ("l9", 900_000), ("l10", 600_000))
+
+
+def test_unit_grid_equals_the_unit_objects_on_ranks_that_share_a_layout():
+    """The replays' per-rank figures from every rank's arrays at once (`unitgrid`: ranks of
+    one layout in one block) are, float for float, what each rank's unit objects give (the
+    witness: `stepmodel.FAST` off, the dicts read row by row): every answer's JSON, each
+    rank's units, fits and arrival spread; an answer that merges no units builds the unit
+    objects of two ranks only (the replay's and the first); and by hand: each rank's
+    compute deficit against the straggler, 12 units x 5 ms (rank 5: 11 x 5 ms and all of
+    l2's 35 ms)."""
+    from zerodoc.whatif import stepmodel
+
+    changes = (Changes(), Changes(merge=2), Changes(merge=3),
+               Changes(reshard_after_forward=False), Changes(prefetch=1),
+               Changes(latency_set_s=0.001), Changes(world_size=16), Changes(world_size=1),
+               Changes(bandwidth_scale=2.0, micro_batch_scale=2.0))
+    stepmodel.MEMO = False
+    try:
+        stepmodel.FAST = False
+        want = stepmodel.fit(_shared_layout_run())
+        assert want.grid is None
+        stepmodel.FAST = True
+        got = stepmodel.fit(_as_arrays(_shared_layout_run()))
+        first = json.dumps(answer(got, Changes(), memory=False), sort_keys=True, default=repr)
+        built = got.grid.built()
+        ans = {name: [json.dumps(answer(m, ch, memory=False), sort_keys=True, default=repr)
+                      for ch in changes] for name, m in (("want", want), ("got", got))}
+    finally:
+        stepmodel.MEMO, stepmodel.FAST = True, True
+    sizes = sorted(len(b.idx) for b in got.grid.blocks)
+    assert sizes == [1, 1, 1, 5], sizes  # ranks 0-4 share a layout
+    assert built == 2 and first == ans["want"][0]
+    assert ans["got"] == ans["want"]
+    for a, b in zip(got.ranks, want.ranks):
+        assert a.units == b.units
+        assert (a.framework_fit, a.other_s, a.arrival_wait_per_call_s, a.arrival_calls) == \
+            (b.framework_fit, b.other_s, b.arrival_wait_per_call_s, b.arrival_calls)
+    assert got.links == want.links and got.semantics == want.semantics
+    for r, d in enumerate(got.grid.deficits()):  # the straggler's own: 0
+        want_d = 0.0 if r == 1 else 11 * 0.005 + 0.035 if r == 5 else 12 * 0.005
+        assert d == pytest.approx(want_d, abs=1e-12), r
