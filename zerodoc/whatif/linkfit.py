@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..runmodel import RunSnapshot, busbw
 
 
@@ -80,31 +82,40 @@ class LinkFit:
         return max(0.0, lat + x * spb + bound * se)
 
 
+def seq_sum(a) -> float:
+    """The sum of an array from left to right, as Python's `sum` of its floats takes it
+    (numpy's own `sum` is pairwise past 8 terms and can differ in the last bit): the fits
+    over every rank's units (83 k points at 1,024 ranks x 81 units) in C, their floats
+    those of the Python sums."""
+    return float(np.cumsum(a)[-1]) if len(a) else 0.0
+
+
 def _wls(xs, ys, ws):
     """Weighted least squares y = a + b x; (a, b, residual sd, se of the line at the mean x,
     se_b, the weighted mean x). Falls back to a
     line through the mean (b = 0) when the sizes do not spread, and to a line through the
-    origin (a = 0) when the intercept comes out negative; to b = 0 when the slope does."""
-    sw = sum(ws)
-    mx = sum(w * x for x, w in zip(xs, ws)) / sw
-    my = sum(w * y for y, w in zip(ys, ws)) / sw
-    sxx = sum(w * (x - mx) ** 2 for x, w in zip(xs, ws))
+    origin (a = 0) when the intercept comes out negative; to b = 0 when the slope does.
+    Each sum taken left to right (`seq_sum`), each term as the scalar expression would."""
+    xs, ys, ws = (np.asarray(v, np.float64) for v in (xs, ys, ws))
+    sw = seq_sum(ws)
+    mx = seq_sum(ws * xs) / sw
+    my = seq_sum(ws * ys) / sw
+    sxx = seq_sum(ws * (xs - mx) ** 2)
     k = len(xs)
     spread = not (sxx <= (0.05 * mx) ** 2 * sw or k < 3)
     if not spread:  # sizes within ~5 %: no slope to see
         a, b = my, 0.0
     else:
-        b = sum(w * (x - mx) * (y - my) for x, y, w in zip(xs, ys, ws)) / sxx
+        b = seq_sum(ws * (xs - mx) * (ys - my)) / sxx
         a = my - b * mx
         if b < 0:  # the noise hides the slope: latency only, the slope's error kept
             a, b = my, 0.0
         elif a < 0:
-            b = sum(w * x * y for x, y, w in zip(xs, ys, ws)) / \
-                max(sum(w * x * x for x, w in zip(xs, ws)), 1e-300)
+            b = seq_sum(ws * xs * ys) / max(seq_sum(ws * xs * xs), 1e-300)
             a = 0.0
-    res = [y - (a + b * x) for x, y in zip(xs, ys)]
+    res = ys - (a + b * xs)
     dof = max(1, k - 2)
-    resid = math.sqrt(sum(w * r * r for r, w in zip(res, ws)) / sw * k / dof) if k > 1 else 0.0
+    resid = math.sqrt(seq_sum(ws * res * res) / sw * k / dof) if k > 1 else 0.0
     # the slope's standard error wherever the sizes spread, also when the fitted slope came
     # out negative and fell back to 0: a noise-hidden bandwidth is not an infinite one, and
     # calls priced far beyond the run's sizes (merged units) get the range that says so

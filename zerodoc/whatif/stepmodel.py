@@ -31,10 +31,12 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import partial
 
+import numpy as np
+
 from ..catalog import RANK_TOTAL_UNIT
 from ..errors import UserError
 from ..runmodel import RunSnapshot
-from .linkfit import LinkFit, _wls, fit_links, links_from_points, wire_factor
+from .linkfit import LinkFit, _wls, fit_links, links_from_points, seq_sum, wire_factor
 from .linkprofile import LinkProfile, ProfileLink
 from . import unitgrid
 from .unitgrid import UnitGrid
@@ -165,27 +167,28 @@ def _wls2(x1, x2, ys, ws):
     (a, b, c, residual sd, se_a, se_b, se_c, cov_bc, m1, m2), or None where the two do not
     part (x2 within ~5 % of a line in x1, or fewer than 4 points)."""
     k = len(ys)
-    sw = sum(ws)
+    x1, x2, ys, ws = (np.asarray(v, np.float64) for v in (x1, x2, ys, ws))
+    sw = seq_sum(ws)
     if k < 4 or sw <= 0:
         return None
-    m1 = sum(w * x for x, w in zip(x1, ws)) / sw
-    m2 = sum(w * x for x, w in zip(x2, ws)) / sw
-    my = sum(w * y for y, w in zip(ys, ws)) / sw
-    d1 = [x - m1 for x in x1]
-    d2 = [x - m2 for x in x2]
-    s11 = sum(w * a * a for a, w in zip(d1, ws))
-    s22 = sum(w * a * a for a, w in zip(d2, ws))
-    s12 = sum(w * a * b for a, b, w in zip(d1, d2, ws))
+    m1 = seq_sum(ws * x1) / sw
+    m2 = seq_sum(ws * x2) / sw
+    my = seq_sum(ws * ys) / sw
+    d1 = x1 - m1
+    d2 = x2 - m2
+    s11 = seq_sum(ws * d1 * d1)
+    s22 = seq_sum(ws * d2 * d2)
+    s12 = seq_sum(ws * d1 * d2)
     det = s11 * s22 - s12 * s12
     # x2's spread left once x1's line is taken out of it: s22 (1 - r^2)
     if s11 <= 0 or det <= (0.05 * m2) ** 2 * sw * s11:
         return None
-    s1y = sum(w * a * (y - my) for a, y, w in zip(d1, ys, ws))
-    s2y = sum(w * a * (y - my) for a, y, w in zip(d2, ys, ws))
+    s1y = seq_sum(ws * d1 * (ys - my))
+    s2y = seq_sum(ws * d2 * (ys - my))
     b = (s22 * s1y - s12 * s2y) / det
     c = (s11 * s2y - s12 * s1y) / det
-    res = [y - (my + b * a1 + c * a2) for y, a1, a2 in zip(ys, d1, d2)]
-    resid = math.sqrt(sum(w * r * r for r, w in zip(res, ws)) / sw * k / (k - 3))
+    res = ys - (my + b * d1 + c * d2)
+    resid = math.sqrt(seq_sum(ws * res * res) / sw * k / (k - 3))
     # resid is the sd of a point of mean weight (the weights scaled to mean 1, w / scale):
     # cov = resid^2 (X'(W / scale)X)^-1 = resid^2 scale (X'WX)^-1, as `linkfit._wls`
     scale = sw / k
@@ -208,38 +211,43 @@ def fit_framework(ranks: list[tuple[list[UnitModel], dict[str, float], float]]
     per rank had any, or when the units are of one size (within ~5 %): too few sizes to part
     the two."""
     return fit_framework_points([
-        (_framework_points(units, per_unit), max((_largest_call(u) for u in units
-                                                  if u.name in per_unit), default=None), t)
+        (tuple(zip(*_framework_points(units, per_unit))) or ((), (), (), ()),
+         max((_largest_call(u) for u in units if u.name in per_unit), default=None), t)
         for units, per_unit, t in ranks])
 
 
-def fit_framework_points(ranks: list[tuple[list, float | None, float]]
+def fit_framework_points(ranks: list[tuple[tuple, float | None, float]]
                          ) -> list[FrameworkFit | None]:
-    """`fit_framework` from each rank's points (`_framework_points`), the largest call
-    among its units with framework time (None: none) and its framework total per step."""
+    """`fit_framework` from each rank's points (`_framework_points` as columns: bytes per
+    call, framework seconds per call, calls, parameter tensors or None), the largest call
+    among its units with framework time (None: none) and its framework total per step.
+    Over every rank's units with numpy, each sum left to right as the Python sums took it
+    (`seq_sum`: the same floats)."""
     per_rank = [pts for pts, _top, _t in ranks]
-    pooled = [p for pts in per_rank for p in pts]
-    if not pooled or min(len(p) for p in per_rank if p) < 3:
+    sizes = [len(p[0]) for p in per_rank]
+    if not any(sizes) or min(n for n in sizes if n) < 3:
         return [None] * len(ranks)
-    sw = sum(p[2] for p in pooled)
-    mean_x = sum(p[0] * p[2] for p in pooled) / sw
-    if sum(p[2] * (p[0] - mean_x) ** 2 for p in pooled) <= (0.05 * mean_x) ** 2 * sw:
+    xs, ys, ws = (np.concatenate([np.asarray(p[i], np.float64) for p in per_rank])
+                  for i in range(3))
+    ts = [t for p in per_rank for t in p[3]]
+    sw = seq_sum(ws)
+    mean_x = seq_sum(xs * ws) / sw
+    if seq_sum(ws * (xs - mean_x) ** 2) <= (0.05 * mean_x) ** 2 * sw:
         # units of one size (within ~5 %) cannot part a cost per call from one per byte: a
         # fit would price it per call only, with no range; the per-step pricing (per byte,
         # the range to per call) says what is known
         return [None] * len(ranks)
-    xs, ys, ws = [p[0] for p in pooled], [p[1] for p in pooled], [p[2] for p in pooled]
     a, b, _resid, se_a, se_b, mx = _wls(xs, ys, ws)
     c = se_c = cov = mt = 0.0
     note = ("the units' parameter tensor counts are not known; run logs of FSDP2 and FSDP1 "
             "runs record them, Prometheus, the endpoints and traces do not")
-    if all(p[3] is not None for p in pooled) and \
-            min(len(p) for p in per_rank if p) < 4:
+    known = None not in ts
+    if known and min(n for n in sizes if n) < 4:
         # three parts through three units: an exact fit, no degree of freedom left
         note = "fewer than 4 units per rank: too few to part a cost per tensor"
-    elif all(p[3] is not None for p in pooled):
+    elif known:
         note = "the units' tensor counts do not vary apart from their bytes"
-        two = _wls2(xs, [float(p[3]) for p in pooled], ys, ws)
+        two = _wls2(xs, np.array(ts, np.float64), ys, ws)
         if two is not None:
             a2, b2, c2, _r, se_a2, se_b2, se_c2, cov2, m1, m2 = two
             if b2 >= 0 and c2 >= 0 and a2 - b2 * m1 - c2 * m2 >= 0:
@@ -253,26 +261,30 @@ def fit_framework_points(ranks: list[tuple[list, float | None, float]]
     # U - 2 degrees of freedom), not of the P pooled points, whose shrink as
     # 1 / sqrt(P - 2): scaled back by sqrt((P - 2) / (U - 2)) (exact for identical ranks; for
     # ranks whose noise is independent, on the safe side).
-    ranks_pooled = sum(1 for pts in per_rank if pts)
-    n_units = max(len(pts) for pts in per_rank)
+    ranks_pooled = sum(1 for n in sizes if n)
+    n_units = max(sizes)
     dof = 2 if note else 3
-    widen = math.sqrt(max(1, len(pooled) - dof) / max(1, n_units - dof))
+    widen = math.sqrt(max(1, len(xs) - dof) / max(1, n_units - dof))
     se_a, se_b, se_c, cov = se_a * widen, se_b * widen, se_c * widen, cov * widen ** 2
+    tz = np.array([t or 0 for t in ts], np.float64)
     out: list[FrameworkFit | None] = []
-    for pts, (_pts, top, total) in zip(per_rank, ranks):
-        measured = sum(y * n for _x, y, n, _t in pts)
-        line = sum(n * (a + b * x + c * (t or 0)) for x, _y, n, t in pts)
-        if len(pts) < 3 or measured <= 0 or line <= 0:
+    start = 0
+    for n_pts, (_pts, top, total) in zip(sizes, ranks):
+        x, y, n, t = (v[start:start + n_pts] for v in (xs, ys, ws, tz))
+        start += n_pts
+        measured = seq_sum(y * n)
+        line = seq_sum(n * (a + b * x + c * t))
+        if n_pts < 3 or measured <= 0 or line <= 0:
             out.append(None)
             continue
         k = measured / line
-        out.append(FrameworkFit(k * a, k * b, k * se_a, k * se_b, mx, len(pts),
+        out.append(FrameworkFit(k * a, k * b, k * se_a, k * se_b, mx, n_pts,
                                 max(0.0, total - measured), ranks_pooled,
                                 per_tensor_s=k * c, se_per_tensor_s=k * se_c,
                                 mean_tensors=mt, cov_byte_tensor=k * k * cov,
-                                tensor_note=note, max_bytes=max(x for x, *_ in pts),
+                                tensor_note=note, max_bytes=float(x.max()),
                                 max_call_bytes=top,
-                                per_byte_avg_s=measured / sum(x * n for x, _y, n, _t in pts),
+                                per_byte_avg_s=measured / seq_sum(x * n),
                                 units_s=measured))
     return out
 

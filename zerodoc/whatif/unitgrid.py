@@ -237,9 +237,9 @@ class UnitGrid:
         return self._once(("top", reshard, world_size), make)
 
     def framework_points(self, fw: list[dict]) -> list[tuple]:
-        """Per rank `stepmodel._framework_points` (`fw`: each rank's framework seconds per
-        step by unit name) and the largest call among its units with framework time (None:
-        none)."""
+        """Per rank `stepmodel._framework_points` as columns (`fw`: each rank's framework
+        seconds per step by unit name) and the largest call among its units with framework
+        time (None: none)."""
         out: list = [None] * self.n
         for b in self.blocks:
             t, names = b.layout.tensors, b.layout.names
@@ -250,9 +250,8 @@ class UnitGrid:
                 ok = ~np.isnan(s) & (calls > 0) & (moved > 0)
                 cols = np.flatnonzero(ok)
                 has = np.flatnonzero(~np.isnan(s))
-                pts = list(zip((moved[cols] / calls[cols]).tolist(),
-                               (s[cols] / calls[cols]).tolist(), calls[cols].tolist(),
-                               [t[c] for c in cols.tolist()]))
+                pts = (moved[cols] / calls[cols], s[cols] / calls[cols], calls[cols],
+                       [t[c] for c in cols.tolist()])
                 top = float(b.largest[row, has].max()) if len(has) else None
                 out[i] = (pts, top)
         return out

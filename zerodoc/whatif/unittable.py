@@ -21,11 +21,18 @@ class RankRows:
     (count, bytes, seconds, exposed, hidden) as an array (count and bytes truncated as
     `CommTotals` holds them) and as lists."""
 
-    __slots__ = ("ck", "cv", "mk", "mv", "rows")
+    __slots__ = ("ck", "cv", "mk", "mv", "_rows")
 
     def __init__(self, ck, cv, mk, mv):
         self.ck, self.cv, self.mk, self.mv = ck, cv, mk, mv
-        self.rows = mv.tolist()
+        self._rows = None
+
+    @property
+    def rows(self) -> list:
+        """The rows as lists, made when first read (a rank's unit objects, a link point)."""
+        if self._rows is None:
+            self._rows = self.mv.tolist()
+        return self._rows
 
 
 def rank_rows(w) -> RankRows:
@@ -79,8 +86,11 @@ class Tables:
     def hidden(self, colls: tuple[str, ...]) -> float:
         """The hidden seconds of these collectives over every rank."""
         total = 0.0
+        masks: dict[int, list] = {}  # by keys: every rank of a run log shares one tuple
         for r in self.rows:
-            mask = [k[2] in colls for k in r.mk]
+            mask = masks.get(id(r.mk))
+            if mask is None:
+                mask = masks[id(r.mk)] = [k[2] in colls for k in r.mk]
             if any(mask):
                 total += float(r.mv[mask, 4].sum())
         return total
