@@ -13,15 +13,23 @@ series back. After `--minutes` the bench reads:
 - per rule group, from vmalert itself: the last iteration's duration (the longest of its
   rules' evaluationTime in /api/v1/rules) and the mean / p50 / p99 of all iterations
   (`vmalert_iteration_duration_seconds`) against the group's interval, iterations run and
-  missed (`vmalert_iteration_missed_total`) and its rules in error;
+  missed (`vmalert_iteration_missed_total`; `missed_at_s`: when, polled every 5 s), its
+  costliest rules in the last iteration and its rules in error (with the errors);
+- vmalert's remote-write counters (rows sent, dropped, errors) and the store's own slowest
+  queries by total time (`/api/v1/status/top_queries`);
 - the store's series (`/api/v1/status/tsdb` totalSeries), samples ingested per second
   (`vm_rows_inserted_total` over the run), and the resident memory (now and peak) of
   VictoriaMetrics, vmagent and vmalert from /proc;
 - the wall time of every dashboard panel query (dashboards/*.json, variables as the bench
   for Prometheus substitutes them), of `zerodoc report` (a snapshot of the Prometheus source,
-  cumulative and 20-step window) and of a TUI's first and next refreshes.
+  cumulative and 20-step window) and of a TUI's first and next refreshes, each with where its
+  per-unit numbers came from (the rules' series or every rank's raw ones), its query count
+  and its slowest queries.
 
 Each figure says what it covers; a query that failed is listed with its error, never timed.
+`--unit-interval 1m` evaluates the per-unit groups more often (their 4m window unchanged: more
+evaluations in a short run). Stopped by `timeout`, it prints what it has read
+(`"interrupted"`) after stopping its servers.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import argparse
 import json
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -44,7 +53,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.rankfarm import RankFarm, shipped_pages  # noqa: E402
 from bench.scale_prom import _peak, _queries, _rss, _subst  # noqa: E402
-from zerodoc.ops.stack import VM_LATENCY_OFFSET, vmalert_rules  # noqa: E402
+from zerodoc.ops.stack import (  # noqa: E402
+    VM_LATENCY_OFFSET, VM_SERVE_FLAGS, VMALERT_WRITE_FLAGS, vmalert_rules,
+)
 
 
 def _get(url: str, timeout: float = 120) -> bytes:
@@ -119,12 +130,60 @@ def _groups(rules_url: str, metrics: list) -> dict:
             "duration_p50_s": one("vmalert_iteration_duration_seconds", quantile="0.5"),
             "duration_p99_s": one("vmalert_iteration_duration_seconds", quantile="0.99"),
             "rule_errors": sum(1 for r in rules if r.get("lastError")),
+            "slowest_rules": _rule_costs(rules)[:4],
         }
+        errs = sorted({r["lastError"][:160] for r in rules if r.get("lastError")})
+        if errs:
+            out[name]["errors"] = errs[:3]
         worst = max(x for x in (out[name]["duration_p99_s"], out[name]["last_duration_s"])
                     if x is not None)
         out[name]["within_half_interval"] = bool(g.get("interval")) and \
             worst <= g["interval"] / 2
     return out
+
+
+def _note_missed(rules_url: str, start: float, missed: dict) -> None:
+    """Per group, the seconds into the run at which vmalert's missed iterations grew (polled):
+    a miss while the store registers the farm's first 1-2 M series is not a steady one."""
+    try:
+        now = _metrics(rules_url)
+    except OSError:
+        return
+    for n, lab, v in now:
+        if n == "vmalert_iteration_missed_total":
+            seen = missed.setdefault(lab.get("group", "?"), [])
+            while len(seen) < v:
+                seen.append(round(time.time() - start))
+
+
+def _remote_write(metrics: list) -> dict:
+    """vmalert's remote-write counters (rows sent, dropped, errors: a recorded series that
+    did not fit its queue, -remoteWrite.maxQueueSize, never reaches the store)."""
+    out: dict = {}
+    for n, _lab, v in metrics:
+        if "remotewrite" in n and not n.endswith(("_bucket", "_sum", "_count")):
+            out[n] = out.get(n, 0) + v
+    return out
+
+
+def _top_queries(url: str) -> list:
+    """The store's own slowest queries by total time (/api/v1/status/top_queries)."""
+    try:
+        data = json.loads(_get(f"{url}/api/v1/status/top_queries?topN=6&maxLifetime=1h"))
+    except (OSError, ValueError) as e:
+        return [f"unavailable: {e}"]
+    return [{"query": q.get("query", "")[:160], "count": q.get("count"),
+             "avg_s": q.get("avgDurationSeconds"), "sum_s": q.get("sumDurationSeconds")}
+            for q in data.get("topBySumDuration", [])]
+
+
+def _rule_costs(rules: list) -> list:
+    """The group's costliest rules in its last iteration: vmalert 1.79's evaluationTime of a
+    rule is the time from the iteration's start to the rule's end (they grow in file order),
+    so a rule's own cost is its step over the rule before it."""
+    ends = [float(r.get("evaluationTime") or 0) for r in rules]
+    own = [(round(e - b, 3), r["name"]) for r, b, e in zip(rules, [0.0, *ends], ends)]
+    return [{"rule": n, "s": t} for t, n in sorted(own, reverse=True)]
 
 
 def _time_queries(url: str, at: float) -> dict:
@@ -145,22 +204,49 @@ def _time_queries(url: str, at: float) -> dict:
             "over_5s": sum(1 for w in walls if w > 5), "failed": failed}
 
 
-def _source_times(url: str) -> dict:
+def _timed_source(url: str, window):
+    """A PrometheusSource that notes each query's wall time (`.timed`: [(s, expr)])."""
     from zerodoc.sources import PrometheusSource
 
-    out = {}
+    class Timed(PrometheusSource):
+        def _query(self, expr, at=None, timeout_s=None):
+            t = time.perf_counter()
+            try:
+                return super()._query(expr, at, timeout_s)
+            finally:
+                self.timed.append((time.perf_counter() - t, expr))
+
+    Timed.timed = []
+    src = Timed(url, window=window)
+    src.timed = []
+    return src
+
+
+def _snapshot(src, out: dict, label: str) -> None:
+    """One snapshot timed into out[label], with what it rests on: whether the per-unit
+    stats came from the recording rules (their window) or from every rank's raw series, its
+    query count and its slowest queries."""
+    src.timed.clear()
+    t = time.perf_counter()
+    snap = src.snapshot()
+    out[label] = round(time.perf_counter() - t, 2)
+    w = snap.unit_stats.window_s if snap.unit_stats else None
+    slow = sorted(src.timed, reverse=True)[:3]
+    out[f"{label}_detail"] = {
+        "unit_stats_from": f"recording rules ({w:g} s window)" if w else "raw per-unit series",
+        "queries": len(src.timed),
+        "slowest": [{"s": round(s, 2), "query": q[:140]} for s, q in slow]}
+
+
+def _source_times(url: str, out: dict) -> None:
     for label, window in (("report_cumulative_s", None), ("report_20_steps_s", 20)):
-        t = time.perf_counter()
         try:
-            PrometheusSource(url, window=window).snapshot()
-            out[label] = round(time.perf_counter() - t, 2)
+            _snapshot(_timed_source(url, window), out, label)
         except Exception as e:  # noqa: BLE001
             out[label] = f"failed: {str(e)[:200]}"
-    src = PrometheusSource(url, window=20)
-    t = time.perf_counter()
+    src = _timed_source(url, 20)
     try:
-        src.snapshot()
-        out["tui_first_refresh_s"] = round(time.perf_counter() - t, 2)
+        _snapshot(src, out, "tui_first_refresh_s")
         later = []
         for _ in range(3):
             t = time.perf_counter()
@@ -169,19 +255,32 @@ def _source_times(url: str) -> dict:
         out["tui_next_refresh_s_median_of_3"] = round(statistics.median(later), 2)
     except Exception as e:  # noqa: BLE001
         out["tui"] = f"failed: {str(e)[:200]}"
-    return out
 
 
-def run(ranks: int, minutes: float, interval_s: int) -> dict:
+def _rule_files(tmp: Path, unit_interval: str | None) -> list[Path]:
+    """rules/*.yml as shipped, or generated with the per-unit groups evaluated every
+    `unit_interval` (their window unchanged: the same work an evaluation, more of them)."""
+    if not unit_interval:
+        return sorted((ROOT / "rules").glob("*.yml"))
+    from zerodoc.ops.alerts import RuleOptions, write_rules
+
+    return write_rules(tmp / "rules", opts=RuleOptions(unit_interval=unit_interval))
+
+
+def run(ranks: int, minutes: float, interval_s: int, unit_interval: str | None = None,
+        result: dict | None = None) -> dict:
     vm_bin = {b: shutil.which(b) for b in ("victoria-metrics", "vmagent", "vmalert")}
     if not all(vm_bin.values()):
         raise SystemExit("victoria-metrics, vmagent, vmalert not installed (make prometheus)")
     tmp = Path(tempfile.mkdtemp(prefix="zerodoc-scale-vm-"))
     procs: dict[str, subprocess.Popen] = {}
-    result: dict = {"engine": "VictoriaMetrics 1.79.5 (Debian) + vmagent + vmalert",
+    result = {} if result is None else result  # filled as measured (main prints a part)
+    result.update({"engine": "VictoriaMetrics 1.79.5 (Debian) + vmagent + vmalert",
                     "ranks": ranks, "units": 81, "scrape_interval_s": interval_s,
-                    "minutes": minutes, "rule_files": "rules/*.yml as shipped, through "
-                                                  "zerodoc.ops.stack.vmalert_rules"}
+                    "minutes": minutes, "rule_files": (
+                        "rules/*.yml as shipped" if not unit_interval else
+                        f"rules/*.yml with the per-unit groups every {unit_interval}") +
+                    ", through zerodoc.ops.stack.vmalert_rules"})
     try:
         with RankFarm(shipped_pages(), ranks, run_id="bench", period_s=interval_s) as farm:
             sd = farm.file_sd(tmp / "file_sd")
@@ -194,20 +293,21 @@ def run(ranks: int, minutes: float, interval_s: int) -> dict:
             procs["victoria-metrics"] = _spawn(tmp, "vm", [
                 vm_bin["victoria-metrics"], f"-storageDataPath={tmp / 'vmdata'}",
                 f"-httpListenAddr=127.0.0.1:{vm_port}", f"-search.latencyOffset={VM_LATENCY_OFFSET}",
-                "-search.maxUniqueTimeseries=10000000"])
+                "-search.maxUniqueTimeseries=10000000", *VM_SERVE_FLAGS])
             _wait_ready(vm)
             procs["vmagent"] = _spawn(tmp, "vmagent", [
                 vm_bin["vmagent"], f"-promscrape.config={tmp / 'vmagent.yml'}",
                 f"-remoteWrite.url={vm}/api/v1/write", f"-httpListenAddr=127.0.0.1:{ag_port}",
                 f"-remoteWrite.tmpDataPath={tmp / 'vmagent-queue'}"])
             # as zerodoc stack gives them to vmalert (zerodoc.ops.stack.vmalert_rules says why)
-            rules = vmalert_rules(sorted((ROOT / "rules").glob("*.yml")), tmp / "vmalert-rules")
+            rules = vmalert_rules(_rule_files(tmp, unit_interval), tmp / "vmalert-rules")
             procs["vmalert"] = _spawn(tmp, "vmalert", [
                 vm_bin["vmalert"], *[f"-rule={r}" for r in rules], f"-datasource.url={vm}",
                 f"-remoteWrite.url={vm}", f"-evaluationInterval={interval_s}s",
-                "-notifier.url=http://127.0.0.1:9", f"-httpListenAddr=127.0.0.1:{al_port}"])
+                "-notifier.url=http://127.0.0.1:9", f"-httpListenAddr=127.0.0.1:{al_port}",
+                *VMALERT_WRITE_FLAGS])
             start = time.time()
-            rows0 = None
+            rows0, missed = None, {}
             deadline = time.monotonic() + minutes * 60
             while time.monotonic() < deadline:
                 dead = [n for n, p in procs.items() if p.poll() is not None]
@@ -219,7 +319,9 @@ def run(ranks: int, minutes: float, interval_s: int) -> dict:
                                                   if n == "vm_rows_inserted_total"))
                     except OSError:
                         pass
+                _note_missed(f"http://127.0.0.1:{al_port}", start, missed)
                 time.sleep(5)
+            result["missed_at_s"] = missed
             m_vm, m_al = _metrics(vm), _metrics(f"http://127.0.0.1:{al_port}")
             rows1 = (time.time(), sum(v for n, _l, v in m_vm if n == "vm_rows_inserted_total"))
             if rows0:
@@ -229,9 +331,11 @@ def run(ranks: int, minutes: float, interval_s: int) -> dict:
             result["series_total"] = tsdb.get("totalSeries")
             result["farm_scrapes"] = farm.scrapes
             result["rule_groups"] = _groups(f"http://127.0.0.1:{al_port}", m_al)
+            result["vmalert_remote_write"] = _remote_write(m_al)
+            result["store_top_queries"] = _top_queries(vm)
             result["rss_bytes"] = {n: _rss(p.pid) for n, p in procs.items()}
             result["queries"] = _time_queries(vm, time.time() - 10)
-            result["source"] = _source_times(vm)
+            _source_times(vm, result.setdefault("source", {}))
             result["peak_rss_bytes"] = {n: _peak(p.pid) for n, p in procs.items()}
             result["wall_s"] = round(time.time() - start, 1)
     finally:
@@ -258,8 +362,20 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=4.0,
                     help="how long the rules run before the figures are read")
     ap.add_argument("--scrape-interval", type=int, default=15, help="seconds")
+    ap.add_argument("--unit-interval", help="evaluate the per-unit groups this often (e.g. "
+                    "1m; their 4m window unchanged) instead of rules/*.yml as shipped")
     a = ap.parse_args()
-    print(json.dumps(run(a.ranks, a.minutes, a.scrape_interval), indent=1))
+    result: dict = {}
+
+    def stop(_sig, _frame):  # `timeout` ends the bench: its servers stopped, what it has printed
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        run(a.ranks, a.minutes, a.scrape_interval, a.unit_interval, result)
+    except KeyboardInterrupt:
+        result["interrupted"] = "stopped before every figure was read"
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

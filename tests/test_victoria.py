@@ -22,11 +22,10 @@ import pytest
 from bench.rankfarm import RankFarm, shipped_pages
 from tests.support.helpers import wait_until
 from tests.support.promserver import PromServer, require_binary
-from tests.support.vmserver import VictoriaStack, _Server
+from tests.support.vmserver import VictoriaStack
 from zerodoc.cli.main import main
 from zerodoc.ops import alerts
 from zerodoc.ops.alerts import RuleOptions
-from zerodoc.ops.stack import vmalert_rules
 
 # the module fixture waits for both stores' first recorded series (a minute or two on a
 # loaded host) and the comparison for both stores' latest data: at a load average of ~300
@@ -60,14 +59,9 @@ def engines(tmp_path_factory):
         (tmp / "prom").mkdir()
         with PromServer(tmp / "prom", rule_files=[str(r) for r in rules], extra_scrape_configs=[
                 {**job, "file_sd_configs": [{"files": [str(sd)], "refresh_interval": "1s"}]}
-        ], scrape_interval=SCRAPE) as prom, VictoriaStack(
-                tmp / "vm", [job], scrape_interval=SCRAPE,
-                latency_offset=LATENCY_OFFSET) as vm, _Server(tmp / "vm", "vmalert", [
-                    *[f"-rule={r}" for r in vmalert_rules(rules, tmp / "vmalert-rules")],
-                    f"-datasource.url={vm.url}",
-                    f"-remoteWrite.url={vm.url}", f"-remoteRead.url={vm.url}",
-                    f"-evaluationInterval={SCRAPE}", "-notifier.url=http://127.0.0.1:9",
-            ]) as vm.alert:  # vmalert as zerodoc stack runs it (vmalert_rules)
+        ], scrape_interval=SCRAPE) as prom, VictoriaStack(  # vmalert as zerodoc stack runs it
+                tmp / "vm", [job], rule_files=rules, scrape_interval=SCRAPE,
+                eval_interval=SCRAPE, latency_offset=LATENCY_OFFSET) as vm:
             for store in (prom, vm):
                 store.wait_for(f'up{{run_id="{RUN}"}} == 1', min_results=RANKS, timeout=120)
                 store.wait_for(f'{RECORDED}{{run_id="{RUN}"}}', timeout=120)

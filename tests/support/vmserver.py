@@ -1,6 +1,7 @@
 """A real VictoriaMetrics store for tests (Debian's `victoria-metrics` package, 1.79): the
 single-node server, vmagent scraping into it and vmalert evaluating rule files against it,
-each on 127.0.0.1, a free port and a throwaway folder.
+each on 127.0.0.1, a free port and a throwaway folder. vmalert reads the rule files as
+`zerodoc stack --engine victoria` gives them (zerodoc.ops.stack.vmalert_rules).
 
     with VictoriaStack(tmp, scrape_jobs=[job], rule_files=[...]) as vm:
         vm.wait_for('up == 1', min_results=8)   # the Prometheus query API, at vm.url
@@ -19,7 +20,9 @@ from pathlib import Path
 from tests.support import promserver
 from tests.support.promserver import ServerProcess, require_binary
 from zerodoc.demo.launch import free_port
-from zerodoc.ops.stack import VM_LATENCY_OFFSET
+from zerodoc.ops.stack import (
+    VM_LATENCY_OFFSET, VM_SERVE_FLAGS, VMALERT_WRITE_FLAGS, vmalert_rules,
+)
 
 
 class _Server(ServerProcess):
@@ -43,7 +46,8 @@ class VictoriaStack:
         self.tmp = Path(tmp)
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.vm = _Server(self.tmp, "victoria-metrics", [
-            f"-storageDataPath={self.tmp / 'vmdata'}", f"-search.latencyOffset={latency_offset}"])
+            f"-storageDataPath={self.tmp / 'vmdata'}", f"-search.latencyOffset={latency_offset}",
+            *VM_SERVE_FLAGS])
         self.url = self.vm.url
         cfg = {"global": {"scrape_interval": scrape_interval}, "scrape_configs": scrape_jobs}
         (self.tmp / "vmagent.yml").write_text(json.dumps(cfg, indent=1))
@@ -52,11 +56,14 @@ class VictoriaStack:
             f"-remoteWrite.url={self.url}/api/v1/write",
             f"-remoteWrite.tmpDataPath={self.tmp / 'vmagent-queue'}",
             "-promscrape.fileSDCheckInterval=1s", "-remoteWrite.flushInterval=1s"])
+        # the rule files as zerodoc stack gives them to vmalert (vmalert_rules says why)
         self.alert = _Server(self.tmp, "vmalert", [
-            *[f"-rule={r}" for r in rule_files], f"-datasource.url={self.url}",
+            *[f"-rule={r}" for r in vmalert_rules([Path(f) for f in rule_files],
+                                                   self.tmp / "vmalert-rules")],
+            f"-datasource.url={self.url}",
             f"-remoteWrite.url={self.url}", f"-remoteRead.url={self.url}",
             f"-evaluationInterval={eval_interval}", "-notifier.url=http://127.0.0.1:9",
-        ]) if rule_files else None
+            *VMALERT_WRITE_FLAGS]) if rule_files else None
         self._up: list = []
 
     def __enter__(self) -> "VictoriaStack":

@@ -62,13 +62,24 @@ def infer_link(runs: list[Path]) -> str:
 # VictoriaMetrics' ingestion lag guard (its default, 30 s, would show a live run 30 s late)
 VM_LATENCY_OFFSET = "5s"
 VM_MAX_SERIES_PER_QUERY = 5_000_000
+# vmalert's remote write sized for the largest result one rule writes back: a rank's per-step
+# rate of a per-unit counter is 243 series a rank at 81 units, ~249,000 at 1,024 ranks, and past
+# -remoteWrite.maxQueueSize (100,000 by default) vmalert drops the rest of the evaluation (an
+# error on the rule; the aggregations then read a part of the ranks). 10,000 a request (default
+# 1,000): 25 requests for such a rule, not 250.
+VMALERT_WRITE_FLAGS = ("-remoteWrite.maxQueueSize=1000000", "-remoteWrite.maxBatchSize=10000")
+# The store answers loopback clients (vmalert, the report): no gzip of ~100 MB of JSON a rule.
+# A per-unit rule over every rank's series takes 5-30 s on a busy 2-core store (bench/scale_vm.py
+# at 1,024 ranks): past the default 30 s limit the whole evaluation is lost, so 2 minutes (half
+# the per-unit groups' interval).
+VM_SERVE_FLAGS = ("-http.disableResponseCompression", "-search.maxQueryDuration=2m")
 
 
 def vmalert_rules(paths: list[Path], out_dir: Path) -> list[Path]:
     """The rule files as vmalert must read them to record Prometheus' numbers: each
     per-second rate a group records (a `...:rate` record) written out in full where a later
-    rule of the same group reads it. The one place that says why (bench/scale_vm.py and
-    tests/test_victoria.py use it).
+    rule of the same group reads it. The one place that says why (zerodoc stack,
+    bench/scale_vm.py and the tests use it).
 
     Prometheus evaluates a group's rules one after another at one instant, and a rule reads
     what the rules before it recorded at that instant. vmalert writes what a rule records
@@ -82,7 +93,13 @@ def vmalert_rules(paths: list[Path], out_dir: Path) -> list[Path]:
     read from an earlier evaluation is the same number, and a rule that reads only recorded
     series (the step-time quantiles over the bucket rates) reads them all from one
     evaluation: the rates are written out only where a rule reads them beside a window of
-    its own (a range selector)."""
+    its own (a range selector).
+
+    The series per rank and unit (`unit_collective_rank:...:per_step`, ~249,000 a rule at
+    1,024 ranks x 81 units) stay recorded, though vmalert gets each back from the store as
+    JSON and writes it back (VMALERT_WRITE_FLAGS sizes its queue for them): written out in
+    each rule that reads them instead, the `zerodoc.units` group took 255 s of its 240 s at
+    1,024 ranks on 2 cores (4-31 s a rule over the raw counters; docs/operations.md)."""
     import yaml
 
     from .alerts.yamltext import dump
@@ -283,7 +300,7 @@ class Stack:
             f"-search.latencyOffset={VM_LATENCY_OFFSET}",
             # a query over every rank's per-unit series: 1,296 a rank (81 units), past the
             # default limit of 300,000 series per query from ~230 ranks
-            f"-search.maxUniqueTimeseries={VM_MAX_SERIES_PER_QUERY}"])
+            f"-search.maxUniqueTimeseries={VM_MAX_SERIES_PER_QUERY}", *VM_SERVE_FLAGS])
         self.agent_url = f"http://127.0.0.1:{free_port()}"
         self._spawn("vmagent", [
             b["vmagent"], f"-promscrape.config={scrape_config}",
@@ -300,7 +317,8 @@ class Stack:
             b["vmalert"], f"-rule={wd / 'vmalert-rules' / '*.yml'}", f"-datasource.url={self.url}",
             f"-remoteWrite.url={self.url}", f"-remoteRead.url={self.url}",
             f"-notifier.url={notifier}", f"-evaluationInterval={self.scrape_interval}",
-            f"-external.url={self.url}", f"-httpListenAddr={self.rules_url.removeprefix('http://')}"])
+            f"-external.url={self.url}", f"-httpListenAddr={self.rules_url.removeprefix('http://')}",
+            *VMALERT_WRITE_FLAGS])
         return [("victoria-metrics", self.url), ("vmagent", self.agent_url),
                 ("vmalert", self.rules_url)]
 
