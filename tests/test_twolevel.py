@@ -86,8 +86,12 @@ def layouts(tmp_path_factory):
                 cfg["remote_write"][0]["queue_config"] = {"batch_send_deadline": "1s"}
                 racks.append(PromServer(tmp / name, config=cfg))
             (tmp / "flat-prom").mkdir()
+            # scraped as exporters/prometheus.yml scrapes the ranks (honor_labels)
             flat_prom = PromServer(tmp / "flat-prom", rule_files=[str(p) for p in flat],
-                                   file_sd=[str(sd)], scrape_interval=SCRAPE)
+                                   scrape_interval=SCRAPE, extra_scrape_configs=[{
+                                       "job_name": "zerodoc", "honor_labels": True,
+                                       "file_sd_configs": [{"files": [str(sd)],
+                                                            "refresh_interval": "1s"}]}])
             with alert, racks[0], racks[1], flat_prom:
                 last = twolevel.PER_CALL  # the central group's last combined series
                 for url in (flat_prom.url, vm.url):
@@ -200,6 +204,9 @@ def test_only_rank_level_series_and_rack_aggregates_reach_the_centre(layouts):
     assert query(layouts.central, f'count(zerodoc_step_duration_seconds_count{{run_id="{RUN}"}})'
                  )[0]["value"][1] == "8"
     assert not query(layouts.central, f'zerodoc_world_size{{{twolevel.FACTS_LABEL}="1"}}')
+    # the racks scrape as exporters/prometheus.yml does (honor_labels): the pages' own rank
+    # labels, not target labels beside them renamed exported_*
+    assert not query(layouts.central, 'count({exported_rank!=""})')
 
 
 def _report(url: str, capsys) -> dict:

@@ -247,17 +247,20 @@ def rack_prometheus_config(rack: str, central_write_url: str, *, ranks_sd: list[
                            t: Thresholds = DEFAULT, unit_win: str = "4m") -> dict:
     """A rack's Prometheus configuration: its ranks (`ranks_sd`: zerodoc's file_sd files of
     the rack's ranks), rank 0's run facts (`facts_sd`: rank 0's file_sd file; its `job` and
-    `run_id` labels join the facts to the ranks), the rack rules, and the remote write of the rank-level series and the racks'
-    aggregates only (exact names; module docstring)."""
+    `run_id` labels join the facts to the ranks), the rack rules, and the remote write of the
+    rank-level series and the racks' aggregates only (exact names; module docstring)."""
     keep = sorted(set(rank_level_names()) | set(central_names(t, unit_win)))
     facts = ["zerodoc_unit_group_size", "zerodoc_world_size"]
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval,
                    "external_labels": {RACK_LABEL: rack}},
         "rule_files": [rule_file],
+        # honor_labels, as exporters/prometheus.yml: the ranks' own rank / local_rank / node
+        # labels win over the identical target labels (else every series gains exported_*)
         "scrape_configs": [
-            {"job_name": "zerodoc", "file_sd_configs": [{"files": ranks_sd}]},
-            {"job_name": "zerodoc-facts", "file_sd_configs": [{"files": facts_sd}],
+            {"job_name": "zerodoc", "honor_labels": True, "file_sd_configs": [{"files": ranks_sd}]},
+            {"job_name": "zerodoc-facts", "honor_labels": True,
+             "file_sd_configs": [{"files": facts_sd}],
              "metric_relabel_configs": [
                  {"source_labels": ["__name__"], "regex": "|".join(facts), "action": "keep"},
                  {"target_label": FACTS_LABEL, "replacement": "1"}]},
