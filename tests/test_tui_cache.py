@@ -259,3 +259,59 @@ async def test_the_tui_follows_new_steps_a_new_rank_and_rotated_or_truncated_log
         for rep in (*reps, late):
             if rep is not None:
                 rep.close()
+
+
+async def test_the_screen_keeps_refreshing_while_a_refit_blocks(tmp_path, monkeypatch):
+    """A refit of the step model (new per-unit numbers) that takes long does not freeze the
+    TUI: the snapshot and the rules run off the UI thread, so while the fit is held (on an
+    Event, beneath the rules: `zerodoc.whatif.fit`) the views switch, the timer's ticks
+    redraw the status line, which says past one refresh interval that the figures are the
+    previous refresh's; released, the new frame is shown and the label goes."""
+    import threading
+
+    import zerodoc.whatif as whatif
+    from zerodoc.tui.widgets.status import StatusLine
+
+    plain, held, release = whatif.fit, threading.Event(), threading.Event()
+    gate = {"on": False}
+
+    def slow_fit(*a, **kw):
+        if gate["on"]:
+            held.set()
+            release.wait(20)
+        return plain(*a, **kw)
+
+    monkeypatch.setattr(whatif, "fit", slow_fit)
+    now = [time.time()]
+    run = write_run(tmp_path / "run", ranks=4, units=5, steps=6, end=False,
+                    started_unix=now[0] - 30)
+    try:
+        app = ZerodocApp(open_source(str(run), window=4), refresh=0.05,
+                         clock=lambda: now[0])
+        async with app.run_test(size=(160, 44)) as pilot:
+            await until(pilot, lambda: app.frame is not None, what="first frame")
+            app._timer.pause()  # the ticks start no fetch of their own until one is held
+            await until(pilot, lambda: not app._fetching, what="no fetch in flight")
+            first = app.frame
+            assert first.snapshot.ranks[0].last_step == 6
+            gate["on"] = True
+            append_steps(run, ranks=4, units=5, first_step=7, count=1, end_unix=now[0])
+            task = app.run_worker(app.refresh_now(), group="fetch")
+            await until(pilot, held.is_set, what="the refit held")
+            status = lambda: str(app.query_one(StatusLine).render())  # noqa: E731
+            app._timer.resume()  # ticks while held: the status line only
+            assert "previous refresh" not in status()
+            now[0] += 5.0  # the held refresh has run 5 s by the app's clock
+            await until(pilot, lambda: "figures of the previous refresh" in status(),
+                        what="the status line's label, drawn by a tick while held")
+            await pilot.press("4")
+            await until(pilot, lambda: app.active_view == "ranks", what="view switched")
+            assert app.frame is first and app._fetching  # still held, the old frame shown
+            release.set()
+            await task.wait()
+            await until(pilot, lambda: app.frame is not first, what="the new frame")
+            assert app.frame.snapshot.ranks[0].last_step == 7
+            await until(pilot, lambda: "previous refresh" not in status(), what="label gone")
+    finally:
+        release.set()
+        close_run(run)

@@ -81,6 +81,7 @@ class ZerodocApp(App):
         self.frames_applied = 0  # frames whose numbers changed (coalescing is visible here)
         self._dirty: set[str] = set(VIEWS)
         self._fetching = False
+        self._fetch_started: float | None = None  # clock() when the fetch in flight began
         self._timer = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerodoc-feed")
 
@@ -119,12 +120,12 @@ class ZerodocApp(App):
         """Fetch a frame on the worker thread and show it; None if a fetch is in flight."""
         if self._fetching:
             return None
-        self._fetching = True
+        self._fetching, self._fetch_started = True, self.clock()
         try:
             loop = asyncio.get_running_loop()
             frame = await loop.run_in_executor(self._executor, self.feed.fetch)
         finally:
-            self._fetching = False
+            self._fetching, self._fetch_started = False, None
         try:
             self.apply_frame(frame)
         except NoMatches:  # the app quit while this fetch ran: its widgets are gone
@@ -178,8 +179,10 @@ class ZerodocApp(App):
         job = self._job_text()
         if self.display_error:
             job = f"{job} · {self.display_error}" if job else self.display_error
-        self.query_one(StatusLine).show(self.frame, self.clock(), paused=self.paused,
-                                        every=self.every, scope=self.scope, job=job)
+        now = self.clock()
+        self.query_one(StatusLine).show(
+            self.frame, now, paused=self.paused, every=self.every, scope=self.scope, job=job,
+            fetching_s=None if self._fetch_started is None else now - self._fetch_started)
 
     def _job_text(self) -> str | None:
         if self.job is None:

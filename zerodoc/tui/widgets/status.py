@@ -42,7 +42,12 @@ class StatusLine(Static):
     """
 
     def show(self, frame: Frame | None, now: float, *, paused: bool, every: float | None,
-             scope: views.Scope, job: str | None = None) -> None:
+             scope: views.Scope, job: str | None = None,
+             fetching_s: float | None = None) -> None:
+        """`fetching_s`: how long the refresh in flight has run (None: none). The snapshot
+        and the rules run off the UI thread: while a slow one runs (a refit of the step
+        model at scale), the views keep the previous refresh's figures, and past one
+        refresh interval this line says so."""
         t = Text()
         ended = frame is not None and frame.run_ended
         if frame is None:
@@ -75,6 +80,9 @@ class StatusLine(Static):
             t.append(f" · refreshed {fmt.ago(max(0.0, now - frame.fetched_unix))}")
             if every:
                 t.append(f" (every {every:g} s)", style="dim")
+            if fetching_s is not None and fetching_s > (every or 1.0):
+                t.append(f" · updating ({fetching_s:.0f} s): figures of the previous refresh",
+                         style="yellow")
             # per-unit numbers a source reused across refreshes (costly at scale): their age
             made = getattr(frame.snapshot.unit_stats, "fetched_unix", None)
             if made is not None and now - made > max(5.0, 2 * (every or 1.0)):
