@@ -132,6 +132,27 @@ def test_generator_writes_and_checks_the_two_level_layout(tmp_path):
     assert r.returncode == 1 and "stale:" in r.stderr
 
 
+def test_the_example_rack_config_finds_the_files_ranks_write(tmp_path, monkeypatch):
+    """The shipped rack Prometheus example's file_sd globs match the target files ranks
+    write with ZERODOC_FILE_SD_DIR set (`<run_id>-rank-NNNNN.json`): its ranks job every
+    rank's, its facts job rank 0's only (it read `rank-00000.json`, a name no rank writes)."""
+    from fnmatch import fnmatch
+
+    from zerodoc.exporter.targets import FILE_SD_DIR_ENV, target_path
+
+    text = alerts.rule_files(opts=RuleOptions(layout="two-level"))["rack/rack-prometheus.yml"]
+    jobs = {c["job_name"]: [f for sd in c["file_sd_configs"] for f in sd["files"]]
+            for c in yaml.safe_load(text)["scrape_configs"]}
+    assert len(jobs) == 2, jobs
+    (ranks_glob,), (facts_glob,) = (jobs[j] for j in sorted(jobs, key=lambda j: "facts" in j))
+    shared = str(Path(ranks_glob).parent)
+    monkeypatch.setenv(FILE_SD_DIR_ENV, shared)
+    written = [str(target_path(tmp_path, {"rank": r, "run_id": "run-7"})) for r in (0, 1, 130)]
+    assert all(fnmatch(w, ranks_glob) for w in written), (written, ranks_glob)
+    assert [fnmatch(w, facts_glob) for w in written] == [True, False, False], \
+        (written, facts_glob)
+
+
 def test_yaml_emitter_round_trips():
     """What the stdlib emitter writes is what the generator meant (quoting, block scalars)."""
     for name, text in alerts.rule_files().items():

@@ -133,7 +133,7 @@ def _two_level_files(t: Thresholds, o: RuleOptions) -> dict[str, str]:
     config = twolevel.rack_prometheus_config(
         "rack0", "http://central.example:8428/api/v1/write",
         ranks_sd=["/var/lib/zerodoc/targets/rack0/*.json"],
-        facts_sd=["/var/lib/zerodoc/targets/rank-00000.json"], t=t, unit_win=uw)
+        facts_sd=["/var/lib/zerodoc/targets/rack0/*-rank-00000.json"], t=t, unit_win=uw)
     how = "python -m zerodoc.cli.rules_gen --layout two-level"
     example = ("# An example: one rack's Prometheus (rack0). Set external_labels."
                f"{twolevel.RACK_LABEL} per rack,\n# the file_sd paths of its ranks and of rank 0, "
