@@ -218,7 +218,10 @@ def test_report_reads_the_same_numbers_from_the_central_store(layouts, capsys):
     # the central per-unit series follow the racks' by one rack evaluation plus the remote
     # write, and a rack's first evaluations see part of a window: in CI (2026-11-29) a report
     # taken at once lacked the medians note, as the framework's min and max over ranks were
-    # still equal. Asked again until both stores are past that (at most 90 s), then held
+    # still equal. Asked again until both stores are past that, then held: at most 180 s
+    # (90 s did not do in a full-suite run on 2026-11-30 at the suite's load: the central
+    # report still held a framework median for every unit; the message below now says what
+    # the central store's framework min and max were)
     last: dict = {}
 
     def settled() -> bool:
@@ -228,7 +231,7 @@ def test_report_reads_the_same_numbers_from_the_central_store(layouts, capsys):
             and _same(_per_step(last["flat"]), _per_step(last["central"]))
 
     try:
-        wait_until(settled, 90, "the central report to settle", interval=4.0)
+        wait_until(settled, 180, "the central report to settle", interval=4.0)
     except AssertionError:
         pass  # the assertions below say what differs
     flat, central = last["flat"], last["central"]
@@ -237,8 +240,12 @@ def test_report_reads_the_same_numbers_from_the_central_store(layouts, capsys):
     # these pages' framework time per unit differs between rank 0 and the others: its
     # median over ranks is not in the central store, and the report says what it shows
     assert not any("medians" in n for n in flat["log_notes"])
+    lo = _series(layouts.central, UNIT_FRAMEWORK["min"])
+    hi = _series(layouts.central, UNIT_FRAMEWORK["max"])
     assert any(n.startswith("per-unit medians over ranks not in the store for framework")
-               for n in central["log_notes"]), central["log_notes"]
+               for n in central["log_notes"]), (
+        central["log_notes"], f"central framework min != max for "
+        f"{sum(lo[k] != hi.get(k) for k in lo)} of {len(lo)} units")
     assert _same(_per_step(flat), _per_step(central)), (_per_step(flat), _per_step(central))
 
 
