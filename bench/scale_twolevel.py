@@ -22,7 +22,7 @@ docstring says why). After `--minutes` it reads:
   of its `-search.maxConcurrentRequests` slots over the run (`select_queued`), the resident
   memory of VictoriaMetrics and vmalert, and the wall time of every dashboard panel query
   and of `zerodoc report` against the central store (whether the report read the rules'
-  per-unit series: `unit_stats_rules_window_s`), and a profile of 4 TUI refreshes
+  per-unit series: `unit_stats_from` in `report_*_detail`), and a profile of 4 TUI refreshes
   (`tui_profile`: each one's wall time, queries and slowest three; the per-unit stats the
   source recomputes on its background thread counted apart).
 
@@ -53,8 +53,8 @@ sys.path.insert(0, str(ROOT))
 from bench.rankfarm import RankFarm, shipped_pages  # noqa: E402
 from bench.scale_prom import _peak, _rss  # noqa: E402
 from bench.scale_vm import (  # noqa: E402
-    _free_port, _get, _groups, _metrics, _spawn, _stop, _time_queries,
-    _wait_ready,
+    _free_port, _get, _groups, _metrics, _snapshot, _spawn, _stop, _time_queries,
+    _timed_source, _wait_ready,
 )
 
 LATENCY_OFFSET, LOOKBACK = "5s", "10s"
@@ -109,16 +109,11 @@ def _remote_samples(url: str) -> float:
 
 def _report_times(url: str) -> dict:
     """`zerodoc report`'s snapshot (a fresh source), cumulative and over 20 steps: wall time,
-    whether it read the rules' per-unit series (their window) and its notes."""
-    from zerodoc.sources import PrometheusSource
-
+    whether it read the rules' per-unit series (their window), its queries, ranks and notes
+    (bench/scale_vm.py's `_snapshot`)."""
     out: dict = {}
-    for label, window in (("report_cumulative", None), ("report_20_steps", 20)):
-        t = time.perf_counter()
-        snap = PrometheusSource(url, window=window).snapshot()
-        out[f"{label}_s"] = round(time.perf_counter() - t, 2)
-    out.update(unit_stats_rules_window_s=getattr(snap.unit_stats, "window_s", None),
-               report_ranks=len(snap.ranks), report_notes=list(snap.log_notes))
+    for label, window in (("report_cumulative_s", None), ("report_20_steps_s", 20)):
+        _snapshot(_timed_source(url, window), out, label)
     return out
 
 
@@ -132,29 +127,13 @@ def _figure(out: dict, key: str, fn, *args) -> None:
 
 def _tui_queries(url: str, refreshes: int = 4) -> dict:
     """A TUI's refreshes against the store (one source kept across them, as the TUI keeps
-    it), each with its wall time, its queries and the slowest three (each query's wall and
-    its first 160 characters); queries made on the source's background thread (the per-unit
-    stats recomputed while reused) are counted apart, as they do not hold a refresh up."""
-    import threading
-
-    from zerodoc.sources import PrometheusSource
-
-    src = PrometheusSource(url, window=20)
-    calls: list[tuple[str, float, str]] = []
-    get = src._get
-
-    def timed(path: str, **kw):
-        t = time.perf_counter()
-        try:
-            return get(path, **kw)
-        finally:
-            calls.append((threading.current_thread().name, time.perf_counter() - t,
-                          kw.get("query", path)[:160]))
-
-    src._get = timed
+    it), each with its wall time, its queries and the slowest three; queries made on the
+    source's background thread (the per-unit stats recomputed while reused) are counted
+    apart, as they do not hold a refresh up."""
+    src = _timed_source(url, 20)
     out = []
     for _ in range(refreshes):
-        calls.clear()
+        src.timed.clear()
         t = time.perf_counter()
         try:
             src.snapshot()
@@ -162,11 +141,10 @@ def _tui_queries(url: str, refreshes: int = 4) -> dict:
             out.append({"error": str(e)[:200]})
             continue
         wall = time.perf_counter() - t
-        mine = sorted((c for c in calls if not c[0].startswith("zerodoc-unit-stats")),
-                      key=lambda c: -c[1])
+        mine = sorted(c for c in src.timed if not c[2].startswith("zerodoc-unit-stats"))[::-1]
         out.append({"wall_s": round(wall, 3), "queries": len(mine),
-                    "background_queries": len(calls) - len(mine),
-                    "slowest": [{"s": round(w, 3), "query": q} for _n, w, q in mine[:3]]})
+                    "background_queries": len(src.timed) - len(mine),
+                    "slowest": [{"s": round(w, 3), "query": q[:160]} for w, q, _n in mine[:3]]})
     return {"refreshes": out}
 
 

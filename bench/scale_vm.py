@@ -43,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -205,16 +206,19 @@ def _time_queries(url: str, at: float) -> dict:
 
 
 def _timed_source(url: str, window):
-    """A PrometheusSource that notes each query's wall time (`.timed`: [(s, expr)])."""
+    """A PrometheusSource that notes each query's wall time (`.timed`: [(s, expr, thread)]:
+    the source's query threads are named after their caller, so a refresh's own queries
+    tell apart from the background per-unit stats')."""
     from zerodoc.sources import PrometheusSource
 
     class Timed(PrometheusSource):
-        def _query(self, expr, at=None, timeout_s=None):
+        def _get(self, path, **kw):  # every request: the queries and the build info
             t = time.perf_counter()
             try:
-                return super()._query(expr, at, timeout_s)
+                return super()._get(path, **kw)
             finally:
-                self.timed.append((time.perf_counter() - t, expr))
+                self.timed.append((time.perf_counter() - t, kw.get("query", path),
+                                   threading.current_thread().name))
 
     Timed.timed = []
     src = Timed(url, window=window)
@@ -234,8 +238,8 @@ def _snapshot(src, out: dict, label: str) -> None:
     slow = sorted(src.timed, reverse=True)[:3]
     out[f"{label}_detail"] = {
         "unit_stats_from": f"recording rules ({w:g} s window)" if w else "raw per-unit series",
-        "queries": len(src.timed),
-        "slowest": [{"s": round(s, 2), "query": q[:140]} for s, q in slow]}
+        "queries": len(src.timed), "ranks": len(snap.ranks), "notes": list(snap.log_notes),
+        "slowest": [{"s": round(s, 2), "query": q[:140]} for s, q, _thread in slow]}
 
 
 def _source_times(url: str, out: dict) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..runmodel import RunSnapshot, busbw
+from .unitgrid import seq_sums
 
 
 def wire_factor(collective: str, n: int) -> float:
@@ -83,11 +84,10 @@ class LinkFit:
 
 
 def seq_sum(a) -> float:
-    """The sum of an array from left to right, as Python's `sum` of its floats takes it
-    (numpy's own `sum` is pairwise past 8 terms and can differ in the last bit): the fits
-    over every rank's units (83 k points at 1,024 ranks x 81 units) in C, their floats
-    those of the Python sums."""
-    return float(np.cumsum(a)[-1]) if len(a) else 0.0
+    """The sum of a 1-d array from left to right, as Python's `sum` of its floats takes it
+    (`unitgrid.seq_sums`): the fits over every rank's units (83 k points at 1,024 ranks x 81
+    units) in C, their floats those of the Python sums."""
+    return float(seq_sums(np.asarray(a, np.float64)))
 
 
 def _wls(xs, ys, ws):

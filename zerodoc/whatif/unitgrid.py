@@ -21,8 +21,9 @@ import numpy as np
 GATHER = ("all_gather",)
 
 
-def _seq_sum(a: np.ndarray) -> np.ndarray:
-    """The sum over the last axis, left to right as Python's `sum` takes it (0 where empty)."""
+def seq_sums(a: np.ndarray) -> np.ndarray:
+    """The sum over the last axis, left to right as Python's `sum` takes it (0 where empty):
+    numpy's own `sum` is pairwise past 8 terms and can differ in the last bit."""
     if a.shape[-1] == 0:
         return np.zeros(a.shape[:-1])
     return np.cumsum(a, axis=-1)[..., -1]
@@ -117,7 +118,7 @@ class Block:
         cv = np.concatenate((cv, np.zeros((len(rows), 1))), axis=1)
         self.fwd = 0.0 + cv[:, layout.fwd] / n
         self.bwd = 0.0 + cv[:, layout.bwd] / n
-        self.other = _seq_sum(cv[:, layout.other]) / steps
+        self.other = seq_sums(cv[:, layout.other]) / steps
         mv = np.stack([r.mv for r in rows]) if len(layout.coll) else np.zeros((len(rows), 0, 5))
         count = mv[:, :, 0]
         has = count > 0
@@ -126,8 +127,8 @@ class Block:
         pad = np.zeros((len(rows), 1))
         self._calls = np.concatenate((calls, pad), axis=1)
         self.bpc = bpc
-        self.all_calls = _seq_sum(self._calls[:, layout.rows])
-        self.moved = _seq_sum(np.concatenate((calls * bpc, pad), axis=1)[:, layout.rows])
+        self.all_calls = seq_sums(self._calls[:, layout.rows])
+        self.moved = seq_sums(np.concatenate((calls * bpc, pad), axis=1)[:, layout.rows])
         big = np.concatenate((bpc, pad), axis=1)[:, layout.rows]
         self.largest = big.max(axis=2) if big.shape[2] else np.zeros(big.shape[:2])
         self._kept: dict[bool, np.ndarray] = {}
@@ -136,7 +137,7 @@ class Block:
         """Each unit's calls per step with resharding after forward on or off (`_calls`)."""
         got = self._kept.get(reshard)
         if got is None:
-            got = self._kept[reshard] = _seq_sum(self._calls[:, self.layout.kept[reshard]])
+            got = self._kept[reshard] = seq_sums(self._calls[:, self.layout.kept[reshard]])
         return got
 
 
@@ -181,7 +182,7 @@ class UnitGrid:
     def rank_calls(self, reshard: bool) -> list[float]:
         """Each rank's calls per step, its units summed in order (`_per_rank("calls")`)."""
         return self._once(("calls", reshard),
-                          lambda: self.per_rank(lambda b: _seq_sum(b.calls(reshard))))
+                          lambda: self.per_rank(lambda b: seq_sums(b.calls(reshard))))
 
     def slowest(self) -> tuple[np.ndarray, np.ndarray]:
         """Per unit of the first rank the largest forward and backward compute over the
@@ -210,7 +211,7 @@ class UnitGrid:
 
             def per(b):
                 m = min(len(sf), b.fwd.shape[1])
-                return _seq_sum(((sf[:m] + sb[:m]) - b.fwd[:, :m]) - b.bwd[:, :m])
+                return seq_sums(((sf[:m] + sb[:m]) - b.fwd[:, :m]) - b.bwd[:, :m])
             return self.per_rank(per)
         return self._once("deficit", make)
 
