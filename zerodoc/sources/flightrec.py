@@ -348,9 +348,12 @@ def _edges(dumps: dict[int, RankDump], members: dict[str, list[int]], guessed: s
             if e_r not in behind:
                 behind[e_r] = [(q, e + 1) for e, q in
                                entered[:bisect.bisect_left(entered, (e_r,))]]
-            # a member with no record lacks the first collective `r` did not see complete
-            # (all before it completed, with every member; r may have issued more, async)
-            lacks = g.completed + 1 if g.completed is not None else None
+            # a member with no record lacks the first collective not seen complete, by r or
+            # by any member (a completed collective was entered by every member; a rank's
+            # own record of its last completion can lag its return from the wait: gloo's
+            # pg_status, read at once after it; r may have issued more, async)
+            seen = max(done, -1 if g.completed is None else g.completed)
+            lacks = seen + 1 if seen >= 0 else None
             short = behind[e_r] + [(q, lacks) for q in silent]
             if short:
                 out.setdefault(r, []).extend((name, e_r, q, lacks) for q, lacks in short)

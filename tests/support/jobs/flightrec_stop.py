@@ -6,7 +6,8 @@ its flight recorder (torch >= 2.8 records gloo's collectives too).
 WORLD ranks (spawned processes, a file store in OUT_DIR) all-reduce five times on the world
 group and broadcast twice on a group of ranks 0 and 1; then every rank but STOP starts a
 sixth all-reduce (async: it stays pending, STOP never joins it) and writes its dump to
-OUT_DIR/dumps/nccl_trace_rank_<rank> (torch's default name). STOP writes its own dump
+OUT_DIR/dumps/nccl_trace_rank_<rank> (torch's default name), once its recorder counts
+the collectives before it complete. STOP writes its own dump
 after its fifth all-reduce (`nodump`: it writes none, as a rank that died), then waits for
 the others' dumps before everyone exits. `json`: rank 0 writes the JSON form of the dump.
 The witness of tests/test_flightrec.py: STOP is the rank that stopped, known by
@@ -16,6 +17,7 @@ construction.
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -31,6 +33,20 @@ def write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)  # the reader never sees half a dump
 
 
+def settled(c10d) -> None:
+    """Waits until this rank's recorder counts every collective it returned from as
+    completed: gloo's wait() returns before the recorder's pg_status counts the work done
+    (seen: 1 run in 4, a waiting rank's dump said the fifth all-reduce was not complete),
+    and the witness is what the dumps say a moment later, as in a hung job's dumps."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = pickle.loads(c10d._dump_fr_trace()).get("pg_status") or {}
+        if all(int(st["last_completed_collective"]) >= int(st["last_enqueued_collective"])
+               for st in status.values()):
+            return
+        time.sleep(0.01)  # a condition: the recorder's count catches up
+
+
 def rank_main(rank: int, world: int, stop: int, how: str, out: str) -> None:
     out_dir = Path(out)
     dumps = out_dir / "dumps"
@@ -44,6 +60,7 @@ def rank_main(rank: int, world: int, stop: int, how: str, out: str) -> None:
         for _ in range(2):
             dist.broadcast(t, 0, group=pair)
     c10d = torch._C._distributed_c10d
+    settled(c10d)
     if rank != stop:
         dist.all_reduce(t, async_op=True)  # pending: rank `stop` never enters it
     if rank != stop or how != "nodump":
