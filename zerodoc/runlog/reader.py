@@ -17,11 +17,13 @@ from .records import (
     block_from_dict, check_header, facts_from_dict, rank_log_name, step_from_dict,
     totals_from_dict, totals_of,
 )
+from . import fastblock
 from .scan import MAX_LINE, OVERLONG, kind_of, reverse_lines, segment_heads
 from .segments import one_job
 from .writer import DETAIL_DIR, NotAFile, detail_names, open_read
 
 DEFAULT_ROOT = "zerodoc-runs"
+_BLOCKS = (b'{"type":"interval"', b'{"type":"total"')  # as the writer puts them
 _BAD = (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, AttributeError,
         UnicodeDecodeError, RecursionError)  # RecursionError: JSON nested too deeply
 
@@ -175,8 +177,15 @@ def _open_segment(f, path: Path, segment: int | None):
 
 
 def _take(log: RankLog, line: bytes, names: list[str], parse_steps: bool = True) -> None:
-    """Fold one line of the segment (oldest first) into `log`."""
+    """Fold one line of the segment (oldest first) into `log`. Interval and total lines
+    of a layout seen before: their numbers straight into arrays (`fastblock`)."""
+    seen = None
     try:
+        if fastblock.FAST and line.startswith(_BLOCKS):
+            b, seen = fastblock.parse(line, names)
+            if b is not None:
+                log.blocks.append(b)
+                return
         rec = json.loads(line)
         kind = rec.get("type")
         if kind == "step":
@@ -189,7 +198,10 @@ def _take(log: RankLog, line: bytes, names: list[str], parse_steps: bool = True)
             else:
                 log.totals.append(totals_from_dict(rec))
         elif kind in ("interval", "total"):
-            log.blocks.append(block_from_dict(rec, names))
+            b = block_from_dict(rec, names)
+            log.blocks.append(b)
+            if seen is not None:
+                fastblock.learn(seen, line, names, b)
         elif kind == "end":
             log.ended = True
             log.interrupted = bool(rec.get("interrupted"))
@@ -614,34 +626,10 @@ def _past_warmup(total: UnitsBlock, warm: UnitsBlock) -> UnitsBlock:
     return b
 
 
-def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
-               skip_warmup: bool = False) -> RankWindow:
-    """One rank's totals over its last `window` steps (None: all steps of the segment).
-    `skip_warmup`: a window that starts at step 1 (a short run) leaves that warm-up step out
-    when a later step exists (`warmup_left_out` says so): from full-detail steps, or from
-    interval lines through the warm-up step's own interval line (the writer writes one).
-    Where the lines it reads cover step 1 together with later steps (an older log, or all
-    steps from a `total` line) step 1 stays in and `warmup_kept` says so.
-
-    With `detail` and enough full-detail steps, exactly those steps. Otherwise per-unit
-    numbers come from the newest interval lines that cover the window (all steps: the
-    newest total line and the intervals after it) plus any full-detail steps after them;
-    when `detail` is off, the step-level numbers are the last `window` step lines and
-    `detail_steps` says how many steps the per-unit numbers cover."""
-    facts = log.facts
-    det = log.steps if detail else []
-    # the whole window in full detail: the last `window` steps, or every step of a young
-    # segment (its detail starts at step 1 and reaches the newest per-unit line)
-    newest_block = max((b.last_step for b in log.blocks), default=0)
-    if det and ((window and len(det) >= window) or
-                (det[0].step == 1 and det[-1].step >= newest_block)):
-        steps = det[-window:] if window else det
-        left_out = skip_warmup and len(steps) >= 2 and steps[0].step == 1
-        w = window_from_steps(facts, steps[1:] if left_out else steps)
-        w.warmup_left_out = 1 if left_out else None
-        per_unit_from_samples(w, det[1:] if left_out else det, skip_warmup=skip_warmup)
-        w.memory = _latest(log, "memory") or w.memory
-        return w
+def _pieces(log: RankLog, det: list, window: int | None, skip_warmup: bool) -> tuple:
+    """(the blocks whose per-unit totals make the window, the full-detail steps after
+    them, step 1 taken off a `total` line, the warm-up step's own line left out):
+    `log_window`'s choice, and `unit_part`'s."""
     intervals = [b for b in log.blocks if b.kind == "interval"]
     totals = [b for b in log.blocks if b.kind == "total"]
     warm = next((b for b in intervals if _is_warmup(b)), None)
@@ -675,6 +663,53 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
     dropped = skip_warmup and later and bool(pieces) and _is_warmup(pieces[0])
     if dropped:
         pieces = pieces[1:]
+    return pieces, tail, taken_off, dropped
+
+
+def unit_part(log: RankLog, window: int, skip_warmup: bool = False) -> tuple:
+    """What `log_window(log, window, detail=False)` gives of the per-unit numbers alone,
+    without its step-level numbers (a follower takes those from running sums):
+    (`unit_arrays`, `detail_steps`, `warmup_kept`)."""
+    pieces = _pieces(log, [], window, skip_warmup)[0]
+    steps = sum(b.steps for b in pieces)
+    detail = sum(b.detail_steps for b in pieces)  # `_add_block`'s sum, in closed form
+    if not log.totals and all(b.detail_steps == b.steps for b in pieces):
+        detail = None
+    elif not pieces:
+        detail = 0 if log.totals else None
+    kept = bool(skip_warmup and pieces and pieces[0].first_step == 1 and steps >= 2)
+    return (merge_arrays([b.unit_arrays for b in pieces]) if pieces else None), detail, kept
+
+
+def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
+               skip_warmup: bool = False) -> RankWindow:
+    """One rank's totals over its last `window` steps (None: all steps of the segment).
+    `skip_warmup`: a window that starts at step 1 (a short run) leaves that warm-up step out
+    when a later step exists (`warmup_left_out` says so): from full-detail steps, or from
+    interval lines through the warm-up step's own interval line (the writer writes one).
+    Where the lines it reads cover step 1 together with later steps (an older log, or all
+    steps from a `total` line) step 1 stays in and `warmup_kept` says so.
+
+    With `detail` and enough full-detail steps, exactly those steps. Otherwise per-unit
+    numbers come from the newest interval lines that cover the window (all steps: the
+    newest total line and the intervals after it) plus any full-detail steps after them;
+    when `detail` is off, the step-level numbers are the last `window` step lines and
+    `detail_steps` says how many steps the per-unit numbers cover."""
+    facts = log.facts
+    det = log.steps if detail else []
+    # the whole window in full detail: the last `window` steps, or every step of a young
+    # segment (its detail starts at step 1 and reaches the newest per-unit line)
+    newest_block = max((b.last_step for b in log.blocks), default=0)
+    if det and ((window and len(det) >= window) or
+                (det[0].step == 1 and det[-1].step >= newest_block)):
+        steps = det[-window:] if window else det
+        left_out = skip_warmup and len(steps) >= 2 and steps[0].step == 1
+        w = window_from_steps(facts, steps[1:] if left_out else steps)
+        w.warmup_left_out = 1 if left_out else None
+        per_unit_from_samples(w, det[1:] if left_out else det, skip_warmup=skip_warmup)
+        w.memory = _latest(log, "memory") or w.memory
+        return w
+    pieces, tail, taken_off, dropped = _pieces(log, det, window, skip_warmup)
     warmup_out = taken_off or dropped
     if tail:  # full-detail steps after the blocks (small runs): dicts
         part = window_from_steps(facts, tail)

@@ -17,7 +17,7 @@ from ..runmodel import LazyRankWindow, RankWindow, RunSnapshot
 from ..runlog import (
     DETAIL_DIR, RunFollower, RunLogError, load_run, log_window, rank_logs, read_rank_tail,
 )
-from ..runlog.reader import _latest, exposed_times, newest_k, rank_log_names
+from ..runlog.reader import _latest, exposed_times, newest_k, rank_log_names, unit_part
 from ..thresholds import DEFAULT
 
 STALE_AFTER_S = DEFAULT.stale_after_seconds
@@ -194,9 +194,7 @@ class RunDirSource:
             ukey = (len(log.blocks), id(log.blocks[-1]) if log.blocks else None)
             u = self._units.get(rank)
             if u is None or u[0] != ukey:
-                lw = log_window(log, self.window, detail=False, skip_warmup=self.skip_warmup)
-                u = self._units[rank] = (ukey, getattr(lw, "unit_arrays", None), lw.detail_steps,
-                                         lw.warmup_kept)
+                u = self._units[rank] = (ukey, *unit_part(log, self.window, self.skip_warmup))
             run = self._runs.get(rank)
             if run is None or run.facts is not log.facts:
                 run = self._runs[rank] = _Running(log.facts, self.window, self.skip_warmup)
