@@ -17,13 +17,11 @@ from .records import (
     block_from_dict, check_header, facts_from_dict, rank_log_name, step_from_dict,
     totals_from_dict, totals_of,
 )
-from . import fastblock
 from .scan import MAX_LINE, OVERLONG, kind_of, reverse_lines, segment_heads
 from .segments import one_job
 from .writer import DETAIL_DIR, NotAFile, detail_names, open_read
 
 DEFAULT_ROOT = "zerodoc-runs"
-_BLOCKS = (b'{"type":"interval"', b'{"type":"total"')  # as the writer puts them
 _BAD = (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, AttributeError,
         UnicodeDecodeError, RecursionError)  # RecursionError: JSON nested too deeply
 
@@ -177,15 +175,8 @@ def _open_segment(f, path: Path, segment: int | None):
 
 
 def _take(log: RankLog, line: bytes, names: list[str], parse_steps: bool = True) -> None:
-    """Fold one line of the segment (oldest first) into `log`. Interval and total lines
-    of a layout seen before: their numbers straight into arrays (`fastblock`)."""
-    seen = None
+    """Fold one line of the segment (oldest first) into `log`."""
     try:
-        if fastblock.FAST and line.startswith(_BLOCKS):
-            b, seen = fastblock.parse(line, names)
-            if b is not None:
-                log.blocks.append(b)
-                return
         rec = json.loads(line)
         kind = rec.get("type")
         if kind == "step":
@@ -198,10 +189,7 @@ def _take(log: RankLog, line: bytes, names: list[str], parse_steps: bool = True)
             else:
                 log.totals.append(totals_from_dict(rec))
         elif kind in ("interval", "total"):
-            b = block_from_dict(rec, names)
-            log.blocks.append(b)
-            if seen is not None:
-                fastblock.learn(seen, line, names, b)
+            log.blocks.append(block_from_dict(rec, names))
         elif kind == "end":
             log.ended = True
             log.interrupted = bool(rec.get("interrupted"))

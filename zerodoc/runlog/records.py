@@ -554,15 +554,7 @@ def units_from_columns(units: dict, unit_names: list[str]) -> tuple[dict, dict]:
 
 def block_from_dict(d: dict, unit_names: list[str]) -> UnitsBlock:
     check_record(d, len(unit_names))
-    units = d.get("units", {})
-    return units_block(d, arrays_from_columns(units, unit_names),
-                       framework_from_columns(units, unit_names))
-
-
-def units_block(d: dict, arrays: tuple, framework: dict) -> UnitsBlock:
-    """The block of an interval / total line from its fields (`d`, checked) and its
-    per-unit arrays and framework times (read from its `units`: `block_from_dict`, or
-    `fastblock`)."""
+    arrays = arrays_from_columns(d.get("units", {}), unit_names)
     kind = d["type"]
     last = int(d["last"] if kind == "interval" else d["step"])
     first = int(d["first"]) if kind == "interval" else 1
@@ -576,30 +568,18 @@ def units_block(d: dict, arrays: tuple, framework: dict) -> UnitsBlock:
         b.detail_steps = int(d["detail_steps"])
     if d.get("max_step_s_past_warmup") is not None:
         b.max_past_warmup = float(d["max_step_s_past_warmup"])
-    b.unit_framework = framework
+    b.unit_framework = framework_from_columns(d.get("units", {}), unit_names)
     return b
 
 
 def framework_from_columns(units: dict, unit_names: list[str]) -> dict:
     """The framework's time per (unit, phase) from the columnar `units` object ({}: none
     recorded, as in logs written before it was)."""
-    return framework_sum(framework_pairs(units, unit_names))
-
-
-def framework_pairs(units: dict, unit_names: list[str]) -> list[tuple]:
-    """The `framework` groups' ((unit, phase), seconds) in the order written."""
     names = _intern(tuple(unit_names))
-    out: list[tuple] = []
+    out: dict[tuple[str, str], float] = {}
     for g in units.get("framework", ()):
         idx = unit_column(g)
-        out += zip(_keys(names, idx, (g["phase"],)), column(g, "seconds", idx))
-    return out
-
-
-def framework_sum(pairs) -> dict[tuple[str, str], float]:
-    """Framework seconds per key, each checked, summed in the order written."""
-    out: dict[tuple[str, str], float] = {}
-    for key, v in pairs:
-        _vnum(v, "framework seconds")
-        out[key] = out.get(key, 0.0) + float(v)
+        for key, v in zip(_keys(names, idx, (g["phase"],)), column(g, "seconds", idx)):
+            _vnum(v, "framework seconds")
+            out[key] = out.get(key, 0.0) + float(v)
     return out
