@@ -50,14 +50,15 @@ def _corrupt(line: bytes, how: str) -> bytes:
     text = _dump(d)
     good = json.dumps(col[1]).encode()
     at = text.index(good)
-    return text[:at] + {"nan": b"NaN", "negative": b"-5.0", "zero": b"01",
-                        "dot": b".5"}[how] + text[at + len(good):]
+    return text[:at] + {"nan": b"NaN", "negative": b"-5.0", "zero": b"01", "dot": b".5",
+                        "huge": b"1" + b"0" * 400}[how] + text[at + len(good):]
 
 
 def _uneven_run(tmp_path):
     """4 ranks, 12 steps, an interval line every 3: rank 1 short of unit 2 from step 4 on,
     rank 2 with 3 steps more (its last line torn), rank 3 restarted (a second segment),
-    rank 0 with 7 bad lines among its good ones."""
+    rank 0 with 8 bad lines among its good ones (one an integer too big for a float: it
+    crashed the reader with an OverflowError before)."""
     run = write_run(tmp_path / "run", ranks=4, units=5, steps=12, every_steps=3,
                     started_unix=time.time() - 60)
     run2 = write_run(tmp_path / "more", ranks=4, units=5, steps=15, every_steps=3,
@@ -84,7 +85,7 @@ def _uneven_run(tmp_path):
             out.append(x)
             if x == intervals[2]:
                 out += [_corrupt(intervals[1], h) for h in ("nan", "negative", "zero", "dot",
-                                                            "unit")]
+                                                            "unit", "huge")]
                 out += [b'{"type":"interval","first":', b"not json at all"]
         return out
     _rewrite(run / "rank-00000.jsonl", bad)
@@ -111,4 +112,4 @@ def test_the_per_unit_part_alone_equals_log_window(tmp_path, window, skip):
                 assert arrays[3].tobytes() == want[3].tobytes()
             assert (detail, kept) == (w.detail_steps, w.warmup_kept), (p.name, cut)
         if p.name == "rank-00000.jsonl":
-            assert log.bad_lines == 7
+            assert log.bad_lines == 8  # each bad line counted, none raised

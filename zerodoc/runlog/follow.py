@@ -277,7 +277,8 @@ class RunFollower:
                     continue
                 try:
                     s = step_from_dict(json.loads(line), t.names)
-                except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+                except (ValueError, KeyError, TypeError, IndexError, RecursionError,
+                        OverflowError):
                     log.bad_lines += 1
                     continue
                 if s.step > last:

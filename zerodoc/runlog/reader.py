@@ -22,8 +22,9 @@ from .segments import one_job
 from .writer import DETAIL_DIR, NotAFile, detail_names, open_read
 
 DEFAULT_ROOT = "zerodoc-runs"
+# RecursionError: JSON nested too deeply; OverflowError: an integer too big for a float
 _BAD = (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, AttributeError,
-        UnicodeDecodeError, RecursionError)  # RecursionError: JSON nested too deeply
+        UnicodeDecodeError, RecursionError, OverflowError)
 
 
 class RunLogInvalid(RunLogError):
