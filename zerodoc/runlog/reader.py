@@ -666,8 +666,14 @@ def unit_part(log: RankLog, window: int, skip_warmup: bool = False) -> tuple:
         detail = None
     elif not pieces:
         detail = 0 if log.totals else None
-    kept = bool(skip_warmup and pieces and pieces[0].first_step == 1 and steps >= 2)
-    return (merge_arrays([b.unit_arrays for b in pieces]) if pieces else None), detail, kept
+    return (merge_arrays([b.unit_arrays for b in pieces]) if pieces else None), detail, \
+        _warmup_kept(skip_warmup, pieces, steps)
+
+
+def _warmup_kept(skip_warmup: bool, pieces: list, steps: int) -> bool:
+    """The window's per-unit numbers sum the warm-up step with later steps' (its first
+    block starts at step 1 and the window holds another step)."""
+    return bool(skip_warmup and pieces and pieces[0].first_step == 1 and steps >= 2)
 
 
 def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
@@ -728,8 +734,8 @@ def log_window(log: RankLog, window: int | None = 20, *, detail: bool = True,
         for i, b in enumerate(pieces):
             _add_block(w, b, i == 0)
     lines = log.totals
-    if skip_warmup and pieces and pieces[0].first_step == 1 and w.steps >= 2:
-        w.warmup_kept = True  # its per-unit numbers are summed with later steps' here
+    if _warmup_kept(skip_warmup, pieces, w.steps):
+        w.warmup_kept = True
     if lines:
         if not detail and window is not None:
             # step-level numbers: exactly the last `window` step lines, fresh; per-unit: the

@@ -471,9 +471,10 @@ class PrometheusSource:
             return f"max by ({by}) (last_over_time({name}{{{sel}}}[{lb}]))"
 
         def median(name: str, mean: str, by: str = "unit, phase, collective") -> str:
-            # a median the rules stopped recording would read for the whole lookback as its
-            # last value (two-level: one recorded while a rack's ranks had not arrived, all
-            # equal, then none once they differ; seen in test_twolevel). Kept only where it
+            # the one stat the rules record only where they can (two-level: where every
+            # rank agrees): one they stopped recording would read for the whole lookback as
+            # its last value (one recorded while a rack's ranks had not arrived, all equal,
+            # then none once they differ; seen in test_twolevel). Kept only where it
             # was recorded in every evaluation in the lookback that recorded the mean (one
             # group: one timestamp per evaluation) but at most one: the evaluation being
             # written (a server commits each rule's samples on their own, the mean first);

@@ -38,13 +38,15 @@ def settled(c10d) -> None:
     completed: gloo's wait() returns before the recorder's pg_status counts the work done
     (seen: 1 run in 4, a waiting rank's dump said the fifth all-reduce was not complete),
     and the witness is what the dumps say a moment later, as in a hung job's dumps."""
-    deadline = time.monotonic() + 30
+    deadline, status = time.monotonic() + 30, None
     while time.monotonic() < deadline:
         status = pickle.loads(c10d._dump_fr_trace()).get("pg_status") or {}
         if all(int(st["last_completed_collective"]) >= int(st["last_enqueued_collective"])
                for st in status.values()):
             return
         time.sleep(0.01)  # a condition: the recorder's count catches up
+    # no witness: the dumps would say less than the job did (mp.spawn stops the others)
+    raise SystemExit(f"the flight recorder never counted its collectives complete: {status}")
 
 
 def rank_main(rank: int, world: int, stop: int, how: str, out: str) -> None:
